@@ -1,0 +1,23 @@
+# dlscale: how well does distributed training of model M scale with framework F on hardware H?
+# The study lives in config/config.yaml (experiment facts) and config/hardware.yaml (site facts);
+# how jobs run lives in profiles/ (local: embedded default; slurm: the cluster route).
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/resources.smk"
+include: "rules/train.smk"
+include: "rules/collect.smk"
+include: "rules/figures.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        final_targets(),
+    default_target: True

@@ -1,0 +1,17 @@
+# Every cell's metrics -> one tidy table per granularity (rank, cell, scaling point).
+
+
+rule collect:
+    input:
+        metrics=metrics_files(),
+    output:
+        ranks="results/tables/ranks.csv",
+        cells="results/tables/cells.csv",
+        scaling="results/tables/scaling.csv",
+        quarantine="results/tables/quarantine.csv",
+    log:
+        "results/logs/collect.log",
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/collect.py"

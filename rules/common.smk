@@ -1,0 +1,64 @@
+# Load + validate the configuration, build the matrix once per workflow run, and provide the
+# wildcard constraints, input functions and final targets. The logic lives in the dlscale
+# package (scripts/dlscale/config.py, matrix.py) so it is unit-tested without Snakemake.
+import json
+import re
+
+from snakemake.exceptions import WorkflowError
+
+from dlscale.config import ConfigError
+from dlscale.matrix import CELL_PATTERN, load_study
+from dlscale.provenance import git_commit
+
+try:
+    STUDY = load_study(config, workflow.basedir)
+except ConfigError as exc:
+    raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
+
+CELLS = STUDY.by_key()
+GIT_COMMIT = git_commit(workflow.basedir) or ""
+
+
+def _alternatives(values):
+    return "|".join(re.escape(str(v)) for v in values)
+
+
+# Every wildcard matches only configured values: nothing else can reach a shell line.
+wildcard_constraints:
+    **{axis: _alternatives(values) for axis, values in STUDY.axis_values().items()},
+
+
+def cell_of(wildcards):
+    """The Cell a job's wildcards name; excluded or unknown combinations are refused."""
+    key = (wildcards.hardware, wildcards.framework, wildcards.model, wildcards.policy,
+           wildcards.precision, int(wildcards.nodes), int(wildcards.rep))
+    try:
+        return CELLS[key]
+    except KeyError:
+        raise WorkflowError(f"dlscale: {dict(wildcards)} is not a cell of this study "
+                            "(excluded, or outside the configured axes)") from None
+
+
+def cell_json(wildcards):
+    return json.dumps(cell_of(wildcards).as_dict(), sort_keys=True)
+
+
+def metrics_files():
+    return [cell.path for cell in STUDY.cells]
+
+
+def report_title():
+    return STUDY.config["report"]["title"] or f"Scaling study: {STUDY.config['study']}"
+
+
+FIGURES = ["throughput", "speedup", "efficiency"]
+
+
+def final_targets():
+    return [
+        "results/tables/ranks.csv",
+        "results/tables/cells.csv",
+        "results/tables/scaling.csv",
+        *expand("results/figures/{figure}.pdf", figure=FIGURES),
+        "results/report/report.pdf",
+    ]

@@ -1,0 +1,29 @@
+# One rule per figure family; each reads only the scaling table, so figures regenerate without
+# touching any cell (`snakemake --forcerun figure_throughput ...`).
+
+
+rule figure_throughput:
+    input:
+        scaling="results/tables/scaling.csv",
+    output:
+        pdf="results/figures/{figure}.pdf",
+    wildcard_constraints:
+        figure="throughput",
+    params:
+        column_width_in=STUDY.config["report"]["column_width_in"],
+    log:
+        "results/logs/figures/{figure}.log",
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/figure.py"
+
+
+use rule figure_throughput as figure_speedup with:
+    wildcard_constraints:
+        figure="speedup",
+
+
+use rule figure_throughput as figure_efficiency with:
+    wildcard_constraints:
+        figure="efficiency",

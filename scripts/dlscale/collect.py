@@ -1,0 +1,90 @@
+"""Per-cell metrics files -> tidy tables (results/tables/).
+
+ranks.csv    one row per cell and rank (long format: every rank's own measurement)
+cells.csv    one row per cell: summed throughput, rank spread, speedup, efficiency, provenance
+scaling.csv  one row per group and node count: median over repetitions, min/max, n
+quarantine.csv  metrics files that could not be used, with the reason (never a crash)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .metrics import MetricsError, read_metrics
+from .stats import CELL_AXES, add_speedup, scaling_summary
+
+CELL_FIELDS = ["world_size", "ranks_per_node", "per_rank_batch", "global_batch", "device",
+               "cpus_per_rank", "warmup_steps", "steps"]
+
+
+def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
+    start, summary = records[0]["value"], records[-1]["value"]
+    cell, prov = start["cell"], start["provenance"]
+    base = {"study": start["study"], **{k: cell[k] for k in CELL_AXES},
+            **{k: cell[k] for k in CELL_FIELDS}}
+    ranks = []
+    rank_start = {r["rank"]: r["value"] for r in records if r["event"] == "rank_start"}
+    for rec in records:
+        if rec["event"] != "rank_end":
+            continue
+        st, end = rank_start[rec["rank"]], rec["value"]
+        ranks.append({**base, "rank": rec["rank"], "local_rank": st["local_rank"],
+                      "node": st["node"], "node_index": st["node_index"],
+                      "throughput_samples_per_s": end["throughput_samples_per_s"],
+                      "step_seconds_median": end["step_seconds_median"],
+                      "timed_steps": end["steps"], "peak_rss_mb": end["peak_rss_mb"],
+                      "loadavg_1m": st["loadavg_1m"], "threads": st["threads"],
+                      "device_model": st["device_model"]})
+    row = {**base,
+           "throughput_samples_per_s": summary["throughput_samples_per_s"],
+           "rank_throughput_min": summary["rank_throughput_min"],
+           "rank_throughput_median": summary["rank_throughput_median"],
+           "rank_throughput_max": summary["rank_throughput_max"],
+           "step_seconds_median": summary["step_seconds_median"],
+           "nodes_seen": len(summary["nodes_seen"]),
+           "hosts": " ".join(prov["hosts"]),
+           "wall_seconds": summary["wall_seconds"],
+           "device_model": prov["device_model"], "libraries": " ".join(
+               f"{k}={v}" for k, v in sorted(prov["libraries"].items())),
+           "python": prov["python"], "launcher": prov["launcher"],
+           "slurm_job_id": prov["slurm_job_id"], "git_commit": prov["git_commit"],
+           "config_hash": start["config_hash"], "metrics_path": path}
+    return row, ranks
+
+
+def collect(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    cells, ranks, quarantine, seen = [], [], [], {}
+    for path in paths:
+        try:
+            records = read_metrics(path)
+            row, rank_rows = cell_rows(records, str(path))
+        except MetricsError as exc:
+            quarantine.append({"metrics_path": str(path), "reason": str(exc)})
+            continue
+        except (KeyError, TypeError, IndexError, StopIteration) as exc:
+            quarantine.append({"metrics_path": str(path), "reason": f"inconsistent records: {exc!r}"})
+            continue
+        key = tuple(row[k] for k in CELL_AXES)
+        if key in seen:
+            quarantine.append({"metrics_path": str(path),
+                               "reason": f"duplicate of cell {key} already read from {seen[key]}"})
+            continue
+        seen[key] = path
+        cells.append(row)
+        ranks.extend(rank_rows)
+    cells_df = add_speedup(pd.DataFrame(cells, columns=None if cells else
+                                        ["study", *CELL_AXES, *CELL_FIELDS,
+                                         "throughput_samples_per_s"]))
+    ranks_df = pd.DataFrame(ranks)
+    quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])
+    return ranks_df, cells_df, scaling_summary(cells_df), quarantine_df
+
+
+def write_tables(paths: list[str], ranks_csv: str, cells_csv: str, scaling_csv: str,
+                 quarantine_csv: str) -> None:
+    ranks, cells, scaling, quarantine = collect(paths)
+    for df, out in ((ranks, ranks_csv), (cells, cells_csv), (scaling, scaling_csv),
+                    (quarantine, quarantine_csv)):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)

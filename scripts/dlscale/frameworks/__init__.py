@@ -1,0 +1,22 @@
+"""Framework adapters, found by name. Each adapter module is imported only by the rank that
+uses it, so a framework's environment never needs the other frameworks installed."""
+from __future__ import annotations
+
+import importlib
+
+# name -> module path; every module defines `Adapter`, a subclass of base.Adapter.
+ADAPTERS = {
+    "pytorch": "dlscale.frameworks.pytorch",
+}
+
+
+def names() -> list[str]:
+    return list(ADAPTERS)
+
+
+def get_adapter(name: str):
+    try:
+        module = ADAPTERS[name]
+    except KeyError:
+        raise KeyError(f"unknown framework {name!r}; allowed values: {', '.join(ADAPTERS)}") from None
+    return importlib.import_module(module).Adapter

@@ -1,0 +1,103 @@
+"""PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, env:// rendezvous."""
+from __future__ import annotations
+
+import datetime
+import os
+
+import numpy
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..models import get_spec
+from ..provenance import cpu_model
+from ..models.torch import build, example_batch
+from .base import Adapter as BaseAdapter
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Bounded collectives: a dead peer fails the cell instead of hanging it.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300")))
+
+
+class Adapter(BaseAdapter):
+    name = "pytorch"
+
+    def setup(self) -> None:
+        spec, ctx = self.spec, self.ctx
+        torch.manual_seed(spec.seed + ctx.rank)
+        torch.set_num_threads(spec.threads)
+        if spec.device == "cuda":
+            torch.cuda.set_device(ctx.local_rank)
+            self.device = torch.device("cuda", ctx.local_rank)
+            backend = "nccl"
+            self.sync_method = "torch.cuda.synchronize"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+            self.sync_method = "none (CPU ops are synchronous; DDP backward waits for its allreduce)"
+        dist.init_process_group(backend, init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
+                                rank=ctx.rank, world_size=ctx.world_size, timeout=COLLECTIVE_TIMEOUT)
+        self.backend = backend
+        self.model_spec = get_spec(spec.model)
+        model = build(spec.model).to(self.device)
+        self.vision = self.model_spec.family == "vision"
+        self.memory_format = (torch.channels_last if self.vision and spec.device == "cuda"
+                              else torch.contiguous_format)
+        model = model.to(memory_format=self.memory_format)
+        self.param_count = sum(p.numel() for p in model.parameters())
+        self.ddp = DistributedDataParallel(
+            model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None)
+        self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
+        if self.vision:
+            x = x.contiguous(memory_format=self.memory_format)
+        self.x, self.y = x, y
+        self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
+        self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
+
+    def step(self) -> None:
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            loss = self.loss_fn(self.ddp(self.x), self.y)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def describe(self) -> dict:
+        if self.device.type == "cuda":
+            device_model = torch.cuda.get_device_name(self.device)
+        else:
+            device_model = cpu_model()
+        return {
+            "libraries": {"torch": torch.__version__, "numpy": numpy.__version__},
+            "backend": self.backend,
+            "device_model": device_model,
+            "data_layout": "channels_last" if self.memory_format == torch.channels_last
+            else ("NCHW" if self.vision else "tokens"),
+            "input_shape": list(self.model_spec.input_shape),
+            "param_count": self.param_count,
+            "data": "synthetic (one fixed batch per rank, generated on the device)",
+            "sync_method": self.sync_method,
+            "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+        }
+

@@ -1,0 +1,239 @@
+"""Where ranks start.
+
+`python -m dlscale.launch --cell-json ... --output metrics.jsonl` runs one cell:
+  1. starts nodes x ranks_per_node ranks of `python -m dlscale.train`, either as local processes
+     (launcher `local`: the embedded default, one simulated node per group of ranks) or with
+     `srun` inside the cell's Slurm allocation (launcher `srun`);
+  2. waits for all of them; if one fails, the others are stopped and the cell fails with the
+     rank, its exit code and the last lines of its log;
+  3. merges the ranks' part files into the cell's metrics file (dlscale.metrics), validated and
+     renamed into place only when complete.
+
+`discover()` is the other half: inside a rank it reads who-am-I from the launcher's environment
+(dlscale's local launcher, srun, or torchrun).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import metrics
+from .frameworks.base import RankContext
+
+TAIL_LINES = 20
+
+
+# ----------------------------------------------------------------------------- inside a rank
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    return None
+
+
+def discover() -> RankContext:
+    """Rank and world from the environment: DLSCALE_* (local launcher), SLURM_* (srun), torchrun."""
+    env = os.environ
+    if "DLSCALE_RANK" in env:
+        launcher = env.get("DLSCALE_LAUNCHER", "local")
+        rank, world = int(env["DLSCALE_RANK"]), int(env["DLSCALE_WORLD_SIZE"])
+        local_rank = int(env["DLSCALE_LOCAL_RANK"])
+        local_world = int(env["DLSCALE_LOCAL_WORLD_SIZE"])
+        node_index = int(env["DLSCALE_NODE_INDEX"])
+    elif "SLURM_PROCID" in env:
+        launcher = "srun"
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local_rank = int(env["SLURM_LOCALID"])
+        # SLURM_TASKS_PER_NODE looks like "2(x3),1"; the per-node count of this node is what matters
+        local_world = _env_int("SLURM_NTASKS_PER_NODE") or _tasks_on_this_node(env)
+        node_index = int(env["SLURM_NODEID"])
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun"
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = _env_int("LOCAL_RANK") or 0
+        local_world = _env_int("LOCAL_WORLD_SIZE") or 1
+        node_index = _env_int("GROUP_RANK", "NODE_RANK") or 0
+    else:
+        launcher, rank, world, local_rank, local_world, node_index = "none", 0, 1, 0, 1, 0
+    return RankContext(
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+        node_index=node_index, node=socket.gethostname(),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", "29500")), launcher=launcher)
+
+
+def _tasks_on_this_node(env) -> int:
+    spec = env.get("SLURM_TASKS_PER_NODE", "1")
+    node = int(env.get("SLURM_NODEID", "0"))
+    counts = []
+    for part in spec.split(","):
+        if "(x" in part:
+            n, rep = part.rstrip(")").split("(x")
+            counts += [int(n)] * int(rep)
+        else:
+            counts.append(int(part))
+    return counts[node] if node < len(counts) else counts[-1]
+
+
+# ----------------------------------------------------------------------------- the cell's launcher
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_rendezvous(env=os.environ) -> tuple[str, int]:
+    """First node of the allocation; a port derived from the job id so concurrent cells differ."""
+    nodelist = env["SLURM_JOB_NODELIST"]
+    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                           capture_output=True, text=True).stdout.split()[0]
+    return first, 20000 + int(env["SLURM_JOB_ID"]) % 20000
+
+
+def train_argv(cell: dict, rank_dir: Path, python: str) -> list[str]:
+    """The one CLI contract every framework's rank obeys (dlscale.train)."""
+    return [python, "-m", "dlscale.train",
+            "--framework", cell["framework"], "--model", cell["model"],
+            "--batch-size", str(cell["per_rank_batch"]),
+            "--warmup-steps", str(cell["warmup_steps"]), "--steps", str(cell["steps"]),
+            "--precision", cell["precision"], "--device", cell["device"],
+            "--threads", str(cell["cpus_per_rank"]),
+            "--expect-world-size", str(cell["world_size"]),
+            "--expect-ranks-per-node", str(cell["ranks_per_node"]),
+            "--rank-dir", str(rank_dir)]
+
+
+def start_local(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+    """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on loopback."""
+    port = _free_port()
+    procs = []
+    for node_index in range(cell["nodes"]):
+        for local_rank in range(cell["ranks_per_node"]):
+            rank = node_index * cell["ranks_per_node"] + local_rank
+            env = dict(os.environ, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
+                       DLSCALE_WORLD_SIZE=str(cell["world_size"]),
+                       DLSCALE_LOCAL_RANK=str(local_rank),
+                       DLSCALE_LOCAL_WORLD_SIZE=str(cell["ranks_per_node"]),
+                       DLSCALE_NODE_INDEX=str(node_index), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS=str(cell["cpus_per_rank"]),
+                       PYTHONUNBUFFERED="1")
+            log = (rank_dir / f"rank{rank}.log").open("w")
+            procs.append((rank, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True)))
+    return procs
+
+
+def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+    """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
+    the executor plugin strips most SLURM_* variables from the job's environment."""
+    addr, port = slurm_rendezvous()
+    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port),
+               OMP_NUM_THREADS=str(cell["cpus_per_rank"]), PYTHONUNBUFFERED="1")
+    cmd = ["srun", f"--nodes={cell['nodes']}", f"--ntasks={cell['world_size']}",
+           f"--ntasks-per-node={cell['ranks_per_node']}",
+           f"--cpus-per-task={cell['cpus_per_rank']}", "--kill-on-bad-exit=1",
+           "--output", str(rank_dir / "rank%t.log"), *argv]
+    return [(-1, subprocess.Popen(cmd, env=env, start_new_session=True))]
+
+
+def _stop(procs, grace: float = 10.0) -> None:
+    for _, p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    for _, p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def wait_all(procs) -> tuple[int, int] | None:
+    """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a failure."""
+    pending = dict((p.pid, (r, p)) for r, p in procs)
+    while pending:
+        for pid, (rank, p) in list(pending.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            del pending[pid]
+            if code != 0:
+                _stop([rp for rp in pending.values()])
+                return rank, code
+        time.sleep(0.2)
+    return None
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash: str,
+             git_commit: str | None, python: str = sys.executable) -> int:
+    rank_dir = output.parent / ".ranks"
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    rank_dir.mkdir(parents=True)
+    argv = train_argv(cell, rank_dir, python)
+    print(f"[dlscale.launch] {launcher}: {cell['nodes']} node(s) x {cell['ranks_per_node']} "
+          f"rank(s): {' '.join(argv)}", file=sys.stderr, flush=True)
+    started = time.time()
+    procs = (start_srun if launcher == "srun" else start_local)(cell, argv, rank_dir)
+    failed = wait_all(procs)
+    wall = time.time() - started
+    logs = sorted(rank_dir.glob("rank*.log"))
+    for log in logs:
+        print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)
+    if failed is not None:
+        rank, code = failed
+        where = f"rank {rank}" if rank >= 0 else "srun step"
+        print(f"[dlscale.launch] cell FAILED: {where} exited with code {code}", file=sys.stderr)
+        return code or 1
+    try:
+        rank_records = metrics.read_rank_files(rank_dir, cell["world_size"])
+        records = metrics.assemble(
+            study=study, cell=cell, config_hash=config_hash, git_commit=git_commit,
+            launcher=launcher, slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            rank_records=rank_records, wall_seconds=wall, started=started)
+        metrics.write_atomic(output, records)
+    except metrics.MetricsError as exc:
+        print(f"[dlscale.launch] cell FAILED: {exc}", file=sys.stderr)
+        return 1
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    summary = records[-1]["value"]
+    print(f"[dlscale.launch] ok: {summary['throughput_samples_per_s']:.1f} samples/s over "
+          f"{summary['world_size']} rank(s) on {summary['nodes_seen']} in {wall:.1f} s",
+          file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dlscale-launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cell-json", required=True, help="the cell (dlscale.matrix.Cell.as_dict)")
+    parser.add_argument("--output", required=True, type=Path, help="the cell's metrics.jsonl")
+    parser.add_argument("--launcher", choices=["local", "srun"], required=True)
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--config-hash", required=True)
+    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of the cell's framework environment")
+    args = parser.parse_args(argv)
+    cell = json.loads(args.cell_json)
+    return run_cell(cell, args.output, launcher=args.launcher, study=args.study,
+                    config_hash=args.config_hash, git_commit=args.git_commit or None,
+                    python=args.python)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The study matrix: where a cell's parameters enter.
+
+A *cell* is one combination of the axes (hardware x framework x model x policy x precision x
+nodes) and one repetition. Everything a rank needs to know about its cell is derived here,
+once, from the validated config and hardware map; the workflow and the launcher only pass
+a Cell's fields along.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .config import AXES, ConfigError, apply_defaults, config_hash, load_schema, load_yaml, \
+    validate_config, validate_hardware
+
+RUNS_DIR = "results/runs"
+# One output path per cell, naming every axis. Wildcard names == axis names == column names.
+CELL_PATTERN = (RUNS_DIR + "/{hardware}/{framework}/{model}/{policy}/{precision}"
+                "/n{nodes}/r{rep}/metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class Cell:
+    hardware: str
+    framework: str
+    model: str
+    policy: str
+    precision: str
+    nodes: int
+    rep: int
+    # derived
+    device: str
+    ranks_per_node: int
+    per_rank_batch: int
+    global_batch: int
+    cpus_per_rank: int
+    warmup_steps: int
+    steps: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def key(self) -> tuple:
+        return (self.hardware, self.framework, self.model, self.policy, self.precision,
+                self.nodes, self.rep)
+
+    @property
+    def path(self) -> str:
+        return CELL_PATTERN.format(**asdict(self))
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["world_size"] = self.world_size
+        return d
+
+
+@dataclass
+class Study:
+    config: dict
+    hardware: dict
+    cells: list[Cell]
+    config_hash: str
+
+    def by_key(self) -> dict[tuple, Cell]:
+        return {c.key: c for c in self.cells}
+
+    def axis_values(self) -> dict[str, list]:
+        values = {axis: list(self.config["axes"][axis]) for axis in AXES}
+        values["rep"] = list(range(1, self.config["repetitions"] + 1))
+        return values
+
+
+def ranks_per_node(config: dict, hw: dict) -> int:
+    """GPU hardware runs one rank per GPU; CPU hardware uses config.ranks_per_node."""
+    return hw["gpus_per_node"] if hw["device"] == "cuda" else config["ranks_per_node"]
+
+
+def strong_global_batch(config: dict, hw: dict) -> int:
+    if config["global_batch"] is not None:
+        return config["global_batch"]
+    return config["per_rank_batch"] * ranks_per_node(config, hw) * min(config["axes"]["nodes"])
+
+
+def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
+    axes = config["axes"]
+    problems = []
+    for i, hw_key in enumerate(axes["hardware"]):
+        if hw_key not in hardware:
+            problems.append(f"axes.hardware[{i}]: {hw_key!r} is not defined in {hardware_source}; "
+                            f"allowed values: {', '.join(sorted(hardware))}")
+            continue
+        hw = hardware[hw_key]
+        too_many = [n for n in axes["nodes"] if n > hw["max_nodes"]]
+        if too_many:
+            problems.append(f"axes.nodes: {too_many} exceed max_nodes={hw['max_nodes']} of hardware "
+                            f"{hw_key!r} ({hardware_source}); allowed: 1..{hw['max_nodes']}")
+        if hw["device"] == "cpu" and "fp16" in axes["precision"]:
+            problems.append(f"axes.precision: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
+                            "allowed on CPU: fp32, bf16 (or exclude the combination)")
+        if "strong" in axes["policy"]:
+            gb = strong_global_batch(config, hw)
+            rpn = ranks_per_node(config, hw)
+            bad = [n * rpn for n in axes["nodes"] if gb % (n * rpn)]
+            if bad:
+                problems.append(
+                    f"global_batch: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible by "
+                    f"world size(s) {bad}; choose a multiple of "
+                    f"{_lcm([n * rpn for n in axes['nodes']])}")
+    for i, entry in enumerate(config["exclude"]):
+        for axis, value in entry.items():
+            if value not in axes[axis]:
+                problems.append(f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
+                                f"allowed values: {', '.join(map(str, axes[axis]))}")
+    return problems
+
+
+def _lcm(values: list[int]) -> int:
+    from math import lcm
+    return lcm(*values)
+
+
+def _excluded(combo: dict, exclude: list[dict]) -> bool:
+    return any(all(combo[k] == v for k, v in entry.items()) for entry in exclude)
+
+
+def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware file") -> Study:
+    """Expand validated config + hardware into the list of cells (product minus exclusions)."""
+    problems = _semantic_problems(config, hardware, hardware_source)
+    if problems:
+        raise ConfigError("config", problems)
+    axes = config["axes"]
+    cells = []
+    for combo_values in itertools.product(*(axes[a] for a in AXES)):
+        combo = dict(zip(AXES, combo_values))
+        if _excluded(combo, config["exclude"]):
+            continue
+        hw = hardware[combo["hardware"]]
+        rpn = ranks_per_node(config, hw)
+        world = combo["nodes"] * rpn
+        if combo["policy"] == "weak":
+            per_rank, global_batch = config["per_rank_batch"], config["per_rank_batch"] * world
+        else:
+            global_batch = strong_global_batch(config, hw)
+            per_rank = global_batch // world
+        for rep in range(1, config["repetitions"] + 1):
+            cells.append(Cell(**combo, rep=rep, device=hw["device"], ranks_per_node=rpn,
+                              per_rank_batch=per_rank, global_batch=global_batch,
+                              cpus_per_rank=hw["cpus_per_rank"],
+                              warmup_steps=config["warmup_steps"], steps=config["steps"]))
+    if not cells:
+        raise ConfigError("config", ["exclude: every cell of the matrix is excluded; nothing to run"])
+    return Study(config=config, hardware=hardware, cells=cells,
+                 config_hash=config_hash(config, hardware))
+
+
+def load_study(config: dict, workflow_dir: str | Path) -> Study:
+    """Validate config + hardware map (schemas under config/schemas) and build the matrix."""
+    workflow_dir = Path(workflow_dir)
+    schemas = workflow_dir / "config" / "schemas"
+    config = validate_config(config, load_schema(schemas / "config.schema.json"))
+    hw_path = Path(config["hardware_file"])
+    if not hw_path.is_absolute():
+        hw_path = workflow_dir / hw_path
+    hardware = validate_hardware(load_yaml(hw_path), load_schema(schemas / "hardware.schema.json"),
+                                 source=str(config["hardware_file"]))
+    return build_matrix(config, hardware, hardware_source=str(config["hardware_file"]))
+
+
+__all__ = ["Cell", "Study", "CELL_PATTERN", "RUNS_DIR", "build_matrix", "load_study",
+           "apply_defaults"]

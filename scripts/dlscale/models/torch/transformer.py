@@ -1,0 +1,71 @@
+"""Small pre-norm transformer encoder for sequence classification."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["TransformerClassifier"]
+
+
+class TransformerClassifier(nn.Module):
+    """Token + learned positional embedding, pre-norm encoder, mean pool, linear head.
+
+    Every sequence is assumed to be full length (no padding mask), so the pooled
+    representation is the plain mean over positions. The encoder layers are
+    :class:`torch.nn.TransformerEncoderLayer` (``batch_first=True``, ``norm_first=True``,
+    GELU); a final LayerNorm follows the last layer, as usual for pre-norm stacks.
+
+    With the defaults (vocab 8192, seq_len 128, d_model 256, 4 layers, 4 heads, FFN 1024,
+    2 classes) the model has 5,289,986 parameters.
+
+    Args:
+        vocab_size: Number of distinct token ids.
+        seq_len: Maximum (and expected) sequence length.
+        num_classes: Number of output logits.
+        d_model: Embedding / hidden width.
+        num_layers: Number of encoder layers.
+        num_heads: Number of attention heads.
+        dim_feedforward: Hidden width of the feed-forward sublayer.
+        dropout: Dropout probability inside the encoder layers.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 8192,
+        seq_len: int = 128,
+        num_classes: int = 2,
+        d_model: int = 256,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(seq_len, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model,
+            num_heads,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        # The nested-tensor fast path does not apply to norm_first layers; disabling it
+        # up front avoids PyTorch's warning about it.
+        self.encoder = nn.TransformerEncoder(
+            layer, num_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
+        )
+        self.head = nn.Linear(d_model, num_classes)
+
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        nn.init.normal_(self.position_embedding.weight, std=0.02)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Map token ids ``(N, L)`` (``L <= seq_len``) to logits ``(N, num_classes)``."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        x = self.encoder(x)
+        return self.head(x.mean(dim=1))

@@ -1,0 +1,5 @@
+"""Snakemake `script:` wrapper: render report.tex from the template (dlscale.report)."""
+from dlscale.report import render_tex
+
+render_tex(snakemake.output.tex, title=snakemake.params.title,  # noqa: F821 (Snakemake)
+           figures=snakemake.params.figures)  # noqa: F821

@@ -1,0 +1,131 @@
+"""Tests for the framework-neutral model registry and its PyTorch builders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dlscale.models as models
+from dlscale.models import get_spec, names
+
+torch = pytest.importorskip("torch")
+from dlscale.models.torch import build, example_batch  # noqa: E402
+
+#: Exact parameter counts. The ResNets match torchvision's reference models; the other
+#: two pin this project's architectures, which every framework's builder must reproduce.
+PARAM_COUNTS = {
+    "resnet50": 25_557_032,
+    "resnet18": 11_689_512,
+    "cnn_small": 391_466,
+    "transformer_small": 5_289_986,
+}
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_registry_names_and_order() -> None:
+    assert names() == ["resnet50", "resnet18", "cnn_small", "transformer_small"]
+    assert set(PARAM_COUNTS) == set(names())
+
+
+@pytest.mark.parametrize("name", names())
+def test_spec_is_consistent(name: str) -> None:
+    spec = get_spec(name)
+    assert spec.name == name
+    assert spec.num_classes > 1
+    assert spec.description and "\n" not in spec.description
+    if spec.family == "vision":
+        assert len(spec.input_shape) == 3
+        assert spec.input_dtype == "float32"
+        assert spec.vocab_size is None
+    else:
+        assert spec.family == "sequence"
+        assert len(spec.input_shape) == 1
+        assert spec.input_dtype == "int64"
+        assert spec.vocab_size is not None and spec.vocab_size > 0
+
+
+def test_unknown_name_lists_allowed() -> None:
+    for lookup in (get_spec, build):
+        with pytest.raises(KeyError) as excinfo:
+            lookup("resnet51")
+        message = excinfo.value.args[0]
+        assert "resnet51" in message
+        for allowed in names():
+            assert allowed in message
+
+
+def test_spec_module_does_not_import_torch() -> None:
+    # Locate the directory holding the dlscale package, whether installed or on PYTHONPATH.
+    package_root = Path(models.__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root), env.get("PYTHONPATH")]))
+    subprocess.run(
+        [sys.executable, "-c", "import dlscale.models, sys; assert 'torch' not in sys.modules"],
+        check=True,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("name", names())
+def test_parameter_count(name: str) -> None:
+    assert _num_params(build(name)) == PARAM_COUNTS[name]
+
+
+def test_resnet50_is_v1_5() -> None:
+    """ResNet-50 v1.5 downsamples on the bottleneck's 3x3 conv, not on the first 1x1."""
+    block = build("resnet50").layer2[0]
+    assert block.conv1.stride == (1, 1)
+    assert block.conv2.stride == (2, 2)
+
+
+@pytest.mark.parametrize("name", names())
+def test_example_batch(name: str) -> None:
+    spec = get_spec(name)
+    torch.manual_seed(0)
+    inputs, labels = example_batch(spec, 4)
+    assert tuple(inputs.shape) == (4, *spec.input_shape)
+    assert inputs.dtype == getattr(torch, spec.input_dtype)
+    assert labels.shape == (4,) and labels.dtype == torch.int64
+    assert 0 <= labels.min() and labels.max() < spec.num_classes
+    if spec.family == "sequence":
+        assert 0 <= inputs.min() and inputs.max() < spec.vocab_size
+
+
+@pytest.mark.parametrize("name", names())
+def test_forward_backward(name: str) -> None:
+    """Forward+backward at batch 2 (ResNet-50 at 224x224 takes a few seconds on CPU)."""
+    spec = get_spec(name)
+    torch.manual_seed(0)
+    model = build(name).train()
+    inputs, labels = example_batch(spec, 2)
+    logits = model(inputs)
+    assert logits.shape == (2, spec.num_classes)
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    for pname, param in model.named_parameters():
+        assert param.grad is not None, pname
+        assert torch.isfinite(param.grad).all(), pname
+
+
+@pytest.mark.parametrize("name", names())
+def test_channels_last_and_bf16_autocast(name: str) -> None:
+    spec = get_spec(name)
+    torch.manual_seed(0)
+    model = build(name).train()
+    inputs, labels = example_batch(spec, 2)
+    if spec.family == "vision":
+        model = model.to(memory_format=torch.channels_last)
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(inputs)
+    assert logits.shape == (2, spec.num_classes)
+    assert logits.dtype == torch.bfloat16
+    loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+    loss.backward()
+    assert torch.isfinite(loss)
