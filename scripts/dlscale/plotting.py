@@ -58,6 +58,8 @@ def plot_family(scaling: pd.DataFrame, family: str, out: str, column_width_in: f
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.minorticks_off()
             ax.set_xlabel("Nodes")
+            if family == "throughput":
+                ax.set_yscale("log")
             if family == "efficiency":
                 ax.set_ylim(0, max(1.1, float(part[f"{column}_max"].max() or 0) * 1.05)
                             if not part.empty else 1.1)

@@ -87,24 +87,22 @@ def write_macros(macros: dict[str, str], out: str) -> None:
 
 
 def write_cell_table(scaling: pd.DataFrame, out: str) -> None:
-    """One row per group and node count: median over n repetitions with min..max."""
-    head = (r"\begin{longtable}{lllllrrrrl}" "\n" r"\toprule" "\n"
+    """One row per group and node count: median over n repetitions, (min--max) beside it."""
+    head = (r"\begin{longtable}{lllllrrrrrr}" "\n" r"\toprule" "\n"
             r"HW & Framework & Model & Policy & Prec. & Nodes & Ranks & Global batch & n & "
-            r"Throughput [samples/s] (min--max) \\" "\n" r"& & & & & & & & & Efficiency (min--max)\\"
-            "\n" r"\midrule\endhead" "\n")
+            r"Throughput [samples/s] & Efficiency \\" "\n"
+            r"\midrule\endhead" "\n")
     rows = []
     for r in scaling.sort_values(["hardware", "framework", "model", "policy", "precision",
                                   "nodes"]).itertuples(index=False):
-        rows.append(
-            " & ".join(tex_escape(v) for v in (r.hardware, r.framework, r.model, r.policy,
-                                               r.precision, r.nodes, r.world_size, r.global_batch,
-                                               r.n))
-            + f" & {_fmt(r.throughput_samples_per_s_median)} "
-              f"({_fmt(r.throughput_samples_per_s_min)}--{_fmt(r.throughput_samples_per_s_max)})"
-            + r" \\" + "\n" + "& & & & & & & & & "
-            + f"{_fmt(r.scaling_efficiency_median)} "
-              f"({_fmt(r.scaling_efficiency_min)}--{_fmt(r.scaling_efficiency_max)})" + r" \\")
-    body = "\n".join(rows) if rows else r"\multicolumn{10}{c}{no measured cells} \\"
+        cols = [tex_escape(v) for v in (r.hardware, r.framework, r.model, r.policy, r.precision,
+                                        r.nodes, r.world_size, r.global_batch, r.n)]
+        cols.append(f"{_fmt(r.throughput_samples_per_s_median)} "
+                    f"({_fmt(r.throughput_samples_per_s_min)}--{_fmt(r.throughput_samples_per_s_max)})")
+        cols.append(f"{_fmt(r.scaling_efficiency_median)} "
+                    f"({_fmt(r.scaling_efficiency_min)}--{_fmt(r.scaling_efficiency_max)})")
+        rows.append(" & ".join(cols) + r" \\")
+    body = "\n".join(rows) if rows else r"\multicolumn{11}{c}{no measured cells} \\"
     Path(out).write_text(head + body + "\n" + r"\bottomrule" + "\n" + r"\end{longtable}" + "\n")
 
 

@@ -39,6 +39,18 @@ done
 
 log() { (( QUIET )) || echo "[$PROG] $*" >&2; }
 
+if [[ ! -d $STATE_DIR ]]; then
+    if (( PURGE )) && [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$CONF" ]]; then
+        rm -f /etc/slurm/slurm.conf; log "removed /etc/slurm/slurm.conf link"
+    fi
+    log "nothing was running (no state dir $STATE_DIR)"
+    exit 0
+fi
+if [[ ${DLSCALE_SLURM_LOCKED:-0} != 1 ]]; then
+    exec 9>"$STATE_DIR/.lock"
+    flock -w 300 9 || { echo "$PROG: error: another cluster-up/cluster-down holds $STATE_DIR/.lock" >&2; exit 1; }
+fi
+
 # pid_of PIDFILE COMM: print the pid if it is alive and named COMM
 pid_of() {
     local f=$1 comm=$2 pid
@@ -79,7 +91,8 @@ our_stepds() {
     for d in /proc/[0-9]*; do
         pid=${d#/proc/}
         [[ $(cat "$d/comm" 2>/dev/null) == slurmstepd ]] || continue
-        tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" && echo "$pid"
+        alive "$pid" || continue
+        { tr '\0' '\n' <"$d/environ"; } 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" && echo "$pid"
     done
     return 0
 }
@@ -90,6 +103,7 @@ descendants() {
     local p c
     while [[ ${#queue[@]} -gt 0 ]]; do
         p=${queue[0]}; queue=("${queue[@]:1}")
+        # shellcheck disable=SC2013
         for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do
             out+=("$c"); queue+=("$c")
         done
@@ -100,7 +114,7 @@ descendants() {
 stopped_any=0
 
 # 1. cancel running jobs while slurmctld still answers
-if ctld=$(pid_of "$RUN_DIR/slurmctld.pid" slurmctld); then
+if pid_of "$RUN_DIR/slurmctld.pid" slurmctld >/dev/null; then
     jobs=$(SLURM_CONF=$CONF timeout 10 squeue -h -t PD,R,CG,S,CF -o '%A' 2>/dev/null | paste -sd' ' -) || jobs=
     if [[ -n $jobs ]]; then
         log "cancelling jobs: $jobs"
@@ -155,4 +169,8 @@ if (( PURGE )); then
     fi
 fi
 
-if (( stopped_any )); then log "cluster stopped"; else log "nothing was running"; fi
+if (( stopped_any )); then
+    log "cluster stopped"
+elif [[ ${DLSCALE_SLURM_LOCKED:-0} != 1 ]]; then   # silent when called by cluster-up.sh
+    log "nothing was running"
+fi

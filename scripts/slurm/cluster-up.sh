@@ -144,10 +144,17 @@ munge_works() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 # Can we give each slurmd its own hostname (UTS namespace) + private /etc/hosts?
 unshare_works() {
     command -v unshare >/dev/null 2>&1 || return 1
+    # shellcheck disable=SC2016
     unshare --uts --mount --propagation slave sh -c \
         'echo dlscale-probe >/proc/sys/kernel/hostname && [ "$(cat /proc/sys/kernel/hostname)" = dlscale-probe ] && mount --bind /etc/hosts /etc/hosts' \
         >/dev/null 2>&1
 }
+
+# Serialise concurrent cluster-up/cluster-down runs on the same state dir.
+mkdir -p "$STATE_DIR"
+exec 9>"$STATE_DIR/.lock"
+flock -w 300 9 || die "another cluster-up/cluster-down holds $STATE_DIR/.lock"
+export DLSCALE_SLURM_LOCKED=1   # cluster-down.sh called from here skips the lock
 
 # -------------------------------------------- /etc/slurm/slurm.conf guard ---
 # Refuse early if the system config belongs to somebody else.
@@ -197,6 +204,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 MpiDefault=none
+MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SwitchType=switch/none
@@ -293,7 +301,7 @@ all_up() {
 print_env() {
     cat <<EOF
 
-Slurm cluster '$CLUSTER' is up: $NODES node(s) n1..n$NODES, $CPUS CPU(s) and ${MEM} MB each, partition 'cpu'$( ((ACCOUNTING)) && echo ', accounting ON (sacct works)' || echo ', accounting OFF (use squeue/scontrol, not sacct)').
+Slurm cluster '$CLUSTER' is up: $NODES node(s) $NODE_RANGE, $CPUS CPU(s) and ${MEM} MB each, partition 'cpu'$( ((ACCOUNTING)) && echo ', accounting ON (sacct works)' || echo ', accounting OFF (use squeue/scontrol, not sacct)').
 Use it with:
   export SLURM_CONF=$CONF
   sinfo; srun -N$NODES -n$NODES hostname
@@ -351,8 +359,8 @@ done
 
 # ------------------------------------------ stop what is left from before ---
 if [[ -d $RUN_DIR || -d $MUNGE_DIR ]]; then
-    log "(re)starting: stopping daemons from a previous run first"
-    "$SCRIPT_DIR/cluster-down.sh" --quiet
+    # settings changed or the cluster is only partly up: restart everything
+    "$SCRIPT_DIR/cluster-down.sh"
 fi
 
 # --------------------------------------------------------- directories ---
@@ -388,7 +396,7 @@ start_munged() {
         --socket="$MUNGE_SOCKET" \
         --pid-file="$MUNGE_DIR/munged.pid" \
         --log-file="$MUNGE_DIR/munged.log" \
-        --seed-file="$MUNGE_DIR/munged.seed" \
+        --seed-file="$MUNGE_DIR/munged.seed" </dev/null 9>&- \
         || { tail_logs "$MUNGE_DIR/munged.log"; die "munged failed to start"; }
     wait_for 10 munge_works || { tail_logs "$MUNGE_DIR/munged.log"; die "munged started but 'munge -n | unmunge' fails"; }
 }
@@ -399,12 +407,12 @@ else
 fi
 
 # ---------------------------------------------------------- hosts files ---
+hosts_has() {  # hosts_has FILE NAME: NAME listed (not commented out) in FILE
+    awk -v n="$2" '!/^[[:space:]]*#/ { for (i = 2; i <= NF; i++) { if ($i ~ /^#/) break; if ($i == n) f = 1 } } END { exit !f }' "$1" 2>/dev/null
+}
 ensure_etc_hosts() {
     local n missing=()
-    for n in $(node_list); do
-        awk -v n="$n" '!/^[[:space:]]*#/ { for (i = 2; i <= NF; i++) { if ($i ~ /^#/) break; if ($i == n) f = 1 } } END { exit !f }' \
-            /etc/hosts 2>/dev/null || missing+=("$n")
-    done
+    for n in $(node_list); do hosts_has /etc/hosts "$n" || missing+=("$n"); done
     if [[ ${#missing[@]} -gt 0 ]]; then
         if { for n in "${missing[@]}"; do printf '127.0.0.1\t%s\t# dlscale-slurm\n' "$n"; done; } >>/etc/hosts 2>/dev/null; then
             log "added ${missing[*]} -> 127.0.0.1 to /etc/hosts"
@@ -417,9 +425,9 @@ ensure_etc_hosts
 # hosts file bind-mounted over /etc/hosts inside each node's namespace
 {
     cat /etc/hosts 2>/dev/null || printf '127.0.0.1\tlocalhost\n'
-    printf '# dlscale-slurm nodes\n'
-    for n in $(node_list); do printf '127.0.0.1\t%s\n' "$n"; done
-    printf '127.0.0.1\t%s\n' "$HOST"
+    for n in $(node_list) "$HOST"; do
+        hosts_has /etc/hosts "$n" || printf '127.0.0.1\t%s\t# dlscale-slurm\n' "$n"
+    done
 } >"$HOSTS_FILE.tmp"
 mv -f "$HOSTS_FILE.tmp" "$HOSTS_FILE"
 chmod 644 "$HOSTS_FILE"
@@ -435,6 +443,7 @@ fi
 export SLURM_CONF=$CONF
 
 # ------------------------------------------------ accounting (optional) ---
+# shellcheck disable=SC2120  # called with args via wait_for
 mysql_root() { mariadb --no-defaults --socket="$DB_DIR/mysqld.sock" -uroot "$@"; }
 
 start_mariadb() {
@@ -458,9 +467,9 @@ start_mariadb() {
         --datadir="$DB_DIR/data" --socket="$DB_DIR/mysqld.sock" \
         --pid-file="$DB_DIR/mariadbd.pid" --log-error="$LOG_DIR/mariadb.log" \
         --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
-        --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
+        --innodb-buffer-pool-size=1G --innodb-lock-wait-timeout=900 \
         --max-allowed-packet=64M \
-        </dev/null >>"$LOG_DIR/mariadb.log" 2>&1
+        </dev/null 9>&- >>"$LOG_DIR/mariadb.log" 2>&1
     wait_for 60 mysql_root -e 'SELECT 1' \
         || { tail_logs "$LOG_DIR/mariadb.log"; die "MariaDB did not come up within 60 s"; }
     if [[ ! -s $DB_DIR/slurm.pass ]]; then
@@ -468,6 +477,7 @@ start_mariadb() {
     fi
     local pw
     pw=$(cat "$DB_DIR/slurm.pass")
+    # shellcheck disable=SC2119
     mysql_root <<EOF
 CREATE DATABASE IF NOT EXISTS slurm_acct_db;
 CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pw';
@@ -487,7 +497,7 @@ start_slurmdbd() {
     mv -f "$DBD_CONF.tmp" "$DBD_CONF"
     log "starting slurmdbd"
     # slurmdbd reads slurmdbd.conf from the directory of $SLURM_CONF
-    slurmdbd </dev/null >>"$LOG_DIR/slurmdbd.log" 2>&1 \
+    slurmdbd </dev/null 9>&- >>"$LOG_DIR/slurmdbd.log" 2>&1 \
         || { tail_logs "$LOG_DIR/slurmdbd.log"; die "slurmdbd failed to start"; }
     wait_for 30 sacctmgr -n list cluster \
         || { tail_logs "$LOG_DIR/slurmdbd.log"; die "slurmdbd does not answer within 30 s"; }
@@ -507,7 +517,7 @@ fi
 
 # ------------------------------------------------------------ slurmctld ---
 log "starting slurmctld"
-slurmctld -f "$CONF" </dev/null >>"$LOG_DIR/slurmctld.log" 2>&1 \
+slurmctld -f "$CONF" </dev/null 9>&- >>"$LOG_DIR/slurmctld.log" 2>&1 \
     || { tail_logs "$LOG_DIR/slurmctld.log"; die "slurmctld failed to start"; }
 ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 wait_for 30 ctld_up || { tail_logs "$LOG_DIR/slurmctld.log"; die "slurmctld does not answer 'scontrol ping' within 30 s"; }
@@ -518,15 +528,16 @@ for n in $(node_list); do
     if [[ $NODE_HOSTNAMES == yes ]]; then
         # own UTS namespace (hostname nX) + own mount namespace with a hosts file
         # that resolves n1..nN; the network namespace is shared.
+        # shellcheck disable=SC2016
         unshare --uts --mount --propagation slave sh -c '
             set -e
             echo "$1" >/proc/sys/kernel/hostname
             mount --bind "$2" /etc/hosts
             exec slurmd -N "$1" -f "$3"
-        ' dlscale-slurmd "$n" "$HOSTS_FILE" "$CONF" </dev/null >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
+        ' dlscale-slurmd "$n" "$HOSTS_FILE" "$CONF" </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
             || { tail_logs "$LOG_DIR/slurmd-$n.log"; die "slurmd -N $n failed to start"; }
     else
-        slurmd -N "$n" -f "$CONF" </dev/null >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
+        slurmd -N "$n" -f "$CONF" </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
             || { tail_logs "$LOG_DIR/slurmd-$n.log"; die "slurmd -N $n failed to start"; }
     fi
 done

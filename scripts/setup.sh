@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up everything dlscale needs on a fresh Debian 12 machine (idempotent, safe to rerun):
+#   - Debian packages: TeX Live (latexmk, pdflatex) for the report, poppler-utils (pdfinfo);
+#     Slurm + munge are installed by scripts/slurm/cluster-up.sh when a local cluster is started;
+#   - .venv: the driver environment (Snakemake, the Slurm executor plugin, pandas, matplotlib,
+#     seaborn, jinja2, pytest) plus the PyTorch framework (pinned CPU wheel) and dlscale itself.
+# Needs root (or sudo) for apt. Re-installs the venv only when envs/*.txt or pyproject change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
+              lmodern poppler-utils git)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then missing+=(python3-venv); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+VENV=$ROOT/.venv
+STAMP=$VENV/.dlscale-setup
+want=$(cat envs/workflow.txt envs/pytorch.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  log ".venv is up to date"
+else
+  log "building .venv (Snakemake, analysis stack, torch==2.13.0 CPU, dlscale)"
+  python3 -m venv "$VENV"
+  # The venv's bundled pip (23.2) crashes byte-compiling the torch 2.13 wheel: upgrade it first.
+  "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  "$VENV/bin/python" -m pip install -q -r envs/workflow.txt -r envs/pytorch.txt
+  "$VENV/bin/python" -m pip install -q --no-deps -e .
+  echo "$want" > "$STAMP"
+fi
+log "ready: $("$VENV/bin/snakemake" --version | head -1) snakemake, $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"

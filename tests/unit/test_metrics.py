@@ -1,0 +1,104 @@
+"""The metrics format: assembled records validate; anything incomplete or foreign is refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlscale import metrics
+from dlscale.metrics import MetricsError
+
+CELL = {"hardware": "cpu", "framework": "pytorch", "model": "cnn_small", "policy": "weak",
+        "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
+        "world_size": 2, "per_rank_batch": 8, "global_batch": 16, "cpus_per_rank": 1,
+        "warmup_steps": 1, "steps": 3}
+
+
+def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
+    start = {"local_rank": 0, "node": node, "node_index": rank, "pid": 100 + rank,
+             "device": "cpu", "device_model": "CPU X", "threads": 1, "loadavg_1m": 0.5,
+             "per_rank_batch": 8, "data_layout": "NCHW", "input_shape": [3, 32, 32],
+             "param_count": 1000, "libraries": {"torch": "2.13.0"}, "python": "3.11.7",
+             "cpu_model": "CPU X", "dlscale_version": "0.1.0", "timer": "time.perf_counter",
+             "sync_method": "none", "backend": "gloo"}
+    recs = [metrics.make_record("rank_start", rank, start)]
+    recs += [metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
+             for i, s in enumerate(step_seconds)]
+    recs.append(metrics.make_record("rank_end", rank, metrics.rank_summary(step_seconds, 8, 100.0)))
+    return recs
+
+
+def assembled(**overrides):
+    ranks = {0: rank_records(0, [0.1, 0.1, 0.1], "n1"), 1: rank_records(1, [0.2, 0.2, 0.2], "n2")}
+    kwargs = dict(study="t", cell=CELL, config_hash="abc", git_commit="deadbeef",
+                  launcher="local", slurm_job_id=None, rank_records=ranks, wall_seconds=2.0,
+                  started=1.0)
+    kwargs.update(overrides)
+    return metrics.assemble(**kwargs)
+
+
+def test_assembled_file_validates_and_sums_ranks(tmp_path):
+    records = assembled()
+    path = tmp_path / "m.jsonl"
+    metrics.write_atomic(path, records)
+    back = metrics.read_metrics(path)
+    summary = back[-1]["value"]
+    # rank 0: 8*3/0.3 = 80/s, rank 1: 8*3/0.6 = 40/s -> 120/s, not 2 x rank 0 (160/s)
+    assert summary["throughput_samples_per_s"] == pytest.approx(120.0)
+    assert summary["rank_throughput_min"] == pytest.approx(40.0)
+    assert summary["nodes_seen"] == ["n1", "n2"]
+    assert back[0]["value"]["provenance"]["hosts"] == ["n1", "n2"]
+    assert [r["event"] for r in back].count("step") == 6
+    assert not list(tmp_path.glob(".*.tmp"))          # no temp file left behind
+
+
+def test_every_line_has_the_fixed_keys(tmp_path):
+    for rec in assembled():
+        assert set(rec) == {"format", "version", "time", "event", "rank", "value"}
+        assert rec["format"] == "dlscale.metrics" and rec["version"] == 1
+
+
+def write_lines(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda rs: rs[:-1], "must start with run_start and end with summary"),       # truncated
+    (lambda rs: [], "empty"),
+    (lambda rs: [{**rs[0], "version": 2}] + rs[1:], "format version 2"),
+    (lambda rs: [r for r in rs if not (r["event"] == "rank_end" and r["rank"] == 1)]
+     , "expected 0..1"),
+    (lambda rs: [{**rs[0], "value": {**rs[0]["value"], "cell": {"nodes": 2}}}] + rs[1:],
+     "required"),
+    (lambda rs: rs[:3] + [{**rs[3], "value": {"step": 0, "seconds": -1.0, "samples": 8}}] + rs[4:],
+     "seconds"),
+])
+def test_invalid_files_are_refused(tmp_path, mutate, message):
+    path = tmp_path / "m.jsonl"
+    write_lines(path, mutate(assembled()))
+    with pytest.raises(MetricsError, match=message):
+        metrics.read_metrics(path)
+
+
+def test_corrupt_json_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(assembled()[0]) + "\n{not json\n")
+    with pytest.raises(MetricsError, match="line 2: not JSON"):
+        metrics.read_metrics(path)
+
+
+def test_write_atomic_refuses_invalid_and_keeps_the_old_file(tmp_path):
+    path = tmp_path / "m.jsonl"
+    metrics.write_atomic(path, assembled())
+    before = path.read_bytes()
+    with pytest.raises(MetricsError):
+        metrics.write_atomic(path, assembled()[:-1])
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_missing_rank_file(tmp_path):
+    (tmp_path / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                  for r in rank_records(0, [0.1], "n1")))
+    with pytest.raises(MetricsError, match="rank 1 wrote no metrics"):
+        metrics.read_rank_files(tmp_path, 2)
