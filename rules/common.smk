@@ -52,6 +52,16 @@ def report_title():
 
 
 FIGURES = ["throughput", "speedup", "efficiency"]
+FIGURE_CAPTIONS = {
+    "throughput": "Training throughput (samples/s summed over all ranks) against node count.",
+    "speedup": "Speedup against the smallest node count of each group; dashed: ideal.",
+    "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal.",
+}
+
+
+def report_figures():
+    return [{"file": f"{name}.pdf", "caption": FIGURE_CAPTIONS[name]} for name in FIGURES]
+
 
 
 def final_targets():

@@ -1,17 +1,6 @@
 # macros + tables + figures -> report.tex -> report.pdf. Regenerate only the report with
 # `snakemake --profile profiles/local --forcerun report_inputs` (no cell reruns).
 
-FIGURE_CAPTIONS = {
-    "throughput": "Training throughput (samples/s summed over all ranks) against node count.",
-    "speedup": "Speedup against the smallest node count of each group; dashed: ideal.",
-    "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal.",
-}
-
-
-def report_figures():
-    return [{"file": f"{name}.pdf", "caption": FIGURE_CAPTIONS[name]} for name in FIGURES]
-
-
 rule report_inputs:
     input:
         cells="results/tables/cells.csv",

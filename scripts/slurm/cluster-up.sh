@@ -545,8 +545,18 @@ done
 # ------------------------------------------------------------------ wait ---
 idle_count() { sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l; }
 end=$((SECONDS + WAIT_S))
+t_slurmd=$SECONDS
 resumed=0
 while (( $(idle_count) < NODES )); do
+    # a slurmd that died right after daemonizing (port in use, bad config, ...)
+    if (( SECONDS - t_slurmd >= 3 )); then
+        for n in $(node_list); do
+            if ! pid_alive "$RUN_DIR/slurmd-$n.pid" slurmd; then
+                tail_logs "$LOG_DIR/slurmd-$n.log"
+                die "slurmd for node $n is not running (see $LOG_DIR/slurmd-$n.log)"
+            fi
+        done
+    fi
     if (( SECONDS >= end )); then
         echo "$PROG: error: not all $NODES nodes became idle within ${WAIT_S}s:" >&2
         sinfo -N -l >&2 || true

@@ -1,0 +1,116 @@
+"""The workflow end to end on the embedded default (local profile), run as a user runs it."""
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import copy_workflow, snakemake
+
+pytestmark = pytest.mark.workflow
+
+
+def job_counts(dry_run_stdout: str) -> dict[str, int]:
+    table = dry_run_stdout.split("Job stats:")[1].split("total")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory, request):
+    """The tiny study (2 cells) run once to the PDF; shared by the tests below."""
+    import yaml
+    from conftest import ROOT
+    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+    work = copy_workflow(tmp_path_factory.mktemp("study"), tiny)
+    proc = snakemake(work, "--profile", "profiles/local")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work
+
+
+def test_dry_run_shows_product_minus_exclusions(tmp_path, base_config):
+    config = copy.deepcopy(base_config)
+    config["exclude"] = [{"model": "transformer_small", "policy": "strong"}]
+    work = copy_workflow(tmp_path, config)
+    proc = snakemake(work, "--profile", "profiles/local", "-n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = job_counts(proc.stdout)
+    assert counts["train"] == 2 * 1 * 2 * 2 * 1 * 1 * 2 - 4   # models x hw x nodes x policy x reps
+    assert counts["report_pdf"] == 1 and counts["collect"] == 1
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("axes", {"framework": ["tensorflw"]}, "axes.framework[0]: 'tensorflw' is not allowed"),
+    ("axes", {"nodes": [0, 1]}, "axes.nodes[0]: 0 must be >= 1"),
+    ("per_rank_batch", -1, "per_rank_batch: -1 must be >= 1"),
+    ("global_batch", 3, "global_batch: 3"),
+    ("exclude", [{"model": "resnet50"}], "exclude[0].model"),
+])
+def test_bad_config_stops_before_any_job(tmp_path, tiny_config, key, value, fragment):
+    config = copy.deepcopy(tiny_config)
+    if key == "global_batch":
+        config["axes"]["policy"] = ["strong"]
+    if isinstance(value, dict):
+        config[key] = {**config[key], **value}
+    else:
+        config[key] = value
+    work = copy_workflow(tmp_path, config)
+    proc = snakemake(work, "--profile", "profiles/local")
+    assert proc.returncode != 0
+    assert fragment in proc.stderr, proc.stderr[-2000:]
+    assert "No job was started" in proc.stderr
+    assert not (work / "results" / "runs").exists()
+
+
+def test_tiny_study_reaches_the_pdf(finished_study):
+    work = finished_study
+    for path in ["results/tables/ranks.csv", "results/tables/cells.csv",
+                 "results/tables/scaling.csv", "results/report/macros.tex",
+                 "results/report/report.pdf"] + \
+            [f"results/figures/{f}.pdf" for f in ("throughput", "speedup", "efficiency")]:
+        assert (work / path).stat().st_size > 0, path
+    import pandas as pd
+    ranks = pd.read_csv(work / "results/tables/ranks.csv")
+    assert sorted(ranks.groupby("nodes")["rank"].count().items()) == [(1, 1), (2, 2)]
+    cells = pd.read_csv(work / "results/tables/cells.csv").set_index("nodes")
+    assert cells.loc[1, "speedup"] == pytest.approx(1.0)
+    assert cells.loc[2, "scaling_efficiency"] == pytest.approx(
+        cells.loc[2, "throughput_samples_per_s"] / cells.loc[1, "throughput_samples_per_s"] / 2)
+    if shutil.which("pdftotext"):
+        text = subprocess.run(["pdftotext", str(work / "results/report/report.pdf"), "-"],
+                              capture_output=True, text=True).stdout
+        assert "Figure 3" in text and "Cells" in text and "tiny" in text
+
+
+def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
+    work = finished_study
+    cell = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+    proc = snakemake(work, "--profile", "profiles/local", "-n", "--forcerun", cell)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = job_counts(proc.stdout)
+    assert counts.pop("train") == 1
+    assert counts == {"collect": 1, "figure_throughput": 1, "figure_speedup": 1,
+                      "figure_efficiency": 1, "report_inputs": 1, "report_pdf": 1, "all": 1}
+    assert cell in proc.stdout
+
+
+def test_regenerating_figures_touches_no_cell(finished_study):
+    proc = snakemake(finished_study, "--profile", "profiles/local", "-n",
+                     "--forcerun", "figure_throughput", "figure_speedup", "figure_efficiency")
+    counts = job_counts(proc.stdout)
+    assert "train" not in counts and "collect" not in counts
+    assert counts["figure_speedup"] == 1 and counts["report_pdf"] == 1
+
+
+def test_everything_up_to_date_runs_nothing(finished_study):
+    proc = snakemake(finished_study, "--profile", "profiles/local", "-n")
+    assert proc.returncode == 0
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_lint_is_clean(root):
+    proc = snakemake(root, "--lint")
+    assert proc.returncode == 0 and "Congratulations" in proc.stdout + proc.stderr, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
