@@ -17,6 +17,19 @@ include: "rules/figures.smk"
 include: "rules/report.smk"
 
 
+# Only `train` jobs go to the scheduler; aggregation, figures and the report run where
+# Snakemake runs.
+localrules:
+    all,
+    collect,
+    figure_throughput,
+    figure_speedup,
+    figure_efficiency,
+    report_inputs,
+    report_tex,
+    report_pdf,
+
+
 rule all:
     input:
         final_targets(),

@@ -3,6 +3,7 @@
 # package (scripts/dlscale/config.py, matrix.py) so it is unit-tested without Snakemake.
 import json
 import re
+import sys
 
 from snakemake.exceptions import WorkflowError
 
@@ -41,6 +42,13 @@ def cell_of(wildcards):
 
 def cell_json(wildcards):
     return json.dumps(cell_of(wildcards).as_dict(), sort_keys=True)
+
+
+def framework_python(wildcards):
+    """Interpreter of the cell's framework environment. PyTorch lives in the driver venv, so
+    it is this interpreter; a framework with its own environment (envs/<framework>.txt) will
+    resolve to that environment's python here."""
+    return sys.executable
 
 
 def metrics_files():

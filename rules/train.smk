@@ -9,6 +9,7 @@ rule train:
         "results/logs/train/{hardware}/{framework}/{model}/{policy}/{precision}/n{nodes}/r{rep}.log",
     params:
         cell=cell_json,
+        python=framework_python,
         launcher=STUDY.config["launcher"],
         study=STUDY.config["study"],
         config_hash=STUDY.config_hash,
@@ -26,6 +27,6 @@ rule train:
     conda:
         "../envs/pytorch.yaml"
     shell:
-        "python -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
+        "{params.python:q} -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
         " --study {params.study:q} --config-hash {params.config_hash:q}"
         " --git-commit={params.git_commit:q} --output {output.metrics:q} > {log:q} 2>&1"

@@ -90,12 +90,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def allocation_nodes(env=os.environ) -> list[str]:
+    """Host names of the job's allocation. The executor plugin strips SLURM_JOB_NODELIST from
+    the job's environment, so ask Slurm by job id when it is gone."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or subprocess.run(
+        ["squeue", "--noheader", "--jobs", env["SLURM_JOB_ID"], "--format", "%N"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                          capture_output=True, text=True).stdout.split()
+
+
 def slurm_rendezvous(env=os.environ) -> tuple[str, int]:
     """First node of the allocation; a port derived from the job id so concurrent cells differ."""
-    nodelist = env["SLURM_JOB_NODELIST"]
-    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                           capture_output=True, text=True).stdout.split()[0]
-    return first, 20000 + int(env["SLURM_JOB_ID"]) % 20000
+    return allocation_nodes(env)[0], 20000 + int(env["SLURM_JOB_ID"]) % 20000
 
 
 def train_argv(cell: dict, rank_dir: Path, python: str) -> list[str]:
@@ -189,7 +196,13 @@ def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash
     print(f"[dlscale.launch] {launcher}: {cell['nodes']} node(s) x {cell['ranks_per_node']} "
           f"rank(s): {' '.join(argv)}", file=sys.stderr, flush=True)
     started = time.time()
-    procs = (start_srun if launcher == "srun" else start_local)(cell, argv, rank_dir)
+    if launcher == "srun" and cell["world_size"] == 1 and "SLURM_STEP_ID" in os.environ:
+        # A 1-rank cell already runs inside the job step the executor plugin made for it
+        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
+        start = start_local
+    else:
+        start = start_srun if launcher == "srun" else start_local
+    procs = start(cell, argv, rank_dir)
     failed = wait_all(procs)
     wall = time.time() - started
     logs = sorted(rank_dir.glob("rank*.log"))

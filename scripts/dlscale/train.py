@@ -11,6 +11,7 @@ own part file (rank_start, step..., rank_end) in DIR.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 
@@ -24,6 +25,27 @@ from .provenance import host_facts
 
 class PreflightError(RuntimeError):
     pass
+
+
+FAULT_ENV = "DLSCALE_FAULT"
+
+
+def fault_hook(rank: int, rank_dir: str):
+    """Fault injection for tests: DLSCALE_FAULT="<text in the cell path>:<rank>:<step>:<exit code>"
+    makes that rank of the matching cell exit with that code before that step (warm-up counts)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    pattern, f_rank, f_step, code = spec.rsplit(":", 3)
+    if pattern not in rank_dir or int(f_rank) != rank:
+        return None
+
+    def before_step(step: int) -> None:
+        if step == int(f_step):
+            print(f"[dlscale.train] {FAULT_ENV}: rank {rank} exits with {code} before step {step}",
+                  file=sys.stderr, flush=True)
+            os._exit(int(code))
+    return before_step
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             "node_index": ctx.node_index, "launcher": ctx.launcher, "device": spec.device,
             "threads": spec.threads, "per_rank_batch": spec.per_rank_batch, "timer": TIMER,
             "master": f"{ctx.master_addr}:{ctx.master_port}"})
-        step_seconds = run_timed(adapter)
+        step_seconds = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
         for i, seconds in enumerate(step_seconds):
             writer.write("step", {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

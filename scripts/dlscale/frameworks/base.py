@@ -74,15 +74,20 @@ class Adapter:
         raise NotImplementedError
 
 
-def run_timed(adapter: Adapter) -> list[float]:
-    """Warm up, then time each step with device synchronisation. Returns per-step seconds."""
+def run_timed(adapter: Adapter, before_step=None) -> list[float]:
+    """Warm up, then time each step with device synchronisation. Returns per-step seconds.
+    `before_step(i)`, if given, runs before every step outside the timer (fault injection)."""
     spec = adapter.spec
-    for _ in range(spec.warmup_steps):
+    for i in range(spec.warmup_steps):
+        if before_step:
+            before_step(i)
         adapter.step()
     adapter.sync()
     adapter.barrier()
     times = []
-    for _ in range(spec.steps):
+    for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
+        if before_step:
+            before_step(i)
         t0 = time.perf_counter()
         adapter.step()
         adapter.sync()
