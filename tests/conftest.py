@@ -50,3 +50,12 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     return subprocess.run([str(BIN / "snakemake"), *args], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_study(dest: Path, profile: str) -> Path:
+    """The tiny study (tests/fixtures/tiny.yaml, 2 cells) run to the PDF with a profile."""
+    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+    work = copy_workflow(dest, tiny)
+    proc = snakemake(work, "--profile", profile)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work

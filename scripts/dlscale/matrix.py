@@ -8,11 +8,12 @@ a Cell's fields along.
 from __future__ import annotations
 
 import itertools
+from math import lcm
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .config import AXES, ConfigError, apply_defaults, config_hash, load_schema, load_yaml, \
-    validate_config, validate_hardware
+from .config import AXES, ConfigError, config_hash, load_schema, load_yaml, validate_config, \
+    validate_hardware
 
 RUNS_DIR = "results/runs"
 # One output path per cell, naming every axis. Wildcard names == axis names == column names.
@@ -108,18 +109,13 @@ def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> li
                 problems.append(
                     f"global_batch: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible by "
                     f"world size(s) {bad}; choose a multiple of "
-                    f"{_lcm([n * rpn for n in axes['nodes']])}")
+                    f"{lcm(*(n * rpn for n in axes['nodes']))}")
     for i, entry in enumerate(config["exclude"]):
         for axis, value in entry.items():
             if value not in axes[axis]:
                 problems.append(f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
                                 f"allowed values: {', '.join(map(str, axes[axis]))}")
     return problems
-
-
-def _lcm(values: list[int]) -> int:
-    from math import lcm
-    return lcm(*values)
 
 
 def _excluded(combo: dict, exclude: list[dict]) -> bool:
@@ -169,5 +165,3 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
     return build_matrix(config, hardware, hardware_source=str(config["hardware_file"]))
 
 
-__all__ = ["Cell", "Study", "CELL_PATTERN", "RUNS_DIR", "build_matrix", "load_study",
-           "apply_defaults"]

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import ROOT, copy_workflow, snakemake
+from conftest import ROOT, copy_workflow, snakemake, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -48,11 +48,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def slurm_study(cluster, tmp_path_factory):
-    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    work = copy_workflow(tmp_path_factory.mktemp("slurm-study"), tiny)
-    proc = snakemake(work, "--profile", "profiles/slurm")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work
+    return tiny_study(tmp_path_factory.mktemp("slurm-study"), "profiles/slurm")
 
 
 def records(path):

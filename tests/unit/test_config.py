@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 
 import pytest
 
 from dlscale import frameworks, models
 from dlscale.config import AXES, ConfigError, load_schema, load_yaml, validate_config
-from dlscale.matrix import CELL_PATTERN, build_matrix, load_study
+from dlscale.matrix import CELL_PATTERN, load_study
 
 
 def study(root, config):

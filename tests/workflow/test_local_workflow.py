@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import copy_workflow, snakemake
+from conftest import copy_workflow, snakemake, tiny_study
 
 pytestmark = pytest.mark.workflow
 
@@ -19,15 +19,9 @@ def job_counts(dry_run_stdout: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def finished_study(tmp_path_factory, request):
+def finished_study(tmp_path_factory):
     """The tiny study (2 cells) run once to the PDF; shared by the tests below."""
-    import yaml
-    from conftest import ROOT
-    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    work = copy_workflow(tmp_path_factory.mktemp("study"), tiny)
-    proc = snakemake(work, "--profile", "profiles/local")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work
+    return tiny_study(tmp_path_factory.mktemp("study"), "profiles/local")
 
 
 def test_dry_run_shows_product_minus_exclusions(tmp_path, base_config):
