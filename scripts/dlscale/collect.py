@@ -25,6 +25,7 @@ def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
             **{k: cell[k] for k in CELL_FIELDS}}
     ranks = []
     rank_start = {r["rank"]: r["value"] for r in records if r["event"] == "rank_start"}
+    probe = {r["rank"]: r["value"] for r in records if r["event"] == "idle_probe"}
     for rec in records:
         if rec["event"] != "rank_end":
             continue
@@ -35,6 +36,7 @@ def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
                       "step_seconds_median": end["step_seconds_median"],
                       "timed_steps": end["steps"], "peak_rss_mb": end["peak_rss_mb"],
                       "loadavg_1m": st["loadavg_1m"], "threads": st["threads"],
+                      "host_busy_cpus": probe.get(rec["rank"], {}).get("busy_cpus"),
                       "device_model": st["device_model"]})
     row = {**base,
            "throughput_samples_per_s": summary["throughput_samples_per_s"],
@@ -45,6 +47,8 @@ def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
            "nodes_seen": len(summary["nodes_seen"]),
            "hosts": " ".join(prov["hosts"]),
            "wall_seconds": summary["wall_seconds"],
+           "competing": summary["competing"],
+           "host_busy_cpus_max": summary["host_busy_cpus_max"],
            "device_model": prov["device_model"], "libraries": " ".join(
                f"{k}={v}" for k, v in sorted(prov["libraries"].items())),
            "python": prov["python"], "launcher": prov["launcher"],

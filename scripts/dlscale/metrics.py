@@ -19,10 +19,17 @@ from pathlib import Path
 
 import jsonschema
 
+from .frameworks.base import COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
+
 FORMAT = "dlscale.metrics"
 VERSION = 1
 THROUGHPUT_METHOD = ("cell throughput = sum over ranks of per_rank_batch * steps / sum(rank's "
                      "step seconds); never rank 0 x world size")
+
+
+IDLE_PROBE_METHOD = (f"after warm-up all ranks wait {IDLE_PROBE_SECONDS} s while each samples "
+                     f"its host's busy CPUs; > {COMPETING_BUSY_CPUS} busy CPUs flags the cell "
+                     "as competing")
 
 
 class MetricsError(ValueError):
@@ -87,6 +94,9 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
             for r, recs in rank_records.items()}
     starts = {r: next(x["value"] for x in recs if x["event"] == "rank_start")
               for r, recs in rank_records.items()}
+    probes = [x["value"] for recs in rank_records.values() for x in recs
+              if x["event"] == "idle_probe"]
+    busy = [p["busy_cpus"] for p in probes if p["busy_cpus"] is not None]
     thr = [ends[r]["throughput_samples_per_s"] for r in sorted(ends)]
     steps = [x["value"]["seconds"] for recs in rank_records.values() for x in recs
              if x["event"] == "step"]
@@ -101,6 +111,8 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
         "step_seconds_median": statistics.median(steps),
         "peak_rss_mb_max": max(e["peak_rss_mb"] for e in ends.values()),
         "wall_seconds": wall_seconds,
+        "competing": any(p["competing"] for p in probes),
+        "host_busy_cpus_max": max(busy) if busy else None,
     }
 
 
@@ -136,6 +148,7 @@ def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None
             "sync_method": first["sync_method"],
             "throughput": THROUGHPUT_METHOD,
             "batch_policy": cell["policy"],
+            "idle_probe": IDLE_PROBE_METHOD,
         },
     })
     run_start["time"] = started

@@ -6,6 +6,7 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 
 
 def cpu_model() -> str:
@@ -57,3 +58,67 @@ def slurm_facts() -> dict:
     keys = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION",
             "SLURM_CLUSTER_NAME", "SLURM_STEP_ID")
     return {k.lower(): os.environ[k] for k in keys if k in os.environ}
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(total, idle) jiffies of all CPUs from /proc/stat (idle includes iowait; guests excluded)."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:9]]
+    return sum(values), values[3] + values[4]
+
+
+def _process_jiffies() -> dict[int, tuple[str, int]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                data = fh.read()
+            fields = data[data.rindex(")") + 2:].split()
+            out[int(name)] = (data[data.index("(") + 1:data.rindex(")")],
+                              int(fields[11]) + int(fields[12]))   # utime + stime
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def host_activity(window_s: float, top: int = 3) -> dict:
+    """CPU use of the whole host over `window_s` while this cell's ranks sit idle: whatever is
+    busy then competes with the measurement. Returns busy CPUs and the busiest processes."""
+    try:
+        total0, idle0 = _cpu_jiffies()
+        procs0 = _process_jiffies()
+        time.sleep(window_s)
+        total1, idle1 = _cpu_jiffies()
+        procs1 = _process_jiffies()
+    except OSError:
+        return {"window_s": window_s, "busy_cpus": None, "top_processes": [],
+                "method": "unavailable (/proc not readable)"}
+    d_total = total1 - total0
+    busy = (d_total - (idle1 - idle0)) / d_total * (os.cpu_count() or 1) if d_total else 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+    users = sorted(((procs1[p][1] - procs0[p][1]) / hz / window_s, p, procs1[p][0])
+                   for p in procs1 if p in procs0 and p != os.getpid())
+    return {"window_s": window_s, "busy_cpus": round(busy, 3),
+            "top_processes": [{"pid": p, "comm": c, "cpus": round(u, 3)}
+                              for u, p, c in reversed(users[-top:]) if u > 0],
+            "method": "/proc/stat and /proc/<pid>/stat deltas while all ranks wait"}
+
+
+def gpu_activity() -> list[dict] | None:
+    """Utilisation and memory of every visible NVIDIA GPU (nvidia-smi), or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    gpus = []
+    for line in out.stdout.strip().splitlines():
+        index, util, mem = (v.strip() for v in line.split(","))
+        gpus.append({"index": int(index), "utilization_pct": float(util),
+                     "memory_used_mb": float(mem)})
+    return gpus

@@ -16,6 +16,8 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from .frameworks.base import COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
+
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
                   "^": r"\textasciicircum{}"}
@@ -58,7 +60,14 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         "Policies": _join(axes["policy"]),
         "Precisions": _join(axes["precision"]),
         "RanksPerNode": config["ranks_per_node"],
+        "IdleProbeSeconds": IDLE_PROBE_SECONDS,
+        "CompetingBusyCpus": COMPETING_BUSY_CPUS,
     }
+    measured_keys = ["GlobalBatchStrong", "GitCommit", "ConfigHash", "Libraries", "Python",
+                     "DeviceModel", "Launcher", "Hosts", "ThroughputMax", "MaxNodes",
+                     "EfficiencyAtMaxNodesMin", "EfficiencyAtMaxNodesMax", "CellsCompeting",
+                     "RepsMin", "RepsMax"]
+    m.update({k: "n/a" for k in measured_keys})    # a report with no measured cell still builds
     if not cells.empty:
         strong = cells[cells["policy"] == "strong"]
         m["GlobalBatchStrong"] = (_join(sorted(strong["global_batch"].unique()))
@@ -75,6 +84,7 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         m["MaxNodes"] = int(scaling["nodes"].max())
         m["EfficiencyAtMaxNodesMin"] = _fmt(top["scaling_efficiency_median"].min())
         m["EfficiencyAtMaxNodesMax"] = _fmt(top["scaling_efficiency_median"].max())
+        m["CellsCompeting"] = int(cells["competing"].sum())
         m["RepsMin"] = int(scaling["n"].min())
         m["RepsMax"] = int(scaling["n"].max())
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
@@ -101,9 +111,12 @@ def write_cell_table(scaling: pd.DataFrame, out: str) -> None:
                     f"({_fmt(r.throughput_samples_per_s_min)}--{_fmt(r.throughput_samples_per_s_max)})")
         cols.append(f"{_fmt(r.scaling_efficiency_median)} "
                     f"({_fmt(r.scaling_efficiency_min)}--{_fmt(r.scaling_efficiency_max)})")
-        rows.append(" & ".join(cols) + r" \\")
+        flag = r"$^\dagger$" if getattr(r, "competing_reps", 0) else ""
+        rows.append(" & ".join(cols) + flag + r" \\")
     body = "\n".join(rows) if rows else r"\multicolumn{11}{c}{no measured cells} \\"
-    Path(out).write_text(head + body + "\n" + r"\bottomrule" + "\n" + r"\end{longtable}" + "\n")
+    foot = (r"\bottomrule" "\n" r"\multicolumn{11}{l}{$^\dagger$ at least one repetition was "
+            r"measured while other processes kept the host busy (idle probe).}\\" "\n")
+    Path(out).write_text(head + body + "\n" + foot + r"\end{longtable}" + "\n")
 
 
 def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
@@ -134,7 +147,9 @@ class LatexMissing(RuntimeError):
 
 
 def compile_pdf(tex: str, log: str) -> None:
-    """latexmk -pdf in the report's folder; a clear message when TeX Live is missing."""
+    """latexmk -g -pdf in the report's folder (-g: always compile, since Snakemake already decided
+    the report is out of date; latexmk would otherwise repeat a remembered failure). A clear
+    message when TeX Live is missing."""
     if shutil.which("latexmk") is None or shutil.which("pdflatex") is None:
         raise LatexMissing(
             "latexmk/pdflatex not found: the report PDF needs Debian's TeX Live "
@@ -143,7 +158,7 @@ def compile_pdf(tex: str, log: str) -> None:
             "(results/tables/) and figures (results/figures/) are already built.")
     tex_path = Path(tex)
     with open(log, "w") as fh:
-        proc = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
+        proc = subprocess.run(["latexmk", "-g", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
                                "-file-line-error", tex_path.name],
                               cwd=tex_path.parent, stdout=fh, stderr=subprocess.STDOUT)
     if proc.returncode != 0:

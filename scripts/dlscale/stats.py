@@ -44,4 +44,6 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
                                                     for s in ("median", "min", "max")])
     agg = {f"{c}_{s}": (c, s) for c in cols for s in ("median", "min", "max")}
     agg["n"] = ("rep", "count")
+    if "competing" in cells.columns:
+        agg["competing_reps"] = ("competing", "sum")
     return cells.groupby(keys).agg(**agg).reset_index()

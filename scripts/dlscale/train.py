@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             "node_index": ctx.node_index, "launcher": ctx.launcher, "device": spec.device,
             "threads": spec.threads, "per_rank_batch": spec.per_rank_batch, "timer": TIMER,
             "master": f"{ctx.master_addr}:{ctx.master_port}"})
-        step_seconds = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
+        step_seconds, probe = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
+        writer.write("idle_probe", probe)
         for i, seconds in enumerate(step_seconds):
             writer.write("step", {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

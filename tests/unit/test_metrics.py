@@ -21,7 +21,10 @@ def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
              "param_count": 1000, "libraries": {"torch": "2.13.0"}, "python": "3.11.7",
              "cpu_model": "CPU X", "dlscale_version": "0.1.0", "timer": "time.perf_counter",
              "sync_method": "none", "backend": "gloo"}
-    recs = [metrics.make_record("rank_start", rank, start)]
+    recs = [metrics.make_record("rank_start", rank, start),
+            metrics.make_record("idle_probe", rank, {
+                "window_s": 0.5, "busy_cpus": 0.9 if rank == 1 else 0.1, "top_processes": [],
+                "competing": rank == 1, "method": "test"})]
     recs += [metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
              for i, s in enumerate(step_seconds)]
     recs.append(metrics.make_record("rank_end", rank, metrics.rank_summary(step_seconds, 8, 100.0)))
@@ -47,6 +50,7 @@ def test_assembled_file_validates_and_sums_ranks(tmp_path):
     assert summary["throughput_samples_per_s"] == pytest.approx(120.0)
     assert summary["rank_throughput_min"] == pytest.approx(40.0)
     assert summary["nodes_seen"] == ["n1", "n2"]
+    assert summary["competing"] is True and summary["host_busy_cpus_max"] == pytest.approx(0.9)
     assert back[0]["value"]["provenance"]["hosts"] == ["n1", "n2"]
     assert [r["event"] for r in back].count("step") == 6
     assert not list(tmp_path.glob(".*.tmp"))          # no temp file left behind

@@ -2,6 +2,9 @@
 
 Timing method (the same for every framework, recorded in each metrics file):
   - `warmup_steps` untimed steps, then a device synchronisation and a barrier over all ranks;
+  - an idle probe: for IDLE_PROBE_SECONDS every rank waits and samples what else keeps its host
+    busy (dlscale.provenance.host_activity); more than COMPETING_BUSY_CPUS busy CPUs flags the
+    cell as measured under competition; then a second barrier;
   - each of `steps` timed steps is bracketed by time.perf_counter() after a device
     synchronisation (`Adapter.sync`), so queued device work is inside the step it belongs to;
   - a rank's throughput = per_rank_batch * steps / sum(step times); the cell's throughput is the
@@ -12,7 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..provenance import gpu_activity, host_activity
+
 TIMER = "time.perf_counter"
+IDLE_PROBE_SECONDS = 0.5
+COMPETING_BUSY_CPUS = 0.5
 
 
 @dataclass(frozen=True)
@@ -74,15 +81,21 @@ class Adapter:
         raise NotImplementedError
 
 
-def run_timed(adapter: Adapter, before_step=None) -> list[float]:
-    """Warm up, then time each step with device synchronisation. Returns per-step seconds.
-    `before_step(i)`, if given, runs before every step outside the timer (fault injection)."""
+def run_timed(adapter: Adapter, before_step=None) -> tuple[list[float], dict]:
+    """Warm up, probe the host while idle, then time each step with device synchronisation.
+    Returns per-step seconds and the probe. `before_step(i)`, if given, runs before every step
+    outside the timer (fault injection)."""
     spec = adapter.spec
     for i in range(spec.warmup_steps):
         if before_step:
             before_step(i)
         adapter.step()
     adapter.sync()
+    adapter.barrier()
+    probe = host_activity(IDLE_PROBE_SECONDS)
+    if adapter.spec.device == "cuda":
+        probe["gpus"] = gpu_activity()
+    probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
     adapter.barrier()
     times = []
     for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
@@ -93,4 +106,4 @@ def run_timed(adapter: Adapter, before_step=None) -> list[float]:
         adapter.sync()
         times.append(time.perf_counter() - t0)
     adapter.barrier()
-    return times
+    return times, probe
