@@ -1,6 +1,7 @@
 # Load + validate the configuration, build the matrix once per workflow run, and provide the
 # wildcard constraints, input functions and final targets. The logic lives in the dlscale
 # package (scripts/dlscale/config.py, matrix.py) so it is unit-tested without Snakemake.
+import importlib.resources
 import json
 import re
 import sys
@@ -58,6 +59,10 @@ def metrics_files():
 def report_title():
     return STUDY.config["report"]["title"] or f"Scaling study: {STUDY.config['study']}"
 
+
+# The template the report is rendered from (inside the installed dlscale package): an input of
+# report_tex, so editing it regenerates the report.
+REPORT_TEMPLATE = str(importlib.resources.files("dlscale") / "templates" / "report.tex.j2")
 
 FIGURES = ["throughput", "speedup", "efficiency"]
 FIGURE_CAPTIONS = {

@@ -22,6 +22,8 @@ rule report_inputs:
 
 
 rule report_tex:
+    input:
+        template=REPORT_TEMPLATE,
     output:
         tex="results/report/report.tex",
     params:

@@ -24,6 +24,9 @@ rule train:
         slurm_partition=cell_partition,
         slurm_extra=cell_slurm_extra,
         mpi=cell_mpi,
+        # every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
+        # local profile sets N=1 so no cell is measured while another one runs
+        dlscale_cell=1,
     conda:
         "../envs/pytorch.yaml"
     shell:
