@@ -63,11 +63,12 @@ def discover() -> RankContext:
         node_index = _env_int("GROUP_RANK", "NODE_RANK") or 0
     else:
         launcher, rank, world, local_rank, local_world, node_index = "none", 0, 1, 0, 1, 0
+    master_addr = env.get("MASTER_ADDR", "127.0.0.1")
+    hosts = tuple(h for h in env.get("DLSCALE_HOSTS", "").split(",") if h) or (master_addr,)
     return RankContext(
         rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-        node_index=node_index, node=socket.gethostname(),
-        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(env.get("MASTER_PORT", "29500")), launcher=launcher)
+        node_index=node_index, node=socket.gethostname(), master_addr=master_addr,
+        master_port=int(env.get("MASTER_PORT", "29500")), launcher=launcher, hosts=hosts)
 
 
 def _tasks_on_this_node(env) -> int:
@@ -100,9 +101,10 @@ def allocation_nodes(env=os.environ) -> list[str]:
                           capture_output=True, text=True).stdout.split()
 
 
-def slurm_rendezvous(env=os.environ) -> tuple[str, int]:
-    """First node of the allocation; a port derived from the job id so concurrent cells differ."""
-    return allocation_nodes(env)[0], 20000 + int(env["SLURM_JOB_ID"]) % 20000
+def slurm_port(env=os.environ) -> int:
+    """Rendezvous port on the allocation's first node, derived from the job id so concurrent
+    cells never collide; frameworks that need more ports use the next few (< 64) above it."""
+    return 20000 + (int(env["SLURM_JOB_ID"]) * 64) % 20000
 
 
 def train_argv(cell: dict, rank_dir: Path, python: str) -> list[str]:
@@ -130,6 +132,7 @@ def start_local(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, 
                        DLSCALE_LOCAL_RANK=str(local_rank),
                        DLSCALE_LOCAL_WORLD_SIZE=str(cell["ranks_per_node"]),
                        DLSCALE_NODE_INDEX=str(node_index), MASTER_ADDR="127.0.0.1",
+                       DLSCALE_HOSTS=",".join(["127.0.0.1"] * cell["nodes"]),
                        MASTER_PORT=str(port), OMP_NUM_THREADS=str(cell["cpus_per_rank"]),
                        PYTHONUNBUFFERED="1")
             log = (rank_dir / f"rank{rank}.log").open("w")
@@ -141,8 +144,9 @@ def start_local(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, 
 def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
     the executor plugin strips most SLURM_* variables from the job's environment."""
-    addr, port = slurm_rendezvous()
-    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port),
+    hosts = allocation_nodes()
+    addr, port = hosts[0], slurm_port()
+    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port), DLSCALE_HOSTS=",".join(hosts),
                OMP_NUM_THREADS=str(cell["cpus_per_rank"]), PYTHONUNBUFFERED="1")
     cmd = ["srun", f"--nodes={cell['nodes']}", f"--ntasks={cell['world_size']}",
            f"--ntasks-per-node={cell['ranks_per_node']}",

@@ -48,6 +48,13 @@ class RankContext:
     master_addr: str
     master_port: int
     launcher: str
+    hosts: tuple[str, ...] = ()    # address of each node, in node order (rank r is on node r // R)
+
+    def rank_address(self, rank: int, base_port: int) -> str:
+        """host:port of a rank for frameworks that need every peer's address (TF_CONFIG):
+        ranks are placed node-major, so rank r sits on node r // ranks_per_node; the port is
+        base_port + rank, unique even when simulated nodes share one host."""
+        return f"{self.hosts[rank // self.local_world_size]}:{base_port + rank}"
 
 
 class Adapter:
