@@ -5,10 +5,12 @@ import importlib.resources
 import json
 import re
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
 from dlscale.config import ConfigError
+from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
 from dlscale.matrix import CELL_PATTERN, load_study
 from dlscale.provenance import git_commit
 
@@ -46,10 +48,12 @@ def cell_json(wildcards):
 
 
 def framework_python(wildcards):
-    """Interpreter of the cell's framework environment. PyTorch lives in the driver venv, so
-    it is this interpreter; a framework with its own environment (envs/<framework>.txt) will
-    resolve to that environment's python here."""
-    return sys.executable
+    """Interpreter of the cell's framework environment: the driver venv for PyTorch, else
+    .venvs/<env>/bin/python (built by scripts/setup.sh from envs/<env>.txt)."""
+    env = FRAMEWORK_ENVIRONMENTS[wildcards.framework]
+    if env is None:
+        return sys.executable
+    return str(Path(workflow.basedir) / ".venvs" / env / "bin" / "python")
 
 
 def metrics_files():

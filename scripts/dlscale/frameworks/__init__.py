@@ -7,6 +7,20 @@ import importlib
 # name -> module path; every module defines `Adapter`, a subclass of base.Adapter.
 ADAPTERS = {
     "pytorch": "dlscale.frameworks.pytorch",
+    "tensorflow": "dlscale.frameworks.tensorflow",
+    "keras": "dlscale.frameworks.keras",
+    "horovod": "dlscale.frameworks.horovod",
+    "mxnet": "dlscale.frameworks.mxnet",
+}
+
+# name -> the venv (.venvs/<name>, built from envs/<name>.txt by scripts/setup.sh) its ranks run
+# in; None: the driver environment (.venv), which carries PyTorch.
+ENVIRONMENTS = {
+    "pytorch": None,
+    "tensorflow": "tensorflow",
+    "keras": "tensorflow",
+    "horovod": "horovod",
+    "mxnet": "mxnet",
 }
 
 
