@@ -25,6 +25,8 @@ localrules:
     figure_throughput,
     figure_speedup,
     figure_efficiency,
+    figure_frameworks,
+    figure_breakdown,
     report_inputs,
     report_tex,
     report_pdf,

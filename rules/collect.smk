@@ -9,6 +9,8 @@ rule collect:
         cells="results/tables/cells.csv",
         scaling="results/tables/scaling.csv",
         quarantine="results/tables/quarantine.csv",
+    params:
+        straggler_threshold=STUDY.config["straggler_threshold"],
     log:
         "results/logs/collect.log",
     conda:

@@ -68,11 +68,14 @@ def report_title():
 # report_tex, so editing it regenerates the report.
 REPORT_TEMPLATE = str(importlib.resources.files("dlscale") / "templates" / "report.tex.j2")
 
-FIGURES = ["throughput", "speedup", "efficiency"]
+FIGURES = ["throughput", "speedup", "efficiency", "frameworks", "breakdown"]
 FIGURE_CAPTIONS = {
     "throughput": "Training throughput (samples/s summed over all ranks) against node count.",
     "speedup": "Speedup against the smallest node count of each group; dashed: ideal.",
     "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal.",
+    "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count.",
+    "breakdown": "Median step time split into compute (the same step without gradient allreduce) "
+    "and communication (the rest); grey: the framework exposes no compute-only step.",
 }
 
 

@@ -27,3 +27,13 @@ use rule figure_throughput as figure_speedup with:
 use rule figure_throughput as figure_efficiency with:
     wildcard_constraints:
         figure="efficiency",
+
+
+use rule figure_throughput as figure_frameworks with:
+    wildcard_constraints:
+        figure="frameworks",
+
+
+use rule figure_throughput as figure_breakdown with:
+    wildcard_constraints:
+        figure="breakdown",

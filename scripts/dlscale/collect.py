@@ -12,13 +12,23 @@ from pathlib import Path
 import pandas as pd
 
 from .metrics import MetricsError, read_metrics
-from .stats import CELL_AXES, add_speedup, scaling_summary
+from .stats import CELL_AXES, add_speedup, scaling_summary, stragglers
 
 CELL_FIELDS = ["world_size", "ranks_per_node", "per_rank_batch", "global_batch", "device",
                "cpus_per_rank", "warmup_steps", "steps"]
 
 
-def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
+def _largest(summary: dict, key: str):
+    """A field of the allreduce probe's largest message size (None when not measured)."""
+    probes = summary.get("allreduce") or []
+    return max(probes, key=lambda p: p["bytes"])[key] if probes else None
+
+
+def _scaled(value, factor):
+    return None if value is None else value * factor
+
+
+def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tuple[dict, list[dict]]:
     start, summary = records[0]["value"], records[-1]["value"]
     cell, prov = start["cell"], start["provenance"]
     base = {"study": start["study"], **{k: cell[k] for k in CELL_AXES},
@@ -38,6 +48,7 @@ def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
                       "loadavg_1m": st["loadavg_1m"], "threads": st["threads"],
                       "host_busy_cpus": probe.get(rec["rank"], {}).get("busy_cpus"),
                       "device_model": st["device_model"]})
+    slow = stragglers([r["throughput_samples_per_s"] for r in ranks], straggler_threshold)
     row = {**base,
            "throughput_samples_per_s": summary["throughput_samples_per_s"],
            "rank_throughput_min": summary["rank_throughput_min"],
@@ -47,7 +58,20 @@ def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
            "nodes_seen": len(summary["nodes_seen"]),
            "hosts": " ".join(prov["hosts"]),
            "wall_seconds": summary["wall_seconds"],
+           "compute_seconds_median": summary.get("compute_seconds_median"),
+           "comm_fraction": summary.get("comm_fraction"),
+           "allreduce_bytes": _largest(summary, "bytes"),
+           "allreduce_busbw_gb_per_s": _scaled(_largest(summary, "busbw_bytes_per_s"), 1e-9),
+           "allreduce_algbw_gb_per_s": _scaled(_largest(summary, "algbw_bytes_per_s"), 1e-9),
+           "joules_per_sample": summary.get("joules_per_sample"),
+           "energy_unavailable": summary.get("energy_unavailable"),
+           "peak_rss_mb_max": summary.get("peak_rss_mb_max"),
+           "peak_device_memory_mb_max": max(
+               (r["value"].get("peak_device_memory_mb") or 0 for r in records
+                if r["event"] == "rank_end"), default=0) or None,
            "competing": summary["competing"],
+           "straggler": bool(slow),
+           "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
            "host_busy_cpus_max": summary["host_busy_cpus_max"],
            "device_model": prov["device_model"], "libraries": " ".join(
                f"{k}={v}" for k, v in sorted(prov["libraries"].items())),
@@ -57,12 +81,13 @@ def cell_rows(records: list[dict], path: str) -> tuple[dict, list[dict]]:
     return row, ranks
 
 
-def collect(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def collect(paths: list[str], straggler_threshold: float = 0.1
+            ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     cells, ranks, quarantine, seen = [], [], [], {}
     for path in paths:
         try:
             records = read_metrics(path)
-            row, rank_rows = cell_rows(records, str(path))
+            row, rank_rows = cell_rows(records, str(path), straggler_threshold)
         except MetricsError as exc:
             quarantine.append({"metrics_path": str(path), "reason": str(exc)})
             continue
@@ -86,8 +111,8 @@ def collect(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
 
 
 def write_tables(paths: list[str], ranks_csv: str, cells_csv: str, scaling_csv: str,
-                 quarantine_csv: str) -> None:
-    ranks, cells, scaling, quarantine = collect(paths)
+                 quarantine_csv: str, straggler_threshold: float) -> None:
+    ranks, cells, scaling, quarantine = collect(paths, straggler_threshold)
     for df, out in ((ranks, ranks_csv), (cells, cells_csv), (scaling, scaling_csv),
                     (quarantine, quarantine_csv)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -101,6 +101,9 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
     steps = [x["value"]["seconds"] for recs in rank_records.values() for x in recs
              if x["event"] == "step"]
     return {
+        **_breakdown_summary(ends, statistics.median(steps)),
+        **_allreduce_summary(ends, len(rank_records)),
+        **_energy_summary(ends, starts),
         "status": "ok",
         "world_size": len(rank_records),
         "nodes_seen": sorted({s["node"] for s in starts.values()}),
@@ -114,6 +117,48 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
         "competing": any(p["competing"] for p in probes),
         "host_busy_cpus_max": max(busy) if busy else None,
     }
+
+
+def _breakdown_summary(ends: dict, step_median: float) -> dict:
+    """Compute-only step (allreduce skipped) vs the full step: communication share of a step."""
+    per_rank = [statistics.median(e["breakdown"]["compute_seconds"]) for e in ends.values()
+                if e.get("breakdown", {}).get("available")]
+    if not per_rank:
+        return {"compute_seconds_median": None, "comm_fraction": None}
+    compute = statistics.median(per_rank)
+    return {"compute_seconds_median": compute,
+            "comm_fraction": max(0.0, 1.0 - compute / step_median)}
+
+
+def _allreduce_summary(ends: dict, world_size: int) -> dict:
+    """Allreduce algorithm and bus bandwidth (busbw = algbw x 2(n-1)/n) per message size, from
+    the median time over repeats of the slowest rank (a collective ends when the last rank does)."""
+    from .stats import bus_bandwidth
+    probes = [e["allreduce"] for e in ends.values() if e.get("allreduce", {}).get("available")]
+    if not probes:
+        return {"allreduce": None}
+    out = []
+    for i, size in enumerate(probes[0]["sizes"]):
+        seconds = max(statistics.median(p["sizes"][i]["seconds"]) for p in probes)
+        algbw = size["bytes"] / seconds
+        out.append({"bytes": size["bytes"], "seconds_median": seconds,
+                    "algbw_bytes_per_s": algbw,
+                    "busbw_bytes_per_s": bus_bandwidth(algbw, world_size)})
+    return {"allreduce": out}
+
+
+def _energy_summary(ends: dict, starts: dict) -> dict:
+    """Joules per sample over the timed window; a node's package counters are counted once."""
+    readings = {}
+    for rank, end in sorted(ends.items()):
+        energy = end.get("energy") or {}
+        if not energy.get("available"):
+            return {"joules_per_sample": None,
+                    "energy_unavailable": energy.get("reason", "not recorded")}
+        key = (starts[rank]["node"], "node") if energy["source"].startswith("rapl") else rank
+        readings.setdefault(key, energy["joules"])
+    samples = sum(e["throughput_samples_per_s"] * e["seconds_total"] for e in ends.values())
+    return {"joules_per_sample": sum(readings.values()) / samples, "energy_unavailable": None}
 
 
 def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None, launcher: str,

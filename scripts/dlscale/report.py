@@ -16,7 +16,9 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from .frameworks.base import COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
+from .frameworks.base import ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, \
+    COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
+from .stats import CI_METHOD
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
@@ -61,11 +63,16 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         "Precisions": _join(axes["precision"]),
         "RanksPerNode": config["ranks_per_node"],
         "IdleProbeSeconds": IDLE_PROBE_SECONDS,
+        "CIMethod": CI_METHOD,
+        "StragglerThreshold": f"{config['straggler_threshold']:.0%}",
+        "BreakdownSteps": BREAKDOWN_STEPS,
+        "AllreduceSizes": " and ".join(f"{b >> 20}" for b in ALLREDUCE_BYTES),
+        "AllreduceRepeats": ALLREDUCE_REPEATS,
         "CompetingBusyCpus": COMPETING_BUSY_CPUS,
     }
     measured_keys = ["GlobalBatchStrong", "GitCommit", "ConfigHash", "Libraries", "Python",
                      "DeviceModel", "Launcher", "Hosts", "ThroughputMax", "MaxNodes",
-                     "EfficiencyAtMaxNodesMin", "EfficiencyAtMaxNodesMax", "CellsCompeting",
+                     "EfficiencyAtMaxNodesMin", "EfficiencyAtMaxNodesMax", "CellsCompeting", "CellsStraggler", "EnergyNote",
                      "RepsMin", "RepsMax"]
     m.update({k: "n/a" for k in measured_keys})    # a report with no measured cell still builds
     if not cells.empty:
@@ -85,6 +92,12 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         m["EfficiencyAtMaxNodesMin"] = _fmt(top["scaling_efficiency_median"].min())
         m["EfficiencyAtMaxNodesMax"] = _fmt(top["scaling_efficiency_median"].max())
         m["CellsCompeting"] = int(cells["competing"].sum())
+        m["CellsStraggler"] = int(cells["straggler"].sum())
+        energy = cells["joules_per_sample"].dropna()
+        m["EnergyNote"] = (f"measured for {len(energy)} of {len(cells)} cells "
+                           f"(median {_fmt(energy.median())} J/sample)" if len(energy) else
+                           "not available: " + "; ".join(sorted(
+                               cells["energy_unavailable"].dropna().unique())))
         m["RepsMin"] = int(scaling["n"].min())
         m["RepsMax"] = int(scaling["n"].max())
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
@@ -96,27 +109,40 @@ def write_macros(macros: dict[str, str], out: str) -> None:
     Path(out).write_text("\n".join(lines) + "\n")
 
 
+def _ci(r, column: str) -> str:
+    med = getattr(r, f"{column}_median")
+    low, high = getattr(r, f"{column}_ci_low"), getattr(r, f"{column}_ci_high")
+    if pd.isna(low):
+        return _fmt(med)
+    return f"{_fmt(med)} [{_fmt(low)}, {_fmt(high)}]"
+
+
+def _opt(value, digits: int = 2, scale: float = 1.0) -> str:
+    return "--" if value is None or pd.isna(value) else _fmt(value * scale, digits)
+
+
 def write_cell_table(scaling: pd.DataFrame, out: str) -> None:
-    """One row per group and node count: median over n repetitions, (min--max) beside it."""
-    head = (r"\begin{longtable}{lllllrrrrrr}" "\n" r"\toprule" "\n"
-            r"HW & Framework & Model & Policy & Prec. & Nodes & Ranks & Global batch & n & "
-            r"Throughput [samples/s] & Efficiency \\" "\n"
-            r"\midrule\endhead" "\n")
+    """One row per group and node count: median over n repetitions with its 95 % CI."""
+    head = (r"\begin{longtable}{lllllrrrrrrrr}" "\n" r"\toprule" "\n"
+            r"HW & Framework & Model & Policy & Prec. & Nodes & Ranks & Global & n & "
+            r"Throughput [samples/s] & Efficiency & Comm. & busbw \\" "\n"
+            r"& & & & & & & batch & & median [95\,\% CI] & median [95\,\% CI] & share & GB/s \\"
+            "\n" r"\midrule\endhead" "\n")
     rows = []
     for r in scaling.sort_values(["hardware", "framework", "model", "policy", "precision",
                                   "nodes"]).itertuples(index=False):
         cols = [tex_escape(v) for v in (r.hardware, r.framework, r.model, r.policy, r.precision,
                                         r.nodes, r.world_size, r.global_batch, r.n)]
-        cols.append(f"{_fmt(r.throughput_samples_per_s_median)} "
-                    f"({_fmt(r.throughput_samples_per_s_min)}--{_fmt(r.throughput_samples_per_s_max)})")
-        cols.append(f"{_fmt(r.scaling_efficiency_median)} "
-                    f"({_fmt(r.scaling_efficiency_min)}--{_fmt(r.scaling_efficiency_max)})")
-        flag = r"$^\dagger$" if getattr(r, "competing_reps", 0) else ""
-        rows.append(" & ".join(cols) + flag + r" \\")
-    body = "\n".join(rows) if rows else r"\multicolumn{11}{c}{no measured cells} \\"
-    foot = (r"\bottomrule" "\n" r"\multicolumn{11}{l}{$^\dagger$ at least one repetition was "
-            r"measured while other processes kept the host busy (idle probe).}\\" "\n")
-    Path(out).write_text(head + body + "\n" + foot + r"\end{longtable}" + "\n")
+        cols += [_ci(r, "throughput_samples_per_s"), _ci(r, "scaling_efficiency"),
+                 _opt(r.comm_fraction_median), _opt(r.allreduce_busbw_gb_per_s_median)]
+        flags = ("$^\\dagger$" if r.competing_reps else "") + ("$^\\ddagger$" if r.straggler_reps else "")
+        rows.append(" & ".join(cols) + flags + r" \\")
+    body = "\n".join(rows) if rows else r"\multicolumn{13}{c}{no measured cells} \\"
+    foot = (r"\bottomrule" "\n" r"\multicolumn{13}{l}{$^\dagger$ a repetition was measured while "
+            r"other processes kept the host busy (idle probe); $^\ddagger$ a repetition had a "
+            r"straggler rank.}\\" "\n")
+    Path(out).write_text(r"{\footnotesize\setlength\tabcolsep{3pt}" "\n" + head + body + "\n"
+                         + foot + r"\end{longtable}}" + "\n")
 
 
 def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:

@@ -95,12 +95,15 @@ def main(argv: list[str] | None = None) -> int:
             "node_index": ctx.node_index, "launcher": ctx.launcher, "device": spec.device,
             "threads": spec.threads, "per_rank_batch": spec.per_rank_batch, "timer": TIMER,
             "master": f"{ctx.master_addr}:{ctx.master_port}"})
-        step_seconds, probe = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
-        writer.write("idle_probe", probe)
-        for i, seconds in enumerate(step_seconds):
+        run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
+        writer.write("idle_probe", run["idle_probe"])
+        for i, seconds in enumerate(run["step_seconds"]):
             writer.write("step", {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        writer.write("rank_end", rank_summary(step_seconds, spec.per_rank_batch, peak_rss_mb))
+        writer.write("rank_end", {
+            **rank_summary(run["step_seconds"], spec.per_rank_batch, peak_rss_mb),
+            "peak_device_memory_mb": adapter.peak_device_memory_mb(),
+            "energy": run["energy"], "breakdown": run["breakdown"], "allreduce": run["allreduce"]})
     finally:
         writer.close()
         adapter.teardown()

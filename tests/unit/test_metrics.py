@@ -27,7 +27,12 @@ def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
                 "competing": rank == 1, "method": "test"})]
     recs += [metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
              for i, s in enumerate(step_seconds)]
-    recs.append(metrics.make_record("rank_end", rank, metrics.rank_summary(step_seconds, 8, 100.0)))
+    recs.append(metrics.make_record("rank_end", rank, {
+        **metrics.rank_summary(step_seconds, 8, 100.0), "peak_device_memory_mb": None,
+        "energy": {"available": False, "reason": "test"},
+        "breakdown": {"available": True, "method": "test", "compute_seconds": [s / 2 for s in step_seconds]},
+        "allreduce": {"available": True, "repeats": 2, "sizes": [
+            {"bytes": 1000, "seconds": [0.001, 0.001 * (rank + 1)]}]}}))
     return recs
 
 
@@ -51,6 +56,13 @@ def test_assembled_file_validates_and_sums_ranks(tmp_path):
     assert summary["rank_throughput_min"] == pytest.approx(40.0)
     assert summary["nodes_seen"] == ["n1", "n2"]
     assert summary["competing"] is True and summary["host_busy_cpus_max"] == pytest.approx(0.9)
+    # breakdown: compute = half of each step; median step 0.15 s, median compute 0.075 s
+    assert summary["comm_fraction"] == pytest.approx(0.5)
+    # allreduce: the slowest rank's median (0.0015 s) over 1000 bytes; n=2 -> busbw == algbw
+    (probe,) = summary["allreduce"]
+    assert probe["algbw_bytes_per_s"] == pytest.approx(1000 / 0.0015)
+    assert probe["busbw_bytes_per_s"] == pytest.approx(probe["algbw_bytes_per_s"])
+    assert summary["joules_per_sample"] is None and summary["energy_unavailable"] == "test"
     assert back[0]["value"]["provenance"]["hosts"] == ["n1", "n2"]
     assert [r["event"] for r in back].count("step") == 6
     assert not list(tmp_path.glob(".*.tmp"))          # no temp file left behind

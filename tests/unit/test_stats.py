@@ -4,7 +4,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dlscale.stats import add_speedup, scaling_summary
+import numpy as np
+
+from dlscale.stats import add_speedup, bus_bandwidth, median_ci, ratio_ci, scaling_summary, \
+    stragglers
 
 
 def cells(rows):
@@ -52,7 +55,12 @@ def test_summary_median_min_max_and_n():
     assert row["n"] == 3
     assert row["throughput_samples_per_s_median"] == pytest.approx(170.0)
     assert row["speedup_min"] == pytest.approx(1.5) and row["speedup_max"] == pytest.approx(1.9)
+    assert row["speedup_median"] == pytest.approx(1.7)                 # ratio of medians
     assert row["scaling_efficiency_median"] == pytest.approx(0.85)
+    assert row["n_baseline"] == 2
+    # constant baseline: the speedup interval is the throughput interval / 100
+    assert 1.5 <= row["speedup_ci_low"] <= 1.7 <= row["speedup_ci_high"] <= 1.9
+    assert row["scaling_efficiency_ci_low"] == pytest.approx(row["speedup_ci_low"] / 2)
 
 
 def test_empty_tables_keep_their_columns():
@@ -61,3 +69,45 @@ def test_empty_tables_keep_their_columns():
                                                    "throughput_samples_per_s"]))
     assert "scaling_efficiency" in empty.columns
     assert "scaling_efficiency_median" in scaling_summary(empty).columns
+
+
+def test_single_repetitions_have_no_interval():
+    rng = np.random.default_rng(0)
+    assert all(np.isnan(v) for v in median_ci(np.array([5.0]), rng))
+    assert all(np.isnan(v) for v in ratio_ci(np.array([5.0]), np.array([2.0]), rng))
+
+
+def test_bootstrap_interval_covers_the_true_median_about_95_percent():
+    """Coverage on constructed samples with a known answer: normal(100, 10), n=30, the true
+    median is 100; a 95 % interval must cover it in roughly 95 % of 400 independent studies
+    (the percentile bootstrap of a median runs a little below nominal at this n)."""
+    rng = np.random.default_rng(12345)
+    covered = 0
+    trials = 400
+    for _ in range(trials):
+        sample = rng.normal(100.0, 10.0, size=30)
+        low, high = median_ci(sample, rng)
+        covered += low <= 100.0 <= high
+    assert 0.88 <= covered / trials <= 0.99
+
+
+def test_ratio_interval_covers_the_true_ratio():
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(200):
+        x = rng.normal(300.0, 15.0, size=25)
+        b = rng.normal(100.0, 5.0, size=25)
+        low, high = ratio_ci(x, b, rng)
+        covered += low <= 3.0 <= high
+    assert 0.88 <= covered / 200 <= 1.0
+
+
+@pytest.mark.parametrize("n, factor", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_bus_bandwidth_formula(n, factor):
+    assert bus_bandwidth(10.0, n) == pytest.approx(10.0 * factor)
+
+
+def test_straggler_flag():
+    assert stragglers([100, 100, 100, 100], 0.1) == []
+    assert stragglers([100, 100, 95, 80], 0.1) == [3]           # median 97.5 -> limit 87.75
+    assert stragglers([100, 89], 0.1) == []                      # median 94.5 -> limit 85.05

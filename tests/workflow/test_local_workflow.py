@@ -63,7 +63,8 @@ def test_tiny_study_reaches_the_pdf(finished_study):
     for path in ["results/tables/ranks.csv", "results/tables/cells.csv",
                  "results/tables/scaling.csv", "results/report/macros.tex",
                  "results/report/report.pdf"] + \
-            [f"results/figures/{f}.pdf" for f in ("throughput", "speedup", "efficiency")]:
+            [f"results/figures/{f}.pdf" for f in ("throughput", "speedup", "efficiency",
+                                                   "frameworks", "breakdown")]:
         assert (work / path).stat().st_size > 0, path
     import pandas as pd
     ranks = pd.read_csv(work / "results/tables/ranks.csv")
@@ -75,7 +76,8 @@ def test_tiny_study_reaches_the_pdf(finished_study):
     if shutil.which("pdftotext"):
         text = subprocess.run(["pdftotext", str(work / "results/report/report.pdf"), "-"],
                               capture_output=True, text=True).stdout
-        assert "Figure 3" in text and "Cells" in text and "tiny" in text
+        assert "Figure 5" in text and "Cells" in text and "tiny" in text
+        assert "95% percentile bootstrap" in text
 
 
 def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
@@ -86,7 +88,8 @@ def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
     counts = job_counts(proc.stdout)
     assert counts.pop("train") == 1
     assert counts == {"collect": 1, "figure_throughput": 1, "figure_speedup": 1,
-                      "figure_efficiency": 1, "report_inputs": 1, "report_pdf": 1, "all": 1}
+                      "figure_efficiency": 1, "figure_frameworks": 1, "figure_breakdown": 1,
+                      "report_inputs": 1, "report_pdf": 1, "all": 1}
     assert cell in proc.stdout
 
 

@@ -15,11 +15,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..energy import EnergyMeter
 from ..provenance import gpu_activity, host_activity
 
 TIMER = "time.perf_counter"
 IDLE_PROBE_SECONDS = 0.5
 COMPETING_BUSY_CPUS = 0.5
+BREAKDOWN_STEPS = 10                        # compute-only steps after the timed window
+ALLREDUCE_BYTES = (1 << 20, 16 << 20)       # probe message sizes (float32 buffers)
+ALLREDUCE_REPEATS = 5                       # timed repeats per size, after one warm-up
 
 
 @dataclass(frozen=True)
@@ -87,11 +91,26 @@ class Adapter:
         """Library versions, device model, data layout, input shape, parameter count."""
         raise NotImplementedError
 
+    # Optional: where a framework exposes them, the breakdown and the bandwidth probe.
+    breakdown_method: str = ""
 
-def run_timed(adapter: Adapter, before_step=None) -> tuple[list[float], dict]:
-    """Warm up, probe the host while idle, then time each step with device synchronisation.
-    Returns per-step seconds and the probe. `before_step(i)`, if given, runs before every step
-    outside the timer (fault injection)."""
+    def step_without_allreduce(self) -> None:
+        """The same step with the gradient allreduce skipped (compute only)."""
+        raise NotImplementedError
+
+    def allreduce(self, numel: int) -> None:
+        """Blocking allreduce (sum) of a float32 buffer of `numel` elements over all ranks."""
+        raise NotImplementedError
+
+    def peak_device_memory_mb(self) -> float | None:
+        return None
+
+
+def run_timed(adapter: Adapter, before_step=None) -> dict:
+    """Warm up, probe the host while idle, time each step with device synchronisation, then
+    (outside the timed window) a compute-only breakdown and an allreduce bandwidth probe.
+    `before_step(i)`, if given, runs before every step outside the timer (fault injection).
+    Returns {"step_seconds", "idle_probe", "energy", "breakdown", "allreduce"}."""
     spec = adapter.spec
     for i in range(spec.warmup_steps):
         if before_step:
@@ -103,8 +122,10 @@ def run_timed(adapter: Adapter, before_step=None) -> tuple[list[float], dict]:
     if adapter.spec.device == "cuda":
         probe["gpus"] = gpu_activity()
     probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
+    meter = EnergyMeter(spec.device, adapter.ctx.local_rank)
     adapter.barrier()
     times = []
+    meter.start()
     for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
         if before_step:
             before_step(i)
@@ -112,5 +133,43 @@ def run_timed(adapter: Adapter, before_step=None) -> tuple[list[float], dict]:
         adapter.step()
         adapter.sync()
         times.append(time.perf_counter() - t0)
+    energy = meter.stop(samples=spec.per_rank_batch * spec.steps)
     adapter.barrier()
-    return times, probe
+    return {"step_seconds": times, "idle_probe": probe, "energy": energy,
+            "breakdown": _breakdown(adapter), "allreduce": _allreduce_probe(adapter)}
+
+
+def _breakdown(adapter: Adapter) -> dict:
+    """Compute-only step times (allreduce skipped); communication = step - compute."""
+    compute = []
+    try:
+        for _ in range(min(adapter.spec.steps, BREAKDOWN_STEPS)):
+            t0 = time.perf_counter()
+            adapter.step_without_allreduce()
+            adapter.sync()
+            compute.append(time.perf_counter() - t0)
+    except NotImplementedError:
+        return {"available": False, "reason": f"{adapter.name}: no compute-only step"}
+    adapter.barrier()
+    return {"available": True, "method": adapter.breakdown_method, "compute_seconds": compute}
+
+
+def _allreduce_probe(adapter: Adapter) -> dict:
+    """Median time of an allreduce per message size, in the cell's own process group."""
+    if adapter.ctx.world_size == 1:
+        return {"available": False, "reason": "a single rank has no peer to reduce with"}
+    results = []
+    try:
+        for nbytes in ALLREDUCE_BYTES:
+            numel = nbytes // 4
+            adapter.allreduce(numel)                      # warm-up
+            samples = []
+            for _ in range(ALLREDUCE_REPEATS):
+                adapter.barrier()
+                t0 = time.perf_counter()
+                adapter.allreduce(numel)
+                samples.append(time.perf_counter() - t0)
+            results.append({"bytes": nbytes, "seconds": samples})
+    except NotImplementedError:
+        return {"available": False, "reason": f"{adapter.name}: no allreduce probe"}
+    return {"available": True, "sizes": results, "repeats": ALLREDUCE_REPEATS}

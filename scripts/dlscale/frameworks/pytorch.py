@@ -21,6 +21,7 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DLSCALE_COLL
 
 class Adapter(BaseAdapter):
     name = "pytorch"
+    breakdown_method = "the same step under DistributedDataParallel.no_sync() (no gradient allreduce)"
 
     def setup(self) -> None:
         spec, ctx = self.spec, self.ctx
@@ -68,6 +69,22 @@ class Adapter(BaseAdapter):
         else:
             loss.backward()
             self.optimizer.step()
+
+    def step_without_allreduce(self) -> None:
+        with self.ddp.no_sync():
+            self.step()
+
+    def allreduce(self, numel: int) -> None:
+        buf = getattr(self, "_probe_buf", None)
+        if buf is None or buf.numel() != numel:
+            buf = self._probe_buf = torch.ones(numel, dtype=torch.float32, device=self.device)
+        dist.all_reduce(buf)
+        self.sync()
+
+    def peak_device_memory_mb(self) -> float | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return None
 
     def sync(self) -> None:
         if self.device.type == "cuda":
