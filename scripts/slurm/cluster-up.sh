@@ -236,7 +236,9 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$DEF_MEM_PER_CPU
 # accounting
 JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30
+# no cgroups here: enforce each job's --mem by polling its RSS (job state OUT_OF_MEMORY)
+JobAcctGatherFrequency=2
+JobAcctGatherParams=OverMemoryKill
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOG_DIR/jobcomp.log
 EOF

@@ -9,6 +9,7 @@ import copy
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -104,3 +105,27 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
             if model == "cnn_small" and nodes == 2:
                 continue
             assert path.exists(), path
+
+
+def test_accounting_mode_with_sacct_status(cluster, tmp_path):
+    """The same route with accounting (slurmdbd + MariaDB) and the plugin polling sacct."""
+    up = subprocess.run(["bash", str(UP), "--nodes", "2", "--accounting"], capture_output=True,
+                        text=True, timeout=900)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    try:
+        tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+        work = copy_workflow(tmp_path, tiny)
+        proc = snakemake(work, "--profile", "profiles/slurm", "--slurm-status-command", "sacct")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        job = records(work / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
+        for _ in range(30):                       # slurmdbd lags the controller by seconds
+            sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,NNodes"],
+                                   capture_output=True, text=True, timeout=60)
+            if sacct.stdout.split("\n")[0].strip() == "COMPLETED|2":
+                break
+            time.sleep(1)
+        assert sacct.stdout.split("\n")[0].strip() == "COMPLETED|2", sacct.stdout + sacct.stderr
+    finally:
+        back = subprocess.run(["bash", str(UP), "--nodes", "2"], capture_output=True, text=True,
+                              timeout=900)
+        assert back.returncode == 0, back.stderr[-2000:]
