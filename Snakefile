@@ -32,6 +32,16 @@ localrules:
     report_pdf,
 
 
+# A study with failed cells still ends with tables, figures and a report of what exists
+# (results/partial/, failed and missing cells listed); rerunning retries only those cells.
+onerror:
+    build_from_existing_cells()
+
+
+onsuccess:
+    remove_partial_outputs()
+
+
 rule all:
     input:
         final_targets(),

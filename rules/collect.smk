@@ -5,10 +5,11 @@ rule collect:
     input:
         metrics=metrics_files(),
     output:
-        ranks="results/tables/ranks.csv",
-        cells="results/tables/cells.csv",
-        scaling="results/tables/scaling.csv",
-        quarantine="results/tables/quarantine.csv",
+        ranks=OUT["ranks"],
+        cells=OUT["cells"],
+        scaling=OUT["scaling"],
+        quarantine=OUT["quarantine"],
+        status=OUT["status"],
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
     log:

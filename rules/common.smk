@@ -84,11 +84,53 @@ def report_figures():
 
 
 
+# Every downstream output in one place: the rules and the onerror handler (dlscale.finalize)
+# write the same files.
+OUT = {
+    "ranks": "results/tables/ranks.csv",
+    "cells": "results/tables/cells.csv",
+    "scaling": "results/tables/scaling.csv",
+    "quarantine": "results/tables/quarantine.csv",
+    "status": "results/tables/status.csv",
+    "figures": "results/figures",
+    "macros": "results/report/macros.tex",
+    "cells_table": "results/report/cells_table.tex",
+    "quarantine_table": "results/report/quarantine_table.tex",
+    "status_table": "results/report/status_table.tex",
+    "tex": "results/report/report.tex",
+    "pdf": "results/report/report.pdf",
+    "pdf_log": "results/logs/report_pdf.log",
+}
+
+
+# Where onerror puts the outputs of an incomplete study: beside, never over, the rules' outputs,
+# so Snakemake never mistakes them for up to date and the next run retries the missing cells.
+PARTIAL = "results/partial"
+OUT_PARTIAL = {key: path.replace("results/", f"{PARTIAL}/", 1) for key, path in OUT.items()}
+
+
+def build_from_existing_cells():
+    """onerror: tables, figures and the report from the cells that exist (results/partial/)."""
+    from dlscale.finalize import build_from_existing
+
+    build_from_existing(metrics_files(), OUT_PARTIAL, config=STUDY.config,
+                        n_planned=len(STUDY.cells), figures=report_figures(),
+                        title=report_title() + " (incomplete)")
+
+
+def remove_partial_outputs():
+    """onsuccess: the complete outputs supersede an earlier incomplete report."""
+    import shutil
+
+    shutil.rmtree(PARTIAL, ignore_errors=True)
+
+
 def final_targets():
     return [
-        "results/tables/ranks.csv",
-        "results/tables/cells.csv",
-        "results/tables/scaling.csv",
+        OUT["ranks"],
+        OUT["cells"],
+        OUT["scaling"],
+        OUT["status"],
         *expand("results/figures/{figure}.pdf", figure=FIGURES),
-        "results/report/report.pdf",
+        OUT["pdf"],
     ]

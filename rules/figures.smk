@@ -4,7 +4,7 @@
 
 rule figure_throughput:
     input:
-        scaling="results/tables/scaling.csv",
+        scaling=OUT["scaling"],
     output:
         pdf="results/figures/{figure}.pdf",
     wildcard_constraints:

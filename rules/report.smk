@@ -3,13 +3,15 @@
 
 rule report_inputs:
     input:
-        cells="results/tables/cells.csv",
-        scaling="results/tables/scaling.csv",
-        quarantine="results/tables/quarantine.csv",
+        cells=OUT["cells"],
+        scaling=OUT["scaling"],
+        quarantine=OUT["quarantine"],
+        status=OUT["status"],
     output:
-        macros="results/report/macros.tex",
-        cells_table="results/report/cells_table.tex",
-        quarantine_table="results/report/quarantine_table.tex",
+        macros=OUT["macros"],
+        cells_table=OUT["cells_table"],
+        quarantine_table=OUT["quarantine_table"],
+        status_table=OUT["status_table"],
     params:
         config=STUDY.config,
         n_planned=len(STUDY.cells),
@@ -25,7 +27,7 @@ rule report_tex:
     input:
         template=REPORT_TEMPLATE,
     output:
-        tex="results/report/report.tex",
+        tex=OUT["tex"],
     params:
         title=report_title(),
         figures=report_figures(),
@@ -39,15 +41,16 @@ rule report_tex:
 
 rule report_pdf:
     input:
-        tex="results/report/report.tex",
-        macros="results/report/macros.tex",
-        cells_table="results/report/cells_table.tex",
-        quarantine_table="results/report/quarantine_table.tex",
+        tex=OUT["tex"],
+        macros=OUT["macros"],
+        cells_table=OUT["cells_table"],
+        quarantine_table=OUT["quarantine_table"],
+        status_table=OUT["status_table"],
         figures=expand("results/figures/{figure}.pdf", figure=FIGURES),
     output:
-        pdf="results/report/report.pdf",
+        pdf=OUT["pdf"],
     log:
-        "results/logs/report_pdf.log",
+        OUT["pdf_log"],
     conda:
         "../envs/latex.yaml"
     script:

@@ -7,5 +7,6 @@ write_tables(
     cells_csv=snakemake.output.cells,  # noqa: F821
     scaling_csv=snakemake.output.scaling,  # noqa: F821
     quarantine_csv=snakemake.output.quarantine,  # noqa: F821
+    status_csv=snakemake.output.status,  # noqa: F821
     straggler_threshold=snakemake.params.straggler_threshold,  # noqa: F821
 )

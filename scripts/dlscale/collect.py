@@ -4,6 +4,11 @@ ranks.csv    one row per cell and rank (long format: every rank's own measuremen
 cells.csv    one row per cell: summed throughput, rank spread, speedup, efficiency, provenance
 scaling.csv  one row per group and node count: median over repetitions, min/max, n
 quarantine.csv  metrics files that could not be used, with the reason (never a crash)
+status.csv   every planned cell: ok, failed (reason, rank, exit code, Slurm state, log tail)
+             or missing (dlscale.status)
+
+`paths` are the planned cells' metrics paths; absent ones are looked up, never an error, so
+the same call builds the tables of a complete study and of a study with failed cells.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import pandas as pd
 
 from .metrics import MetricsError, read_metrics
 from .stats import CELL_AXES, add_speedup, scaling_summary, stragglers
+from .status import cell_status
 
 CELL_FIELDS = ["world_size", "ranks_per_node", "per_rank_batch", "global_batch", "device",
                "cpus_per_rank", "warmup_steps", "steps"]
@@ -82,38 +88,42 @@ def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tup
 
 
 def collect(paths: list[str], straggler_threshold: float = 0.1
-            ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    cells, ranks, quarantine, seen = [], [], [], {}
+            ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    cells, ranks, quarantine, status, seen = [], [], [], [], {}
     for path in paths:
+        if not Path(path).exists():
+            status.append(cell_status(str(path), ok=False))
+            continue
         try:
             records = read_metrics(path)
             row, rank_rows = cell_rows(records, str(path), straggler_threshold)
+            key = tuple(row[k] for k in CELL_AXES)
+            if key in seen:
+                raise MetricsError(f"duplicate of cell {key} already read from {seen[key]}")
         except MetricsError as exc:
-            quarantine.append({"metrics_path": str(path), "reason": str(exc)})
-            continue
+            reason = str(exc)
         except (KeyError, TypeError, IndexError, StopIteration) as exc:
-            quarantine.append({"metrics_path": str(path), "reason": f"inconsistent records: {exc!r}"})
+            reason = f"inconsistent records: {exc!r}"
+        else:
+            seen[key] = path
+            cells.append(row)
+            ranks.extend(rank_rows)
+            status.append(cell_status(str(path), ok=True))
             continue
-        key = tuple(row[k] for k in CELL_AXES)
-        if key in seen:
-            quarantine.append({"metrics_path": str(path),
-                               "reason": f"duplicate of cell {key} already read from {seen[key]}"})
-            continue
-        seen[key] = path
-        cells.append(row)
-        ranks.extend(rank_rows)
+        quarantine.append({"metrics_path": str(path), "reason": reason})
+        status.append(cell_status(str(path), ok=False, invalid_reason=reason))
     cells_df = add_speedup(pd.DataFrame(cells, columns=None if cells else
                                         ["study", *CELL_AXES, *CELL_FIELDS,
-                                         "throughput_samples_per_s"]))
+                                         "throughput_samples_per_s", "competing", "straggler"]))
     ranks_df = pd.DataFrame(ranks)
     quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])
-    return ranks_df, cells_df, scaling_summary(cells_df), quarantine_df
+    status_df = pd.DataFrame(status)
+    return ranks_df, cells_df, scaling_summary(cells_df), quarantine_df, status_df
 
 
 def write_tables(paths: list[str], ranks_csv: str, cells_csv: str, scaling_csv: str,
-                 quarantine_csv: str, straggler_threshold: float) -> None:
-    ranks, cells, scaling, quarantine = collect(paths, straggler_threshold)
-    for df, out in ((ranks, ranks_csv), (cells, cells_csv), (scaling, scaling_csv),
-                    (quarantine, quarantine_csv)):
+                 quarantine_csv: str, status_csv: str, straggler_threshold: float) -> None:
+    tables = collect(paths, straggler_threshold)
+    for df, out in zip(tables, (ranks_csv, cells_csv, scaling_csv, quarantine_csv, status_csv)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)

@@ -152,7 +152,9 @@ def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, s
            f"--ntasks-per-node={cell['ranks_per_node']}",
            f"--cpus-per-task={cell['cpus_per_rank']}", "--kill-on-bad-exit=1",
            "--output", str(rank_dir / "rank%t.log"), *argv]
-    return [(-1, subprocess.Popen(cmd, env=env, start_new_session=True))]
+    log = (rank_dir / "srun.log").open("w")
+    return [(-1, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True))]
 
 
 def _stop(procs, grace: float = 10.0) -> None:
@@ -191,11 +193,48 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
         return "(no log)"
 
 
+FAILURE_FILE = "failure.json"
+
+
+class Terminated(Exception):
+    """SIGTERM reached the launcher: Slurm cancelled the job, its time limit passed, or its
+    node is going away (Slurm sends SIGTERM, then SIGKILL after KillWait)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, rank: int | None,
+                   exit_code: int | None) -> dict:
+    """failure.json beside the cell's (absent) metrics file: what failed, where, the last lines.
+    Ranks that never wrote rank_end are the unfinished ones; their log tails are kept."""
+    unfinished = []
+    for r in range(cell["world_size"]):
+        part = metrics.rank_file(rank_dir, r)
+        if not part.exists() or '"rank_end"' not in part.read_text(errors="replace"):
+            unfinished.append(r)
+    known = rank is not None and rank >= 0
+    tails = {str(r): _tail(rank_dir / f"rank{r}.log") for r in ([rank] if known else unfinished[:4])}
+    record = {"status": "failed", "reason": reason,
+              "rank": rank if known else (unfinished[0] if unfinished else None),
+              "exit_code": exit_code,
+              "unfinished_ranks": unfinished, "log_tail": tails, "time": time.time(),
+              "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
+    if (rank_dir / "srun.log").exists():
+        record["srun_tail"] = _tail(rank_dir / "srun.log")
+    tmp = output.parent / f".{FAILURE_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, output.parent / FAILURE_FILE)
+    return record
+
+
 def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash: str,
              git_commit: str | None, python: str = sys.executable) -> int:
     rank_dir = output.parent / ".ranks"
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
+    (output.parent / FAILURE_FILE).unlink(missing_ok=True)
     argv = train_argv(cell, rank_dir, python)
     print(f"[dlscale.launch] {launcher}: {cell['nodes']} node(s) x {cell['ranks_per_node']} "
           f"rank(s): {' '.join(argv)}", file=sys.stderr, flush=True)
@@ -206,16 +245,26 @@ def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash
         start = start_local
     else:
         start = start_srun if launcher == "srun" else start_local
-    procs = start(cell, argv, rank_dir)
-    failed = wait_all(procs)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    procs = []
+    try:
+        procs = start(cell, argv, rank_dir)
+        failed = wait_all(procs)
+    except Terminated:
+        _stop(procs, grace=2.0)
+        failed = (-2, 143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     wall = time.time() - started
-    logs = sorted(rank_dir.glob("rank*.log"))
-    for log in logs:
+    for log in sorted(rank_dir.glob("*.log")):
         print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)
     if failed is not None:
         rank, code = failed
-        where = f"rank {rank}" if rank >= 0 else "srun step"
-        print(f"[dlscale.launch] cell FAILED: {where} exited with code {code}", file=sys.stderr)
+        reason = {-2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
+                  -1: f"srun step exited with code {code}"}.get(rank, f"rank {rank} exited with code {code}")
+        rec = record_failure(output, rank_dir, cell, reason=reason, rank=rank, exit_code=code)
+        print(f"[dlscale.launch] cell FAILED: {reason}; unfinished ranks "
+              f"{rec['unfinished_ranks']}", file=sys.stderr)
         return code or 1
     try:
         rank_records = metrics.read_rank_files(rank_dir, cell["world_size"])
@@ -225,6 +274,8 @@ def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash
             rank_records=rank_records, wall_seconds=wall, started=started)
         metrics.write_atomic(output, records)
     except metrics.MetricsError as exc:
+        record_failure(output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None,
+                       exit_code=None)
         print(f"[dlscale.launch] cell FAILED: {exc}", file=sys.stderr)
         return 1
     shutil.rmtree(rank_dir, ignore_errors=True)

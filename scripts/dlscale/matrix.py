@@ -8,6 +8,7 @@ a Cell's fields along.
 from __future__ import annotations
 
 import itertools
+import re
 from math import lcm
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +20,21 @@ RUNS_DIR = "results/runs"
 # One output path per cell, naming every axis. Wildcard names == axis names == column names.
 CELL_PATTERN = (RUNS_DIR + "/{hardware}/{framework}/{model}/{policy}/{precision}"
                 "/n{nodes}/r{rep}/metrics.jsonl")
+
+
+_CELL_RE = re.compile("^" + re.escape(CELL_PATTERN).replace(r"\{", "{").replace(r"\}", "}")
+                      .format(**{k: f"(?P<{k}>[^/]+)" for k in
+                                 ("hardware", "framework", "model", "policy", "precision",
+                                  "nodes", "rep")}) + "$")
+
+
+def parse_cell_path(path: str) -> dict:
+    """Axis values named by a cell's metrics path (the inverse of Cell.path)."""
+    m = _CELL_RE.match(str(path))
+    if not m:
+        raise ValueError(f"not a cell metrics path: {path}")
+    d = m.groupdict()
+    return {**d, "nodes": int(d["nodes"]), "rep": int(d["rep"])}
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,6 @@ def _breakdown_summary(ends: dict, step_median: float) -> dict:
 def _allreduce_summary(ends: dict, world_size: int) -> dict:
     """Allreduce algorithm and bus bandwidth (busbw = algbw x 2(n-1)/n) per message size, from
     the median time over repeats of the slowest rank (a collective ends when the last rank does)."""
-    from .stats import bus_bandwidth
     probes = [e["allreduce"] for e in ends.values() if e.get("allreduce", {}).get("available")]
     if not probes:
         return {"allreduce": None}
@@ -145,6 +144,11 @@ def _allreduce_summary(ends: dict, world_size: int) -> dict:
                     "algbw_bytes_per_s": algbw,
                     "busbw_bytes_per_s": bus_bandwidth(algbw, world_size)})
     return {"allreduce": out}
+
+
+def bus_bandwidth(algbw: float, world_size: int) -> float:
+    """NCCL-tests convention for allreduce: busbw = algbw x 2(n-1)/n."""
+    return algbw * 2 * (world_size - 1) / world_size if world_size > 1 else 0.0
 
 
 def _energy_summary(ends: dict, starts: dict) -> dict:

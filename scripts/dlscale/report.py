@@ -44,13 +44,15 @@ def _join(values) -> str:
 
 
 def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
-                 quarantine: pd.DataFrame, n_planned: int) -> dict[str, str]:
+                 quarantine: pd.DataFrame, status: pd.DataFrame, n_planned: int) -> dict[str, str]:
     axes = config["axes"]
     m = {
         "Study": config["study"],
         "CellsPlanned": n_planned,
         "CellsMeasured": len(cells),
         "CellsQuarantined": len(quarantine),
+        "CellsFailed": int((status["status"] == "failed").sum()) if not status.empty else 0,
+        "CellsMissing": int((status["status"] == "missing").sum()) if not status.empty else 0,
         "Repetitions": config["repetitions"],
         "WarmupSteps": config["warmup_steps"],
         "TimedSteps": config["steps"],
@@ -145,6 +147,30 @@ def write_cell_table(scaling: pd.DataFrame, out: str) -> None:
                          + foot + r"\end{longtable}}" + "\n")
 
 
+def write_status_table(status: pd.DataFrame, out: str) -> None:
+    """Failed and missing cells with the reason, Slurm state, failing rank and last log line."""
+    bad = status[status["status"] != "ok"] if not status.empty else status
+    if bad.empty:
+        Path(out).write_text(f"All {len(status)} planned cells were measured.\n")
+        return
+    rows = []
+    for r in bad.sort_values(["status", "hardware", "framework", "model", "nodes", "rep"]
+                             ).itertuples(index=False):
+        cell = f"{r.hardware}/{r.framework}/{r.model}/{r.policy}/{r.precision}/n{r.nodes}/r{r.rep}"
+        last = (str(r.log_tail).strip().splitlines() or [""])[-1] if not pd.isna(r.log_tail) else ""
+        slurm = "" if pd.isna(r.slurm_state) else f"{r.slurm_state} ({r.slurm_exit_code})"
+        rank = "" if pd.isna(r.failed_rank) else str(int(r.failed_rank))
+        rows.append(" & ".join(tex_escape(v) for v in (
+            cell, r.status, r.reason if not pd.isna(r.reason) else "", slurm, rank,
+            last[:90])) + r" \\")
+    Path(out).write_text(
+        "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
+        "\\begin{longtable}{p{0.26\\linewidth}lp{0.22\\linewidth}p{0.12\\linewidth}r"
+        "p{0.22\\linewidth}}\n\\toprule\n"
+        "Cell & Status & Reason & Slurm state (exit) & Rank & Last log line \\\\\n"
+        "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n")
+
+
 def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
     if quarantine.empty:
         Path(out).write_text("No metrics file was rejected.\n")
@@ -183,6 +209,7 @@ def compile_pdf(tex: str, log: str) -> None:
             "texlive-fonts-recommended lmodern; scripts/setup.sh does this). Tables "
             "(results/tables/) and figures (results/figures/) are already built.")
     tex_path = Path(tex)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         proc = subprocess.run(["latexmk", "-g", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
                                "-file-line-error", tex_path.name],

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .metrics import bus_bandwidth  # noqa: F401  (re-exported; metrics stays pandas-free)
+
 GROUP = ["hardware", "framework", "model", "policy", "precision"]
 CELL_AXES = GROUP + ["nodes", "rep"]
 BOOTSTRAP_RESAMPLES = 2000
@@ -132,8 +134,3 @@ def stragglers(rank_throughputs: list[float], threshold: float) -> list[int]:
     """Ranks (by position) slower than the median rank by more than `threshold` (a fraction)."""
     median = float(np.median(rank_throughputs))
     return [i for i, t in enumerate(rank_throughputs) if t < median * (1 - threshold)]
-
-
-def bus_bandwidth(algbw: float, world_size: int) -> float:
-    """NCCL-tests convention for allreduce: busbw = algbw x 2(n-1)/n."""
-    return algbw * 2 * (world_size - 1) / world_size if world_size > 1 else 0.0

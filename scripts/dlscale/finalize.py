@@ -1,0 +1,48 @@
+"""Tables, figures and the report from whatever cells exist, when the study did not complete.
+
+The Snakefile's `onerror:` handler calls `build_from_existing` after Snakemake has run every job
+it could (keep-going): the same functions the rules call, on the cells that have valid metrics,
+so a study with failed cells still ends with tables, figures and a report that lists the failed
+and missing cells (results/tables/status.csv). The next `snakemake` run reruns only the failed
+and missing cells and rebuilds these outputs through the rules.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .collect import write_tables
+from .plotting import plot_family
+from .report import (LatexMissing, build_macros, compile_pdf, render_tex, write_cell_table,
+                     write_macros, write_quarantine_table, write_status_table)
+
+
+def build_from_existing(paths: list[str], out: dict[str, str], *, config: dict, n_planned: int,
+                        figures: list[dict], title: str) -> None:
+    write_tables(paths, out["ranks"], out["cells"], out["scaling"], out["quarantine"],
+                 out["status"], straggler_threshold=config["straggler_threshold"])
+    cells, scaling = pd.read_csv(out["cells"]), pd.read_csv(out["scaling"])
+    quarantine, status = pd.read_csv(out["quarantine"]), pd.read_csv(out["status"])
+    for fig in figures:
+        path = Path(out["figures"]) / fig["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plot_family(scaling, fig["file"].removesuffix(".pdf"), str(path),
+                    config["report"]["column_width_in"])
+    Path(out["macros"]).parent.mkdir(parents=True, exist_ok=True)
+    write_macros(build_macros(config, cells, scaling, quarantine, status, n_planned), out["macros"])
+    write_cell_table(scaling, out["cells_table"])
+    write_quarantine_table(quarantine, out["quarantine_table"])
+    write_status_table(status, out["status_table"])
+    render_tex(out["tex"], title=title, figures=figures)
+    try:
+        compile_pdf(out["tex"], log=out["pdf_log"])
+    except LatexMissing as exc:
+        print(f"dlscale: {exc}", file=sys.stderr)
+    failed = status[status["status"] != "ok"]
+    print(f"dlscale: study incomplete: {len(cells)} of {n_planned} cells measured; "
+          f"{(failed['status'] == 'failed').sum()} failed, {(failed['status'] == 'missing').sum()} "
+          f"missing ({out['status']}). Tables, figures and {out['pdf']} were built "
+          "from the measured cells; rerun the same command to retry only the failed and missing "
+          "cells.", file=sys.stderr)

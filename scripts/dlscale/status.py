@@ -1,0 +1,101 @@
+"""Every planned cell ends `ok`, `failed` or `missing` (results/tables/status.csv).
+
+ok       its metrics file exists and is valid
+failed   it ran and did not produce a valid metrics file: the reason, the Slurm state and exit
+         code, the rank that failed and the last log lines, from the launcher's failure.json, from
+         Slurm (sacct, else scontrol) for the job the executor plugin submitted, and from the
+         cell's log
+missing  nothing shows that it ran (not yet run, or excluded from this invocation)
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from .launch import FAILURE_FILE
+from .matrix import parse_cell_path
+
+SLURM_LOGS = "results/logs/slurm/rule_train"
+TRAIN_LOGS = "results/logs/train"
+TAIL_LINES = 8
+
+
+AXES = ("hardware", "framework", "model", "policy", "precision", "nodes", "rep")
+
+
+def train_log(cell: dict) -> Path:
+    return Path(f"{TRAIN_LOGS}/{cell['hardware']}/{cell['framework']}/{cell['model']}/"
+                f"{cell['policy']}/{cell['precision']}/n{cell['nodes']}/r{cell['rep']}.log")
+
+
+def latest_slurm_job(cell: dict) -> str | None:
+    """The last job the executor plugin submitted for the cell (its log is <jobid>.log in a
+    folder named by the wildcards joined with '_')."""
+    folder = Path(SLURM_LOGS) / "_".join(str(cell[k]) for k in AXES)
+    ids = [int(p.stem) for p in folder.glob("*.log") if p.stem.isdigit()]
+    return str(max(ids)) if ids else None
+
+
+def slurm_state(job_id: str) -> dict:
+    """State and exit code of a job: sacct (accounting) first, else scontrol (MinJobAge)."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
+                             capture_output=True, text=True, timeout=30)
+        line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+        if line:
+            state, code = line.split("|")
+            return {"slurm_state": state.split()[0], "slurm_exit_code": code, "source": "sacct"}
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                             timeout=30)
+        state = re.search(r"\bJobState=(\S+)", out.stdout)
+        code = re.search(r"\bExitCode=(\S+)", out.stdout)
+        if state:
+            return {"slurm_state": state.group(1), "slurm_exit_code": code.group(1) if code else None,
+                    "source": "scontrol"}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"slurm_state": None, "slurm_exit_code": None, "source": "unavailable"}
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
+    """The status row of the cell whose metrics path is `path` (relative to the workdir)."""
+    cell = parse_cell_path(path)
+    row = {**cell, "status": "ok" if ok else "missing", "reason": "", "failed_rank": None,
+           "exit_code": None, "slurm_job_id": None, "slurm_state": None, "slurm_exit_code": None,
+           "log_tail": "", "metrics_path": str(path)}
+    if ok:
+        return row
+    if invalid_reason:
+        row.update(status="failed", reason=f"metrics file rejected: {invalid_reason}")
+    failure = Path(path).parent / FAILURE_FILE
+    if failure.exists():
+        try:
+            rec = json.loads(failure.read_text())
+        except (OSError, json.JSONDecodeError):
+            rec = {"reason": f"unreadable {failure}"}
+        tails = rec.get("log_tail") or {}
+        row.update(status="failed", reason=rec.get("reason", ""), failed_rank=rec.get("rank"),
+                   exit_code=rec.get("exit_code"), slurm_job_id=rec.get("slurm_job_id"),
+                   log_tail="\n".join(tails.values()) or rec.get("srun_tail", ""))
+    job = row["slurm_job_id"] or latest_slurm_job(cell)
+    if job:
+        row["slurm_job_id"] = job
+        state = slurm_state(job)
+        row.update(slurm_state=state["slurm_state"], slurm_exit_code=state["slurm_exit_code"])
+        if row["status"] == "missing" and state["slurm_state"] not in (None, "PENDING", "RUNNING"):
+            row.update(status="failed", reason=f"Slurm job {job} ended {state['slurm_state']}")
+    log = train_log(cell)
+    if row["status"] == "missing" and log.exists() and log.stat().st_size:
+        row.update(status="failed", reason="the cell's job ran and wrote no metrics")
+    if row["status"] == "failed" and not row["log_tail"]:
+        row["log_tail"] = _tail(log)
+    return row
