@@ -3,8 +3,12 @@
 #   - Debian packages: TeX Live (latexmk, pdflatex) for the report, poppler-utils (pdfinfo);
 #     Slurm + munge are installed by scripts/slurm/cluster-up.sh when a local cluster is started;
 #   - .venv: the driver environment (Snakemake, the Slurm executor plugin, pandas, matplotlib,
-#     seaborn, jinja2, pytest) plus the PyTorch framework (pinned CPU wheel) and dlscale itself.
-# Needs root (or sudo) for apt. Re-installs the venv only when envs/*.txt or pyproject change.
+#     seaborn, jinja2, pytest) plus the PyTorch framework (pinned CPU wheel) and dlscale itself;
+#   - .venvs/<env>: one venv per other framework environment (envs/<env>.txt): tensorflow
+#     (also serves keras), mxnet, horovod (Horovod is built from its patched sdist by
+#     scripts/build-horovod.sh, wheel cached in .cache/wheels).
+# Usage: setup.sh [ENV ...]   (default: every framework environment; `setup.sh none` builds only
+# the driver). Needs root (or sudo) for apt. A venv is rebuilt only when its inputs change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,4 +44,31 @@ else
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$STAMP"
 fi
-log "ready: $("$VENV/bin/snakemake" --version | head -1) snakemake, $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+log "driver ready: snakemake $("$VENV/bin/snakemake" --version | head -1), $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+
+# One venv per framework environment (keras runs in the tensorflow one).
+ENVS=("$@")
+[ ${#ENVS[@]} -gt 0 ] || ENVS=(tensorflow mxnet horovod)
+for env in "${ENVS[@]}"; do
+  [ "$env" = none ] && continue
+  req=envs/$env.txt
+  [ -f "$req" ] || { log "unknown environment '$env' (no $req); allowed: tensorflow mxnet horovod none"; exit 2; }
+  target=$ROOT/.venvs/$env
+  inputs=("$req" pyproject.toml)
+  [ "$env" = horovod ] && inputs+=(scripts/build-horovod.sh envs/patches/*.patch)
+  want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
+  if [ -x "$target/bin/python" ] && [ "$(cat "$target/.dlscale-setup" 2>/dev/null)" = "$want" ]; then
+    log ".venvs/$env is up to date"
+    continue
+  fi
+  log "building .venvs/$env from $req"
+  start=$(date +%s)
+  rm -rf "$target"
+  python3 -m venv "$target"
+  "$target/bin/python" -m pip install -q --upgrade "pip>=24"
+  "$target/bin/python" -m pip install -q -r "$req"
+  "$target/bin/python" -m pip install -q --no-deps -e .
+  if [ "$env" = horovod ]; then bash scripts/build-horovod.sh "$target"; fi
+  echo "$want" > "$target/.dlscale-setup"
+  log ".venvs/$env ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
+done

@@ -1,0 +1,397 @@
+"""MXNet Gluon adapter: data parallelism over the `dist_sync` parameter-server kvstore (ps-lite).
+
+Roles, all started inside the cell's own allocation from the rank's environment (MXNet's own
+`mxnet.tools.launch` is not used: it is broken on Python 3.11 and binds a non-loopback address):
+  - every rank is a *worker* (`mx.kv.create("dist_sync")`);
+  - rank 0 also starts the *scheduler* as a child process, listening on MASTER_ADDR:MASTER_PORT;
+  - local rank 0 of every node starts one *server* child process, so there are
+    DMLC_NUM_SERVER = nodes = world_size // local_world_size servers (big arrays are sharded
+    over them, MXNET_KVSTORE_BIGARRAY_BOUND).
+The children set PR_SET_PDEATHSIG themselves (a rank that dies takes them along), stay in the
+rank's process group (the launcher's killpg reaches them) and are stopped at teardown.
+Addresses: every node advertises DMLC_NODE_HOST = its entry of DLSCALE_HOSTS resolved to IPv4
+(when a node's own name resolves to loopback, as with Debian's 127.0.1.1, the address on its
+route to a peer node); DLSCALE_MXNET_INTERFACE=<ifname> makes ps-lite use that interface instead.
+
+Update semantics: Gluon's Trainer with a dist kvstore updates on the servers (MXNet's default,
+MXNET_UPDATE_ON_KVSTORE=1): each worker pushes the gradient of the *summed* per-sample loss of its
+batch, the dist_sync server adds the pushes of all workers and runs SGD (lr 0.01, momentum 0.9)
+with rescale_grad = 1 / global batch (Trainer.step(global_batch)); every worker then pulls the
+new weights. That is SGD with momentum on the mean gradient over the global batch, as DDP.
+Initial weights are broadcast from kvstore rank 0 at the first step. A single rank uses the
+'local' kvstore (same push/update/pull path, no servers).
+
+Bounded collectives: ps-lite has no timeouts, so a watchdog thread fails the rank (exit 124)
+when one blocking call (kvstore start-up, a step, a barrier, shutdown) takes longer than
+DLSCALE_COLLECTIVE_TIMEOUT_S (default 300) plus four times the longest step seen so far.
+
+Precision: fp32; bf16 through MXNet AMP (`amp.init("bfloat16")`: oneDNN bf16 convolutions and
+GEMMs, fp32 weights and gradients, no loss scaling) on CPU; fp16 only on CUDA (MXNet 1.9.1 has no
+float16 GEMM/FullyConnected on CPU), with AMP dynamic loss scaling and the update on the workers.
+
+Threads: OMP_NUM_THREADS (intra-op) = spec.threads, set before MXNet is imported; the engine's
+scheduling threads (inter-op, MXNET_CPU_WORKER_NTHREADS) stay at 1, because each of them runs
+its operators with the full OpenMP team, so more would oversubscribe the rank's CPUs.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from ..models import get_spec
+from ..provenance import cpu_model
+from .base import Adapter as BaseAdapter
+
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300"))
+SHUTDOWN_WAIT_S = 60.0
+WATCHDOG_EXIT = 124
+AUTOCAST = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+PR_SET_PDEATHSIG = 1
+
+# A scheduler/server child: die with the rank (PDEATHSIG), then let `import mxnet` run the role
+# (mxnet.kvstore_server starts the server/scheduler loop on import when DMLC_ROLE says so).
+_CHILD = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl({pdeathsig}, signal.SIGKILL)\n"
+    "role = os.environ['DMLC_ROLE']\n"
+    "if os.getppid() != int(os.environ['DLSCALE_MXNET_PARENT']):\n"
+    "    sys.exit(f'[dlscale.mxnet] parent rank gone before the {{role}} started')\n"
+    "import mxnet  # serves until stopped, then exits\n"
+    "sys.exit(f'[dlscale.mxnet] {{role}}: mxnet returned without serving')\n"
+).format(pdeathsig=PR_SET_PDEATHSIG)
+
+
+def _ipv4(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr in ("localhost", "::1")
+
+
+def _route_to(addr: str) -> str | None:
+    """This host's address on the route to `addr` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+class _Watchdog:
+    """Fails the rank when one blocking call overruns its bound (ps-lite never times out)."""
+
+    def __init__(self, timeout: float, on_fire) -> None:
+        self.timeout, self.on_fire = timeout, on_fire
+        self.longest = 0.0
+        self._what = None
+        self._deadline = None
+        self._started = 0.0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="dlscale-mxnet-watchdog", daemon=True).start()
+
+    def __call__(self, what: str):
+        return _Armed(self, what)
+
+    def arm(self, what: str) -> None:
+        with self._lock:
+            self._what, self._started = what, time.monotonic()
+            self._deadline = self._started + self.timeout + 4.0 * self.longest
+
+    def disarm(self, record: bool) -> None:
+        with self._lock:
+            if record:
+                self.longest = max(self.longest, time.monotonic() - self._started)
+            self._deadline = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                late = self._deadline is not None and time.monotonic() > self._deadline
+                what, bound = self._what, (self._deadline or 0) - self._started
+            if late:
+                print(f"[dlscale.mxnet] {what} did not finish within {bound:.0f} s "
+                      "(DLSCALE_COLLECTIVE_TIMEOUT_S): a peer is dead or hung; failing this rank",
+                      file=sys.stderr, flush=True)
+                try:
+                    self.on_fire()
+                finally:
+                    os._exit(WATCHDOG_EXIT)
+
+
+class _Armed:
+    def __init__(self, dog: _Watchdog, what: str) -> None:
+        self.dog, self.what = dog, what
+
+    def __enter__(self):
+        self.dog.arm(self.what)
+
+    def __exit__(self, exc_type, *_):
+        self.dog.disarm(record=exc_type is None and self.what == "step")
+
+
+class Adapter(BaseAdapter):
+    name = "mxnet"
+    sync_method = "mx.nd.waitall"
+    breakdown_method = ("the same forward/backward and SGD-momentum update through a second, "
+                        "kvstore-less Gluon Trainer (no push/pull)")
+
+    # ------------------------------------------------------------------ ps-lite roles
+    def _node_host(self) -> str | None:
+        """The address this node's server and workers advertise to the others."""
+        if os.environ.get("DLSCALE_MXNET_INTERFACE"):
+            return None                                     # ps-lite uses DMLC_INTERFACE
+        ctx = self.ctx
+        hosts = [_ipv4(h) for h in ctx.hosts]
+        mine = hosts[ctx.node_index] if ctx.node_index < len(hosts) else _ipv4(ctx.node)
+        if all(_loopback(h) for h in hosts) or not _loopback(mine):
+            return mine
+        # This node's name resolves to loopback (Debian's 127.0.1.1): use the address that
+        # routes to a peer node instead.
+        for i, h in enumerate(hosts):
+            if i != ctx.node_index and not _loopback(h):
+                addr = _route_to(h)
+                if addr and not _loopback(addr):
+                    return addr
+        return None                                          # ps-lite picks an interface
+
+    def _ps_env(self) -> dict:
+        ctx = self.ctx
+        root = _ipv4(ctx.master_addr)
+        env = {
+            "DMLC_PS_ROOT_URI": root,
+            "DMLC_PS_ROOT_PORT": str(ctx.master_port),
+            "DMLC_NUM_SERVER": str(self.num_servers),
+            "DMLC_NUM_WORKER": str(ctx.world_size),
+        }
+        host = self._node_host()
+        if host:
+            env["DMLC_NODE_HOST"] = host
+        if os.environ.get("DLSCALE_MXNET_INTERFACE"):
+            env["DMLC_INTERFACE"] = os.environ["DLSCALE_MXNET_INTERFACE"]
+        elif host and _loopback(host):
+            env["DMLC_INTERFACE"] = "lo"
+        self.multi_host = not all(_loopback(_ipv4(h)) for h in ctx.hosts)
+        return env
+
+    def _spawn(self, role: str, base_env: dict) -> None:
+        env = dict(os.environ, **base_env, DMLC_ROLE=role, DLSCALE_MXNET_PARENT=str(os.getpid()),
+                   OMP_NUM_THREADS=str(self.spec.threads), MXNET_CPU_WORKER_NTHREADS="1")
+        if role == "scheduler" and self.multi_host and _loopback(base_env["DMLC_PS_ROOT_URI"]):
+            # The master's own name resolves to loopback here, but the other nodes reach it by
+            # its real address: make ps-lite bind the scheduler on all interfaces.
+            env["DMLC_USE_KUBERNETES"] = "1"
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD], env=env, stdin=subprocess.DEVNULL)
+        self.children.append((role, proc))
+
+    def _stop_children(self, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        for role, proc in self.children:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"[dlscale.mxnet] {role} (pid {proc.pid}) still running; killing it",
+                      file=sys.stderr, flush=True)
+                proc.kill()
+                proc.wait()
+        self.children = []
+
+    def _kill_children(self) -> None:
+        for _, proc in self.children:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                except OSError:
+                    pass
+
+    # ------------------------------------------------------------------ the contract
+    def setup(self) -> None:
+        spec, ctx = self.spec, self.ctx
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.kv = self.trainer = self.local_trainer = self.net = None
+        # Before MXNet is imported: its OpenMP team size is read once, at engine start.
+        os.environ["OMP_NUM_THREADS"] = str(spec.threads)
+        os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
+        import mxnet as mx
+        import numpy
+        from mxnet import autograd, gluon
+        self.mx, self.np, self.autograd = mx, numpy, autograd
+        self.watchdog = _Watchdog(COLLECTIVE_TIMEOUT_S, self._kill_children)
+
+        self.autocast = AUTOCAST[spec.precision]
+        if spec.device == "cuda":
+            if mx.context.num_gpus() == 0:
+                raise RuntimeError("device 'cuda': this MXNet build has no CUDA support or sees "
+                                   "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)")
+            self.device = mx.gpu(ctx.local_rank)
+        else:
+            if spec.precision == "fp16":
+                raise RuntimeError("precision fp16 is not supported by MXNet 1.9.1 on CPU (no "
+                                   "float16 GEMM / FullyConnected kernels); use fp32 or bf16")
+            self.device = mx.cpu()
+        if self.autocast:
+            from mxnet.contrib import amp
+            amp.init(target_dtype=self.autocast)   # before the model is built
+            self.amp = amp
+
+        if ctx.world_size > 1:
+            self.num_servers = ctx.world_size // ctx.local_world_size
+            ps_env = self._ps_env()
+            if ctx.rank == 0:
+                self._spawn("scheduler", ps_env)
+            if ctx.local_rank == 0:
+                self._spawn("server", ps_env)
+            os.environ.update(ps_env, DMLC_ROLE="worker")
+            with self.watchdog("kvstore start-up (ps-lite registration)"):
+                self.kv = mx.kv.create("dist_sync")
+            if self.kv.num_workers != ctx.world_size:
+                raise RuntimeError(f"dist_sync kvstore sees {self.kv.num_workers} workers, "
+                                   f"the cell has {ctx.world_size}")
+            self.backend = "dist_sync"
+        else:
+            self.kv = mx.kv.create("local")
+            self.backend = "local"
+
+        self.model_spec = get_spec(spec.model)
+        self.vision = self.model_spec.family == "vision"
+        from ..models.mxnet import build, example_batch, param_count
+        mx.random.seed(spec.seed, ctx=self.device)       # same initial weights on every rank
+        self.net = build(spec.model, ctx=self.device)
+        self.param_count = param_count(self.net)
+        self.net.hybridize(static_alloc=True, static_shape=True)
+        # Different (fixed) data on every rank.
+        self.x, self.y = example_batch(self.model_spec, spec.per_rank_batch, ctx=self.device,
+                                       seed=spec.seed + 1 + ctx.rank)
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.global_batch = spec.per_rank_batch * ctx.world_size
+        self.loss_scaling = spec.precision == "fp16"
+        self.trainer = gluon.Trainer(
+            self.net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9},
+            kvstore=self.kv,
+            # dynamic loss scaling changes the gradient scale every step: update on the workers
+            update_on_kvstore=False if self.loss_scaling else None)
+        if self.loss_scaling:
+            self.amp.init_trainer(self.trainer)
+        self.local_trainer = None          # compute-only breakdown (step_without_allreduce)
+        self.probe_keys: dict[int, tuple[int, object]] = {}
+        mx.nd.waitall()
+
+    def _forward_backward(self, trainer) -> None:
+        with self.autograd.record():
+            loss = self.loss_fn(self.net(self.x), self.y)       # per-sample losses
+            if self.loss_scaling:
+                with self.amp.scale_loss(loss, trainer) as scaled:
+                    self.autograd.backward(scaled)
+        if not self.loss_scaling:
+            loss.backward()                                    # gradient of the summed loss
+
+    def step(self) -> None:
+        with self.watchdog("step"):
+            self._forward_backward(self.trainer)
+            # rescale_grad = 1 / global batch: the servers' sum over workers becomes the mean
+            self.trainer.step(self.global_batch)
+            self.mx.nd.waitall()                               # pulled weights are in place
+
+    def step_without_allreduce(self) -> None:
+        """Forward, backward and the same SGD update applied locally: no kvstore traffic.
+        Runs after the timed window; the ranks' weights diverge from here on (as under DDP's
+        no_sync), which nothing afterwards depends on."""
+        if self.local_trainer is None:
+            from mxnet import gluon
+            self.local_trainer = gluon.Trainer(
+                self.net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9},
+                kvstore=None)
+            if self.loss_scaling:
+                self.amp.init_trainer(self.local_trainer)
+        with self.watchdog("step"):
+            self._forward_backward(self.local_trainer)
+            self.local_trainer.step(self.global_batch)
+            self.mx.nd.waitall()
+
+    def allreduce(self, numel: int) -> None:
+        """A kvstore push + pull of a float32 buffer of `numel` elements (a key of its own,
+        initialised once): every worker sends the buffer to the servers and pulls the merged
+        result back, which is how this framework reduces gradients. The servers apply the
+        registered optimizer to the merged value (MXNet's update-on-kvstore), so the value
+        pulled is not the plain sum; the traffic and the synchronisation are the gradients'."""
+        mx = self.mx
+        with self.watchdog("allreduce probe"):
+            if numel not in self.probe_keys:
+                key = 1_000_000 + len(self.probe_keys)    # far above the parameters' indices
+                buf = mx.nd.ones((numel,), dtype="float32", ctx=self.device)
+                self.kv.init(key, buf)                    # collective (rank 0 pushes, barrier)
+                self.probe_keys[numel] = (key, buf)
+            key, buf = self.probe_keys[numel]
+            self.kv.pushpull(key, buf, out=buf)
+            buf.wait_to_read()
+
+    def sync(self) -> None:
+        self.mx.nd.waitall()
+
+    def barrier(self) -> None:
+        if self.backend == "dist_sync":
+            with self.watchdog("barrier"):
+                self.kv._barrier()
+
+    def teardown(self) -> None:
+        failing = sys.exc_info()[0] is not None
+        kv = getattr(self, "kv", None)
+        if failing:
+            # A failed rank must not wait in ps-lite's exit barrier for peers that will never
+            # arrive: skip it, and take the scheduler/server down with this rank.
+            if kv is not None and getattr(self, "backend", "") == "dist_sync":
+                self.mx.base._LIB.MXKVStoreSetBarrierBeforeExit(kv.handle, ctypes.c_int(0))
+            self._kill_children()
+        if kv is not None:
+            # Freeing the kvstore finalises ps-lite: an exit barrier over all nodes, after which
+            # worker rank 0 stops the servers and the scheduler exits. Gluon keeps the kvstore
+            # alive through every Parameter's trainer, so free it explicitly, now.
+            with self.watchdog("kvstore shutdown"):
+                self._free_kvstore(kv)
+        if getattr(self, "children", None):
+            self._stop_children(0.0 if failing else SHUTDOWN_WAIT_S)
+
+    def _free_kvstore(self, kv) -> None:
+        for trainer in (self.trainer, self.local_trainer):
+            if trainer is not None:
+                trainer._kvstore = None
+                trainer._kvstore_params["kvstore"] = None
+        if getattr(self, "net", None) is not None:
+            for param in self.net.collect_params().values():
+                param._trainer = None
+        self.trainer = self.local_trainer = self.kv = None
+        self.probe_keys = {}
+        self.mx.nd.waitall()
+        handle, kv.handle = kv.handle, None     # KVStore.__del__ then frees NULL: a no-op
+        self.mx.base.check_call(self.mx.base._LIB.MXKVStoreFree(handle))
+        gc.collect()
+
+    def describe(self) -> dict:
+        mx = self.mx
+        if self.device.device_type == "gpu":
+            device_model = f"GPU {self.device.device_id} (CUDA, name not exposed by MXNet)"
+        else:
+            device_model = cpu_model()
+        return {
+            "libraries": {"mxnet": mx.__version__, "numpy": self.np.__version__},
+            "backend": self.backend,
+            "device_model": device_model,
+            "data_layout": "NCHW" if self.vision else "tokens",
+            "input_shape": list(self.model_spec.input_shape),
+            "param_count": self.param_count,
+            "data": "synthetic (one fixed batch per rank, generated on the device)",
+            "sync_method": self.sync_method,
+            "autocast": self.autocast,
+        }
