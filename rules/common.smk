@@ -56,6 +56,11 @@ def framework_python(wildcards):
     return str(Path(workflow.basedir) / ".venvs" / env / "bin" / "python")
 
 
+def framework_conda_env(wildcards):
+    """Conda route: the environment file of the cell's framework (envs/<env>.yaml)."""
+    return f"../envs/{FRAMEWORK_ENVIRONMENTS[wildcards.framework] or 'pytorch'}.yaml"
+
+
 def metrics_files():
     return [cell.path for cell in STUDY.cells]
 

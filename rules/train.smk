@@ -28,7 +28,7 @@ rule train:
         # local profile sets N=1 so no cell is measured while another one runs
         dlscale_cell=1,
     conda:
-        "../envs/pytorch.yaml"
+        framework_conda_env
     shell:
         "{params.python:q} -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
         " --study {params.study:q} --config-hash {params.config_hash:q}"

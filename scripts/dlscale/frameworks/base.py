@@ -143,6 +143,8 @@ def _breakdown(adapter: Adapter) -> dict:
     """Compute-only step times (allreduce skipped); communication = step - compute."""
     compute = []
     try:
+        adapter.step_without_allreduce()      # untimed: graph frameworks build it on first call
+        adapter.sync()
         for _ in range(min(adapter.spec.steps, BREAKDOWN_STEPS)):
             t0 = time.perf_counter()
             adapter.step_without_allreduce()

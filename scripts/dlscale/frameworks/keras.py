@@ -1,0 +1,105 @@
+"""Keras adapter: Keras `Model.fit`'s training step under tf.distribute.MultiWorkerMirroredStrategy.
+
+Keras version and backend: legacy Keras 2 -- the `tf-keras` package (tf_keras 2.21.0), selected
+with TF_USE_LEGACY_KERAS=1 before TensorFlow is imported -- on the TensorFlow 2.21 backend. Not
+Keras 3: Keras 3's `fit` under MultiWorkerMirroredStrategy fails with "unsupported type
+PerReplica" (keras-team/keras#20585), while tf_keras' `fit` is the multi-worker code path that
+TensorFlow documents and tests. (The `tensorflow` adapter runs Keras 3 layers in a custom loop.)
+
+Distribution: the same MWMS set-up as the tensorflow adapter (TF_CONFIG from the RankContext,
+RING over gRPC on CPU / NCCL on GPU, bounded collectives; helpers from dlscale.frameworks.
+tensorflow). The model is built and compiled in `strategy.scope()`: SGD (lr 0.01, momentum 0.9),
+sparse categorical cross-entropy from logits; under the strategy tf_keras scales the loss by
+1/replicas and its optimizer sums the gradients over all replicas (= the mean gradient, as DDP).
+Precision: `mixed_bfloat16` for bf16; `mixed_float16` (compile adds the loss-scale optimizer) on
+GPU only.
+
+What one step is -- and why not `fit(epochs=1, steps_per_epoch=1)`: each `fit` call rebuilds the
+data handler, callbacks, progress logging and distributed iterator, which would be timed as
+training. `train_on_batch` is not usable either: under MWMS it builds and auto-shards a one-element
+dataset per call, so workers would not each get their own batch. Instead the adapter compiles the
+model and takes `model.make_train_function()` -- the very `tf.function` that `fit` calls once per
+step (forward, compiled loss, `optimizer.minimize` with gradient aggregation, metrics) and that
+`fit` would reuse -- and calls it on an iterator over the rank's fixed batch, distributed with
+`strategy.distribute_datasets_from_function` (each worker its own per-replica batch, like a
+per-worker input pipeline). So each step is exactly one step of `fit`'s training loop, minus
+fit's per-step Python callbacks. The returned loss is fetched to the host, so `step()` returns
+only when the step has run.
+"""
+from __future__ import annotations
+
+import os
+
+# Before TensorFlow is imported (also by the helpers' module): legacy Keras 2 as tf.keras.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import tensorflow as tf  # noqa: E402
+
+from . import tensorflow as tfa  # noqa: E402
+
+_SGD_BASE = tf.keras.optimizers.SGD if tfa.uses_legacy_keras() else object
+
+
+class _SGD(_SGD_BASE):
+    """tf_keras SGD whose `apply_gradients` can skip the cross-replica aggregation (for the
+    compute-only breakdown only; `skip_aggregation` is False in every timed step, where this is
+    stock SGD)."""
+
+    skip_aggregation = False
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
+                        **kwargs):
+        return super().apply_gradients(
+            grads_and_vars, name=name,
+            skip_gradients_aggregation=skip_gradients_aggregation or self.skip_aggregation,
+            **kwargs)
+
+
+class Adapter(tfa.Adapter):
+    name = "keras"
+    legacy_keras = True
+    breakdown_method = ("a second Model.make_train_function() traced with the optimizer's "
+                        "gradient all-reduce skipped (tf_keras skip_gradients_aggregation); "
+                        "fit's per-step all-reduce of its loss metric (scalars) remains")
+
+    def setup(self) -> None:
+        self._setup_common()
+        spec, strategy, model = self.spec, self.strategy, self.model
+        with strategy.scope():
+            self.optimizer = _SGD(learning_rate=tfa.LEARNING_RATE, momentum=tfa.MOMENTUM)
+            model.compile(optimizer=self.optimizer,
+                          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=1, jit_compile=False)
+        dataset = tf.data.Dataset.from_tensors((self.x, self.y)).repeat()
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
+        distributed = strategy.distribute_datasets_from_function(lambda _input_context: dataset)
+        self.iterator = iter(distributed)
+        self.train_function = model.make_train_function()
+        with strategy.scope():
+            self.optimizer.build(model.trainable_variables)
+        self._local_train_function = None
+        if spec.precision != "fp16":
+            # the compute-only step's own train function, traced (not run) now so that no
+            # tracing is timed; fit's function stays the model's train_function
+            self._local_train_function = model.make_train_function(force=True)
+            model.train_function = self.train_function
+            self.optimizer.skip_aggregation = True   # read while the function traces
+            try:
+                self._local_train_function.get_concrete_function(self.iterator)
+            finally:
+                self.optimizer.skip_aggregation = False
+
+    def _run(self, function) -> None:
+        with self.strategy.scope():
+            logs = function(self.iterator)
+        self.last_loss = float(logs["loss"].numpy())
+
+    def step(self) -> None:
+        self._run(self.train_function)
+
+    def step_without_allreduce(self) -> None:
+        if self._local_train_function is None:
+            raise NotImplementedError  # fp16: compile wraps the optimizer in a loss-scale one
+        self._run(self._local_train_function)

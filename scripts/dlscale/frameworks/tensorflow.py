@@ -1,0 +1,300 @@
+"""TensorFlow adapter: tf.distribute.MultiWorkerMirroredStrategy with a custom training loop.
+
+Distribution. One rank is one MultiWorkerMirroredStrategy (MWMS) worker with one replica (its
+CPU, or its local GPU). TF_CONFIG is built from the RankContext: every rank's host:port
+(RankContext.rank_address with base port MASTER_PORT + 1, clear of the launcher's MASTER_PORT) and
+this rank's task index; MWMS runs for one rank too, so every cell runs the same code. Collectives:
+RING over gRPC on CPU, NCCL on GPU, each bounded by DLSCALE_COLLECTIVE_TIMEOUT_S (default 300 s);
+the start-up wait for the other workers is bounded by the same time (MWMS waits forever by
+default), and MWMS's health-check thread aborts collectives when a peer dies. Model variables are
+created in `strategy.scope()`: MWMS broadcasts worker 0's initial values, as DDP does.
+
+Step. TensorFlow's custom-training-loop idiom: a `tf.function` that runs, under `strategy.run`, on
+the rank's fixed batch: forward (training mode), per-example sparse cross-entropy averaged over
+the GLOBAL batch (`tf.nn.compute_average_loss`), gradient tape, and Keras SGD (lr 0.01, momentum
+0.9) `apply_gradients`, which all-reduces (sums) the gradients over all replicas before updating;
+the sum of global-batch-averaged gradients is the mean of the ranks' local-mean gradients, as in
+PyTorch DDP. `step()` fetches the loss to the host, so it returns only when the step has run
+(on CPU TensorFlow executes the whole function, update included, before returning; on GPU
+`sync()` also waits for the device).
+
+Keras: the Keras 3 that TensorFlow 2.21 uses as `tf.keras` (the `keras` adapter, sharing this
+module's helpers, uses legacy Keras 2 = tf_keras). Models: dlscale.models.tf, NHWC. Precision:
+bf16 is the Keras mixed-precision policy `mixed_bfloat16` (float32 variables, bfloat16 compute,
+float32 logits and loss); fp16 (`mixed_float16` + loss-scale optimizer) only on GPU.
+
+Optional probes (base.run_timed): `allreduce(numel)` is a replica-context all-reduce (sum) of a
+float32 buffer through the same strategy; `step_without_allreduce()` is the same step with the
+gradients applied locally (computed under `strategy.run`, applied in cross-replica context,
+where Keras' optimizer does not aggregate).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+# Before TensorFlow is imported: TensorFlow's default Keras (Keras 3), unless the keras adapter,
+# which imports this module for its helpers, asked for legacy Keras first. A stray
+# TF_USE_LEGACY_KERAS=1 in a tensorflow rank's environment fails in setup() (check_keras).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import numpy  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from ..models import get_spec  # noqa: E402
+from ..provenance import cpu_model  # noqa: E402
+from .base import Adapter as BaseAdapter  # noqa: E402
+
+COLLECTIVE_TIMEOUT_S = int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300"))
+POLICIES = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+LEARNING_RATE, MOMENTUM = 0.01, 0.9
+TEARDOWN_GRACE_S = 1.0
+DATA = "synthetic (one fixed batch per rank, generated on the device)"
+
+
+# ----------------------------------------------------------------------------- shared helpers
+def uses_legacy_keras() -> bool:
+    """Whether `tf.keras` is legacy Keras 2 (tf_keras) in this process."""
+    return tf.keras.layers.Layer.__module__.startswith("tf_keras")
+
+
+def check_keras(legacy: bool, adapter: str) -> None:
+    if uses_legacy_keras() != legacy:
+        raise RuntimeError(
+            f"the {adapter} adapter needs {'legacy Keras 2 (tf_keras)' if legacy else 'Keras 3'} "
+            f"as tf.keras, but this process has the other one: set TF_USE_LEGACY_KERAS="
+            f"{'1' if legacy else '0'} (or leave it unset) before TensorFlow is imported")
+
+
+def keras_versions() -> dict:
+    """The version of the Keras in use, under its distribution's name."""
+    if uses_legacy_keras():
+        import tf_keras
+        return {"tf_keras": tf_keras.__version__}
+    import keras
+    return {"keras": keras.__version__}
+
+
+def configure_runtime(spec, ctx) -> None:
+    """Threads and visible devices; must run before the TensorFlow runtime starts."""
+    if spec.precision == "fp16" and spec.device != "cuda":
+        raise ValueError("fp16 is supported on GPU only (mixed_float16 on CPU is not a "
+                         "meaningful measurement); use bf16 or fp32 on CPU")
+    tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(spec.threads)
+    gpus = tf.config.list_physical_devices("GPU")
+    if spec.device == "cuda":
+        if ctx.local_rank >= len(gpus):
+            raise RuntimeError(f"rank {ctx.rank}: local rank {ctx.local_rank} but only "
+                               f"{len(gpus)} GPU(s) visible to TensorFlow")
+        tf.config.set_visible_devices(gpus[ctx.local_rank], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[ctx.local_rank], True)
+    elif gpus:
+        tf.config.set_visible_devices([], "GPU")
+
+
+def make_strategy(spec, ctx):
+    """MWMS over all ranks. Returns (strategy, backend description)."""
+    workers = [ctx.rank_address(i, ctx.master_port + 1) for i in range(ctx.world_size)]
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                          "task": {"type": "worker", "index": ctx.rank}})
+    impl = tf.distribute.experimental.CommunicationImplementation
+    implementation = impl.NCCL if spec.device == "cuda" else impl.RING
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation, timeout_seconds=COLLECTIVE_TIMEOUT_S)
+    # Bound the start-up wait for the other workers: a private class attribute of MWMS's
+    # implementation (default 0 = wait forever); skipped if a TensorFlow release drops it.
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    extended = getattr(cars, "CollectiveAllReduceExtended", None)
+    if extended is not None and hasattr(extended, "_check_health_initial_timeout"):
+        extended._check_health_initial_timeout = COLLECTIVE_TIMEOUT_S
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if strategy.num_replicas_in_sync != ctx.world_size:
+        raise RuntimeError(f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} "
+                           f"replicas, the cell has {ctx.world_size} ranks")
+    backend = (f"tf.distribute.MultiWorkerMirroredStrategy, {implementation.name} collectives"
+               f"{' over gRPC' if spec.device != 'cuda' else ''}")
+    return strategy, backend
+
+
+def set_precision_policy(spec) -> str | None:
+    policy = POLICIES[spec.precision]
+    tf.keras.mixed_precision.set_global_policy(policy or "float32")
+    return policy
+
+
+def make_collectives(strategy):
+    """(barrier, allreduce) tf.functions through the strategy's collectives."""
+    @tf.function
+    def barrier():
+        ones = strategy.run(lambda: tf.ones([], tf.float32))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+
+    @tf.function
+    def allreduce(buf):
+        def replica_fn(b):
+            b = tf.identity(b)  # placed on the replica's device (all_reduce needs one)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, b)
+        out = strategy.run(replica_fn, args=(buf,))
+        return strategy.experimental_local_results(out)[0][:1]   # a depending output, 4 bytes
+    return barrier, allreduce
+
+
+def stop_health_check(strategy) -> None:
+    """Stop MWMS's peer health-check thread so that ranks finishing at slightly different times
+    do not abort each other's collectives on the way out."""
+    stop = getattr(getattr(strategy, "extended", None), "_stop_check_health_thread", None)
+    if stop is not None:
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
+def device_model(spec) -> str:
+    if spec.device == "cuda":
+        gpus = tf.config.get_visible_devices("GPU")
+        if gpus:
+            details = tf.config.experimental.get_device_details(gpus[0])
+            return details.get("device_name", gpus[0].name)
+    return cpu_model()
+
+
+# ----------------------------------------------------------------------------- the adapter
+class Adapter(BaseAdapter):
+    name = "tensorflow"
+    legacy_keras = False
+    breakdown_method = ("the same tf.function step with the gradients applied locally (computed "
+                        "under strategy.run, applied in cross-replica context: no all-reduce)")
+
+    # -- shared set-up, also used by the keras adapter
+    def _setup_common(self) -> None:
+        spec, ctx = self.spec, self.ctx
+        check_keras(self.legacy_keras, self.name)
+        configure_runtime(spec, ctx)
+        # seed + rank as in the PyTorch adapter; the initial weights are worker 0's on every
+        # rank all the same: MWMS broadcasts variables' initial values (so, under Keras 3, are
+        # the dropout layers' seed states, which are variables too).
+        tf.random.set_seed(spec.seed + ctx.rank)
+        self.strategy, self.backend = make_strategy(spec, ctx)
+        self.policy = set_precision_policy(spec)
+        self.device_name = "/GPU:0" if spec.device == "cuda" else "/CPU:0"
+        if spec.device == "cuda":
+            self.sync_method = ("tf.test.experimental.sync_devices, after the step's loss is "
+                                "fetched to the host")
+        else:
+            self.sync_method = ("the step's loss is fetched to the host (CPU ops are synchronous: "
+                                "the gradient all-reduce and the update run before it returns)")
+        self._barrier, self._allreduce = make_collectives(self.strategy)
+        self._probe_buf = None
+        self.model_spec = get_spec(spec.model)
+        from ..models.tf import build, example_batch, param_count
+        with self.strategy.scope():
+            self.model = build(spec.model)
+        self.param_count = param_count(self.model)
+        with tf.device(self.device_name):
+            # one fixed batch per rank, different on every rank, created once on the device
+            self.x, self.y = example_batch(self.model_spec, spec.per_rank_batch,
+                                           seed=spec.seed * 100003 + ctx.rank)
+
+    def setup(self) -> None:
+        self._setup_common()
+        spec, strategy, model = self.spec, self.strategy, self.model
+        with strategy.scope():
+            optimizer = tf.keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM)
+            if spec.precision == "fp16":
+                optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+        self.optimizer = optimizer
+        global_batch = spec.per_rank_batch * self.ctx.world_size
+        loss_scaled = spec.precision == "fp16"
+        loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction="none")
+
+        def forward_backward(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                per_example = loss_obj(y, tf.cast(logits, tf.float32))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+                scaled = optimizer.scale_loss(loss) if loss_scaled else loss
+            return loss, tape.gradient(scaled, model.trainable_variables)
+
+        def replica_step(x, y):
+            loss, grads = forward_backward(x, y)
+            # in replica context Keras' optimizer sums the gradients over all replicas first
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def train_step(x, y):
+            per_replica = strategy.run(replica_step, args=(x, y))
+            # this replica's loss: no extra cross-worker reduction (DDP has none either)
+            return strategy.experimental_local_results(per_replica)[0]
+
+        @tf.function
+        def local_step(x, y):
+            loss, grads = strategy.run(forward_backward, args=(x, y))
+            grads = [strategy.experimental_local_results(g)[0] for g in grads]
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # cross-replica
+            return strategy.experimental_local_results(loss)[0]
+
+        self._train_step, self._local_step = train_step, local_step
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+        if spec.precision != "fp16":
+            # trace (without running) the compute-only step now, so that no tracing is timed
+            local_step.get_concrete_function(self.x, self.y)
+
+    def step(self) -> None:
+        self.last_loss = float(self._train_step(self.x, self.y).numpy())
+
+    def step_without_allreduce(self) -> None:
+        if self.spec.precision == "fp16":
+            raise NotImplementedError  # the loss-scale optimizer's local path is not validated
+        self.last_loss = float(self._local_step(self.x, self.y).numpy())
+
+    def allreduce(self, numel: int) -> None:
+        if self._probe_buf is None or int(self._probe_buf.shape[0]) != numel:
+            with tf.device(self.device_name):
+                self._probe_buf = tf.ones([numel], tf.float32)
+        self._allreduce(self._probe_buf).numpy()
+        self.sync()
+
+    def sync(self) -> None:
+        if self.spec.device == "cuda":
+            tf.test.experimental.sync_devices()
+
+    def barrier(self) -> None:
+        total = float(self._barrier().numpy())
+        if round(total) != self.ctx.world_size:
+            raise RuntimeError(f"barrier all-reduce gave {total}, expected {self.ctx.world_size}")
+
+    def peak_device_memory_mb(self) -> float | None:
+        if self.spec.device == "cuda":
+            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        return None
+
+    def teardown(self) -> None:
+        if getattr(self, "strategy", None) is not None:
+            stop_health_check(self.strategy)
+            if self.ctx.rank == 0 and self.ctx.world_size > 1:
+                # worker 0 hosts TensorFlow's coordination service: leave the others a moment
+                # to exit first, so that they do not log lost-leader errors on the way out
+                time.sleep(TEARDOWN_GRACE_S)
+
+    def describe(self) -> dict:
+        vision = self.model_spec.family == "vision"
+        return {
+            "libraries": {"tensorflow": tf.__version__, **keras_versions(),
+                          "numpy": numpy.__version__},
+            "backend": self.backend,
+            "device_model": device_model(self.spec),
+            "data_layout": "NHWC" if vision else "tokens",
+            "input_shape": list(self.model_spec.input_shape),
+            "param_count": self.param_count,
+            "data": DATA,
+            "sync_method": self.sync_method,
+            "autocast": AUTOCAST.get(self.policy),
+        }
