@@ -14,6 +14,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKFLOW_PARTS = ["Snakefile", "rules", "config", "profiles", "scripts", "envs"]
+UP = ROOT / "scripts" / "slurm" / "cluster-up.sh"
+DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
 
 
 @pytest.fixture
@@ -59,3 +61,30 @@ def tiny_study(dest: Path, profile: str) -> Path:
     proc = snakemake(work, "--profile", profile)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return work
+
+
+# ---- the project's local Slurm cluster (scripts/slurm/cluster-up.sh): started once for all
+# Slurm tests, stopped at the end if the tests started it. Under CI=true these tests never skip.
+def _cluster_running() -> bool:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "idle" in out.stdout
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("the local Slurm cluster needs root (apt, daemons); CI runs these tests")
+    was_running = _cluster_running()
+    up = subprocess.run(["bash", str(UP), "--nodes", "2"], capture_output=True, text=True,
+                        timeout=900)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert _cluster_running()
+    yield
+    if not was_running:
+        subprocess.run(["bash", str(DOWN)], capture_output=True, text=True, timeout=300)
+
+

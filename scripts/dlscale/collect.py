@@ -117,7 +117,7 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
                                          "throughput_samples_per_s", "competing", "straggler"]))
     ranks_df = pd.DataFrame(ranks)
     quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])
-    status_df = pd.DataFrame(status)
+    status_df = pd.DataFrame(status).astype({"failed_rank": "Int64", "exit_code": "Int64"})
     return ranks_df, cells_df, scaling_summary(cells_df), quarantine_df, status_df
 
 

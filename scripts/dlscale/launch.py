@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -223,6 +224,11 @@ def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, ran
               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
     if (rank_dir / "srun.log").exists():
         record["srun_tail"] = _tail(rank_dir / "srun.log")
+        # srun names the first task that failed: "srun: error: n2: task 1: Exited with exit code 3"
+        first = re.search(r"task (\d+): Exited with exit code (\d+)", record["srun_tail"])
+        if first and not known:
+            record["rank"], record["exit_code"] = int(first.group(1)), int(first.group(2))
+            record["log_tail"] = {first.group(1): _tail(rank_dir / f"rank{first.group(1)}.log")}
     tmp = output.parent / f".{FAILURE_FILE}.tmp"
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
     os.replace(tmp, output.parent / FAILURE_FILE)

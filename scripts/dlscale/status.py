@@ -30,12 +30,34 @@ def train_log(cell: dict) -> Path:
                 f"{cell['policy']}/{cell['precision']}/n{cell['nodes']}/r{cell['rep']}.log")
 
 
+def slurm_log(cell: dict, job_id: str) -> Path:
+    """The executor plugin's log of one job: <jobid>.log in a folder named by the wildcards."""
+    return Path(SLURM_LOGS) / "_".join(str(cell[k]) for k in AXES) / f"{job_id}.log"
+
+
 def latest_slurm_job(cell: dict) -> str | None:
-    """The last job the executor plugin submitted for the cell (its log is <jobid>.log in a
-    folder named by the wildcards joined with '_')."""
-    folder = Path(SLURM_LOGS) / "_".join(str(cell[k]) for k in AXES)
-    ids = [int(p.stem) for p in folder.glob("*.log") if p.stem.isdigit()]
+    """The last job the executor plugin submitted for the cell."""
+    ids = [int(p.stem) for p in slurm_log(cell, "0").parent.glob("*.log") if p.stem.isdigit()]
     return str(max(ids)) if ids else None
+
+
+# What slurmstepd writes into a job's output when it ends the job itself.
+SLURMSTEPD_REASONS = [
+    (re.compile(r"exceeded (job )?memory limit", re.I), "out of memory"),
+    (re.compile(r"DUE TO TIME LIMIT", re.I), "time limit"),
+    (re.compile(r"CANCELLED AT .* DUE TO NODE FAILURE", re.I), "node failure"),
+    (re.compile(r"CANCELLED AT", re.I), "cancelled"),
+]
+
+
+def slurmstepd_reason(log: Path) -> str | None:
+    """Why slurmstepd ended the job, from its own error lines in the job's output."""
+    text = _tail(log, 200)
+    for pattern, reason in SLURMSTEPD_REASONS:
+        line = next((ln for ln in text.splitlines() if pattern.search(ln)), None)
+        if line:
+            return f"{reason} ({line.strip()})"
+    return None
 
 
 def slurm_state(job_id: str) -> dict:
@@ -91,8 +113,12 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
         row["slurm_job_id"] = job
         state = slurm_state(job)
         row.update(slurm_state=state["slurm_state"], slurm_exit_code=state["slurm_exit_code"])
-        if row["status"] == "missing" and state["slurm_state"] not in (None, "PENDING", "RUNNING"):
-            row.update(status="failed", reason=f"Slurm job {job} ended {state['slurm_state']}")
+        stepd = slurmstepd_reason(slurm_log(cell, job))
+        if state["slurm_state"] not in (None, "PENDING", "RUNNING") or stepd:
+            slurm_reason = f"Slurm job {job} ended {state['slurm_state']}" + (
+                f": {stepd}" if stepd else "")
+            row.update(status="failed", reason=(row["reason"] + "; " if row["reason"] else "")
+                       + slurm_reason)
     log = train_log(cell)
     if row["status"] == "missing" and log.exists() and log.stat().st_size:
         row.update(status="failed", reason="the cell's job ran and wrote no metrics")

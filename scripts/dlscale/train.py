@@ -14,6 +14,7 @@ import argparse
 import os
 import resource
 import sys
+import time
 
 from . import __version__
 from .frameworks import get_adapter, names as framework_names
@@ -31,8 +32,9 @@ FAULT_ENV = "DLSCALE_FAULT"
 
 
 def fault_hook(rank: int, rank_dir: str):
-    """Fault injection for tests: DLSCALE_FAULT="<text in the cell path>:<rank>:<step>:<exit code>"
-    makes that rank of the matching cell exit with that code before that step (warm-up counts)."""
+    """Fault injection for tests: DLSCALE_FAULT="<text in the cell path>:<rank>:<step>:<action>"
+    makes that rank of the matching cell, before that step (warm-up counts), exit with the code
+    <action>, or hang (sleep) when <action> is `hang`."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return None
@@ -41,10 +43,15 @@ def fault_hook(rank: int, rank_dir: str):
         return None
 
     def before_step(step: int) -> None:
-        if step == int(f_step):
-            print(f"[dlscale.train] {FAULT_ENV}: rank {rank} exits with {code} before step {step}",
+        if step != int(f_step):
+            return
+        if code == "hang":
+            print(f"[dlscale.train] {FAULT_ENV}: rank {rank} hangs before step {step}",
                   file=sys.stderr, flush=True)
-            os._exit(int(code))
+            time.sleep(24 * 3600)
+        print(f"[dlscale.train] {FAULT_ENV}: rank {rank} exits with {code} before step {step}",
+              file=sys.stderr, flush=True)
+        os._exit(int(code))
     return before_step
 
 

@@ -14,37 +14,12 @@ import time
 import pytest
 import yaml
 
-from conftest import ROOT, copy_workflow, snakemake, tiny_study
+from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
-UP = ROOT / "scripts" / "slurm" / "cluster-up.sh"
-DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
 CELL_N1 = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1/metrics.jsonl"
 CELL_N2 = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
-
-
-def _cluster_running() -> bool:
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True,
-                             timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "idle" in out.stdout
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if os.geteuid() != 0 and not os.environ.get("CI"):
-        pytest.skip("the local Slurm cluster needs root (apt, daemons); CI runs these tests")
-    was_running = _cluster_running()
-    up = subprocess.run(["bash", str(UP), "--nodes", "2"], capture_output=True, text=True,
-                        timeout=900)
-    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-    assert _cluster_running()
-    yield
-    if not was_running:
-        subprocess.run(["bash", str(DOWN)], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
