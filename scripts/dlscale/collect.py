@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .matrix import parse_cell_path
 from .metrics import MetricsError, read_metrics
 from .stats import CELL_AXES, add_speedup, scaling_summary, stragglers
 from .status import cell_status
@@ -98,6 +99,10 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
             records = read_metrics(path)
             row, rank_rows = cell_rows(records, str(path), straggler_threshold)
             key = tuple(row[k] for k in CELL_AXES)
+            named = parse_cell_path(str(path))
+            if {k: row[k] for k in CELL_AXES} != named:
+                raise MetricsError(f"holds cell {dict(zip(CELL_AXES, key))}, not the cell its "
+                                   "path names")
             if key in seen:
                 raise MetricsError(f"duplicate of cell {key} already read from {seen[key]}")
         except MetricsError as exc:

@@ -34,6 +34,21 @@ def git_commit(path: str) -> str | None:
         return None
 
 
+# Environment variables that shape a run, recorded with every rank; values of names that look
+# secret are never written.
+ENV_PREFIXES = ("SLURM_", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "GLOO_", "TF_", "HOROVOD_",
+                "DMLC_", "MXNET_", "DLSCALE_", "MASTER_", "TORCH_", "PYTORCH_", "OPENBLAS_")
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
+REDACTED = "<redacted>"
+
+
+def environment(env=None) -> dict:
+    """The run-shaping environment variables (ENV_PREFIXES), secret-looking values redacted."""
+    env = os.environ if env is None else env
+    return {k: (REDACTED if any(w in k.upper() for w in SECRET_WORDS) else v)
+            for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
+
+
 def host_facts() -> dict:
     """Facts about the process and host a rank runs on."""
     try:
@@ -50,6 +65,7 @@ def host_facts() -> dict:
         "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_1m": load1,
         "executable": sys.executable,
+        "environment": environment(),
     }
 
 
