@@ -22,9 +22,8 @@ PYTHON = ROOT / ".venvs" / "horovod" / "bin" / "python"
 
 pytestmark = pytest.mark.skipif(
     not PYTHON.exists() and not os.environ.get("CI"),
-    reason=f"{PYTHON} is missing: build it with `python3 -m venv .venvs/horovod && "
-           ".venvs/horovod/bin/pip install -r envs/horovod.txt && .venvs/horovod/bin/pip install "
-           "--no-deps -e . && scripts/build-horovod.sh .venvs/horovod` (set CI=true to require it)")
+    reason=f"{PYTHON} is missing: build it with `scripts/setup.sh horovod` (envs/horovod.txt, "
+           "then scripts/build-horovod.sh); set CI=true to require it")
 
 CELL = {"hardware": "cpu", "framework": "horovod", "model": "cnn_small", "policy": "weak",
         "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,

@@ -1,0 +1,356 @@
+"""Horovod adapter: Horovod's PyTorch binding, gloo controller and CPU collectives (NCCL for GPU
+tensors when Horovod was built with it), launched without horovodrun.
+
+Ranks come from dlscale's launcher (local processes or srun), not from horovodrun, so this
+adapter does what horovodrun's gloo launcher (horovod/runner/gloo_run.py) would have done:
+  - rank 0 runs Horovod's own rendezvous HTTP server (RendezvousHTTPServer, in a daemon thread)
+    on MASTER_ADDR:MASTER_PORT, initialised with the host allocation plan of the RankContext
+    (node-major placement, ranks_per_node ranks per node);
+  - every rank sets the HOROVOD_* variables horovodrun would set (rank, size, local and cross
+    ranks, host label, rendezvous address, gloo controller and CPU operations, the network
+    interface that reaches the other nodes) and calls hvd.init().
+Collectives are bounded: gloo's timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) for the rendezvous and
+a dead peer, and a watchdog for a peer that is alive but stops taking part (see Watchdog).
+The model is dlscale's PyTorch model (dlscale.models.torch.build), so parameter counts match the
+pytorch framework by construction; the optimizer is hvd.DistributedOptimizer around SGD
+(momentum 0.9), gradients averaged by allreduce during backward. Parameters are broadcast from
+rank 0 once. As in plain Horovod, module buffers (BatchNorm running statistics) stay per rank
+(DDP broadcasts them from rank 0 at every forward).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import ipaddress
+import os
+import socket
+import sys
+import threading
+import time
+
+import numpy
+import torch
+
+from ..models import get_spec
+from ..models.torch import build, example_batch
+from ..provenance import cpu_model
+from .base import Adapter as BaseAdapter
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Bounded collectives: gloo's rendezvous and every gloo operation time out after this (a dead
+# peer fails the next collective at once: its connections close), and the adapter's watchdog
+# ends a rank whose step, barrier or probe has not returned after it (see Watchdog).
+COLLECTIVE_TIMEOUT_S = int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300"))
+WATCHDOG_EXIT_CODE = 124
+
+
+class Watchdog:
+    """Ends the process when a blocking call outlives its deadline.
+
+    A peer that is alive but stops taking part (its Python thread stuck, its Horovod background
+    thread still cycling) never breaks a gloo connection, and Horovod's stall inspector
+    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set below as well) did not end such a rank in our tests
+    of 0.28.1 within minutes: Horovod's synchronize() then waits forever. So every step, barrier
+    and probe runs under a deadline; past it the rank prints what it waited for and exits with
+    WATCHDOG_EXIT_CODE, and the launcher fails the cell."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.deadline: float | None = None
+        self.what = ""
+        self.seconds = 0.0
+        threading.Thread(target=self._run, name="dlscale-watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def __call__(self, what: str, seconds: float = COLLECTIVE_TIMEOUT_S):
+        self.what, self.seconds = what, seconds
+        self.deadline = time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            self.deadline = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"[dlscale.frameworks.horovod] rank {self.rank}: {self.what} did not finish "
+                      f"within {self.seconds:.0f} s (DLSCALE_COLLECTIVE_TIMEOUT_S): a peer stopped "
+                      f"taking part; exiting with {WATCHDOG_EXIT_CODE}", file=sys.stderr, flush=True)
+                os._exit(WATCHDOG_EXIT_CODE)
+
+
+def _iface_for(addr: str) -> str:
+    """Name of the local network interface whose address routes to `addr` (the interface gloo
+    must bind to so that every peer can reach it): the source address the kernel picks for a
+    datagram to `addr`, looked up in the interface table."""
+    import psutil  # a Horovod runtime requirement
+
+    infos = socket.getaddrinfo(addr, 9, proto=socket.IPPROTO_UDP)
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)         # UDP: no packet is sent, only the route is resolved
+        local = ipaddress.ip_address(s.getsockname()[0].split("%")[0])
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    if ipaddress.ip_address(a.address.split("%")[0]) == local:
+                        return name
+                except ValueError:
+                    continue
+    raise RuntimeError(f"no network interface has {local}, the local address that reaches {addr}")
+
+
+def peer_address(ctx, nodes: int) -> str:
+    """An address this node's gloo interface must reach: another node's when there is one (on
+    the master node its own name may resolve to a loopback address such as Debian's 127.0.1.1,
+    which would pick `lo`), else the master's (a single node, or simulated nodes on one host)."""
+    own = ctx.hosts[min(ctx.node_index, len(ctx.hosts) - 1)] if ctx.hosts else ctx.master_addr
+    for host in ctx.hosts[:nodes]:
+        if host != own:
+            return host
+    return ctx.master_addr
+
+
+def host_labels(hosts: tuple[str, ...], nodes: int) -> list[str]:
+    """Horovod's per-node host label (HOROVOD_HOSTNAME: the name of the node's local gloo scope).
+    The node address when addresses are distinct; simulated nodes on one host share an address,
+    so they get `<address>-node<i>` (the label is a scope name, never resolved)."""
+    addrs = [hosts[min(i, len(hosts) - 1)] for i in range(nodes)]
+    if len(set(addrs)) == len(addrs):
+        return addrs
+    return [f"{a}-node{i}" for i, a in enumerate(addrs)]
+
+
+def allocation_plan(world_size: int, ranks_per_node: int, labels: list[str]):
+    """The host allocation plan horovodrun builds (horovod.runner.common.util.hosts
+    .get_host_assignments): one SlotInfo per rank, placed node-major."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    nodes = world_size // ranks_per_node
+    return [SlotInfo(hostname=labels[r // ranks_per_node], rank=r,
+                     local_rank=r % ranks_per_node, cross_rank=r // ranks_per_node,
+                     size=world_size, local_size=ranks_per_node, cross_size=nodes)
+            for r in range(world_size)]
+
+
+class RendezvousThread:
+    """Horovod's rendezvous HTTP server on a fixed address (horovodrun's RendezvousServer picks a
+    random port, which the ranks could not know)."""
+
+    def __init__(self, addr: str, port: int, plan):
+        self.addr = f"{addr or '*'}:{port}"
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        try:
+            self.httpd = RendezvousHTTPServer((addr, port), RendezvousHandler, 0)
+        except OSError as exc:
+            raise RuntimeError(f"rank 0 cannot serve Horovod's rendezvous on {self.addr}: {exc}") from exc
+        self.httpd.init(plan)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="hvd-rendezvous",
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def _wait_for(addr: str, port: int, timeout: float) -> None:
+    """Horovod's HTTP store gives up after a few quick retries: wait until rank 0 serves."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=5):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Horovod's rendezvous server {addr}:{port} (rank 0) did not "
+                                   f"answer within {timeout:.0f} s: {exc}") from exc
+            time.sleep(0.2)
+
+
+class Adapter(BaseAdapter):
+    name = "horovod"
+    breakdown_method = ("the same step with Horovod's gradient allreduce deferred (its "
+                        "backward_passes_per_step accumulation path: the backward hooks submit "
+                        "nothing) and the optimizer update on the local gradients")
+
+    def setup(self) -> None:
+        spec, ctx = self.spec, self.ctx
+        torch.manual_seed(spec.seed + ctx.rank)
+        torch.set_num_threads(spec.threads)
+        try:
+            torch.set_num_interop_threads(spec.threads)
+        except RuntimeError:        # already set (inter-op pool started): keep it
+            pass
+        self.server = None
+        self.hvd = None
+        self.watchdog = Watchdog(ctx.rank)
+        # the rendezvous has its own timeout (HOROVOD_GLOO_TIMEOUT_SECONDS); this is a backstop
+        with self.watchdog("hvd.init (rendezvous)", 2 * COLLECTIVE_TIMEOUT_S + 60):
+            self._init_horovod()
+        import horovod.torch as hvd
+        self.hvd = hvd
+        if hvd.size() != ctx.world_size or hvd.rank() != ctx.rank:
+            raise RuntimeError(f"Horovod sees rank {hvd.rank()} of {hvd.size()}, the launcher "
+                               f"started rank {ctx.rank} of {ctx.world_size}")
+        if spec.device == "cuda":
+            if not hvd.nccl_built():
+                raise RuntimeError("this Horovod build has no GPU operations (built for CPU "
+                                   "with gloo): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL")
+            torch.cuda.set_device(ctx.local_rank)
+            self.device = torch.device("cuda", ctx.local_rank)
+            self.backend = "nccl"
+            self.sync_method = "torch.cuda.synchronize"
+        else:
+            self.device = torch.device("cpu")
+            self.backend = "gloo"
+            self.sync_method = ("none (CPU ops are synchronous; DistributedOptimizer.step waits "
+                                "for its allreduce)")
+        self.model_spec = get_spec(spec.model)
+        model = build(spec.model).to(self.device)
+        self.vision = self.model_spec.family == "vision"
+        self.memory_format = (torch.channels_last if self.vision and spec.device == "cuda"
+                              else torch.contiguous_format)
+        self.model = model.to(memory_format=self.memory_format)
+        self.param_count = sum(p.numel() for p in self.model.parameters())
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        with self.watchdog("broadcast_parameters"):
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
+        if self.vision:
+            x = x.contiguous(memory_format=self.memory_format)
+        self.x, self.y = x, y
+        self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
+        self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
+
+    def _init_horovod(self) -> None:
+        """Set what horovodrun would set, start the rendezvous server on rank 0, hvd.init()."""
+        ctx = self.ctx
+        rpn = ctx.local_world_size
+        if ctx.world_size % rpn:
+            raise RuntimeError(f"world size {ctx.world_size} is not a multiple of {rpn} ranks per node")
+        nodes = ctx.world_size // rpn
+        labels = host_labels(ctx.hosts, nodes)
+        port = ctx.master_port
+        timeout = str(COLLECTIVE_TIMEOUT_S)
+        env = {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": ctx.master_addr,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_RANK": str(ctx.rank),
+            "HOROVOD_SIZE": str(ctx.world_size),
+            "HOROVOD_LOCAL_RANK": str(ctx.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(rpn),
+            "HOROVOD_CROSS_RANK": str(ctx.node_index),
+            "HOROVOD_CROSS_SIZE": str(nodes),
+            "HOROVOD_HOSTNAME": labels[ctx.node_index],
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": timeout,
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, COLLECTIVE_TIMEOUT_S)),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": timeout,
+        }
+        os.environ.update(env)
+        # The interface that reaches the other nodes: loopback in a local launch, the cluster
+        # network on a cluster. An explicit HOROVOD_GLOO_IFACE wins.
+        if not os.environ.get("HOROVOD_GLOO_IFACE"):
+            os.environ["HOROVOD_GLOO_IFACE"] = _iface_for(peer_address(ctx, nodes))
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", os.environ["HOROVOD_GLOO_IFACE"])
+        if ctx.rank == 0:
+            # On every interface, like horovodrun: a node's own name may resolve to a
+            # loopback address (Debian's 127.0.1.1) that the other nodes cannot reach.
+            plan = allocation_plan(ctx.world_size, rpn, labels)
+            self.server = RendezvousThread("", port, plan)
+        else:
+            _wait_for(ctx.master_addr, port, COLLECTIVE_TIMEOUT_S)
+        import horovod.torch as hvd
+        hvd.init()
+
+    def step(self) -> None:
+        with self.watchdog("a training step"):
+            self._step(allreduce=True)
+
+    def step_without_allreduce(self) -> None:
+        with self.watchdog("a compute-only step"):
+            self._step(allreduce=False)
+
+    def _step(self, allreduce: bool) -> None:
+        opt = self.optimizer
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            loss = self.loss_fn(self.model(self.x), self.y)
+        opt.zero_grad()                 # Horovod's takes no argument; torch's default sets None
+        if not allreduce:
+            # One more backward pass than Horovod allreduces after: the gradient hooks only
+            # count it down and record no handle (Horovod 0.28.1's local accumulation path).
+            opt.set_backward_passes_per_step(opt.backward_passes_per_step + 1)
+        scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+        scaled.backward()
+        if allreduce:
+            opt.synchronize()           # wait for the allreduce (average) of every gradient
+        else:
+            opt._handles.clear()        # the pending no-op entries the hooks left
+            opt.set_backward_passes_per_step(opt.backward_passes_per_step - 1)
+        with opt.skip_synchronize():
+            if self.scaler is not None:
+                self.scaler.step(opt)   # unscale + inf check on the averaged gradients
+                self.scaler.update()
+            else:
+                opt.step()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        with self.watchdog("a barrier"):
+            self.hvd.barrier()
+
+    def allreduce(self, numel: int) -> None:
+        buf = getattr(self, "_probe_buf", None)
+        if buf is None or buf.numel() != numel:
+            buf = self._probe_buf = torch.ones(numel, dtype=torch.float32, device=self.device)
+        with self.watchdog("an allreduce probe"):
+            self.hvd.allreduce_(buf, op=self.hvd.Sum, name="dlscale.allreduce_probe")
+            self.sync()
+
+    def peak_device_memory_mb(self) -> float | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return None
+
+    def teardown(self) -> None:
+        hvd = getattr(self, "hvd", None)
+        if hvd is not None and hvd.is_initialized():
+            with self.watchdog("hvd.shutdown"):
+                hvd.shutdown()
+        if getattr(self, "server", None) is not None:
+            self.server.stop()
+            self.server = None
+
+    def describe(self) -> dict:
+        if self.device.type == "cuda":
+            device_model = torch.cuda.get_device_name(self.device)
+        else:
+            device_model = cpu_model()
+        return {
+            "libraries": {"torch": torch.__version__,
+                          "horovod": importlib.metadata.version("horovod"),
+                          "numpy": numpy.__version__},
+            "backend": self.backend,
+            "device_model": device_model,
+            "data_layout": "channels_last" if self.memory_format == torch.channels_last
+            else ("NCHW" if self.vision else "tokens"),
+            "input_shape": list(self.model_spec.input_shape),
+            "param_count": self.param_count,
+            "data": "synthetic (one fixed batch per rank, generated on the device)",
+            "sync_method": self.sync_method,
+            "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+        }
