@@ -20,6 +20,21 @@ except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 
 CELLS = STUDY.by_key()
+
+
+def _missing_framework_environments():
+    missing = []
+    for i, framework in enumerate(STUDY.config["axes"]["framework"]):
+        env = FRAMEWORK_ENVIRONMENTS[framework]
+        if env and not (Path(workflow.basedir) / ".venvs" / env / "bin" / "python").exists():
+            missing.append(f"axes.framework[{i}]: {framework!r} runs in .venvs/{env}, which "
+                           f"does not exist; build it with: bash scripts/setup.sh {env}")
+    return missing
+
+
+if _missing_framework_environments() and not workflow.deployment_settings.deployment_method:
+    raise WorkflowError("dlscale: " + "\n".join(_missing_framework_environments())
+                        + "\nNo job was started.")
 GIT_COMMIT = git_commit(workflow.basedir) or ""
 
 

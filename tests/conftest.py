@@ -43,6 +43,8 @@ def copy_workflow(dest: Path, config: dict | None = None) -> Path:
             shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "dlscale"))
         else:
             shutil.copy2(src, dest / part)
+    if (ROOT / ".venvs").is_dir():
+        (dest / ".venvs").symlink_to(ROOT / ".venvs")       # the framework environments
     if config is not None:
         (dest / "config" / "config.yaml").write_text(yaml.safe_dump(copy.deepcopy(config)))
     return dest

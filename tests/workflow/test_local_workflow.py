@@ -140,3 +140,16 @@ def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
     # the workflow then restores the report once TeX Live is back
     proc = snakemake(finished_study, "--profile", "profiles/local")
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_missing_framework_environment_is_an_early_error(tmp_path, tiny_config):
+    config = copy.deepcopy(tiny_config)
+    config["axes"]["framework"] = ["pytorch", "mxnet"]
+    work = copy_workflow(tmp_path, config)
+    if (work / ".venvs").is_symlink():
+        (work / ".venvs").unlink()
+    proc = snakemake(work, "--profile", "profiles/local", "-n")
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "axes.framework[1]: 'mxnet' runs in .venvs/mxnet" in out, out[-2000:]
+    assert "bash scripts/setup.sh mxnet" in out
