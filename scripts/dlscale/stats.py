@@ -18,8 +18,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .metrics import bus_bandwidth  # noqa: F401  (re-exported; metrics stays pandas-free)
-
 GROUP = ["hardware", "framework", "model", "policy", "precision"]
 CELL_AXES = GROUP + ["nodes", "rep"]
 BOOTSTRAP_RESAMPLES = 2000

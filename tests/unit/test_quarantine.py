@@ -3,13 +3,10 @@ quarantined and listed, never a crash; absent cells are missing or failed (statu
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from dlscale import metrics
 from dlscale.collect import collect
 from dlscale.provenance import REDACTED, environment
 

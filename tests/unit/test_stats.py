@@ -6,8 +6,8 @@ import pytest
 
 import numpy as np
 
-from dlscale.stats import add_speedup, bus_bandwidth, median_ci, ratio_ci, scaling_summary, \
-    stragglers
+from dlscale.metrics import bus_bandwidth
+from dlscale.stats import add_speedup, median_ci, ratio_ci, scaling_summary, stragglers
 
 
 def cells(rows):

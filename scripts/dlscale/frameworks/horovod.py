@@ -28,15 +28,10 @@ import sys
 import threading
 import time
 
-import numpy
 import torch
 
-from ..models import get_spec
-from ..models.torch import build, example_batch
-from ..provenance import cpu_model
 from .base import Adapter as BaseAdapter
-
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .pytorch import TorchModel
 # Bounded collectives: gloo's rendezvous and every gloo operation time out after this (a dead
 # peer fails the next collective at once: its connections close), and the adapter's watchdog
 # ends a rank whose step, barrier or probe has not returned after it (see Watchdog).
@@ -173,7 +168,7 @@ def _wait_for(addr: str, port: int, timeout: float) -> None:
             time.sleep(0.2)
 
 
-class Adapter(BaseAdapter):
+class Adapter(TorchModel, BaseAdapter):
     name = "horovod"
     breakdown_method = ("the same step with Horovod's gradient allreduce deferred (its "
                         "backward_passes_per_step accumulation path: the backward hooks submit "
@@ -211,25 +206,12 @@ class Adapter(BaseAdapter):
             self.backend = "gloo"
             self.sync_method = ("none (CPU ops are synchronous; DistributedOptimizer.step waits "
                                 "for its allreduce)")
-        self.model_spec = get_spec(spec.model)
-        model = build(spec.model).to(self.device)
-        self.vision = self.model_spec.family == "vision"
-        self.memory_format = (torch.channels_last if self.vision and spec.device == "cuda"
-                              else torch.contiguous_format)
-        self.model = model.to(memory_format=self.memory_format)
-        self.param_count = sum(p.numel() for p in self.model.parameters())
+        self.model = self.prepare_model()
         optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         with self.watchdog("broadcast_parameters"):
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average)
-        self.loss_fn = torch.nn.CrossEntropyLoss()
-        x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
-        if self.vision:
-            x = x.contiguous(memory_format=self.memory_format)
-        self.x, self.y = x, y
-        self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
-        self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
 
     def _init_horovod(self) -> None:
         """Set what horovodrun would set, start the rendezvous server on rank 0, hvd.init()."""
@@ -336,21 +318,4 @@ class Adapter(BaseAdapter):
             self.server = None
 
     def describe(self) -> dict:
-        if self.device.type == "cuda":
-            device_model = torch.cuda.get_device_name(self.device)
-        else:
-            device_model = cpu_model()
-        return {
-            "libraries": {"torch": torch.__version__,
-                          "horovod": importlib.metadata.version("horovod"),
-                          "numpy": numpy.__version__},
-            "backend": self.backend,
-            "device_model": device_model,
-            "data_layout": "channels_last" if self.memory_format == torch.channels_last
-            else ("NCHW" if self.vision else "tokens"),
-            "input_shape": list(self.model_spec.input_shape),
-            "param_count": self.param_count,
-            "data": "synthetic (one fixed batch per rank, generated on the device)",
-            "sync_method": self.sync_method,
-            "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
-        }
+        return self.describe_torch({"horovod": importlib.metadata.version("horovod")})

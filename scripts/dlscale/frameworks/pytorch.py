@@ -19,7 +19,48 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300")))
 
 
-class Adapter(BaseAdapter):
+class TorchModel:
+    """What every adapter that trains dlscale's PyTorch models shares (pytorch, horovod): the
+    model on its device and memory format, the fixed synthetic batch, loss, autocast, and the
+    description recorded in the metrics. Needs self.spec and self.device."""
+
+    def prepare_model(self) -> torch.nn.Module:
+        spec = self.spec
+        self.model_spec = get_spec(spec.model)
+        self.vision = self.model_spec.family == "vision"
+        self.memory_format = (torch.channels_last if self.vision and spec.device == "cuda"
+                              else torch.contiguous_format)
+        model = build(spec.model).to(self.device).to(memory_format=self.memory_format)
+        self.param_count = sum(p.numel() for p in model.parameters())
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
+        if self.vision:
+            x = x.contiguous(memory_format=self.memory_format)
+        self.x, self.y = x, y
+        self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
+        self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
+        return model
+
+    def describe_torch(self, libraries: dict) -> dict:
+        if self.device.type == "cuda":
+            device_model = torch.cuda.get_device_name(self.device)
+        else:
+            device_model = cpu_model()
+        return {
+            "libraries": {"torch": torch.__version__, "numpy": numpy.__version__, **libraries},
+            "backend": self.backend,
+            "device_model": device_model,
+            "data_layout": "channels_last" if self.memory_format == torch.channels_last
+            else ("NCHW" if self.vision else "tokens"),
+            "input_shape": list(self.model_spec.input_shape),
+            "param_count": self.param_count,
+            "data": "synthetic (one fixed batch per rank, generated on the device)",
+            "sync_method": self.sync_method,
+            "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+        }
+
+
+class Adapter(TorchModel, BaseAdapter):
     name = "pytorch"
     breakdown_method = "the same step under DistributedDataParallel.no_sync() (no gradient allreduce)"
 
@@ -39,23 +80,10 @@ class Adapter(BaseAdapter):
         dist.init_process_group(backend, init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
                                 rank=ctx.rank, world_size=ctx.world_size, timeout=COLLECTIVE_TIMEOUT)
         self.backend = backend
-        self.model_spec = get_spec(spec.model)
-        model = build(spec.model).to(self.device)
-        self.vision = self.model_spec.family == "vision"
-        self.memory_format = (torch.channels_last if self.vision and spec.device == "cuda"
-                              else torch.contiguous_format)
-        model = model.to(memory_format=self.memory_format)
-        self.param_count = sum(p.numel() for p in model.parameters())
+        model = self.prepare_model()
         self.ddp = DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None)
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
-        self.loss_fn = torch.nn.CrossEntropyLoss()
-        x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
-        if self.vision:
-            x = x.contiguous(memory_format=self.memory_format)
-        self.x, self.y = x, y
-        self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
-        self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
 
     def step(self) -> None:
         with torch.autocast(self.device.type, dtype=self.autocast_dtype,
@@ -101,20 +129,4 @@ class Adapter(BaseAdapter):
             dist.destroy_process_group()
 
     def describe(self) -> dict:
-        if self.device.type == "cuda":
-            device_model = torch.cuda.get_device_name(self.device)
-        else:
-            device_model = cpu_model()
-        return {
-            "libraries": {"torch": torch.__version__, "numpy": numpy.__version__},
-            "backend": self.backend,
-            "device_model": device_model,
-            "data_layout": "channels_last" if self.memory_format == torch.channels_last
-            else ("NCHW" if self.vision else "tokens"),
-            "input_shape": list(self.model_spec.input_shape),
-            "param_count": self.param_count,
-            "data": "synthetic (one fixed batch per rank, generated on the device)",
-            "sync_method": self.sync_method,
-            "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
-        }
-
+        return self.describe_torch({})
