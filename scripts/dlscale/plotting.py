@@ -23,6 +23,8 @@ SCALING = {
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
 FAMILIES = [*SCALING, "frameworks", "breakdown"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", ":", "-."]
 
 
 def _style():
@@ -70,8 +72,12 @@ def plot_scaling(scaling: pd.DataFrame, family: str, out: str, width: float) -> 
     column, ylabel = SCALING[family]
     panels = _panels(scaling)
     fig, axes = _figure(len(panels), width, sharey=family != "throughput")
-    series = scaling[["framework", "model"]].drop_duplicates().sort_values(["framework", "model"])
-    palette = dict(zip(map(tuple, series.values), sns.color_palette("colorblind", len(series))))
+    # colour = framework, marker and line style = model: one legend entry per combination
+    frameworks = sorted(scaling["framework"].unique()) if not scaling.empty else []
+    models = sorted(scaling["model"].unique()) if not scaling.empty else []
+    colour = dict(zip(frameworks, sns.color_palette("colorblind", max(1, len(frameworks)))))
+    style = {m: (MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)])
+             for i, m in enumerate(models)}
     for ax, (hardware, policy) in zip(axes.flat, panels):
         part = scaling[(scaling["hardware"] == hardware) & (scaling["policy"] == policy)]
         for (framework, model), line in part.groupby(["framework", "model"]):
@@ -79,7 +85,8 @@ def plot_scaling(scaling: pd.DataFrame, family: str, out: str, width: float) -> 
             med = line[f"{column}_median"]
             ax.errorbar(line["nodes"], med,
                         yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"]),
-                        marker="o", color=palette[(framework, model)], label=f"{framework}/{model}")
+                        marker=style[model][0], linestyle=style[model][1],
+                        color=colour[framework], label=f"{framework}/{model}")
         nodes = sorted(part["nodes"].unique()) if not part.empty else [1]
         if family in ("speedup", "efficiency") and not part.empty:
             base = part["baseline_nodes"].min()
