@@ -217,8 +217,10 @@ def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, ran
             unfinished.append(r)
     known = rank is not None and rank >= 0
     tails = {str(r): _tail(rank_dir / f"rank{r}.log") for r in ([rank] if known else unfinished[:4])}
+    # A rank is blamed only when one failed: the launcher saw it exit, or srun named it below;
+    # when the whole job was terminated (rank -2) no rank is at fault.
     record = {"status": "failed", "reason": reason,
-              "rank": rank if known else (unfinished[0] if unfinished else None),
+              "rank": rank if known else None,
               "exit_code": exit_code,
               "unfinished_ranks": unfinished, "log_tail": tails, "time": time.time(),
               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
