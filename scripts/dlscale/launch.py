@@ -121,24 +121,29 @@ def train_argv(cell: dict, rank_dir: Path, python: str) -> list[str]:
             "--rank-dir", str(rank_dir)]
 
 
+def local_rank_env(rank: int, world_size: int, ranks_per_node: int, port: int,
+                   threads: int = 1) -> dict:
+    """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
+    rendezvous on loopback (what dlscale.launch.discover reads back)."""
+    nodes = world_size // ranks_per_node
+    return dict(os.environ, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
+                DLSCALE_WORLD_SIZE=str(world_size), DLSCALE_LOCAL_RANK=str(rank % ranks_per_node),
+                DLSCALE_LOCAL_WORLD_SIZE=str(ranks_per_node),
+                DLSCALE_NODE_INDEX=str(rank // ranks_per_node),
+                DLSCALE_HOSTS=",".join(["127.0.0.1"] * nodes), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+
+
 def start_local(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on loopback."""
     port = _free_port()
     procs = []
-    for node_index in range(cell["nodes"]):
-        for local_rank in range(cell["ranks_per_node"]):
-            rank = node_index * cell["ranks_per_node"] + local_rank
-            env = dict(os.environ, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
-                       DLSCALE_WORLD_SIZE=str(cell["world_size"]),
-                       DLSCALE_LOCAL_RANK=str(local_rank),
-                       DLSCALE_LOCAL_WORLD_SIZE=str(cell["ranks_per_node"]),
-                       DLSCALE_NODE_INDEX=str(node_index), MASTER_ADDR="127.0.0.1",
-                       DLSCALE_HOSTS=",".join(["127.0.0.1"] * cell["nodes"]),
-                       MASTER_PORT=str(port), OMP_NUM_THREADS=str(cell["cpus_per_rank"]),
-                       PYTHONUNBUFFERED="1")
-            log = (rank_dir / f"rank{rank}.log").open("w")
-            procs.append((rank, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                 start_new_session=True)))
+    for rank in range(cell["world_size"]):
+        env = local_rank_env(rank, cell["world_size"], cell["ranks_per_node"], port,
+                             cell["cpus_per_rank"])
+        log = (rank_dir / f"rank{rank}.log").open("w")
+        procs.append((rank, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)))
     return procs
 
 

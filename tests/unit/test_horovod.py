@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
@@ -96,21 +95,11 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ranks(tmp_path: Path, world: int = 2, **extra_env) -> list[subprocess.Popen]:
-    port = _free_port()
+    port = launch._free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
-                   DLSCALE_WORLD_SIZE=str(world), DLSCALE_LOCAL_RANK="0",
-                   DLSCALE_LOCAL_WORLD_SIZE="1", DLSCALE_NODE_INDEX=str(rank),
-                   DLSCALE_HOSTS=",".join(["127.0.0.1"] * world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", **extra_env)
+        env = {**launch.local_rank_env(rank, world, 1, port), **extra_env}
         procs.append(subprocess.Popen([str(PYTHON), "-c", RANK_SCRIPT, str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs

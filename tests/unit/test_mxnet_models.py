@@ -258,11 +258,7 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
     world, steps, port = 2, 2, launch._free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
-                   DLSCALE_WORLD_SIZE=str(world), DLSCALE_LOCAL_RANK="0",
-                   DLSCALE_LOCAL_WORLD_SIZE="1", DLSCALE_NODE_INDEX=str(rank),
-                   DLSCALE_HOSTS=",".join(["127.0.0.1"] * world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", DLSCALE_COLLECTIVE_TIMEOUT_S="120")
+        env = {**launch.local_rank_env(rank, world, 1, port), "DLSCALE_COLLECTIVE_TIMEOUT_S": "120"}
         procs.append(subprocess.Popen([str(MXNET_PY), "-c", WORKER, str(tmp_path), "cnn_small",
                                        str(steps)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, cwd=ROOT))
