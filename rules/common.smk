@@ -32,9 +32,10 @@ def _missing_framework_environments():
     return missing
 
 
-if _missing_framework_environments() and not workflow.deployment_settings.deployment_method:
-    raise WorkflowError("dlscale: " + "\n".join(_missing_framework_environments())
-                        + "\nNo job was started.")
+if not workflow.deployment_settings.deployment_method:    # venv route (not conda/apptainer)
+    _missing = _missing_framework_environments()
+    if _missing:
+        raise WorkflowError("dlscale: " + "\n".join(_missing) + "\nNo job was started.")
 GIT_COMMIT = git_commit(workflow.basedir) or ""
 
 
