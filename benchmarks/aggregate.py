@@ -1,0 +1,93 @@
+"""Aggregation at scale: N synthetic cell records (the real metrics format, built with
+dlscale.metrics.assemble and written with write_atomic) collected into the tidy tables.
+
+    .venv/bin/python benchmarks/aggregate.py [--cells 10000] [--repeats 3] [--workdir DIR]
+
+Prints the median wall time of dlscale.collect.collect over the repeats (files already on disk,
+page cache warm after the first repeat) and its split into reading+validation and statistics.
+Goal (issue 7): <= 2 s median for 10,000 cells.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from dlscale import metrics
+from dlscale.collect import collect
+
+FRAMEWORKS = ["pytorch", "tensorflow", "keras", "horovod", "mxnet"]
+MODELS = [f"m{i}" for i in range(10)]
+NODES = [1, 2, 4, 8, 16, 32, 64, 128]
+HARDWARE = ["cpu", "v100", "a100", "h100"]
+POLICIES = ["weak", "strong"]
+
+
+def rank_records(rank: int, node: str, steps: int) -> list[dict]:
+    start = {"local_rank": 0, "node": node, "node_index": rank, "pid": rank, "device": "cpu",
+             "device_model": "x", "threads": 1, "loadavg_1m": 0.1, "per_rank_batch": 8,
+             "data_layout": "NCHW", "input_shape": [3, 32, 32], "param_count": 1,
+             "libraries": {"torch": "2.13.0"}, "python": "3.11", "cpu_model": "x",
+             "dlscale_version": "0.1.0", "timer": "time.perf_counter", "sync_method": "none"}
+    secs = [0.01 + 0.0001 * (i % 7) for i in range(steps)]
+    recs = [metrics.make_record("rank_start", rank, start),
+            metrics.make_record("idle_probe", rank, {"window_s": 0.5, "busy_cpus": 0.0,
+                                                     "top_processes": [], "competing": False,
+                                                     "method": "synthetic"})]
+    recs += [metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
+             for i, s in enumerate(secs)]
+    recs.append(metrics.make_record("rank_end", rank, {
+        **metrics.rank_summary(secs, 8, 100.0), "peak_device_memory_mb": None,
+        "energy": {"available": False, "reason": "synthetic"},
+        "breakdown": {"available": False, "reason": "synthetic"},
+        "allreduce": {"available": False, "reason": "synthetic"}}))
+    return recs
+
+
+def write_cells(root: Path, n: int, steps: int) -> list[str]:
+    paths = []
+    combos = itertools.product(HARDWARE, FRAMEWORKS, MODELS, POLICIES, ["fp32"], [1, 2],
+                               range(1, 4))
+    for hw, fw, model, policy, prec, nodes, rep in itertools.islice(combos, n):
+        cell = {"hardware": hw, "framework": fw, "model": model, "policy": policy,
+                "precision": prec, "nodes": nodes, "rep": rep, "device": "cpu",
+                "ranks_per_node": 1, "world_size": nodes, "per_rank_batch": 8,
+                "global_batch": 8 * nodes, "cpus_per_rank": 1, "warmup_steps": 1, "steps": steps}
+        path = (f"results/runs/{hw}/{fw}/{model}/{policy}/{prec}/n{nodes}/r{rep}/"
+                "metrics.jsonl")
+        ranks = {r: rank_records(r, f"n{r}", steps) for r in range(nodes)}
+        metrics.write_atomic(root / path, metrics.assemble(
+            study="bench", cell=cell, config_hash="h", git_commit=None, launcher="local",
+            slurm_job_id=None, rank_records=ranks, wall_seconds=1.0, started=0.0))
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cells", type=int, default=10000)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workdir", type=Path, default=None)
+    a = p.parse_args()
+    import os
+    root = a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-agg-"))
+    t0 = time.perf_counter()
+    paths = write_cells(root, a.cells, a.steps)
+    print(f"wrote {len(paths)} cells in {time.perf_counter() - t0:.1f} s under {root}")
+    os.chdir(root)
+    times = []
+    for _ in range(a.repeats):
+        t0 = time.perf_counter()
+        _, cells, scaling, quarantine, _ = collect(paths)
+        times.append(time.perf_counter() - t0)
+    print(f"collect: {len(cells)} cells, {len(scaling)} scaling rows, {len(quarantine)} "
+          f"quarantined; median {statistics.median(times):.2f} s over {a.repeats} repeats "
+          f"(min {min(times):.2f}, max {max(times):.2f}); goal <= 2 s at 10,000 cells")
+
+
+if __name__ == "__main__":
+    main()
