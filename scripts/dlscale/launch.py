@@ -192,11 +192,12 @@ def wait_all(procs) -> tuple[int, int] | None:
     return None
 
 
-def _tail(path: Path, n: int = TAIL_LINES) -> str:
+def tail_lines(path: Path, n: int = TAIL_LINES, missing: str = "(no log)") -> str:
+    """The last n lines of a log, or `missing` when it cannot be read."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
-        return "(no log)"
+        return missing
 
 
 FAILURE_FILE = "failure.json"
@@ -221,7 +222,8 @@ def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, ran
         if not part.exists() or '"rank_end"' not in part.read_text(errors="replace"):
             unfinished.append(r)
     known = rank is not None and rank >= 0
-    tails = {str(r): _tail(rank_dir / f"rank{r}.log") for r in ([rank] if known else unfinished[:4])}
+    tails = {str(r): tail_lines(rank_dir / f"rank{r}.log")
+             for r in ([rank] if known else unfinished[:4])}
     # A rank is blamed only when one failed: the launcher saw it exit, or srun named it below;
     # when the whole job was terminated (rank -2) no rank is at fault.
     record = {"status": "failed", "reason": reason,
@@ -230,12 +232,13 @@ def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, ran
               "unfinished_ranks": unfinished, "log_tail": tails, "time": time.time(),
               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
     if (rank_dir / "srun.log").exists():
-        record["srun_tail"] = _tail(rank_dir / "srun.log")
+        record["srun_tail"] = tail_lines(rank_dir / "srun.log")
         # srun names the first task that failed: "srun: error: n2: task 1: Exited with exit code 3"
         first = re.search(r"task (\d+): Exited with exit code (\d+)", record["srun_tail"])
         if first and not known:
             record["rank"], record["exit_code"] = int(first.group(1)), int(first.group(2))
-            record["log_tail"] = {first.group(1): _tail(rank_dir / f"rank{first.group(1)}.log")}
+            failed_log = rank_dir / f"rank{first.group(1)}.log"
+            record["log_tail"] = {first.group(1): tail_lines(failed_log)}
     tmp = output.parent / f".{FAILURE_FILE}.tmp"
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
     os.replace(tmp, output.parent / FAILURE_FILE)

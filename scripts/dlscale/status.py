@@ -14,7 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .launch import FAILURE_FILE
+from .launch import FAILURE_FILE, tail_lines
 from .matrix import parse_cell_path
 
 SLURM_LOGS = "results/logs/slurm/rule_train"
@@ -52,7 +52,7 @@ SLURMSTEPD_REASONS = [
 
 def slurmstepd_reason(log: Path) -> str | None:
     """Why slurmstepd ended the job, from its own error lines in the job's output."""
-    text = _tail(log, 200)
+    text = tail_lines(log, 200, missing="")
     for pattern, reason in SLURMSTEPD_REASONS:
         line = next((ln for ln in text.splitlines() if pattern.search(ln)), None)
         if line:
@@ -79,13 +79,6 @@ def slurm_state(job_id: str) -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return {"slurm_state": None, "slurm_exit_code": None, "source": "unavailable"}
-
-
-def _tail(path: Path, n: int = TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
@@ -123,5 +116,5 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
     if row["status"] == "missing" and log.exists() and log.stat().st_size:
         row.update(status="failed", reason="the cell's job ran and wrote no metrics")
     if row["status"] == "failed" and not row["log_tail"]:
-        row["log_tail"] = _tail(log)
+        row["log_tail"] = tail_lines(log, TAIL_LINES, missing="")
     return row

@@ -287,26 +287,15 @@ class Adapter(TorchModel, BaseAdapter):
             else:
                 opt.step()
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def barrier(self) -> None:
         with self.watchdog("a barrier"):
             self.hvd.barrier()
 
     def allreduce(self, numel: int) -> None:
-        buf = getattr(self, "_probe_buf", None)
-        if buf is None or buf.numel() != numel:
-            buf = self._probe_buf = torch.ones(numel, dtype=torch.float32, device=self.device)
         with self.watchdog("an allreduce probe"):
-            self.hvd.allreduce_(buf, op=self.hvd.Sum, name="dlscale.allreduce_probe")
+            self.hvd.allreduce_(self.probe_buffer(numel), op=self.hvd.Sum,
+                                name="dlscale.allreduce_probe")
             self.sync()
-
-    def peak_device_memory_mb(self) -> float | None:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return None
 
     def teardown(self) -> None:
         hvd = getattr(self, "hvd", None)

@@ -21,8 +21,9 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DLSCALE_COLL
 
 class TorchModel:
     """What every adapter that trains dlscale's PyTorch models shares (pytorch, horovod): the
-    model on its device and memory format, the fixed synthetic batch, loss, autocast, and the
-    description recorded in the metrics. Needs self.spec and self.device."""
+    model on its device and memory format, the fixed synthetic batch, loss, autocast, device
+    synchronisation, peak device memory, the probe buffer and the description in the metrics.
+    Needs self.spec and self.device."""
 
     def prepare_model(self) -> torch.nn.Module:
         spec = self.spec
@@ -40,6 +41,22 @@ class TorchModel:
         self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
         return model
+
+    def probe_buffer(self, numel: int) -> torch.Tensor:
+        """The allreduce probe's float32 buffer, allocated once per size."""
+        buf = getattr(self, "_probe_buf", None)
+        if buf is None or buf.numel() != numel:
+            buf = self._probe_buf = torch.ones(numel, dtype=torch.float32, device=self.device)
+        return buf
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def peak_device_memory_mb(self) -> float | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return None
 
     def describe_torch(self, libraries: dict) -> dict:
         if self.device.type == "cuda":
@@ -103,20 +120,8 @@ class Adapter(TorchModel, BaseAdapter):
             self.step()
 
     def allreduce(self, numel: int) -> None:
-        buf = getattr(self, "_probe_buf", None)
-        if buf is None or buf.numel() != numel:
-            buf = self._probe_buf = torch.ones(numel, dtype=torch.float32, device=self.device)
-        dist.all_reduce(buf)
+        dist.all_reduce(self.probe_buffer(numel))
         self.sync()
-
-    def peak_device_memory_mb(self) -> float | None:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return None
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
