@@ -96,7 +96,7 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
             status.append(cell_status(str(path), ok=False))
             continue
         try:
-            records = read_metrics(path)
+            records = read_metrics(path, steps=False)
             row, rank_rows = cell_rows(records, str(path), straggler_threshold)
             key = tuple(row[k] for k in CELL_AXES)
             named = parse_cell_path(str(path))

@@ -8,8 +8,10 @@ result against schemas/metrics.schema.json and renames it into place only when c
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -42,9 +44,80 @@ def make_record(event: str, rank: int | None, value: dict) -> dict:
 
 
 @lru_cache(maxsize=1)
+def _schema() -> dict:
+    return json.loads(resources.files("dlscale").joinpath("schemas/metrics.schema.json").read_text())
+
+
+@lru_cache(maxsize=1)
 def _validator() -> jsonschema.Draft202012Validator:
-    schema = json.loads(resources.files("dlscale").joinpath("schemas/metrics.schema.json").read_text())
-    return jsonschema.Draft202012Validator(schema)
+    """The reference validator: its message explains every rejected record."""
+    return jsonschema.Draft202012Validator(_schema())
+
+
+RANKED = {"run_start": False, "rank_start": True, "idle_probe": True, "step": True,
+          "rank_end": True, "summary": False}    # event -> whether its record names a rank
+_ENVELOPE = frozenset(("format", "version", "time", "event", "rank", "value"))
+_STEP_VALUE = frozenset(("step", "seconds", "samples"))
+
+
+@lru_cache(maxsize=1)
+def _value_validators() -> dict | None:
+    """Each event's value schema ($defs/<event>) compiled to Python code by fastjsonschema
+    (~10x faster than jsonschema); None where fastjsonschema is not installed (the framework
+    venvs, which validate one file per cell on writing, where speed does not matter)."""
+    try:
+        import fastjsonschema
+    except ImportError:
+        return None
+    schema = _schema()
+    # "$id" keeps fastjsonschema's $ref resolution inside this document (no remote lookups)
+    return {event: fastjsonschema.compile({"$id": schema["$id"], "$defs": schema["$defs"],
+                                           "$ref": f"#/$defs/{event}"})
+            for event in RANKED}
+
+
+def _plain_step(value) -> bool:
+    """Exactly what $defs/step requires, by hand (~1 us; steps are most lines of a file)."""
+    if type(value) is not dict or value.keys() != _STEP_VALUE:
+        return False
+    step, seconds, samples = value["step"], value["seconds"], value["samples"]
+    return (type(step) is int and step >= 0 and type(samples) is int and samples >= 1
+            and type(seconds) in (int, float) and seconds > 0)
+
+
+def _fast_valid(rec) -> bool:
+    """A sufficient (never a necessary) condition for a record to be valid: the envelope of the
+    schema checked by hand with exact types, then the event's own value schema (compiled).
+    A record it does not accept goes to the reference validator, which decides and explains,
+    so nothing valid is rejected; tests/unit/test_metrics.py checks that nothing it accepts
+    is invalid, on mutated records."""
+    validators = _value_validators()
+    if validators is None or type(rec) is not dict or rec.keys() != _ENVELOPE:
+        return False
+    event, rank, version = rec["event"], rec["rank"], rec["version"]
+    if (rec["format"] != FORMAT or type(version) is not int or version != VERSION
+            or type(rec["time"]) not in (int, float) or type(event) is not str
+            or event not in RANKED):
+        return False
+    if not ((type(rank) is int and rank >= 0) if RANKED[event] else rank is None):
+        return False
+    if event == "step":
+        return _plain_step(rec["value"])
+    try:
+        validators[event](rec["value"])
+    except Exception:  # fastjsonschema.JsonSchemaException: the reference validator explains
+        return False
+    return True
+
+
+def _record_error(rec) -> str | None:
+    """None for a valid record, else the reference validator's message (path: message)."""
+    if _fast_valid(rec):
+        return None
+    err = jsonschema.exceptions.best_match(_validator().iter_errors(rec))
+    if err is None:
+        return None
+    return f"{'/'.join(map(str, err.absolute_path)) or '(record)'}: {err.message}"
 
 
 def rank_file(rank_dir: str | Path, rank: int) -> Path:
@@ -208,18 +281,25 @@ def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None
     return records
 
 
-def validate_records(records: list[dict], where: str = "metrics") -> None:
-    """Schema-check every line and the file's structure; raise MetricsError on the first problem."""
+def validate_records(records: list[dict], where: str = "metrics", *,
+                     line_numbers: list[int] | None = None,
+                     checked: list[bool] | None = None) -> None:
+    """Schema-check every line and the file's structure; raise MetricsError on the first problem.
+    `line_numbers`: each record's line in the file (default 1, 2, ...); `checked`: records
+    already known valid (canonical step lines, see read_metrics)."""
     if not records:
         raise MetricsError(f"{where}: empty")
-    for i, rec in enumerate(records, 1):
+    line_numbers = line_numbers or range(1, len(records) + 1)
+    checked = checked or itertools.repeat(False)
+    for i, rec, ok in zip(line_numbers, records, checked):
+        if ok:
+            continue
         if isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("version") != VERSION:
             raise MetricsError(f"{where}: line {i}: format version {rec.get('version')!r}, "
                                f"this dlscale reads version {VERSION}")
-        err = jsonschema.exceptions.best_match(_validator().iter_errors(rec))
+        err = _record_error(rec)
         if err is not None:
-            path = "/".join(map(str, err.absolute_path))
-            raise MetricsError(f"{where}: line {i}: {path or '(record)'}: {err.message}")
+            raise MetricsError(f"{where}: line {i}: {err}")
     if records[0]["event"] != "run_start" or records[-1]["event"] != "summary":
         raise MetricsError(f"{where}: must start with run_start and end with summary")
     world = records[0]["value"]["cell"]["world_size"]
@@ -247,20 +327,62 @@ def write_atomic(path: str | Path, records: list[dict]) -> None:
         raise
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """Read and validate one metrics file; MetricsError for anything but a complete, valid file."""
-    path = Path(path)
+# A step record exactly as write_atomic serialises it (sort_keys, json's default separators,
+# floats as Python writes them). A line this pattern matches is a valid step record: every
+# number it admits satisfies $defs/step (seconds > 0 needs a non-zero digit and an exponent of
+# at most two digits, so nothing underflows to 0). Lines it does not match take the full
+# path (parse + schema); tests/unit/test_metrics.py checks the pattern against the schema.
+_UINT = r"(?:0|[1-9][0-9]*)"
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+_POSITIVE = (r"(?:0\.0{0,3}[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?|[1-9](?:\.[0-9]+)?"
+             r"[eE][+-]?[0-9]{1,2})")
+_STEP = (r'\{"event": "step", "format": "dlscale\.metrics", "rank": ' + _UINT + r', "time": '
+         + _NUMBER + r', "value": \{"samples": [1-9][0-9]*, "seconds": ' + _POSITIVE
+         + r', "step": ' + _UINT + r'\}, "version": 1\}')
+STEP_LINE = re.compile(_STEP)
+_STEP_LINES = re.compile("^" + _STEP + "\n", re.MULTILINE)    # all of a file's, in one call
+
+
+def read_metrics(path: str | Path, steps: bool = True) -> list[dict]:
+    """Read and validate one metrics file; MetricsError for anything but a complete, valid file.
+
+    steps=False (aggregation, which needs only the ranks' own summaries): step lines are still
+    checked, but not returned, and canonical ones are matched by STEP_LINE without parsing.
+    Everything else is parsed in one call and checked with the schema (fast path: _fast_valid).
+    """
     try:
-        text = path.read_text()
+        with open(path) as fh:
+            text = fh.read()
     except OSError as exc:
         raise MetricsError(f"{path}: cannot read ({exc.strerror})") from None
-    records = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise MetricsError(f"{path}: line {i}: not JSON ({exc.msg})") from None
-    validate_records(records, where=str(path))
+    except UnicodeDecodeError as exc:
+        raise MetricsError(f"{path}: not text ({exc.reason})") from None
+    if not steps:
+        try:     # the common case in one pass; any problem is located line by line below
+            lines = [line for line in _STEP_LINES.sub("", text).splitlines() if line.strip()]
+            records = json.loads("[" + ",".join(lines) + "]")
+            if len(records) == len(lines):
+                validate_records(records, where=str(path))
+                return records
+        except (json.JSONDecodeError, MetricsError):
+            pass
+    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    canonical = [STEP_LINE.fullmatch(line) is not None for _, line in numbered]
+    if not steps:
+        numbered = [nl for nl, step in zip(numbered, canonical) if not step]
+        canonical = [False] * len(numbered)
+    lines = [line for _, line in numbered]
+    try:    # one C-level parse of all lines; line by line only to locate an error
+        records = json.loads("[" + ",".join(lines) + "]")
+    except json.JSONDecodeError:
+        records = None
+    if records is None or len(records) != len(lines):
+        records = []
+        for i, line in numbered:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise MetricsError(f"{path}: line {i}: not JSON ({exc.msg})") from None
+    validate_records(records, where=str(path), line_numbers=[i for i, _ in numbered],
+                     checked=canonical)
     return records

@@ -9,11 +9,15 @@ smallest node count present when that cell is missing (column `baseline_nodes` s
 
 Repetitions (separate jobs) are the independent samples. Confidence intervals are 95 %
 percentile bootstrap intervals over repetitions: the cell's and the baseline's repetitions are
-resampled independently BOOTSTRAP_RESAMPLES times with a fixed seed, and the statistic (median
-throughput, ratio of medians) is recomputed on each resample. With a single repetition on both
+resampled independently BOOTSTRAP_RESAMPLES times with a fixed seed (all groups from one
+stream, in batches of equal size), and the statistic (median throughput, ratio of medians) is
+recomputed on each resample; a row's throughput and speedup intervals share the row's
+resamples, and the baseline row's speedup is 1 by definition (same resamples on both sides). With a single repetition on both
 sides there is no interval (NaN), and tables and figures say n.
 """
 from __future__ import annotations
+
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -47,12 +51,27 @@ def add_speedup(cells: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def bootstrap_medians(values: np.ndarray, rng: np.random.Generator,
-                      resamples: int = BOOTSTRAP_RESAMPLES) -> np.ndarray:
-    """Medians of `resamples` resamples (with replacement) of `values`."""
-    values = np.asarray(values, dtype=float)
-    idx = rng.integers(0, len(values), size=(resamples, len(values)))
-    return np.median(values[idx], axis=1)
+_BATCH_DRAWS = 4_000_000     # resampled values per batch (32 MB of indices)
+
+
+def bootstrap_medians(samples: list[np.ndarray], rng: np.random.Generator,
+                      resamples: int = BOOTSTRAP_RESAMPLES) -> list[np.ndarray]:
+    """For each array, the medians of `resamples` resamples (with replacement) of it. Arrays of
+    equal length are resampled together in one numpy call (a large study has thousands)."""
+    out: list[np.ndarray] = [np.empty(0)] * len(samples)
+    by_length: dict[int, list[int]] = {}
+    for i, values in enumerate(samples):
+        by_length.setdefault(len(values), []).append(i)
+    for n, members in sorted(by_length.items()):
+        step = max(1, _BATCH_DRAWS // (resamples * n))
+        for start in range(0, len(members), step):
+            chunk = members[start:start + step]
+            values = np.stack([np.asarray(samples[i], dtype=float) for i in chunk])
+            idx = rng.integers(0, n, size=(len(chunk), resamples, n))
+            drawn = np.take_along_axis(np.broadcast_to(values[:, None, :], idx.shape), idx, axis=2)
+            for i, medians in zip(chunk, np.median(drawn, axis=2)):
+                out[i] = medians
+    return out
 
 
 def _interval(samples: np.ndarray) -> tuple[float, float]:
@@ -61,17 +80,29 @@ def _interval(samples: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
+NO_INTERVAL = (float("nan"), float("nan"))
+
+
+def ratio_cis(xs: list[np.ndarray], bases: list[np.ndarray], rng: np.random.Generator
+              ) -> list[tuple[float, float]]:
+    """CIs of median(x) / median(base) per pair; NaN where neither side has two repetitions."""
+    meds = bootstrap_medians(list(xs) + list(bases), rng)
+    return [NO_INTERVAL if len(x) < 2 and len(b) < 2 else _interval(mx / mb)
+            for x, b, mx, mb in zip(xs, bases, meds[:len(xs)], meds[len(xs):])]
+
+
+def median_cis(xs: list[np.ndarray], rng: np.random.Generator) -> list[tuple[float, float]]:
+    """CIs of median(x) per array; NaN for a single repetition."""
+    return [NO_INTERVAL if len(x) < 2 else _interval(m)
+            for x, m in zip(xs, bootstrap_medians(xs, rng))]
+
+
 def ratio_ci(x: np.ndarray, base: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    """CI of median(x) / median(base); NaN when neither side has two repetitions."""
-    if len(x) < 2 and len(base) < 2:
-        return float("nan"), float("nan")
-    return _interval(bootstrap_medians(x, rng) / bootstrap_medians(base, rng))
+    return ratio_cis([x], [base], rng)[0]
 
 
 def median_ci(x: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    if len(x) < 2:
-        return float("nan"), float("nan")
-    return _interval(bootstrap_medians(x, rng))
+    return median_cis([x], rng)[0]
 
 
 # Per-cell measures summarised by their median over repetitions (no interval).
@@ -79,56 +110,74 @@ MEDIAN_ONLY = ["step_seconds_median", "compute_seconds_median", "comm_fraction",
                "allreduce_busbw_gb_per_s", "joules_per_sample", "peak_rss_mb_max"]
 
 
-def _median_or_nan(part: pd.DataFrame, column: str) -> float:
-    if column not in part:
-        return float("nan")
-    values = pd.to_numeric(part[column], errors="coerce").dropna()
-    return float(values.median()) if len(values) else float("nan")
-
-
 SUMMARY_KEYS = GROUP + ["nodes", "world_size", "per_rank_batch", "global_batch", "baseline_nodes"]
 
 
 def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per group x node count: point estimates, bootstrap CIs, min/max and n."""
+    """One row per group x node count: point estimates, bootstrap CIs, min/max and n.
+    Vectorised over groups (a 10,000-cell study has thousands): per-row statistics come from one
+    groupby, intervals from one batched bootstrap and one percentile call."""
     columns = SUMMARY_KEYS + ["n", "n_baseline", "competing_reps", "straggler_reps"] + [
         f"{m}_{s}" for m in ("throughput_samples_per_s", "speedup", "scaling_efficiency")
         for s in ("median", "ci_low", "ci_high", "min", "max")] + [f"{c}_median" for c in MEDIAN_ONLY]
     if cells.empty:
         return pd.DataFrame(columns=columns)
+    data = cells.copy()
+    for c in ("competing", "straggler"):
+        data[c] = data[c].fillna(False).astype(bool) if c in data else False
+    for c in MEDIAN_ONLY:    # NaN where a measure is absent (None) or missing: medians skip them
+        data[c] = pd.to_numeric(data[c], errors="coerce") if c in data else np.nan
+    thr = "throughput_samples_per_s"
+    out = (data.groupby(SUMMARY_KEYS, sort=True)
+           .agg(n=(thr, "size"), competing_reps=("competing", "sum"),
+                straggler_reps=("straggler", "sum"),
+                **{f"{thr}_{f}": (thr, f) for f in ("median", "min", "max")},
+                **{f"{m}_{f}": (m, f) for m in ("speedup", "scaling_efficiency")
+                   for f in ("min", "max")},
+                **{f"{c}_median": (c, "median") for c in MEDIAN_ONLY})
+           .reset_index())
+    values = data[thr].to_numpy(dtype=float)
+    world = data["world_size"].to_numpy(dtype=float)
+    is_base = (data["nodes"] == data["baseline_nodes"]).to_numpy()
+    base_rows = {key: idx[is_base[idx]] for key, idx in data.groupby(GROUP).indices.items()}
+    row_keys, row_idx = zip(*sorted(data.groupby(SUMMARY_KEYS).indices.items()))
+    assert list(row_keys) == list(out[SUMMARY_KEYS].itertuples(index=False, name=None))
+    groups = list(base_rows)
+    where = {g: i for i, g in enumerate(groups)}
+    group_of = [where[key] for key in out[GROUP].itertuples(index=False, name=None)]
+    base_idx = [base_rows[groups[g]] for g in group_of]
+    out["n_baseline"] = [len(b) for b in base_idx]
+    base_median = np.array([np.median(values[b]) for b in (base_rows[g] for g in groups)])[group_of]
+    scale = out["world_size"].to_numpy(dtype=float) / np.array([world[b[0]] for b in base_idx])
+    speedup = out[f"{thr}_median"].to_numpy() / base_median
+    out["speedup_median"] = speedup
+    out["scaling_efficiency_median"] = speedup / scale
+    # bootstrap: one set of resample medians per row and one per group's baseline; a row's
+    # throughput CI and the numerator of its speedup CI share the row's resamples; the baseline
+    # row itself has speedup 1 by definition (the same resamples on both sides)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    baselines = dict(iter(cells[cells["nodes"] == cells["baseline_nodes"]].groupby(GROUP)))
-    rows = []
-    for key, part in cells.groupby(SUMMARY_KEYS, sort=True):
-        row = dict(zip(SUMMARY_KEYS, key))
-        base = baselines[tuple(row[c] for c in GROUP)]
-        x = part["throughput_samples_per_s"].to_numpy(dtype=float)
-        b = base["throughput_samples_per_s"].to_numpy(dtype=float)
-        scale = row["world_size"] / base["world_size"].iloc[0]
-        speedup = float(np.median(x) / np.median(b))
-        s_low, s_high = ratio_ci(x, b, rng)
-        t_low, t_high = median_ci(x, rng)
-        row.update({
-            "n": len(x), "n_baseline": len(b),
-            "competing_reps": int(part["competing"].sum()) if "competing" in part else 0,
-            "straggler_reps": int(part["straggler"].sum()) if "straggler" in part else 0,
-            "throughput_samples_per_s_median": float(np.median(x)),
-            "throughput_samples_per_s_ci_low": t_low, "throughput_samples_per_s_ci_high": t_high,
-            "throughput_samples_per_s_min": float(x.min()),
-            "throughput_samples_per_s_max": float(x.max()),
-            "speedup_median": speedup, "speedup_ci_low": s_low, "speedup_ci_high": s_high,
-            "speedup_min": float(part["speedup"].min()), "speedup_max": float(part["speedup"].max()),
-            "scaling_efficiency_median": speedup / scale,
-            "scaling_efficiency_ci_low": s_low / scale, "scaling_efficiency_ci_high": s_high / scale,
-            "scaling_efficiency_min": float(part["scaling_efficiency"].min()),
-            "scaling_efficiency_max": float(part["scaling_efficiency"].max()),
-            **{f"{c}_median": _median_or_nan(part, c) for c in MEDIAN_ONLY},
-        })
-        rows.append(row)
-    return pd.DataFrame(rows, columns=columns)
+    medians = bootstrap_medians([values[idx] for idx in row_idx]
+                                + [values[base_rows[g]] for g in groups], rng)
+    row_medians = np.stack(medians[:len(row_idx)])
+    base_medians = np.stack(medians[len(row_idx):])[group_of]
+    own_base = np.array([np.array_equal(idx, b) for idx, b in zip(row_idx, base_idx)])
+    base_medians[own_base] = row_medians[own_base]
+    tail = (1 - CI_LEVEL) / 2 * 100
+    t_low, t_high = np.percentile(row_medians, [tail, 100 - tail], axis=1)
+    s_low, s_high = np.percentile(row_medians / base_medians, [tail, 100 - tail], axis=1)
+    single = out["n"].to_numpy() < 2
+    no_ratio = single & (out["n_baseline"].to_numpy() < 2)
+    out[f"{thr}_ci_low"], out[f"{thr}_ci_high"] = np.where(single, np.nan, t_low), \
+        np.where(single, np.nan, t_high)
+    out["speedup_ci_low"] = np.where(no_ratio, np.nan, s_low)
+    out["speedup_ci_high"] = np.where(no_ratio, np.nan, s_high)
+    out["scaling_efficiency_ci_low"] = out["speedup_ci_low"] / scale
+    out["scaling_efficiency_ci_high"] = out["speedup_ci_high"] / scale
+    out = out.astype({"competing_reps": int, "straggler_reps": int})
+    return out[columns]
 
 
 def stragglers(rank_throughputs: list[float], threshold: float) -> list[int]:
     """Ranks (by position) slower than the median rank by more than `threshold` (a fraction)."""
-    median = float(np.median(rank_throughputs))
+    median = statistics.median(rank_throughputs)    # a few values per cell: no numpy call
     return [i for i, t in enumerate(rank_throughputs) if t < median * (1 - threshold)]
