@@ -89,22 +89,6 @@ def report_title():
 # report_tex, so editing it regenerates the report.
 REPORT_TEMPLATE = str(importlib.resources.files("dlscale") / "templates" / "report.tex.j2")
 
-FIGURES = ["throughput", "speedup", "efficiency", "frameworks", "breakdown"]
-FIGURE_CAPTIONS = {
-    "throughput": "Training throughput (samples/s summed over all ranks) against node count.",
-    "speedup": "Speedup against the smallest node count of each group; dashed: ideal.",
-    "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal.",
-    "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count.",
-    "breakdown": "Median step time split into compute (the same step without gradient allreduce) "
-    "and communication (the rest); grey: the framework exposes no compute-only step.",
-}
-
-
-def report_figures():
-    return [{"file": f"{name}.pdf", "caption": FIGURE_CAPTIONS[name]} for name in FIGURES]
-
-
-
 # Every downstream output in one place: the rules and the onerror handler (dlscale.finalize)
 # write the same files.
 OUT = {
@@ -136,7 +120,8 @@ def build_from_existing_cells():
 
     build_from_existing(metrics_files(), OUT_PARTIAL, config=STUDY.config,
                         n_planned=len(STUDY.cells), figures=report_figures(),
-                        title=report_title() + " (incomplete)")
+                        title=report_title() + " (incomplete)",
+                        attachment=report_attachment(OUT_PARTIAL))
 
 
 def remove_partial_outputs():
@@ -146,12 +131,59 @@ def remove_partial_outputs():
     shutil.rmtree(PARTIAL, ignore_errors=True)
 
 
+# Figures: a bounded set of files per hardware key, computed here from the planned cells so
+# Snakemake knows every file at parse time (dlscale.plotting.figure_layout: one family per
+# hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and
+# MAX_SERIES framework x precision series per panel; larger studies split into numbered parts).
+import os
+
+from dlscale.plotting import FAMILIES as FIGURE_FAMILIES, FAMILY_CAPTIONS, figure_layout
+
+FIGURES = FIGURE_FAMILIES
+FIGURE_CAPTIONS = FAMILY_CAPTIONS
+FIGURE_LAYOUT = figure_layout(
+    [(c.hardware, c.framework, c.model, c.policy, c.precision) for c in STUDY.cells],
+    column_width_in=STUDY.config["report"]["column_width_in"])
+FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
+
+
+def figure_family_pattern(family):
+    """The `figure` wildcard of a family's rule: the family name, or name-<part>."""
+    return re.escape(family) + "(-[0-9]+)?"
+
+
+def figure_files(figures_dir=OUT["figures"]):
+    """Every figure file of the study (final targets, report inputs, the onerror build)."""
+    return [f"{figures_dir}/{spec['file']}" for spec in FIGURE_LAYOUT]
+
+
+def figure_spec(wildcards):
+    """The layout entry (panels, series, size) of one figure file."""
+    file = f"{wildcards.hardware}/{wildcards.figure}.pdf"
+    try:
+        return FIGURE_SPECS[file]
+    except KeyError:
+        raise WorkflowError(f"dlscale: {OUT['figures']}/{file} is not a figure of this study; "
+                            f"its figures: {', '.join(FIGURE_SPECS)}") from None
+
+
+def report_figures():
+    """The report's figure list: the layout, with file (relative to the figures folder),
+    caption, hardware and width."""
+    return FIGURE_LAYOUT
+
+
+def report_attachment(out=OUT):
+    """The cell table as the report's LaTeX sees it (relative to the report's folder)."""
+    return os.path.relpath(out["cells"], os.path.dirname(out["tex"]))
+
+
 def final_targets():
     return [
         OUT["ranks"],
         OUT["cells"],
         OUT["scaling"],
         OUT["status"],
-        *expand("results/figures/{figure}.pdf", figure=FIGURES),
+        *figure_files(),
         OUT["pdf"],
     ]

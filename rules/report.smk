@@ -1,5 +1,6 @@
-# macros + tables + figures -> report.tex -> report.pdf. Regenerate only the report with
-# `snakemake --profile profiles/local --forcerun report_inputs` (no cell reruns).
+# macros + tables + figures -> report.tex -> report.pdf (with results/tables/cells.csv attached).
+# Regenerate only the report with
+# `snakemake --profile profiles/local --forcerun report_inputs report_tex` (no cell reruns).
 
 rule report_inputs:
     input:
@@ -31,6 +32,7 @@ rule report_tex:
     params:
         title=report_title(),
         figures=report_figures(),
+        attachment=report_attachment(),
     log:
         "results/logs/report_tex.log",
     conda:
@@ -46,7 +48,8 @@ rule report_pdf:
         cells_table=OUT["cells_table"],
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
-        figures=expand("results/figures/{figure}.pdf", figure=FIGURES),
+        cells=OUT["cells"],  # attached to the PDF
+        figures=figure_files(),
     output:
         pdf=OUT["pdf"],
     log:

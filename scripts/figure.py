@@ -1,11 +1,11 @@
-"""Snakemake `script:` wrapper: one figure family from the scaling table (dlscale.plotting)."""
+"""Snakemake `script:` wrapper: one figure file of the layout from the scaling table
+(dlscale.plotting; the layout entry comes from FIGURE_LAYOUT in rules/common.smk)."""
 import pandas as pd
 
-from dlscale.plotting import plot_family
+from dlscale.plotting import plot_figure
 
-plot_family(
+plot_figure(
     pd.read_csv(snakemake.input.scaling),  # noqa: F821 (injected by Snakemake)
-    family=snakemake.wildcards.figure,  # noqa: F821
+    spec=snakemake.params.spec,  # noqa: F821
     out=snakemake.output.pdf,  # noqa: F821
-    column_width_in=snakemake.params.column_width_in,  # noqa: F821
 )

@@ -1,8 +1,8 @@
 """Snakemake `script:` wrapper: tables -> report macros and LaTeX tables (dlscale.report)."""
 import pandas as pd
 
-from dlscale.report import build_macros, write_cell_table, write_macros, write_quarantine_table, \
-    write_status_table
+from dlscale.report import build_macros, write_cell_summary, write_macros, \
+    write_quarantine_table, write_status_table
 
 cells = pd.read_csv(snakemake.input.cells)  # noqa: F821 (injected by Snakemake)
 scaling = pd.read_csv(snakemake.input.scaling)  # noqa: F821
@@ -11,6 +11,6 @@ status = pd.read_csv(snakemake.input.status)  # noqa: F821
 write_macros(build_macros(snakemake.params.config, cells, scaling, quarantine, status,  # noqa: F821
                           n_planned=snakemake.params.n_planned),  # noqa: F821
              snakemake.output.macros)  # noqa: F821
-write_cell_table(scaling, snakemake.output.cells_table)  # noqa: F821
+write_cell_summary(scaling, status, snakemake.output.cells_table)  # noqa: F821
 write_quarantine_table(quarantine, snakemake.output.quarantine_table)  # noqa: F821
 write_status_table(status, snakemake.output.status_table)  # noqa: F821

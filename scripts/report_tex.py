@@ -2,4 +2,5 @@
 from dlscale.report import render_tex
 
 render_tex(snakemake.output.tex, title=snakemake.params.title,  # noqa: F821 (Snakemake)
-           figures=snakemake.params.figures)  # noqa: F821
+           figures=snakemake.params.figures,  # noqa: F821
+           attachment=snakemake.params.attachment)  # noqa: F821

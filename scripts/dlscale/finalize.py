@@ -14,13 +14,15 @@ from pathlib import Path
 import pandas as pd
 
 from .collect import write_tables
-from .plotting import plot_family
-from .report import (LatexMissing, build_macros, compile_pdf, render_tex, write_cell_table,
+from .plotting import plot_figure
+from .report import (LatexMissing, build_macros, compile_pdf, render_tex, write_cell_summary,
                      write_macros, write_quarantine_table, write_status_table)
 
 
 def build_from_existing(paths: list[str], out: dict[str, str], *, config: dict, n_planned: int,
-                        figures: list[dict], title: str) -> None:
+                        figures: list[dict], title: str, attachment: str) -> None:
+    """`figures`: the study's figure layout (dlscale.plotting.figure_layout, the same list the
+    rules draw); `attachment`: out["cells"] relative to the report's folder."""
     write_tables(paths, out["ranks"], out["cells"], out["scaling"], out["quarantine"],
                  out["status"], straggler_threshold=config["straggler_threshold"])
     cells, scaling = pd.read_csv(out["cells"]), pd.read_csv(out["scaling"])
@@ -28,14 +30,13 @@ def build_from_existing(paths: list[str], out: dict[str, str], *, config: dict, 
     for fig in figures:
         path = Path(out["figures"]) / fig["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        plot_family(scaling, fig["file"].removesuffix(".pdf"), str(path),
-                    config["report"]["column_width_in"])
+        plot_figure(scaling, fig, str(path))
     Path(out["macros"]).parent.mkdir(parents=True, exist_ok=True)
     write_macros(build_macros(config, cells, scaling, quarantine, status, n_planned), out["macros"])
-    write_cell_table(scaling, out["cells_table"])
+    write_cell_summary(scaling, status, out["cells_table"])
     write_quarantine_table(quarantine, out["quarantine_table"])
     write_status_table(status, out["status_table"])
-    render_tex(out["tex"], title=title, figures=figures)
+    render_tex(out["tex"], title=title, figures=figures, attachment=attachment)
     try:
         compile_pdf(out["tex"], log=out["pdf_log"])
     except LatexMissing as exc:

@@ -1,13 +1,37 @@
-"""Where a figure is drawn: one function per figure family, from results/tables/scaling.csv.
+"""Where a figure is drawn: a bounded set of figure files per hardware, from scaling.csv.
 
-Every panel is one (hardware, policy) pair, so the batch policy is on every figure. Scaling
-families: one line per framework x model, points are medians over repetitions, bars are 95 %
-bootstrap confidence intervals (dlscale.stats; none where n = 1), dashed lines are ideal.
-Sizes come from the paper's column width; the style is data (styles/paper.mplstyle).
+Layout (`figure_layout`, computed from the planned cells at parse time, so Snakemake knows every
+file before any cell runs):
+
+- one figure *family* (throughput, speedup, efficiency, frameworks, breakdown) is drawn per
+  hardware key into ``{hardware}/{family}.pdf``;
+- scaling families (throughput, speedup, efficiency) and the breakdown have one panel per
+  model x batch policy, and one series per framework x precision (colour = framework, marker
+  and line style = precision); the frameworks family has one panel per batch policy with the
+  page's models on the x axis and one bar per series;
+- a file holds at most MAX_PANELS panels and MAX_SERIES series per panel. A hardware key with
+  more models splits its models into ceil(models / floor(MAX_PANELS / policies)) chunks of
+  (nearly) equal size, and more series into ceil(series / MAX_SERIES) chunks; every model chunk
+  x series chunk is one page, written to ``{hardware}/{family}-{k}.pdf`` (k = 1, 2, ...,
+  model-chunk-major) when there is more than one page and to ``{hardware}/{family}.pdf`` when
+  there is one. So a study has at most
+
+      sum over hardware h of
+          len(FAMILIES) x ceil(M_h / floor(MAX_PANELS / K_h)) x ceil(S_h / MAX_SERIES)
+
+  files (M_h models, K_h batch policies, S_h framework x precision series planned on h;
+  `figure_file_bound`), exactly that many without exclusions (a page whose panels would all be
+  excluded is dropped).
+
+Points are medians over repetitions, error bars 95 % bootstrap confidence intervals
+(dlscale.stats; none where n = 1), dashed lines ideal scaling. Sizes come from the paper's column
+width: grids of up to 2 panel columns are one column wide, wider grids (up to MAX_COLS panel
+columns) span the text width, taken as 2 column widths. The style is data (styles/paper.mplstyle).
 """
 from __future__ import annotations
 
 from importlib import resources
+from typing import Iterable
 
 import matplotlib
 
@@ -16,32 +40,154 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 SCALING = {
-    "throughput": ("throughput_samples_per_s", "Throughput (samples/s, sum over ranks)"),
-    "speedup": ("speedup", "Speedup vs. baseline nodes"),
+    "throughput": ("throughput_samples_per_s", "Throughput (samples/s)"),
+    "speedup": ("speedup", "Speedup"),
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
 FAMILIES = [*SCALING, "frameworks", "breakdown"]
+FAMILY_CAPTIONS = {
+    "throughput": "Training throughput (samples/s summed over all ranks) against node count; "
+    "one panel per model and batch policy.",
+    "speedup": "Speedup against the smallest node count of each group; dashed: ideal; one panel "
+    "per model and batch policy.",
+    "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal; one "
+    "panel per model and batch policy.",
+    "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count; "
+    "one panel per batch policy.",
+    "breakdown": "Median step time split into compute (solid: the same step without gradient "
+    "allreduce) and communication (hatched: the rest) per node count; grey: the framework "
+    "exposes no compute-only step; one panel per model and batch policy.",
+}
+WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
+
+MAX_PANELS = 12        # panels per figure file
+MAX_SERIES = 8         # lines (or bars per group) per panel; reference lines (ideal) not counted
+MAX_COLS = 4           # panel columns; more than 2 make a figure text-wide
+TEXT_COLUMNS = 2       # text width = this many column widths
+REFERENCE_LABELS = {"ideal"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 LINESTYLES = ["-", "--", ":", "-."]
+
+GroupKey = tuple[str, str, str, str, str]      # hardware, framework, model, policy, precision
 
 
 def _style():
     return str(resources.files("dlscale").joinpath("styles/paper.mplstyle"))
 
 
-def _panels(scaling: pd.DataFrame) -> list[tuple[str, str]]:
-    panels = scaling[["hardware", "policy"]].drop_duplicates().sort_values(["hardware", "policy"])
-    return list(panels.itertuples(index=False, name=None)) or [("none", "none")]
+def _unique(values: Iterable) -> list:
+    return list(dict.fromkeys(values))
 
 
-def _figure(n_panels: int, width: float, sharey: bool = False):
-    ncols = min(n_panels, 2)
-    nrows = -(-n_panels // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 0.8 * width / ncols * nrows + 0.45),
+def _chunks(items: list, size: int) -> list[list]:
+    """Contiguous chunks of at most `size` items, as equal in length as possible."""
+    if not items:
+        return []
+    n = -(-len(items) // size)
+    q, r = divmod(len(items), n)
+    out, start = [], 0
+    for k in range(n):
+        stop = start + q + (k < r)
+        out.append(items[start:stop])
+        start = stop
+    return out
+
+
+def models_per_page(n_policies: int) -> int:
+    return max(1, MAX_PANELS // max(1, n_policies))
+
+
+def grid_columns(n_panels: int) -> int:
+    """1 panel: 1 column; 2-4 panels: 2 columns; more: MAX_COLS columns (at most 3 rows)."""
+    return 1 if n_panels <= 1 else 2 if n_panels <= 4 else MAX_COLS
+
+
+def figure_file_bound(groups: Iterable[GroupKey]) -> int:
+    """The number of figure files `figure_layout` may write for these planned groups (exact
+    without exclusions): sum over hardware of
+    len(FAMILIES) x ceil(models / floor(MAX_PANELS / policies)) x ceil(series / MAX_SERIES)."""
+    groups = _unique(tuple(g) for g in groups)
+    total = 0
+    for hw in _unique(g[0] for g in groups):
+        part = [g for g in groups if g[0] == hw]
+        models = len(_unique(g[2] for g in part))
+        policies = len(_unique(g[3] for g in part))
+        series = len(_unique((g[1], g[4]) for g in part))
+        total += (len(FAMILIES) * -(-models // models_per_page(policies))
+                  * -(-series // MAX_SERIES))
+    return total
+
+
+def figure_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[dict]:
+    """Every figure file of a study, from its planned (hardware, framework, model, policy,
+    precision) groups, in the order they first appear (the configuration's axis order).
+
+    Each entry is plain data (a Snakemake param and the report's figure list): file (relative to
+    the figures folder), family, hardware, part/parts, models, policies, panels ([model, policy]
+    or [policy]), series ([framework, precision]), hue order (frameworks, precisions of the whole
+    study, so a framework has one colour in every file), ncols, width_in, caption."""
+    groups = _unique(tuple(g) for g in groups)
+    frameworks = _unique(g[1] for g in groups)
+    precisions = _unique(g[4] for g in groups)
+    specs = []
+    for hw in _unique(g[0] for g in groups):
+        part = [g for g in groups if g[0] == hw]
+        policies = _unique(g[3] for g in part)
+        pages = []
+        for models in _chunks(_unique(g[2] for g in part), models_per_page(len(policies))):
+            for series in _chunks(_unique((g[1], g[4]) for g in part), MAX_SERIES):
+                on_page = [g for g in part if g[2] in models and (g[1], g[4]) in series]
+                if on_page:
+                    pages.append((models, series, on_page))
+        for family in FAMILIES:
+            for k, (models, series, on_page) in enumerate(pages, 1):
+                present = {(g[2], g[3]) for g in on_page}
+                if family == "frameworks":
+                    panels = [[p] for p in policies if any(g[3] == p for g in on_page)]
+                    ncols = 1
+                    wide = len(models) * len(series) > 12
+                else:
+                    panels = [[m, p] for m in models for p in policies if (m, p) in present]
+                    ncols = grid_columns(len(panels))
+                    wide = ncols > 2
+                name = family if len(pages) == 1 else f"{family}-{k}"
+                page_frameworks = _unique(s[0] for s in series)
+                caption = (f"{FAMILY_CAPTIONS[family]} Hardware {hw}; "
+                           f"models: {', '.join(models)}; frameworks: {', '.join(page_frameworks)}"
+                           + (f" (part {k} of {len(pages)})" if len(pages) > 1 else "") + ".")
+                specs.append({
+                    "file": f"{hw}/{name}.pdf", "family": family, "hardware": hw,
+                    "part": k, "parts": len(pages), "models": list(models),
+                    "policies": [p for p in policies if any(g[3] == p for g in on_page)],
+                    "panels": panels, "series": [list(s) for s in series],
+                    "frameworks": frameworks, "precisions": precisions, "ncols": ncols,
+                    "width_in": column_width_in * (TEXT_COLUMNS if wide else 1),
+                    "caption": caption, "ci": family in WITH_CI,
+                })
+    return specs
+
+
+def layout_of_table(scaling: pd.DataFrame, column_width_in: float) -> list[dict]:
+    """The layout of the groups a scaling table holds (tests, ad-hoc plotting)."""
+    keys = ["hardware", "framework", "model", "policy", "precision"]
+    return figure_layout(scaling[keys].itertuples(index=False, name=None), column_width_in)
+
+
+# ---- drawing ---------------------------------------------------------------------------------
+
+def _grid(n_panels: int, ncols: int, width: float, sharey: bool = False, aspect: float = 0.8):
+    """A grid of panels `width` wide; a panel is `aspect` times as high as wide (at most
+    2.75 in wide for the height, so one-column grids of wide figures stay short)."""
+    ncols = max(1, min(ncols, n_panels))
+    nrows = max(1, -(-n_panels // ncols))
+    panel_w = width / ncols
+    panel_h = aspect * min(panel_w, 2.75)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, panel_h * nrows + 0.45),
                              squeeze=False, sharey=sharey)
-    for ax in axes.flat[n_panels:]:
+    for ax in axes.flat[max(n_panels, 1):]:
         ax.set_visible(False)
     return fig, axes
 
@@ -53,125 +199,216 @@ def _ci_err(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
     return np.vstack([lower.to_numpy(), upper.to_numpy()])
 
 
-def _finish(fig, axes, out: str) -> None:
-    handles, labels = [], []
+class _Hue:
+    """Colour = framework, marker and line style = precision, over the whole study."""
+
+    def __init__(self, spec: dict):
+        self.colour = dict(zip(spec["frameworks"],
+                               sns.color_palette("colorblind", max(1, len(spec["frameworks"])))))
+        self.precision = {p: i for i, p in enumerate(spec["precisions"])}
+        self.show_precision = len(spec["precisions"]) > 1
+
+    def label(self, framework: str, precision: str) -> str:
+        return f"{framework} {precision}" if self.show_precision else framework
+
+    def marker(self, precision: str) -> str:
+        return MARKERS[self.precision.get(precision, 0) % len(MARKERS)]
+
+    def linestyle(self, precision: str) -> str:
+        return LINESTYLES[self.precision.get(precision, 0) % len(LINESTYLES)]
+
+
+def _select(scaling: pd.DataFrame, spec: dict, panel: list) -> pd.DataFrame:
+    if scaling.empty:
+        return scaling
+    keep = (scaling["hardware"] == spec["hardware"]) & scaling["model"].isin(spec["models"])
+    if len(panel) == 2:
+        keep &= (scaling["model"] == panel[0]) & (scaling["policy"] == panel[1])
+    else:
+        keep &= scaling["policy"] == panel[0]
+    part = scaling[keep]
+    series = {tuple(s) for s in spec["series"]}
+    return part[[(f, p) in series for f, p in zip(part["framework"], part["precision"])]]
+
+
+def _no_data(ax) -> None:
+    ax.text(0.5, 0.5, "no measured cells", transform=ax.transAxes, ha="center", va="center",
+            color="0.5")
+
+
+def _nodes_axis(ax, nodes: list) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(nodes)
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.minorticks_off()
+
+
+def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
+    """Figure legend above the panels, save, and what was drawn: panels and series per panel
+    (distinct labels of the panel's artists, reference lines not counted)."""
+    handles, labels, per_panel = [], [], []
     for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        if not ax.get_visible():
+            continue
+        hs, ls = ax.get_legend_handles_labels()
+        per_panel.append(len({lab for lab in ls if lab not in REFERENCE_LABELS}))
+        for h, lab in zip(hs, ls):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
+    for h in extra or []:
+        handles.append(h)
+        labels.append(h.get_label())
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncols=min(3, len(labels)),
+        wide = fig.get_figwidth() > 4.5
+        fig.legend(handles, labels, loc="lower center", ncols=min(8 if wide else 4, len(labels)),
                    bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+    return {"panels": len(per_panel), "series_max": max(per_panel, default=0)}
 
 
-def plot_scaling(scaling: pd.DataFrame, family: str, out: str, width: float) -> None:
+def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
+    nrows, ncols = axes.shape
+    for i, ax in enumerate(axes.flat[:n_panels]):
+        row, col = divmod(i, ncols)
+        if col == 0:
+            ax.set_ylabel(ylabel)
+        # the lowest visible panel of each column carries the x label
+        if xlabel and (row == nrows - 1 or i + ncols >= n_panels):
+            ax.set_xlabel(xlabel)
+
+
+def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    family = spec["family"]
     column, ylabel = SCALING[family]
-    panels = _panels(scaling)
-    fig, axes = _figure(len(panels), width, sharey=family != "throughput")
-    # colour = framework, marker and line style = model: one legend entry per combination
-    frameworks = sorted(scaling["framework"].unique()) if not scaling.empty else []
-    models = sorted(scaling["model"].unique()) if not scaling.empty else []
-    colour = dict(zip(frameworks, sns.color_palette("colorblind", max(1, len(frameworks)))))
-    style = {m: (MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)])
-             for i, m in enumerate(models)}
-    for ax, (hardware, policy) in zip(axes.flat, panels):
-        part = scaling[(scaling["hardware"] == hardware) & (scaling["policy"] == policy)]
-        for (framework, model), line in part.groupby(["framework", "model"]):
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"],
+                      sharey=family != "throughput")
+    hue = _Hue(spec)
+    top = 1.1
+    for ax, panel in zip(axes.flat, panels):
+        part = _select(scaling, spec, panel)
+        ax.set_title(f"{panel[0]}, {panel[1]}")
+        if part.empty:
+            _no_data(ax)
+            continue
+        for (framework, precision) in spec["series"]:
+            line = part[(part["framework"] == framework) & (part["precision"] == precision)]
+            if line.empty:
+                continue
             line = line.sort_values("nodes")
             med = line[f"{column}_median"]
             ax.errorbar(line["nodes"], med,
                         yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"]),
-                        marker=style[model][0], linestyle=style[model][1],
-                        color=colour[framework], label=f"{framework}/{model}")
-        nodes = sorted(part["nodes"].unique()) if not part.empty else [1]
-        if family in ("speedup", "efficiency") and not part.empty:
+                        marker=hue.marker(precision), linestyle=hue.linestyle(precision),
+                        color=hue.colour[framework], label=hue.label(framework, precision))
+        nodes = sorted(part["nodes"].unique())
+        if family in ("speedup", "efficiency"):
             base = part["baseline_nodes"].min()
             ideal = [n / base if family == "speedup" else 1.0 for n in nodes]
             ax.plot(nodes, ideal, linestyle="--", color="0.4", linewidth=0.8, label="ideal")
-        ax.set_title(f"{hardware}, {policy} scaling")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(nodes)
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.minorticks_off()
-        ax.set_xlabel("Nodes")
+        _nodes_axis(ax, nodes)
         if family == "throughput":
             ax.set_yscale("log")
         if family == "efficiency":
-            top = part[f"{column}_ci_high"].max() if not part.empty else np.nan
-            top = part[f"{column}_median"].max() if np.isnan(top) else top
-            ax.set_ylim(0, max(1.1, float(top if not np.isnan(top) else 0) * 1.05))
-    for ax in axes[:, 0]:
-        ax.set_ylabel(ylabel)
-    _finish(fig, axes, out)
+            high = part[f"{column}_ci_high"].max()
+            high = part[f"{column}_median"].max() if np.isnan(high) else high
+            top = max(top, float(0 if np.isnan(high) else high) * 1.05)
+    if family == "efficiency":
+        axes.flat[0].set_ylim(0, top)          # shared y axis
+    _label_outer(axes, len(panels), ylabel, "Nodes")
+    return _finish(fig, axes, out)
 
 
-def plot_frameworks(scaling: pd.DataFrame, out: str, width: float) -> None:
+def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     """Frameworks side by side at equal hardware: throughput per model at the largest node
     count measured on that hardware/policy (median, 95 % CI)."""
-    panels = _panels(scaling)
-    fig, axes = _figure(len(panels), width)
-    frameworks = sorted(scaling["framework"].unique()) if not scaling.empty else []
-    palette = dict(zip(frameworks, sns.color_palette("colorblind", max(1, len(frameworks)))))
-    for ax, (hardware, policy) in zip(axes.flat, panels):
-        part = scaling[(scaling["hardware"] == hardware) & (scaling["policy"] == policy)]
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), 1, spec["width_in"], aspect=0.55)
+    hue = _Hue(spec)
+    models, series = spec["models"], spec["series"]
+    for ax, panel in zip(axes.flat, panels):
+        part = _select(scaling, spec, panel)
         if part.empty:
+            ax.set_title(f"{panel[0]} scaling")
+            _no_data(ax)
             continue
-        top_nodes = part["nodes"].max()
+        top_nodes = int(part["nodes"].max())
         part = part[part["nodes"] == top_nodes]
-        models = sorted(part["model"].unique())
-        width_bar = 0.8 / max(1, len(frameworks))
-        for i, framework in enumerate(frameworks):
-            rows = part[part["framework"] == framework].set_index("model").reindex(models)
-            x = np.arange(len(models)) + (i - (len(frameworks) - 1) / 2) * width_bar
+        width_bar = 0.8 / max(1, len(series))
+        for i, (framework, precision) in enumerate(series):
+            rows = part[(part["framework"] == framework) & (part["precision"] == precision)]
+            if rows.empty:
+                continue
+            rows = rows.set_index("model").reindex(models)
+            x = np.arange(len(models)) + (i - (len(series) - 1) / 2) * width_bar
             med = rows["throughput_samples_per_s_median"]
-            ax.bar(x, med, width_bar, color=palette[framework], label=framework,
+            ax.bar(x, med, width_bar, color=hue.colour[framework],
+                   hatch=None if hue.precision.get(precision, 0) == 0 else "///",
+                   label=hue.label(framework, precision),
                    yerr=_ci_err(med, rows["throughput_samples_per_s_ci_low"],
                                 rows["throughput_samples_per_s_ci_high"]))
-        ax.set_xticks(np.arange(len(models)), models, rotation=20, ha="right")
+        ax.set_xticks(np.arange(len(models)), models, rotation=20 if len(models) > 1 else 0,
+                      ha="right" if len(models) > 1 else "center")
         ax.set_yscale("log")
-        ax.set_title(f"{hardware}, {policy}, {top_nodes} node(s)")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("Throughput (samples/s)")
-    _finish(fig, axes, out)
+        ax.set_title(f"{panel[0]} scaling, {top_nodes} node(s)")
+    _label_outer(axes, len(panels), "Throughput (samples/s)", None)
+    return _finish(fig, axes, out)
 
 
-def plot_breakdown(scaling: pd.DataFrame, out: str, width: float) -> None:
-    """Median step time split into compute (the same step without gradient allreduce) and
-    communication (the rest), per framework/model and node count."""
-    panels = _panels(scaling)
-    fig, axes = _figure(len(panels), width)
-    for ax, (hardware, policy) in zip(axes.flat, panels):
-        part = scaling[(scaling["hardware"] == hardware) & (scaling["policy"] == policy)]
-        part = part.sort_values(["framework", "model", "nodes"])
-        labels = [f"{r.framework}/{r.model}\nn={r.nodes}" for r in part.itertuples()]
-        step = part["step_seconds_median_median"].to_numpy(dtype=float) * 1e3
-        compute = part["compute_seconds_median_median"].to_numpy(dtype=float) * 1e3
-        known = ~np.isnan(compute)
-        compute = np.where(known, np.minimum(compute, step), np.nan)
-        x = np.arange(len(part))
-        ax.bar(x, np.where(known, compute, 0), color="#4c72b0", label="compute")
-        ax.bar(x, np.where(known, step - compute, 0), bottom=np.where(known, compute, 0),
-               color="#dd8452", label="communication")
-        if (~known).any():
-            ax.bar(x[~known], step[~known], color="0.75", label="not separable")
-        ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=5)
-        ax.set_title(f"{hardware}, {policy} scaling")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("Step time (ms, median)")
-    _finish(fig, axes, out)
+def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Median step time split into compute (the same step without gradient allreduce; solid)
+    and communication (the rest; hatched), per node count (groups) and series (bars)."""
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
+    hue = _Hue(spec)
+    series = spec["series"]
+    any_unknown = False
+    for ax, panel in zip(axes.flat, panels):
+        part = _select(scaling, spec, panel)
+        ax.set_title(f"{panel[0]}, {panel[1]}")
+        if part.empty:
+            _no_data(ax)
+            continue
+        nodes = sorted(part["nodes"].unique())
+        width_bar = 0.8 / max(1, len(series))
+        for i, (framework, precision) in enumerate(series):
+            rows = part[(part["framework"] == framework) & (part["precision"] == precision)]
+            if rows.empty:
+                continue
+            rows = rows.set_index("nodes").reindex(nodes)
+            x = np.arange(len(nodes)) + (i - (len(series) - 1) / 2) * width_bar
+            step = rows["step_seconds_median_median"].to_numpy(dtype=float) * 1e3
+            compute = rows["compute_seconds_median_median"].to_numpy(dtype=float) * 1e3
+            known = ~np.isnan(compute)
+            compute = np.where(known, np.minimum(compute, step), 0)
+            colour = hue.colour[framework]
+            ax.bar(x, compute, width_bar, color=colour, label=hue.label(framework, precision))
+            ax.bar(x, np.where(known, step - compute, 0), width_bar, bottom=compute,
+                   color="white", edgecolor=colour, hatch="////", linewidth=0.4)
+            if (~known).any():
+                any_unknown = True
+                ax.bar(x[~known], step[~known], width_bar, color="0.75")
+        ax.set_xticks(np.arange(len(nodes)), [str(n) for n in nodes])
+        ax.grid(axis="x", visible=False)
+    _label_outer(axes, len(panels), "Step time (ms, median)", "Nodes")
+    extra = [Patch(facecolor="0.3", label="compute"),
+             Patch(facecolor="white", edgecolor="0.3", hatch="////", label="communication")]
+    if any_unknown:
+        extra.append(Patch(facecolor="0.75", label="not separable"))
+    return _finish(fig, axes, out, extra)
 
 
-def plot_family(scaling: pd.DataFrame, family: str, out: str, column_width_in: float) -> None:
+def plot_figure(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Draw one figure file of the layout; returns {"panels", "series_max"} as drawn."""
     with plt.style.context(_style()):
+        family = spec["family"]
         if family in SCALING:
-            plot_scaling(scaling, family, out, column_width_in)
-        elif family == "frameworks":
-            plot_frameworks(scaling, out, column_width_in)
-        elif family == "breakdown":
-            plot_breakdown(scaling, out, column_width_in)
-        else:
-            raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")
+            return plot_scaling(scaling, spec, out)
+        if family == "frameworks":
+            return plot_frameworks(scaling, spec, out)
+        if family == "breakdown":
+            return plot_breakdown(scaling, spec, out)
+        raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")

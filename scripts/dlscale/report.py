@@ -1,7 +1,8 @@
 """The report: numbers reach LaTeX only as generated macros and tables, never typed by hand.
 
 results/report/macros.tex      \\newcommand per reported number or fact (dls... names)
-results/report/cells_table.tex booktabs longtable of every cell (n, spread, efficiency)
+results/report/cells_table.tex a bounded summary of the cells (write_cell_summary); the full
+                               per-cell table (results/tables/cells.csv) is attached to the PDF
 results/report/report.tex      rendered from templates/report.tex.j2 (jinja2, LaTeX-safe delimiters)
 results/report/report.pdf      latexmk -pdf (Debian's TeX Live)
 """
@@ -14,10 +15,12 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pandas as pd
 
 from .frameworks.base import ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, \
     COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
+from .plotting import MAX_PANELS, MAX_SERIES
 from .stats import CI_METHOD
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
@@ -50,6 +53,8 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         "Study": config["study"],
         "CellsPlanned": n_planned,
         "CellsMeasured": len(cells),
+        "CellsCsvRows": len(cells),
+        "CellsCsvColumns": len(cells.columns),
         "CellsQuarantined": len(quarantine),
         "CellsFailed": int((status["status"] == "failed").sum()) if not status.empty else 0,
         "CellsMissing": int((status["status"] == "missing").sum()) if not status.empty else 0,
@@ -123,28 +128,151 @@ def _opt(value, digits: int = 2, scale: float = 1.0) -> str:
     return "--" if value is None or pd.isna(value) else _fmt(value * scale, digits)
 
 
-def write_cell_table(scaling: pd.DataFrame, out: str) -> None:
-    """One row per group and node count: median over n repetitions with its 95 % CI."""
-    head = (r"\begin{longtable}{lllllrrrrrrrr}" "\n" r"\toprule" "\n"
-            r"HW & Framework & Model & Policy & Prec. & Nodes & Ranks & Global & n & "
-            r"Throughput [samples/s] & Efficiency & Comm. & busbw \\" "\n"
-            r"& & & & & & & batch & & median [95\,\% CI] & median [95\,\% CI] & share & GB/s \\"
-            "\n" r"\midrule\endhead" "\n")
+# The cell summary: one row per group (GROUP) when that fits in about two pages, else the
+# first coarser level that does; the text above the table says which.
+SUMMARY_LEVELS = [
+    (["hardware", "framework", "model", "policy", "precision"],
+     "hardware, framework, model, batch policy and precision"),
+    (["hardware", "framework", "policy", "precision"],
+     "hardware, framework, batch policy and precision"),
+    (["hardware", "framework", "policy"], "hardware, framework and batch policy"),
+    (["hardware", "framework"], "hardware and framework"),
+    (["hardware"], "hardware"),
+]
+MAX_SUMMARY_ROWS = 100     # about two pages of \footnotesize longtable rows
+
+
+def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
+    """One row per group (hardware, framework, model, policy, precision): cells ok and planned
+    (status.csv), the node counts measured, and throughput and efficiency at the group's
+    largest measured node count (median over repetitions, 95 % CI)."""
+    keys = SUMMARY_LEVELS[0][0]
     rows = []
-    for r in scaling.sort_values(["hardware", "framework", "model", "policy", "precision",
-                                  "nodes"]).itertuples(index=False):
-        cols = [tex_escape(v) for v in (r.hardware, r.framework, r.model, r.policy, r.precision,
-                                        r.nodes, r.world_size, r.global_batch, r.n)]
-        cols += [_ci(r, "throughput_samples_per_s"), _ci(r, "scaling_efficiency"),
-                 _opt(r.comm_fraction_median), _opt(r.allreduce_busbw_gb_per_s_median)]
-        flags = ("$^\\dagger$" if r.competing_reps else "") + ("$^\\ddagger$" if r.straggler_reps else "")
-        rows.append(" & ".join(cols) + flags + r" \\")
-    body = "\n".join(rows) if rows else r"\multicolumn{13}{c}{no measured cells} \\"
-    foot = (r"\bottomrule" "\n" r"\multicolumn{13}{l}{$^\dagger$ a repetition was measured while "
-            r"other processes kept the host busy (idle probe); $^\ddagger$ a repetition had a "
-            r"straggler rank.}\\" "\n")
-    Path(out).write_text(r"{\footnotesize\setlength\tabcolsep{3pt}" "\n" + head + body + "\n"
-                         + foot + r"\end{longtable}}" + "\n")
+    for key, part in (scaling.groupby(keys, sort=False) if not scaling.empty else []):
+        top = part.loc[part["nodes"].idxmax()]
+        rows.append({**dict(zip(keys, key)),
+                     "node_counts": tuple(sorted(int(n) for n in part["nodes"].unique())),
+                     "top_nodes": int(top["nodes"]), "n_top": int(top["n"]),
+                     "cells_measured": int(part["n"].sum()),
+                     "competing_reps": int(part["competing_reps"].sum()),
+                     "straggler_reps": int(part["straggler_reps"].sum()),
+                     **{f"{m}_{s}": top[f"{m}_{s}"]
+                        for m in ("throughput_samples_per_s", "scaling_efficiency")
+                        for s in ("median", "ci_low", "ci_high")}})
+    measured = pd.DataFrame(rows, columns=[*keys, "node_counts", "top_nodes", "n_top",
+                                           "cells_measured", "competing_reps", "straggler_reps"]
+                            + [f"{m}_{s}" for m in ("throughput_samples_per_s",
+                                                    "scaling_efficiency")
+                               for s in ("median", "ci_low", "ci_high")])
+    if status.empty:
+        out = measured.assign(cells_ok=measured["cells_measured"],
+                              cells_planned=measured["cells_measured"])
+    else:
+        planned = (status.assign(ok=status["status"] == "ok").groupby(keys, sort=False)
+                   .agg(cells_planned=("ok", "size"), cells_ok=("ok", "sum")).reset_index())
+        out = planned.merge(measured, on=keys, how="outer")
+    out["node_counts"] = out["node_counts"].apply(lambda v: v if isinstance(v, tuple) else ())
+    for col in ("cells_ok", "cells_planned", "competing_reps", "straggler_reps"):
+        out[col] = out[col].fillna(0).astype(int)
+    return out.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def cell_summary(scaling: pd.DataFrame, status: pd.DataFrame,
+                 max_rows: int = MAX_SUMMARY_ROWS) -> tuple[pd.DataFrame, int, int]:
+    """The summary at the finest level of SUMMARY_LEVELS with at most `max_rows` rows (the
+    coarsest level when none fits). Returns (table, level index, number of groups)."""
+    groups = group_summary(scaling, status)
+    for level, (keys, _) in enumerate(SUMMARY_LEVELS):
+        if level == 0:
+            table = groups
+        else:
+            rows = []
+            for key, part in groups.groupby(keys, sort=True):
+                eff = part["scaling_efficiency_median"].dropna()
+                rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))),
+                             "groups": len(part), "cells_ok": int(part["cells_ok"].sum()),
+                             "cells_planned": int(part["cells_planned"].sum()),
+                             "node_counts": tuple(sorted({n for v in part["node_counts"]
+                                                          for n in v})),
+                             "competing_reps": int(part["competing_reps"].sum()),
+                             "straggler_reps": int(part["straggler_reps"].sum()),
+                             "efficiency_median": eff.median() if len(eff) else np.nan,
+                             "efficiency_min": eff.min() if len(eff) else np.nan,
+                             "efficiency_max": eff.max() if len(eff) else np.nan})
+            table = pd.DataFrame(rows)
+        if len(table) <= max_rows or level == len(SUMMARY_LEVELS) - 1:
+            return table, level, len(groups)
+    raise AssertionError("unreachable")
+
+
+def _node_list(nodes) -> str:
+    nodes = list(nodes)
+    if not nodes:
+        return "--"
+    if len(nodes) <= 4:
+        return ", ".join(str(n) for n in nodes)
+    return f"{nodes[0]}--{nodes[-1]} ({len(nodes)})"
+
+
+def _flags(r) -> str:
+    return (("$^\\dagger$" if r.competing_reps else "")
+            + ("$^\\ddagger$" if r.straggler_reps else ""))
+
+
+def write_cell_summary(scaling: pd.DataFrame, status: pd.DataFrame, out: str,
+                       max_rows: int = MAX_SUMMARY_ROWS) -> int:
+    """The report's cell table: a bounded summary (`cell_summary`) with a sentence that says
+    its level. The full per-cell table is attached to the PDF (results/tables/cells.csv).
+    Returns the number of rows written."""
+    table, level, n_groups = cell_summary(scaling, status, max_rows)
+    keys, words = SUMMARY_LEVELS[level]
+    heads = {"hardware": "HW", "framework": "Framework", "model": "Model", "policy": "Policy",
+             "precision": "Prec."}
+    if level == 0:
+        intro = (f"One row per {words} ({len(table)} groups). Throughput and scaling efficiency "
+                 "are those at the group's largest measured node count (the last of its node "
+                 "counts): median over n repetitions with the 95\\,\\% bootstrap interval.")
+        spec = "l" * len(keys) + "rlrrr"
+        head = (" & ".join(heads[k] for k in keys) + r" & Cells & Nodes & n & "
+                r"Throughput [samples/s] & Efficiency \\" "\n"
+                + "& " * len(keys) + r"ok/planned & & & median [95\,\% CI] & "
+                r"median [95\,\% CI] \\")
+    else:
+        intro = (f"The per-group summary would have {n_groups} rows (more than {max_rows}, "
+                 f"about two pages), so this table aggregates further: one row per {words} "
+                 f"({len(table)} rows). Groups counts the hardware, framework, model, batch "
+                 "policy and precision groups a row holds; efficiency is the median, minimum and "
+                 "maximum over those groups, each at its largest measured node count.")
+        spec = "l" * len(keys) + "rrlr"
+        head = (" & ".join(heads[k] for k in keys) + r" & Groups & Cells & Nodes & "
+                r"Efficiency at largest node count \\" "\n"
+                + "& " * len(keys) + r"& ok/planned & & median [min, max] \\")
+    rows = []
+    for r in table.itertuples(index=False):
+        cols = [tex_escape(getattr(r, k)) for k in keys]
+        if level == 0:
+            measured = not pd.isna(r.throughput_samples_per_s_median)
+            cols += [f"{r.cells_ok}/{r.cells_planned}", _node_list(r.node_counts),
+                     str(int(r.n_top)) if measured else "--",
+                     _ci(r, "throughput_samples_per_s") if measured else "--",
+                     _ci(r, "scaling_efficiency") if measured else "--"]
+        else:
+            eff = ("--" if pd.isna(r.efficiency_median) else
+                   f"{_fmt(r.efficiency_median)} [{_fmt(r.efficiency_min)}, "
+                   f"{_fmt(r.efficiency_max)}]")
+            cols += [str(r.groups), f"{r.cells_ok}/{r.cells_planned}",
+                     _node_list(r.node_counts), eff]
+        rows.append(" & ".join(cols) + _flags(r) + r" \\")
+    ncols = len(spec)
+    body = "\n".join(rows) if rows else rf"\multicolumn{{{ncols}}}{{c}}{{no planned cells}} \\"
+    foot = (r"\bottomrule" "\n" rf"\multicolumn{{{ncols}}}{{p{{0.9\linewidth}}}}"
+            r"{$^\dagger$ a repetition was measured while other processes kept the host busy "
+            r"(idle probe); $^\ddagger$ a repetition had a straggler rank.}\\" "\n")
+    Path(out).write_text(
+        r"\noindent " + intro + "\n\n" r"{\footnotesize\setlength\tabcolsep{3pt}" "\n"
+        + rf"\begin{{longtable}}{{{spec}}}" "\n" r"\toprule" "\n" + head + "\n"
+        + r"\midrule\endhead" "\n" + body + "\n" + foot + r"\end{longtable}}" + "\n")
+    return len(table)
 
 
 def write_status_table(status: pd.DataFrame, out: str) -> None:
@@ -182,7 +310,10 @@ def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
                          "\n\\bottomrule\n\\end{longtable}\n")
 
 
-def render_tex(out: str, *, title: str, figures: list[str]) -> None:
+def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) -> None:
+    """report.tex from the template. `figures`: the layout (dlscale.plotting.figure_layout) with
+    file, caption, hardware, width_in, ci; `attachment`: the cell table's path relative to the
+    report's folder, embedded in the PDF (attachfile2)."""
     env = jinja2.Environment(
         block_start_string="((*", block_end_string="*))",
         variable_start_string="(((", variable_end_string=")))",
@@ -190,7 +321,17 @@ def render_tex(out: str, *, title: str, figures: list[str]) -> None:
         loader=jinja2.FunctionLoader(
             lambda name: resources.files("dlscale").joinpath("templates", name).read_text()),
         undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
-    tex = env.get_template("report.tex.j2").render(title=tex_escape(title), figures=figures)
+    if not re.fullmatch(r"[A-Za-z0-9_./-]+", attachment):
+        raise ValueError(f"attachment path must be a plain relative path: {attachment!r}")
+    figs = [{"file": f["file"], "caption": tex_escape(f["caption"]),
+             "hardware": tex_escape(f["hardware"]), "width_in": f"{float(f['width_in']):.3f}",
+             "ci": bool(f.get("ci", True))} for f in figures]
+    tex = env.get_template("report.tex.j2").render(
+        title=tex_escape(title), figures=figs, attachment=attachment,
+        attachment_name=tex_escape(Path(attachment).name),
+        attachment_name_plain=Path(attachment).name,
+        hardware_count=len({f["hardware"] for f in figs}), max_panels=MAX_PANELS,
+        max_series=MAX_SERIES)
     Path(out).write_text(tex)
 
 

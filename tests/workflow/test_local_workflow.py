@@ -64,8 +64,8 @@ def test_tiny_study_reaches_the_pdf(finished_study):
     for path in ["results/tables/ranks.csv", "results/tables/cells.csv",
                  "results/tables/scaling.csv", "results/report/macros.tex",
                  "results/report/report.pdf"] + \
-            [f"results/figures/{f}.pdf" for f in ("throughput", "speedup", "efficiency",
-                                                   "frameworks", "breakdown")]:
+            [f"results/figures/cpu/{f}.pdf" for f in ("throughput", "speedup", "efficiency",
+                                                       "frameworks", "breakdown")]:
         assert (work / path).stat().st_size > 0, path
     import pandas as pd
     ranks = pd.read_csv(work / "results/tables/ranks.csv")
@@ -79,6 +79,17 @@ def test_tiny_study_reaches_the_pdf(finished_study):
                               capture_output=True, text=True).stdout
         assert "Figure 5" in text and "Cells" in text and "tiny" in text
         assert "95% percentile bootstrap" in text
+        assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
+    # the full cell table travels inside the PDF
+    assert shutil.which("pdfdetach"), "poppler-utils (pdfdetach) is not installed"
+    listing = subprocess.run(["pdfdetach", "-list", str(work / "results/report/report.pdf")],
+                             capture_output=True, text=True, check=True).stdout
+    assert listing.splitlines() == ["1 embedded files", "1: cells.csv"], listing
+    saved = work / "detached"
+    saved.mkdir(exist_ok=True)
+    subprocess.run(["pdfdetach", "-saveall", "-o", str(saved),
+                    str(work / "results/report/report.pdf")], check=True)
+    assert (saved / "cells.csv").read_bytes() == (work / "results/tables/cells.csv").read_bytes()
 
 
 def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
@@ -127,7 +138,7 @@ def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
                 (fakebin / tool.name).symlink_to(tool)
     from conftest import BIN
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{fakebin}")
-    figures = finished_study / "results/figures/throughput.pdf"
+    figures = finished_study / "results/figures/cpu/throughput.pdf"
     before = figures.stat().st_mtime
     proc = subprocess.run([str(BIN / "snakemake"), "--profile", "profiles/local", "--forcerun",
                            "collect"], cwd=finished_study, env=env, capture_output=True,

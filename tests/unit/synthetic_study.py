@@ -1,0 +1,59 @@
+"""A synthetic scaling study of any size, as the collect step would tabulate it (cells.csv,
+scaling.csv, status.csv rows), for the plotting and report tests: no metrics files needed."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from dlscale.stats import add_speedup, scaling_summary
+
+# 4 hardware x 5 frameworks x 10 models x 2 policies x 8 node counts x 3 repetitions = 9,600 cells
+LARGE = {
+    "hardware": ["cpu", "v100", "a100", "h100"],
+    "framework": ["pytorch", "tensorflow", "keras", "horovod", "mxnet"],
+    "model": [f"model{i}" for i in range(10)],
+    "policy": ["weak", "strong"],
+    "precision": ["fp32"],
+    "nodes": [1, 2, 4, 8, 16, 32, 64, 128],
+    "rep": [1, 2, 3],
+}
+# the demo study's shape (config/config.yaml)
+DEMO = {"hardware": ["cpu"], "framework": ["pytorch"], "model": ["cnn_small", "transformer_small"],
+        "policy": ["weak", "strong"], "precision": ["fp32"], "nodes": [1, 2], "rep": [1, 2]}
+GROUP = ["hardware", "framework", "model", "policy", "precision"]
+
+
+def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
+    """One row per cell with the cells.csv columns the statistics and figures read."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for hw, fw, model, policy, prec, nodes, rep in itertools.product(
+            *(axes[k] for k in [*GROUP, "nodes", "rep"])):
+        base = 100.0 * (1 + axes["model"].index(model)) * (1 + 0.3 * axes["framework"].index(fw))
+        efficiency = 0.95 ** np.log2(nodes) * (0.9 if policy == "strong" else 1.0)
+        throughput = base * nodes * efficiency * rng.normal(1.0, 0.03)
+        step = 16 / (throughput / nodes)
+        rows.append({"study": "synthetic", "hardware": hw, "framework": fw, "model": model,
+                     "policy": policy, "precision": prec, "nodes": nodes, "rep": rep,
+                     "world_size": nodes, "ranks_per_node": 1, "per_rank_batch": 16,
+                     "global_batch": 16 * nodes, "throughput_samples_per_s": throughput,
+                     "step_seconds_median": step,
+                     "compute_seconds_median": (None if fw == "mxnet" else
+                                                step * (0.9 - 0.05 * np.log2(nodes))),
+                     "comm_fraction": 0.1, "allreduce_busbw_gb_per_s": 1.0,
+                     "joules_per_sample": None, "peak_rss_mb_max": 100.0,
+                     "competing": False, "straggler": False})
+    return add_speedup(pd.DataFrame(rows))
+
+
+def study_tables(axes: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(cells, scaling, status): every planned cell measured (status ok)."""
+    cells = cells_table(axes)
+    status = cells[[*GROUP, "nodes", "rep"]].assign(status="ok")
+    return cells, scaling_summary(cells), status
+
+
+def groups(axes: dict) -> list[tuple]:
+    return list(itertools.product(*(axes[k] for k in GROUP)))

@@ -1,0 +1,90 @@
+"""The report's cell table is a bounded summary; the full cells.csv is attached (dlscale.report)."""
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from dlscale.plotting import figure_layout
+from dlscale.report import (MAX_SUMMARY_ROWS, SUMMARY_LEVELS, cell_summary, group_summary,
+                            render_tex, write_cell_summary)
+from synthetic_study import DEMO, LARGE, groups, study_tables
+
+
+@pytest.fixture(scope="module")
+def large():
+    return study_tables(LARGE)
+
+
+def _rows(tex: str) -> list[str]:
+    body = tex.split(r"\midrule\endhead")[1].split(r"\bottomrule")[0]
+    return [line for line in body.splitlines() if line.strip().endswith(r"\\")]
+
+
+def test_large_study_summary_is_bounded_and_says_it_aggregated(large, tmp_path):
+    cells, scaling, status = large
+    out = tmp_path / "cells_table.tex"
+    n = write_cell_summary(scaling, status, str(out))
+    tex = out.read_text()
+    n_groups = len(groups(LARGE))                                    # 400 groups
+    assert n_groups > MAX_SUMMARY_ROWS
+    assert n == len(_rows(tex)) <= MAX_SUMMARY_ROWS
+    assert n == 4 * 5 * 2 * 1                       # one level further: models aggregated
+    assert f"would have {n_groups} rows" in tex
+    assert "one row per hardware, framework, batch policy and precision" in tex
+    table, level, _ = cell_summary(scaling, status)
+    assert level == 1 and table["cells_ok"].sum() == table["cells_planned"].sum() == len(cells)
+    assert (table["groups"] == 10).all()
+
+
+def test_summary_aggregates_as_far_as_needed(large):
+    _, scaling, status = large
+    # (hardware, framework, policy) has as many rows as level 1 here (one precision)
+    for max_rows, level in [(400, 0), (399, 1), (40, 1), (39, 3), (20, 3), (19, 4), (1, 4)]:
+        table, got, _ = cell_summary(scaling, status, max_rows=max_rows)
+        assert got == level, max_rows
+        assert len(table) == {0: 400, 1: 40, 2: 40, 3: 20, 4: 4}[level]
+        assert list(table.columns[:len(SUMMARY_LEVELS[level][0])]) == SUMMARY_LEVELS[level][0]
+
+
+def test_small_study_summary_has_one_row_per_group(tmp_path):
+    cells, scaling, status = study_tables(DEMO)
+    status = status.copy()
+    missing = (status["model"] == "cnn_small") & (status["policy"] == "weak") & (status["rep"] == 2)
+    status.loc[missing, "status"] = "missing"
+    out = tmp_path / "cells_table.tex"
+    n = write_cell_summary(scaling, status, str(out))
+    tex = out.read_text()
+    assert n == len(_rows(tex)) == 4 and "One row per hardware, framework, model" in tex
+    summary = group_summary(scaling, status).set_index(["model", "policy"])
+    assert summary.loc[("cnn_small", "weak"), ["cells_ok", "cells_planned"]].tolist() == [2, 4]
+    assert summary.loc[("cnn_small", "strong"), "top_nodes"] == 2
+    assert r"2/4 & 1, 2" in tex
+
+
+def test_a_group_with_no_measured_cell_still_has_its_row(tmp_path):
+    _, scaling, status = study_tables(DEMO)
+    scaling = scaling[scaling["model"] != "transformer_small"]
+    status = status.copy()
+    status.loc[status["model"] == "transformer_small", "status"] = "failed"
+    out = tmp_path / "cells_table.tex"
+    assert write_cell_summary(scaling, status, str(out)) == 4
+    assert re.search(r"transformer\\_small & weak & fp32 & 0/4 & -- & -- & --", out.read_text())
+
+
+def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
+    layout = figure_layout(groups(LARGE), 3.5)
+    out = tmp_path / "report.tex"
+    render_tex(str(out), title="big_study", figures=layout, attachment="../tables/cells.csv")
+    tex = out.read_text()
+    assert r"\usepackage{attachfile2}" in tex
+    assert re.search(r"\\textattachfile\[[^]]*ucfilespec=cells\.csv[^]]*\]"
+                     r"\{\.\./tables/cells\.csv\}", tex, re.S)
+    assert r"\dlsCellsCsvRows{} rows" in tex
+    assert tex.count(r"\includegraphics") == len(layout) == 40
+    assert tex.count(r"\subsection{Hardware") == 4
+    assert "big\\_study" in tex and "model0, model1" in tex
+    with pytest.raises(ValueError, match="plain relative path"):
+        render_tex(str(out), title="t", figures=copy.deepcopy(layout),
+                   attachment="../tables/cells.csv}\\input{x")
