@@ -1,0 +1,144 @@
+"""Planning at scale: the dry run of the project's workflow for a study of N cells against a bare
+Snakefile with the same N outputs, side by side in one run.
+
+    .venv/bin/python benchmarks/planning.py [--cells 1000,10000] [--rounds 3]
+                                            [--workflow-dir DIR] [--workdir DIR] [--slurm-probe]
+
+For each N: a study config of N cells (printed: the exact count dlscale plans and how it was
+reached) in a copy of the workflow of --workflow-dir (default: this repository; an older
+checkout such as a `git worktree` measures "before"; .venvs is linked from it, else from this
+repository), and a bare Snakefile (one wildcard rule making the same N cell paths, one rule
+aggregating all N like collect, rule all). Both run `snakemake -n --cores 1 --quiet` with
+the same flags (--configfile included) once untimed (which also checks that N train jobs are
+planned), then --rounds times, alternating which goes first. Prints median/min/max/n of the wall
+time and of the peak RSS of the snakemake process (os.wait4 rusage of the child) and the
+project/bare ratios; and, timed inside this process, dlscale's own parse step
+(dlscale.matrix.load_study of the generated config), its share of the project's dry run.
+
+Goal (issue 7): wall-time ratio project/bare <= 1.2 at 10,000 cells.
+
+Snakemake's Slurm executor plugin, imported by every snakemake run, asks `scontrol show config`
+for MinJobAge at import: where slurmctld does not answer that costs ~9 s per run, the same in
+both variants, depending on whether a cluster is up. By default the children get an `scontrol`
+that fails at once (the plugin then skips the question); --slurm-probe keeps the real one.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cells", default="1000,10000", help="comma-separated cell counts")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workflow-dir", type=Path, default=common.REPO,
+                   help="the checkout to measure (default: this repository)")
+    p.add_argument("--venvs", type=Path, default=None,
+                   help="framework environments to link as .venvs (default: the checkout's "
+                        ".venvs, else this repository's)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="where the copies go (default: a new directory under /var/tmp)")
+    p.add_argument("--max-nodes", type=int, default=128,
+                   help="node counts are the powers of two up to this")
+    p.add_argument("--parse-repeats", type=int, default=5)
+    p.add_argument("--snakemake", type=Path, default=common.REPO / ".venv" / "bin" / "snakemake")
+    p.add_argument("--slurm-probe", action="store_true",
+                   help="let the Slurm plugin query scontrol in every run (see above)")
+    a = p.parse_args()
+    sizes = [int(x) for x in a.cells.split(",") if x]
+    src = a.workflow_dir.resolve()
+    venvs = (a.venvs or common.default_venvs(src)).resolve()
+    root = (a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-planning-", dir="/var/tmp")))
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    shim = None if a.slurm_probe else common.no_slurm_probe(root)
+
+    common.import_dlscale(src)
+    from dlscale.matrix import load_study
+
+    print(f"workflow: {src} ({common.describe_checkout(src)}); .venvs -> {venvs}")
+    print(f"snakemake {common.snakemake_version(a.snakemake)}; {common.machine_note()}; "
+          f"Slurm plugin probe: {'real scontrol' if a.slurm_probe else 'skipped (scontrol shim)'}"
+          f"; work in {root}")
+    # `--quiet` alone (= progress, rules) skips the per-job lines; in Snakemake 9.27
+    # `--quiet all` still formats and prints every job (resources, shell command)
+    flags = ["-n", "--cores", "1", "--quiet"]
+    for n in sizes:
+        wf = common.copy_workflow(src, root / f"project-{n}", venvs)
+        cfg, config, shape = common.write_study(wf, n, a.max_nodes)
+        study = load_study(config, wf)
+        common.cell_count_check(study, shape.cells)
+        print(f"\n== {len(study.cells)} cells (asked for {n}): {common.describe(shape, config)}")
+        print(f"   config {cfg}")
+
+        # dlscale's own parse step, in this process
+        parse, paths_t = [], []
+        for _ in range(a.parse_repeats):
+            t0 = time.perf_counter()
+            s = load_study(config, wf)
+            parse.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            paths = [c.path for c in s.cells]
+            paths_t.append(time.perf_counter() - t0)
+
+        bare_snakefile, bare_cfg = common.write_bare(root / f"bare-{n}", paths, cfg)
+        env = common.child_env(wf, a.snakemake, shim)
+        cmds = {
+            "project": [str(a.snakemake), "-s", str(wf / "Snakefile"), "-d", str(wf),
+                        "--configfile", str(cfg)],
+            "bare": [str(a.snakemake), "-s", str(bare_snakefile), "-d", str(bare_snakefile.parent),
+                     "--configfile", str(bare_cfg)],
+        }
+        logs = root / f"logs-{n}"
+        logs.mkdir(exist_ok=True)
+        for name, cmd in cmds.items():       # untimed warm-up; checks the planned train jobs
+            run = common.run_child(cmd + ["-n", "--cores", "1", "--quiet", "rules"],
+                                   root, env, logs / f"{name}-warmup.log")
+            common.check(run, f"{name} warm-up dry run")
+            planned = common.train_jobs(run.log.read_text())
+            if planned != len(study.cells):
+                raise SystemExit(f"{name}: planned {planned} train jobs, expected "
+                                 f"{len(study.cells)}; see {run.log}")
+            print(f"   warm-up {name}: {planned} train jobs planned, {run.wall_s:.1f} s")
+
+        def variant(name):
+            def go(r):
+                run = common.run_child(cmds[name] + flags, root, env, logs / f"{name}-{r}.log")
+                common.check(run, f"{name} dry run")
+                return run
+            return go
+
+        print(f"   dry run `snakemake {' '.join(flags)}` (same flags + --configfile for both), "
+              f"{a.rounds} rounds alternating:")
+        results = common.alternate(a.rounds, {"project": variant("project"),
+                                               "bare": variant("bare")},
+                                   on_run=lambda r, name, run: print(
+                                       f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
+                                       f"{run.maxrss_mib:5.0f} MiB", flush=True))
+        for line in common.report(results):
+            print(line)
+        pm = statistics.median(parse)
+        project_med = statistics.median(r.wall_s for r in results["project"])
+        bare_med = statistics.median(r.wall_s for r in results["bare"])
+        print(f"  dlscale parse step load_study(config, workflow_dir), in-process: "
+              f"{common.stats(parse, 's', '.3f')} = {pm / project_med:.1%} of the project's "
+              f"dry run, {pm / max(project_med - bare_med, 1e-9):.1%} of its excess over bare")
+        print(f"  (+ Cell.path of every cell, the collect rule's input list: "
+              f"{common.stats(paths_t, 's', '.3f')})")
+        print(f"  goal (issue 7) at 10,000 cells: wall ratio <= 1.20; here "
+              f"{project_med / bare_med:.2f} at {len(study.cells)} cells"
+              f"{'' if a.slurm_probe else ' (Slurm plugin probe skipped in both)'}", flush=True)
+    print(f"\nlogs and copies under {root}")
+
+
+if __name__ == "__main__":
+    main()
