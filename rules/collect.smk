@@ -1,4 +1,9 @@
 # Every cell's metrics -> one tidy table per granularity (rank, cell, scaling point).
+# A `run:` block, not `script:`: it runs inside Snakemake's process, where a `script:` job would
+# first serialise all of the study's inputs for the script, which grows quadratically with the
+# number of cells (10,000 cells: tens of seconds before the first file is read; issue 7).
+# It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
+from dlscale.collect import write_tables
 
 
 rule collect:
@@ -14,7 +19,8 @@ rule collect:
         straggler_threshold=STUDY.config["straggler_threshold"],
     log:
         "results/logs/collect.log",
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../scripts/collect.py"
+    run:
+        write_tables(list(input.metrics), ranks_csv=output.ranks, cells_csv=output.cells,
+                     scaling_csv=output.scaling, quarantine_csv=output.quarantine,
+                     status_csv=output.status,
+                     straggler_threshold=params.straggler_threshold, log=log[0])

@@ -11,7 +11,7 @@ from snakemake.exceptions import WorkflowError
 
 from dlscale.config import ConfigError
 from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
-from dlscale.matrix import CELL_PATTERN, load_study
+from dlscale.matrix import CELL_PATTERN, TRAIN_RULE, load_study
 from dlscale.provenance import git_commit
 
 try:
@@ -72,11 +72,6 @@ def framework_python(wildcards):
     return str(Path(workflow.basedir) / ".venvs" / env / "bin" / "python")
 
 
-def framework_conda_env(wildcards):
-    """Conda route: the environment file of the cell's framework (envs/<env>.yaml)."""
-    return f"../envs/{FRAMEWORK_ENVIRONMENTS[wildcards.framework] or 'pytorch'}.yaml"
-
-
 def metrics_files():
     return [cell.path for cell in STUDY.cells]
 
@@ -132,12 +127,12 @@ def remove_partial_outputs():
 
 
 # Figures: a bounded set of files per hardware key, computed here from the planned cells so
-# Snakemake knows every file at parse time (dlscale.plotting.figure_layout: one family per
+# Snakemake knows every file at parse time (dlscale.layout.figure_layout: one family per
 # hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and
 # MAX_SERIES framework x precision series per panel; larger studies split into numbered parts).
 import os
 
-from dlscale.plotting import FAMILIES as FIGURE_FAMILIES, FAMILY_CAPTIONS, figure_layout
+from dlscale.layout import FAMILIES as FIGURE_FAMILIES, FAMILY_CAPTIONS, figure_layout
 
 FIGURES = FIGURE_FAMILIES
 FIGURE_CAPTIONS = FAMILY_CAPTIONS

@@ -1,35 +1,49 @@
 # One job per cell: the launcher (scripts/dlscale/launch.py) starts the cell's ranks, locally or
 # with srun inside the cell's Slurm allocation, and writes the cell's metrics file atomically.
+#
+# One rule per resource class (dlscale.matrix.TRAIN_RULE: train_<hardware>_n<nodes>): the cells
+# of a class request identical Slurm resources, which a job array needs (the Slurm plugin submits
+# the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
+# `slurm-array-jobs`).
+# Every class rule is the same rule; only its wildcard constraints differ.
 
 
-rule train:
-    output:
-        metrics=CELL_PATTERN,
-    log:
-        "results/logs/train/{hardware}/{framework}/{model}/{policy}/{precision}/n{nodes}/r{rep}.log",
-    params:
-        cell=cell_json,
-        python=framework_python,
-        launcher=STUDY.config["launcher"],
-        study=STUDY.config["study"],
-        config_hash=STUDY.config_hash,
-        git_commit=GIT_COMMIT,
-    threads: cell_threads
-    resources:
-        nodes=cell_nodes,
-        tasks=cell_tasks,
-        cpus_per_task=cell_cpus_per_task,
-        mem_mb=cell_mem_mb,
-        runtime=cell_runtime,
-        slurm_partition=cell_partition,
-        slurm_extra=cell_slurm_extra,
-        mpi=cell_mpi,
-        # every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
-        # local profile sets N=1 so no cell is measured while another one runs
-        dlscale_cell=1,
-    conda:
-        framework_conda_env
-    shell:
-        "{params.python:q} -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
-        " --study {params.study:q} --config-hash {params.config_hash:q}"
-        " --git-commit={params.git_commit:q} --output {output.metrics:q} > {log:q} 2>&1"
+for _hardware, _nodes in STUDY.resource_classes():
+    _resources = class_resources(_hardware, _nodes)
+
+    rule:
+        name:
+            TRAIN_RULE.format(hardware=_hardware, nodes=_nodes)
+        output:
+            metrics=CELL_PATTERN,
+        log:
+            "results/logs/train/{hardware}/{framework}/{model}/{policy}/{precision}/n{nodes}/r{rep}.log",
+        wildcard_constraints:
+            hardware=re.escape(_hardware),
+            nodes=str(_nodes),
+        params:
+            cell=cell_json,
+            python=framework_python,
+            launcher=STUDY.config["launcher"],
+            study=STUDY.config["study"],
+            config_hash=STUDY.config_hash,
+        threads: _resources["threads"]
+        resources:
+            nodes=_resources["nodes"],
+            tasks=_resources["tasks"],
+            cpus_per_task=_resources["cpus_per_task"],
+            mem_mb=_resources["mem_mb"],
+            runtime=_resources["runtime"],
+            slurm_partition=_resources["slurm_partition"],
+            slurm_extra=_resources["slurm_extra"],
+            mpi=_resources["mpi"],
+            # every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
+            # local profile sets N=1 so no cell is measured while another one runs
+            dlscale_cell=1,
+        conda:
+            "../envs/{framework}.yaml"
+        shell:
+            "{params.python:q} -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
+            " --study {params.study:q} --config-hash {params.config_hash:q}"
+            # provenance only, not a param: a new commit must not make every cell rerun
+            " --git-commit={GIT_COMMIT:q} --output {output.metrics:q} > {log:q} 2>&1"

@@ -12,6 +12,7 @@ the same call builds the tables of a complete study and of a study with failed c
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -127,8 +128,18 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
 
 
 def write_tables(paths: list[str], ranks_csv: str, cells_csv: str, scaling_csv: str,
-                 quarantine_csv: str, status_csv: str, straggler_threshold: float) -> None:
+                 quarantine_csv: str, status_csv: str, straggler_threshold: float,
+                 log: str | None = None) -> None:
+    started = time.perf_counter()
     tables = collect(paths, straggler_threshold)
     for df, out in zip(tables, (ranks_csv, cells_csv, scaling_csv, quarantine_csv, status_csv)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)
+    if log:
+        status = tables[4]["status"].value_counts().to_dict() if len(tables[4]) else {}
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        Path(log).write_text(
+            f"{len(paths)} planned cells: {status.get('ok', 0)} ok, {status.get('failed', 0)} "
+            f"failed, {status.get('missing', 0)} missing; {len(tables[3])} metrics files "
+            f"quarantined; {len(tables[1])} cell rows, {len(tables[0])} rank rows, "
+            f"{len(tables[2])} scaling rows in {time.perf_counter() - started:.2f} s\n")

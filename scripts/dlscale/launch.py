@@ -201,6 +201,22 @@ def tail_lines(path: Path, n: int = TAIL_LINES, missing: str = "(no log)") -> st
 
 
 FAILURE_FILE = "failure.json"
+# Which Slurm job runs the cell, written when the launcher starts (before any rank): the status
+# table finds the job's state and log with it even when the job is killed outright, and for
+# array tasks, whose logs are named <array job>_<task>.log rather than by the cell.
+SLURM_JOB_FILE = "slurm_job.json"
+
+
+def record_slurm_job(output: Path) -> None:
+    if "SLURM_JOB_ID" not in os.environ:
+        return
+    job = {"slurm_job_id": os.environ["SLURM_JOB_ID"],
+           "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+           "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+           "host": socket.gethostname(), "time": time.time()}
+    tmp = output.parent / f".{SLURM_JOB_FILE}.tmp"
+    tmp.write_text(json.dumps(job, sort_keys=True))
+    os.replace(tmp, output.parent / SLURM_JOB_FILE)
 
 
 class Terminated(Exception):
@@ -251,6 +267,7 @@ def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
     (output.parent / FAILURE_FILE).unlink(missing_ok=True)
+    record_slurm_job(output)
     argv = train_argv(cell, rank_dir, python)
     print(f"[dlscale.launch] {launcher}: {cell['nodes']} node(s) x {cell['ranks_per_node']} "
           f"rank(s): {' '.join(argv)}", file=sys.stderr, flush=True)

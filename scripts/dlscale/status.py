@@ -14,10 +14,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from .launch import FAILURE_FILE, tail_lines
-from .matrix import parse_cell_path
+from .launch import FAILURE_FILE, SLURM_JOB_FILE, tail_lines
+from .matrix import TRAIN_RULE, parse_cell_path
 
-SLURM_LOGS = "results/logs/slurm/rule_train"
+SLURM_LOGS = "results/logs/slurm"
 TRAIN_LOGS = "results/logs/train"
 TAIL_LINES = 8
 
@@ -30,15 +30,28 @@ def train_log(cell: dict) -> Path:
                 f"{cell['policy']}/{cell['precision']}/n{cell['nodes']}/r{cell['rep']}.log")
 
 
-def slurm_log(cell: dict, job_id: str) -> Path:
-    """The executor plugin's log of one job: <jobid>.log in a folder named by the wildcards."""
-    return Path(SLURM_LOGS) / "_".join(str(cell[k]) for k in AXES) / f"{job_id}.log"
+def _rule_logs(cell: dict) -> Path:
+    return Path(SLURM_LOGS) / f"rule_{TRAIN_RULE.format(**cell)}"
 
 
-def latest_slurm_job(cell: dict) -> str | None:
-    """The last job the executor plugin submitted for the cell."""
-    ids = [int(p.stem) for p in slurm_log(cell, "0").parent.glob("*.log") if p.stem.isdigit()]
-    return str(max(ids)) if ids else None
+def slurm_log(cell: dict, job: dict) -> Path:
+    """The executor plugin's log of one job: <array job>_<task>.log for an array task, else
+    <jobid>.log in a folder named by the wildcards."""
+    if job.get("array_job_id"):
+        return _rule_logs(cell) / f"{job['array_job_id']}_{job['array_task_id']}.log"
+    return _rule_logs(cell) / "_".join(str(cell[k]) for k in AXES) / f"{job['slurm_job_id']}.log"
+
+
+def latest_slurm_job(cell: dict, cell_dir: Path) -> dict | None:
+    """The cell's last Slurm job: as the launcher recorded it when it started, else (a job
+    that never reached the launcher) the newest single-job log the plugin wrote for the cell."""
+    try:
+        return json.loads((cell_dir / SLURM_JOB_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        pass
+    folder = slurm_log(cell, {"slurm_job_id": "0"}).parent
+    ids = [int(p.stem) for p in folder.glob("*.log") if p.stem.isdigit()]
+    return {"slurm_job_id": str(max(ids))} if ids else None
 
 
 # What slurmstepd writes into a job's output when it ends the job itself.
@@ -101,14 +114,14 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
         row.update(status="failed", reason=rec.get("reason", ""), failed_rank=rec.get("rank"),
                    exit_code=rec.get("exit_code"), slurm_job_id=rec.get("slurm_job_id"),
                    log_tail="\n".join(tails.values()) or rec.get("srun_tail", ""))
-    job = row["slurm_job_id"] or latest_slurm_job(cell)
+    job = latest_slurm_job(cell, Path(path).parent)
     if job:
-        row["slurm_job_id"] = job
-        state = slurm_state(job)
+        row["slurm_job_id"] = job["slurm_job_id"]
+        state = slurm_state(job["slurm_job_id"])
         row.update(slurm_state=state["slurm_state"], slurm_exit_code=state["slurm_exit_code"])
         stepd = slurmstepd_reason(slurm_log(cell, job))
         if state["slurm_state"] not in (None, "PENDING", "RUNNING") or stepd:
-            slurm_reason = f"Slurm job {job} ended {state['slurm_state']}" + (
+            slurm_reason = f"Slurm job {job['slurm_job_id']} ended {state['slurm_state']}" + (
                 f": {stepd}" if stepd else "")
             row.update(status="failed", reason=(row["reason"] + "; " if row["reason"] else "")
                        + slurm_reason)

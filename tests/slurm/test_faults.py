@@ -111,7 +111,7 @@ def test_scancel_mid_run(study):
 
 def test_time_limit(study):
     before = checksums(study)
-    proc = start(study, "--set-resources", "train:runtime=1", fault="n2/r1:1:2:hang")
+    proc = start(study, "--set-resources", "train_cpu_n2:runtime=1", fault="n2/r1:1:2:hang")
     out = finish(proc, timeout=400)
     row = assert_contained(study, before, out)
     assert row["status"] == "failed" and row["slurm_state"] == "TIMEOUT", row
@@ -119,7 +119,8 @@ def test_time_limit(study):
 
 def test_memory_limit(study):
     before = checksums(study)
-    out = finish(start(study, "--set-resources", "train:mem_mb=250"))
+    out = finish(start(study, "--set-resources", "train_cpu_n1:mem_mb=250",
+                        "train_cpu_n2:mem_mb=250"))
     row = assert_contained(study, before, out)
     assert row["status"] == "failed" and "out of memory" in row["reason"], row
 

@@ -51,7 +51,7 @@ def test_rerunning_one_cell_reruns_that_cell_only(slurm_study):
     assert (slurm_study / CELL_N1).read_bytes() == before_n1          # untouched
     job_after = records(slurm_study / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
     assert job_after != job_before
-    assert proc.stderr.count("rule train:") + proc.stdout.count("rule train:") == 1
+    assert proc.stderr.count("rule train_cpu_n2:") + proc.stdout.count("rule train_cpu_n2:") == 1
 
 
 def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
@@ -69,7 +69,7 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
                  PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0                              # the study reports the failure
-    assert "Error in rule train" in out
+    assert "Error in rule train_cpu_n2" in out
     log = (work / "results/logs/train/cpu/pytorch/cnn_small/weak/fp32/n2/r1.log").read_text()
     assert "exits with 3" in log and "cell FAILED" in log
     assert not (work / CELL_N2).exists()

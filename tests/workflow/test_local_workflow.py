@@ -32,7 +32,9 @@ def test_dry_run_shows_product_minus_exclusions(tmp_path, base_config):
     proc = snakemake(work, "--profile", "profiles/local", "-n")
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
-    assert counts["train"] == 2 * 1 * 2 * 2 * 1 * 1 * 2 - 4   # models x hw x nodes x policy x reps
+    # one train rule per resource class (hardware x nodes); each holds models x policy x reps
+    assert {k: v for k, v in counts.items() if k.startswith("train")} == {
+        "train_cpu_n1": 2 * 2 * 2 - 2, "train_cpu_n2": 2 * 2 * 2 - 2}
     assert counts["report_pdf"] == 1 and counts["collect"] == 1
 
 
@@ -98,7 +100,7 @@ def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
     proc = snakemake(work, "--profile", "profiles/local", "-n", "--forcerun", cell)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
-    assert counts.pop("train") == 1
+    assert counts.pop("train_cpu_n2") == 1
     assert counts == {"collect": 1, "figure_throughput": 1, "figure_speedup": 1,
                       "figure_efficiency": 1, "figure_frameworks": 1, "figure_breakdown": 1,
                       "report_inputs": 1, "report_pdf": 1, "all": 1}
@@ -109,7 +111,7 @@ def test_regenerating_figures_touches_no_cell(finished_study):
     proc = snakemake(finished_study, "--profile", "profiles/local", "-n",
                      "--forcerun", "figure_throughput", "figure_speedup", "figure_efficiency")
     counts = job_counts(proc.stdout)
-    assert "train" not in counts and "collect" not in counts
+    assert not any(k.startswith("train") for k in counts) and "collect" not in counts
     assert counts["figure_speedup"] == 1 and counts["report_pdf"] == 1
 
 

@@ -1,0 +1,149 @@
+"""The figure layout: which figure files a study has and what each holds, computed from the
+planned cells at parse time (rules/common.smk) without importing matplotlib or pandas.
+
+Layout (`figure_layout`, computed from the planned cells at parse time, so Snakemake knows every
+file before any cell runs):
+
+- one figure *family* (throughput, speedup, efficiency, frameworks, breakdown) is drawn per
+  hardware key into ``{hardware}/{family}.pdf``;
+- scaling families (throughput, speedup, efficiency) and the breakdown have one panel per
+  model x batch policy, and one series per framework x precision (colour = framework, marker
+  and line style = precision); the frameworks family has one panel per batch policy with the
+  page's models on the x axis and one bar per series;
+- a file holds at most MAX_PANELS panels and MAX_SERIES series per panel. A hardware key with
+  more models splits its models into ceil(models / floor(MAX_PANELS / policies)) chunks of
+  (nearly) equal size, and more series into ceil(series / MAX_SERIES) chunks; every model chunk
+  x series chunk is one page, written to ``{hardware}/{family}-{k}.pdf`` (k = 1, 2, ...,
+  model-chunk-major) when there is more than one page and to ``{hardware}/{family}.pdf`` when
+  there is one. So a study has at most
+
+      sum over hardware h of
+          len(FAMILIES) x ceil(M_h / floor(MAX_PANELS / K_h)) x ceil(S_h / MAX_SERIES)
+
+  files (M_h models, K_h batch policies, S_h framework x precision series planned on h;
+  `figure_file_bound`), exactly that many without exclusions (a page whose panels would all be
+  excluded is dropped).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+SCALING = {
+    "throughput": ("throughput_samples_per_s", "Throughput (samples/s)"),
+    "speedup": ("speedup", "Speedup"),
+    "efficiency": ("scaling_efficiency", "Scaling efficiency"),
+}
+FAMILIES = [*SCALING, "frameworks", "breakdown"]
+FAMILY_CAPTIONS = {
+    "throughput": "Training throughput (samples/s summed over all ranks) against node count; "
+    "one panel per model and batch policy.",
+    "speedup": "Speedup against the smallest node count of each group; dashed: ideal; one panel "
+    "per model and batch policy.",
+    "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal; one "
+    "panel per model and batch policy.",
+    "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count; "
+    "one panel per batch policy.",
+    "breakdown": "Median step time split into compute (solid: the same step without gradient "
+    "allreduce) and communication (hatched: the rest) per node count; grey: the framework "
+    "exposes no compute-only step; one panel per model and batch policy.",
+}
+WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
+
+MAX_PANELS = 12        # panels per figure file
+MAX_SERIES = 8         # lines (or bars per group) per panel; reference lines (ideal) not counted
+MAX_COLS = 4           # panel columns; more than 2 make a figure text-wide
+TEXT_COLUMNS = 2       # text width = this many column widths
+
+GroupKey = tuple[str, str, str, str, str]      # hardware, framework, model, policy, precision
+
+
+def _unique(values: Iterable) -> list:
+    return list(dict.fromkeys(values))
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    """Contiguous chunks of at most `size` items, as equal in length as possible."""
+    if not items:
+        return []
+    n = -(-len(items) // size)
+    q, r = divmod(len(items), n)
+    out, start = [], 0
+    for k in range(n):
+        stop = start + q + (k < r)
+        out.append(items[start:stop])
+        start = stop
+    return out
+
+
+def models_per_page(n_policies: int) -> int:
+    return max(1, MAX_PANELS // max(1, n_policies))
+
+
+def grid_columns(n_panels: int) -> int:
+    """1 panel: 1 column; 2-4 panels: 2 columns; more: MAX_COLS columns (at most 3 rows)."""
+    return 1 if n_panels <= 1 else 2 if n_panels <= 4 else MAX_COLS
+
+
+def figure_file_bound(groups: Iterable[GroupKey]) -> int:
+    """The number of figure files `figure_layout` may write for these planned groups (exact
+    without exclusions): sum over hardware of
+    len(FAMILIES) x ceil(models / floor(MAX_PANELS / policies)) x ceil(series / MAX_SERIES)."""
+    groups = _unique(tuple(g) for g in groups)
+    total = 0
+    for hw in _unique(g[0] for g in groups):
+        part = [g for g in groups if g[0] == hw]
+        models = len(_unique(g[2] for g in part))
+        policies = len(_unique(g[3] for g in part))
+        series = len(_unique((g[1], g[4]) for g in part))
+        total += (len(FAMILIES) * -(-models // models_per_page(policies))
+                  * -(-series // MAX_SERIES))
+    return total
+
+
+def figure_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[dict]:
+    """Every figure file of a study, from its planned (hardware, framework, model, policy,
+    precision) groups, in the order they first appear (the configuration's axis order).
+
+    Each entry is plain data (a Snakemake param and the report's figure list): file (relative to
+    the figures folder), family, hardware, part/parts, models, policies, panels ([model, policy]
+    or [policy]), series ([framework, precision]), hue order (frameworks, precisions of the whole
+    study, so a framework has one colour in every file), ncols, width_in, caption."""
+    groups = _unique(tuple(g) for g in groups)
+    frameworks = _unique(g[1] for g in groups)
+    precisions = _unique(g[4] for g in groups)
+    specs = []
+    for hw in _unique(g[0] for g in groups):
+        part = [g for g in groups if g[0] == hw]
+        policies = _unique(g[3] for g in part)
+        pages = []
+        for models in _chunks(_unique(g[2] for g in part), models_per_page(len(policies))):
+            for series in _chunks(_unique((g[1], g[4]) for g in part), MAX_SERIES):
+                on_page = [g for g in part if g[2] in models and (g[1], g[4]) in series]
+                if on_page:
+                    pages.append((models, series, on_page))
+        for family in FAMILIES:
+            for k, (models, series, on_page) in enumerate(pages, 1):
+                present = {(g[2], g[3]) for g in on_page}
+                if family == "frameworks":
+                    panels = [[p] for p in policies if any(g[3] == p for g in on_page)]
+                    ncols = 1
+                    wide = len(models) * len(series) > 12
+                else:
+                    panels = [[m, p] for m in models for p in policies if (m, p) in present]
+                    ncols = grid_columns(len(panels))
+                    wide = ncols > 2
+                name = family if len(pages) == 1 else f"{family}-{k}"
+                page_frameworks = _unique(s[0] for s in series)
+                caption = (f"{FAMILY_CAPTIONS[family]} Hardware {hw}; "
+                           f"models: {', '.join(models)}; frameworks: {', '.join(page_frameworks)}"
+                           + (f" (part {k} of {len(pages)})" if len(pages) > 1 else "") + ".")
+                specs.append({
+                    "file": f"{hw}/{name}.pdf", "family": family, "hardware": hw,
+                    "part": k, "parts": len(pages), "models": list(models),
+                    "policies": [p for p in policies if any(g[3] == p for g in on_page)],
+                    "panels": panels, "series": [list(s) for s in series],
+                    "frameworks": frameworks, "precisions": precisions, "ncols": ncols,
+                    "width_in": column_width_in * (TEXT_COLUMNS if wide else 1),
+                    "caption": caption, "ci": family in WITH_CI,
+                })
+    return specs

@@ -1,0 +1,56 @@
+"""The resources of a cell's Slurm job (and its local threads), from its hardware entry in
+config/hardware.yaml (site facts). Names follow snakemake-executor-plugin-slurm.
+
+A cell's resources depend on its hardware and node count only, so the workflow computes them
+once per resource class (one train rule each, rules/train.smk) at parse time: a 10,000-cell
+study evaluates this a few dozen times, not once per resource per job.
+"""
+from __future__ import annotations
+
+from .matrix import ranks_per_node
+
+
+def class_resources(config: dict, hw: dict, nodes: int) -> dict:
+    """threads and the Slurm resources of every cell of one (hardware, nodes) class."""
+    per_node = ranks_per_node(config, hw)
+    world = nodes * per_node
+    return {
+        # local profile: the cores a cell occupies (all its ranks), so cells never share a core
+        "threads": world * hw["cpus_per_rank"],
+        "nodes": nodes,
+        "tasks": world,
+        "cpus_per_task": hw["cpus_per_rank"],
+        "mem_mb": per_node * hw["mem_mb_per_rank"],      # per node: the ranks of one node
+        "runtime": retried_runtime(hw["runtime_min"]),
+        "slurm_partition": hw["partition"] or "",
+        "slurm_extra": slurm_extra(hw, per_node),
+        # the plugin runs a job with an `mpi` resource as-is (our launcher calls srun itself);
+        # without it, it wraps the job in `srun -n1`; it accepts `mpi` only for > 1 task
+        "mpi": "srun" if world > 1 else "",
+    }
+
+
+def retried_runtime(minutes: int):
+    """Minutes; a retried cell (profile `retries`) gets twice the time per attempt."""
+
+    def runtime(wildcards, attempt):
+        return minutes * 2 ** (attempt - 1)
+
+    return runtime
+
+
+def slurm_extra(hw: dict, per_node: int) -> str:
+    """sbatch flags with no resource of their own: GPUs, exclusivity, constraint, tasks per node.
+    Every value is schema-checked against a safe pattern (config/schemas/hardware.schema.json)."""
+    flags = [f"--ntasks-per-node={per_node}"]
+    if hw["constraint"]:
+        flags.append(f"--constraint={hw['constraint']}")
+    if hw["gpus_per_node"]:
+        gpu = f"{hw['gpu_type']}:" if hw["gpu_type"] else ""
+        if hw["gpu_request"] == "gres":
+            flags.append(f"--gres=gpu:{gpu}{hw['gpus_per_node']}")
+        else:
+            flags.append(f"--gpus-per-node={gpu}{hw['gpus_per_node']}")
+    if hw["exclusive"]:
+        flags.append("--exclusive")
+    return " ".join(flags)
