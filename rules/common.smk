@@ -3,6 +3,7 @@
 # package (scripts/dlscale/config.py, matrix.py) so it is unit-tested without Snakemake.
 import importlib.resources
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -12,7 +13,6 @@ from snakemake.exceptions import WorkflowError
 from dlscale.config import ConfigError
 from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
 from dlscale.matrix import CELL_PATTERN, TRAIN_RULE, load_study
-from dlscale.provenance import git_commit
 
 try:
     STUDY = load_study(config, workflow.basedir)
@@ -36,7 +36,6 @@ if not workflow.deployment_settings.deployment_method:    # venv route (not cond
     _missing = _missing_framework_environments()
     if _missing:
         raise WorkflowError("dlscale: " + "\n".join(_missing) + "\nNo job was started.")
-GIT_COMMIT = git_commit(workflow.basedir) or ""
 
 
 def _alternatives(values):
@@ -130,7 +129,6 @@ def remove_partial_outputs():
 # Snakemake knows every file at parse time (dlscale.layout.figure_layout: one family per
 # hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and
 # MAX_SERIES framework x precision series per panel; larger studies split into numbered parts).
-import os
 
 from dlscale.layout import FAMILIES as FIGURE_FAMILIES, FAMILY_CAPTIONS, figure_layout
 

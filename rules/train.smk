@@ -36,7 +36,6 @@ for _hardware, _nodes in STUDY.resource_classes():
             runtime=_resources["runtime"],
             slurm_partition=_resources["slurm_partition"],
             slurm_extra=_resources["slurm_extra"],
-            mpi=_resources["mpi"],
             # every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
             # local profile sets N=1 so no cell is measured while another one runs
             dlscale_cell=1,
@@ -45,5 +44,4 @@ for _hardware, _nodes in STUDY.resource_classes():
         shell:
             "{params.python:q} -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
             " --study {params.study:q} --config-hash {params.config_hash:q}"
-            # provenance only, not a param: a new commit must not make every cell rerun
-            " --git-commit={GIT_COMMIT:q} --output {output.metrics:q} > {log:q} 2>&1"
+            " --output {output.metrics:q} > {log:q} 2>&1"

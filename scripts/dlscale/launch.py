@@ -28,6 +28,7 @@ from pathlib import Path
 
 from . import metrics
 from .frameworks.base import RankContext
+from .provenance import git_commit
 
 TAIL_LINES = 20
 
@@ -147,6 +148,10 @@ def start_local(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, 
     return procs
 
 
+SLURM_IDENTITY = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_ARRAY_JOB_ID",
+                  "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME"}
+
+
 def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
     the executor plugin strips most SLURM_* variables from the job's environment."""
@@ -154,7 +159,16 @@ def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, s
     addr, port = hosts[0], slurm_port()
     env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port), DLSCALE_HOSTS=",".join(hosts),
                OMP_NUM_THREADS=str(cell["cpus_per_rank"]), PYTHONUNBUFFERED="1")
-    cmd = ["srun", f"--nodes={cell['nodes']}", f"--ntasks={cell['world_size']}",
+    overlap = []
+    if "SLURM_STEP_ID" in os.environ:
+        # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
+        # SLURM_* describe one task on one node, not the allocation: keep only the job's identity
+        # (as the plugin does for its own steps), and let the ranks' step share the resources
+        # the launcher's step holds (--overlap, Slurm >= 20.11).
+        env = {k: v for k, v in env.items()
+               if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY}
+        overlap = ["--overlap"]
+    cmd = ["srun", *overlap, f"--nodes={cell['nodes']}", f"--ntasks={cell['world_size']}",
            f"--ntasks-per-node={cell['ranks_per_node']}",
            f"--cpus-per-task={cell['cpus_per_rank']}", "--kill-on-bad-exit=1",
            "--output", str(rank_dir / "rank%t.log"), *argv]
@@ -326,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", choices=["local", "srun"], required=True)
     parser.add_argument("--study", required=True)
     parser.add_argument("--config-hash", required=True)
-    parser.add_argument("--git-commit", default=None)
+    # not a workflow param: a new commit must not make every cell rerun
+    parser.add_argument("--git-commit", default=git_commit(Path(__file__).parent),
+                        help="the commit of the code that runs (default: that of the checkout "
+                        "this dlscale package is in, none outside a git checkout)")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter of the cell's framework environment")
     args = parser.parse_args(argv)

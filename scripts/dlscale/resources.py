@@ -24,9 +24,10 @@ def class_resources(config: dict, hw: dict, nodes: int) -> dict:
         "runtime": retried_runtime(hw["runtime_min"]),
         "slurm_partition": hw["partition"] or "",
         "slurm_extra": slurm_extra(hw, per_node),
-        # the plugin runs a job with an `mpi` resource as-is (our launcher calls srun itself);
-        # without it, it wraps the job in `srun -n1`; it accepts `mpi` only for > 1 task
-        "mpi": "srun" if world > 1 else "",
+        # No `mpi` resource, although the launcher calls srun itself: with one, the plugin's
+        # job step (slurm-jobstep 0.6.1) runs the first cell of a job array in every array task
+        # (it checks `mpi` before the array dispatch). Without it a single job runs inside an
+        # `srun -n1` step, and the launcher's srun shares that step (--overlap, dlscale.launch).
     }
 
 
