@@ -275,6 +275,9 @@ def write_cell_summary(scaling: pd.DataFrame, status: pd.DataFrame, out: str,
     return len(table)
 
 
+MAX_LISTED_CELLS = 60     # rows of the failed/missing and quarantine tables (~2 pages)
+
+
 def write_status_table(status: pd.DataFrame, out: str) -> None:
     """Failed and missing cells with the reason, Slurm state, failing rank and last log line."""
     bad = status[status["status"] != "ok"] if not status.empty else status
@@ -282,8 +285,10 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
         Path(out).write_text(f"All {len(status)} planned cells were measured.\n")
         return
     rows = []
-    for r in bad.sort_values(["status", "hardware", "framework", "model", "nodes", "rep"]
-                             ).itertuples(index=False):
+    # failed before missing (sorted by status), at most MAX_LISTED_CELLS rows: a large study
+    # with many missing cells would otherwise fill pages; the rest are counted below the table
+    ordered = bad.sort_values(["status", "hardware", "framework", "model", "nodes", "rep"])
+    for r in ordered.head(MAX_LISTED_CELLS).itertuples(index=False):
         cell = f"{r.hardware}/{r.framework}/{r.model}/{r.policy}/{r.precision}/n{r.nodes}/r{r.rep}"
         last = (str(r.log_tail).strip().splitlines() or [""])[-1] if not pd.isna(r.log_tail) else ""
         slurm = "" if pd.isna(r.slurm_state) else f"{r.slurm_state} ({r.slurm_exit_code})"
@@ -296,7 +301,17 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
         "\\begin{longtable}{p{0.26\\linewidth}lp{0.22\\linewidth}p{0.12\\linewidth}r"
         "p{0.22\\linewidth}}\n\\toprule\n"
         "Cell & Status & Reason & Slurm state (exit) & Rank & Last log line \\\\\n"
-        "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n")
+        "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n"
+        + _more_rows(ordered.iloc[MAX_LISTED_CELLS:], "status.csv"))
+
+
+def _more_rows(rest: pd.DataFrame, table: str) -> str:
+    if rest.empty:
+        return ""
+    counts = ", ".join(f"{n} {status}" for status, n in rest["status"].value_counts().items()) \
+        if "status" in rest else ""
+    return (f"\\noindent {len(rest)} more not listed{f' ({counts})' if counts else ''}: "
+            f"see \\texttt{{{tex_escape(table)}}}.\n")
 
 
 def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
@@ -304,10 +319,12 @@ def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
         Path(out).write_text("No metrics file was rejected.\n")
         return
     rows = "\n".join(f"\\texttt{{{tex_escape(r.metrics_path)}}} & {tex_escape(r.reason)} \\\\"
-                     for r in quarantine.itertuples(index=False))
+                     for r in quarantine.head(MAX_LISTED_CELLS).itertuples(index=False))
     Path(out).write_text("\\begin{longtable}{p{0.45\\linewidth}p{0.5\\linewidth}}\n\\toprule\n"
                          "Metrics file & Reason \\\\\n\\midrule\n" + rows +
-                         "\n\\bottomrule\n\\end{longtable}\n")
+                         "\n\\bottomrule\n\\end{longtable}\n"
+                         + _more_rows(quarantine.iloc[MAX_LISTED_CELLS:],
+                                      "quarantine.csv"))
 
 
 def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) -> None:

@@ -6,6 +6,7 @@ end if this module started it. Under CI=true these tests always run (never skip)
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import os
 import subprocess
@@ -104,3 +105,30 @@ def test_accounting_mode_with_sacct_status(cluster, tmp_path):
         back = subprocess.run(["bash", str(UP), "--nodes", "2"], capture_output=True, text=True,
                               timeout=900)
         assert back.returncode == 0, back.stderr[-2000:]
+
+
+def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_config):
+    """Two cells per resource class (1 and 2 nodes): each class goes to Slurm as one job array,
+    and every array task runs its own cell (not the first one's), with 2-node cells on 2 nodes."""
+    config = copy.deepcopy(tiny_config)
+    config["repetitions"] = 2
+    work = copy_workflow(tmp_path, config)
+    proc = snakemake(work, "--profile", "profiles/slurm")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("Submitted array job") == 2, out[-3000:]
+    rows = list(csv.DictReader((work / "results/tables/status.csv").open()))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}, rows
+    jobs = set()
+    for nodes in (1, 2):
+        for rep in (1, 2):
+            run = work / f"results/runs/cpu/pytorch/cnn_small/weak/fp32/n{nodes}/r{rep}"
+            recs = records(run / "metrics.jsonl")
+            assert recs[0]["value"]["cell"]["rep"] == rep          # its own cell
+            assert len({r["value"]["node"] for r in recs if r["event"] == "rank_start"}) == nodes
+            job = json.loads((run / "slurm_job.json").read_text())
+            assert job["array_job_id"] and job["array_task_id"], job
+            jobs.add(job["slurm_job_id"])
+            assert (work / f"results/logs/slurm/rule_train_cpu_n{nodes}/"
+                    f"{job['array_job_id']}_{job['array_task_id']}.log").exists()
+    assert len(jobs) == 4

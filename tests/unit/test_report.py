@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import re
 
+import pandas as pd
 import pytest
 
 from dlscale.plotting import figure_layout
@@ -88,3 +89,23 @@ def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
     with pytest.raises(ValueError, match="plain relative path"):
         render_tex(str(out), title="t", figures=copy.deepcopy(layout),
                    attachment="../tables/cells.csv}\\input{x")
+
+
+def test_failed_and_missing_table_is_bounded_and_lists_failed_cells_first(tmp_path):
+    from dlscale.report import MAX_LISTED_CELLS, write_status_table
+    rows = []
+    for rep in range(1, 201):
+        status = "failed" if rep in (7, 150, 199) else "missing"
+        rows.append({"hardware": "cpu", "framework": "pytorch", "model": "m", "policy": "weak",
+                     "precision": "fp32", "nodes": 1, "rep": rep, "status": status,
+                     "reason": "rank 0 exited with code 3" if status == "failed" else "",
+                     "failed_rank": 0 if status == "failed" else None, "exit_code": None,
+                     "slurm_job_id": None, "slurm_state": None, "slurm_exit_code": None,
+                     "log_tail": "", "metrics_path": f"r{rep}"})
+    out = tmp_path / "status_table.tex"
+    write_status_table(pd.DataFrame(rows), str(out))
+    text = out.read_text()
+    listed = [line for line in text.splitlines() if line.startswith("cpu/pytorch/m/")]
+    assert len(listed) == MAX_LISTED_CELLS
+    assert sum(" & failed & " in line for line in listed) == 3       # failed cells come first
+    assert f"{200 - MAX_LISTED_CELLS} more not listed ({200 - MAX_LISTED_CELLS} missing)" in text
