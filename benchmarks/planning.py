@@ -13,7 +13,9 @@ the same flags (--configfile included) once untimed (which also checks that N tr
 planned), then --rounds times, alternating which goes first. Prints median/min/max/n of the wall
 time and of the peak RSS of the snakemake process (os.wait4 rusage of the child) and the
 project/bare ratios; and, timed inside this process, dlscale's own parse step
-(dlscale.matrix.load_study of the generated config), its share of the project's dry run.
+(dlscale.matrix.load_study of the generated config), its share of the project's dry run; then
+the parse alone (`snakemake --list-rules`, alternating), which every Slurm job's snakemake
+repeats before it runs its one cell.
 
 Goal (issue 7): wall-time ratio project/bare <= 1.2 at 10,000 cells.
 
@@ -134,6 +136,25 @@ def main() -> None:
               f"dry run, {pm / max(project_med - bare_med, 1e-9):.1%} of its excess over bare")
         print(f"  (+ Cell.path of every cell, the collect rule's input list: "
               f"{common.stats(paths_t, 's', '.3f')})")
+        # what every Slurm job pays again: its snakemake parses the whole workflow (one job's DAG
+        # after that is small); `--list-rules` parses without building a DAG
+        def parse_only(name):
+            def go(r):
+                run = common.run_child(cmds[name] + ["--list-rules"], root, env,
+                                       logs / f"{name}-parse-{r}.log")
+                common.check(run, f"{name} parse")
+                return run
+            return go
+
+        print(f"   parse only (`snakemake --list-rules`: what each Slurm job's snakemake parses "
+              f"again), {a.rounds} rounds alternating:")
+        parsed = common.alternate(a.rounds, {"project": parse_only("project"),
+                                              "bare": parse_only("bare")},
+                                  on_run=lambda r, name, run: print(
+                                      f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
+                                      f"{run.maxrss_mib:5.0f} MiB", flush=True))
+        for line in common.report(parsed):
+            print(line)
         print(f"  goal (issue 7) at 10,000 cells: wall ratio <= 1.20; here "
               f"{project_med / bare_med:.2f} at {len(study.cells)} cells"
               f"{'' if a.slurm_probe else ' (Slurm plugin probe skipped in both)'}", flush=True)

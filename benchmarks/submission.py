@@ -109,15 +109,20 @@ def main() -> None:
     p.add_argument("--cells", type=int, default=200, help="an even number, at most 200")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--variants", default="per-cell,arrays",
+                   help="which to run (comma-separated; the ratio needs both)")
     a = p.parse_args()
     if a.cells % 2 or not 2 <= a.cells <= 200:
         raise SystemExit("--cells: an even number from 2 to 200 (2 policies x at most 100 "
                          "repetitions, config.schema.json)")
     cluster_ready()
     root = a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-submission-", dir="/var/tmp"))
+    shutil.rmtree(root / "workflow", ignore_errors=True)
     work = copy_workflow(REPO, root / "workflow", default_venvs(REPO))
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(study_config(a.cells)))
-    variants = {"per-cell": per_cell_profile(work), "arrays": "profiles/slurm"}
+    variants = {name: profile for name, profile in
+                (("per-cell", per_cell_profile(work)), ("arrays", "profiles/slurm"))
+                if name in a.variants.split(",")}
     print(f"{a.cells} short cells (pytorch cnn_small, cpu, 1 node, 2 timed steps) on the local "
           f"cluster; work in {work}", flush=True)
     results: dict[str, list[dict]] = {name: [] for name in variants}
@@ -137,6 +142,8 @@ def main() -> None:
         print(f"{name:8s} median over {a.rounds} round(s): wall {m['wall_s']:.1f} s, cells done "
               f"{m['cells_done_s']:.1f} s, {m['sbatch']:.0f} sbatch calls, overhead "
               f"{m['overhead_per_cell_s']:.2f} s per cell")
+    if len(med) < 2:
+        return
     before, after = med["per-cell"], med["arrays"]
     print(f"ratio arrays / per-cell: wall {after['wall_s'] / before['wall_s']:.2f}, cells done "
           f"{after['cells_done_s'] / before['cells_done_s']:.2f}, sbatch calls "
