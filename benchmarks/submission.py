@@ -5,11 +5,10 @@ local cluster, one Slurm job per cell against job arrays, side by side in one ru
     .venv/bin/python benchmarks/submission.py [--cells 200] [--rounds 1]
 
 Variants (the same workflow copy and study, fresh results each run):
-  per-cell  the Slurm profile as it was before issue 7: one sbatch per cell, `jobs: 100`, the
-            default ILP scheduler (profiles/slurm with slurm-array-jobs, slurm-array-limit and
-            scheduler removed and jobs set to 100)
-  arrays    profiles/slurm as it is: the ready cells of each train rule (resource class) as
-            job arrays, greedy scheduler
+  per-cell  one sbatch per cell, `jobs: 100`, the default ILP scheduler: profiles/slurm as it
+            was before issue 7 (the greedy scheduler removed)
+  arrays    profiles/slurm with the opt-in job arrays (ARRAYS): the ready cells of each train
+            rule (resource class) as arrays of 40, greedy scheduler
 
 The study: pytorch cnn_small on the `cpu` hardware, 1 node, weak and strong, `--cells / 2`
 repetitions each, 1 warm-up and 2 timed steps: short cells, whose cost is mostly the job
@@ -50,8 +49,12 @@ def study_config(cells: int) -> dict:
     return config
 
 
+# job arrays, opt-in on top of profiles/slurm (see its comments)
+ARRAYS = ["--slurm-array-jobs", "all", "--slurm-array-limit", "40", "--jobs", "20000"]
+
+
 def per_cell_profile(work: Path) -> str:
-    """profiles/slurm without arrays and the greedy scheduler, with jobs: 100 (before issue 7)."""
+    """profiles/slurm without the greedy scheduler and with jobs: 100: as before issue 7."""
     profile = yaml.safe_load((work / "profiles" / "slurm" / "config.yaml").read_text())
     for key in ("slurm-array-jobs", "slurm-array-limit", "scheduler", "scheduler-subsample"):
         profile.pop(key, None)
@@ -78,18 +81,18 @@ def cluster_ready() -> None:
         raise SystemExit(f"the cluster is busy; these jobs would distort the timing:\n{queued}")
 
 
-def measure(work: Path, profile: str, cells: int, log: Path) -> dict:
+def measure(work: Path, args: list[str], cells: int, log: Path) -> dict:
     for path in ("results", ".snakemake"):
         shutil.rmtree(work / path, ignore_errors=True)
     start = time.time()
-    run: Run = run_child([str(SNAKEMAKE), "--profile", profile], work,
+    run: Run = run_child([str(SNAKEMAKE), *args], work,
                          child_env(work, SNAKEMAKE), log)
     text = log.read_text(errors="replace")
     if run.rc != 0:
-        raise SystemExit(f"{profile}: snakemake failed (exit {run.rc}); log {log}:\n{text[-3000:]}")
+        raise SystemExit(f"{args}: snakemake failed (exit {run.rc}); log {log}:\n{text[-3000:]}")
     table = pd.read_csv(work / CELLS_CSV)
     if len(table) != cells:
-        raise SystemExit(f"{profile}: {len(table)} cells in {CELLS_CSV}, expected {cells}")
+        raise SystemExit(f"{args}: {len(table)} cells in {CELLS_CSV}, expected {cells}")
     metrics = list((work / "results" / "runs").rglob("metrics.jsonl"))
     single = len(re.findall(r"has been submitted with SLURM jobid", text))
     arrays = re.findall(r"Submitted array job with .*? The individual task IDs are (\d+)-(\d+)",
@@ -120,8 +123,9 @@ def main() -> None:
     shutil.rmtree(root / "workflow", ignore_errors=True)
     work = copy_workflow(REPO, root / "workflow", default_venvs(REPO))
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(study_config(a.cells)))
-    variants = {name: profile for name, profile in
-                (("per-cell", per_cell_profile(work)), ("arrays", "profiles/slurm"))
+    variants = {name: args for name, args in
+                (("per-cell", ["--profile", per_cell_profile(work)]),
+                 ("arrays", ["--profile", "profiles/slurm", *ARRAYS]))
                 if name in a.variants.split(",")}
     print(f"{a.cells} short cells (pytorch cnn_small, cpu, 1 node, 2 timed steps) on the local "
           f"cluster; work in {work}", flush=True)

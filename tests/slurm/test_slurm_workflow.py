@@ -108,12 +108,14 @@ def test_accounting_mode_with_sacct_status(cluster, tmp_path):
 
 
 def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_config):
-    """Two cells per resource class (1 and 2 nodes): each class goes to Slurm as one job array,
+    """Two cells per resource class (1 and 2 nodes), arrays on: each class goes to Slurm as one job array,
     and every array task runs its own cell (not the first one's), with 2-node cells on 2 nodes."""
     config = copy.deepcopy(tiny_config)
     config["repetitions"] = 2
     work = copy_workflow(tmp_path, config)
-    proc = snakemake(work, "--profile", "profiles/slurm")
+    # the opt-in array settings documented in profiles/slurm/config.yaml
+    proc = snakemake(work, "--profile", "profiles/slurm", "--slurm-array-jobs", "all",
+                     "--slurm-array-limit", "40", "--jobs", "20000")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("Submitted array job") == 2, out[-3000:]
