@@ -155,19 +155,20 @@ SLURM_IDENTITY = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_ARRAY_JOB_
 def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
     the executor plugin strips most SLURM_* variables from the job's environment."""
-    hosts = allocation_nodes()
-    addr, port = hosts[0], slurm_port()
-    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port), DLSCALE_HOSTS=",".join(hosts),
-               OMP_NUM_THREADS=str(cell["cpus_per_rank"]), PYTHONUNBUFFERED="1")
-    overlap = []
-    if "SLURM_STEP_ID" in os.environ:
+    env, overlap = dict(os.environ), []
+    if "SLURM_STEP_ID" in env:
         # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
-        # SLURM_* describe one task on one node, not the allocation: keep only the job's identity
-        # (as the plugin does for its own steps), and let the ranks' step share the resources
-        # the launcher's step holds (--overlap, Slurm >= 20.11).
+        # SLURM_* (node list included) describe one task on one node, not the allocation: keep
+        # only the job's identity (as the plugin does for its own steps), ask Slurm for the
+        # allocation's nodes, and let the ranks' step share the resources the launcher's step
+        # holds (--overlap, Slurm >= 20.11).
         env = {k: v for k, v in env.items()
                if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY}
         overlap = ["--overlap"]
+    hosts = allocation_nodes(env)
+    addr, port = hosts[0], slurm_port(env)
+    env.update(MASTER_ADDR=addr, MASTER_PORT=str(port), DLSCALE_HOSTS=",".join(hosts),
+               OMP_NUM_THREADS=str(cell["cpus_per_rank"]), PYTHONUNBUFFERED="1")
     cmd = ["srun", *overlap, f"--nodes={cell['nodes']}", f"--ntasks={cell['world_size']}",
            f"--ntasks-per-node={cell['ranks_per_node']}",
            f"--cpus-per-task={cell['cpus_per_rank']}", "--kill-on-bad-exit=1",

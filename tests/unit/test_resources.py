@@ -62,7 +62,10 @@ def _fake_srun(tmp_path, monkeypatch):
     (bin_dir / "srun").write_text(
         "#!/usr/bin/env python3\nimport json, os, sys\n"
         f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n")
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho n1; echo n2\n")
+    # the allocation as Slurm knows it (the job id's node list), whatever the environment says
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ntouch {tmp_path}/squeue-asked\necho 'n[1-2]'\n")
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\n[ \"$3\" = 'n[1-2]' ] && { echo n1; echo n2; } || echo \"$3\"\n")
     for exe in bin_dir.iterdir():
         exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -85,19 +88,22 @@ def test_srun_in_the_batch_script_uses_the_allocation(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     got = _run_srun(tmp_path)
     assert record.exists() and "--overlap" not in got["argv"]
+    assert got["env"]["DLSCALE_HOSTS"] == "n1,n2"
     assert "--nodes=2" in got["argv"] and got["env"]["MASTER_ADDR"] == "n1"
 
 
 def test_srun_inside_the_plugins_step_shares_it_and_forgets_the_steps_shape(tmp_path, monkeypatch):
     _fake_srun(tmp_path, monkeypatch)
     # what slurmstepd sets inside the plugin's `srun -n1` step: a 1-node, 1-task shape
-    for key, value in {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_ID": "0",
+    for key, value in {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": "0",
                        "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_STEP_NUM_NODES": "1",
                        "SLURM_TASKS_PER_NODE": "1", "SRUN_CPUS_PER_TASK": "1"}.items():
         monkeypatch.setenv(key, value)
     got = _run_srun(tmp_path)
     assert got["argv"][0] == "--overlap" and "--nodes=2" in got["argv"]
     assert got["env"]["SLURM_JOB_ID"] == "77"
+    # the step's node list is the launcher's one node; the ranks need the allocation's two
+    assert (tmp_path / "squeue-asked").exists() and got["env"]["DLSCALE_HOSTS"] == "n1,n2"
     assert not {"SLURM_NNODES", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_STEP_NUM_NODES",
                 "SLURM_TASKS_PER_NODE", "SRUN_CPUS_PER_TASK"} & set(got["env"])
 
