@@ -112,20 +112,24 @@ def main() -> None:
                                  f"{len(study.cells)}; see {run.log}")
             print(f"   warm-up {name}: {planned} train jobs planned, {run.wall_s:.1f} s")
 
-        def variant(name):
-            def go(r):
-                run = common.run_child(cmds[name] + flags, root, env, logs / f"{name}-{r}.log")
-                common.check(run, f"{name} dry run")
-                return run
-            return go
+        def side_by_side(args, tag):
+            """Project and bare with the same extra args, a.rounds rounds alternating."""
+            def variant(name):
+                def go(r):
+                    run = common.run_child(cmds[name] + args, root, env,
+                                           logs / f"{name}-{tag}-{r}.log")
+                    common.check(run, f"{name} {tag}")
+                    return run
+                return go
+            return common.alternate(a.rounds, {"project": variant("project"),
+                                               "bare": variant("bare")},
+                                    on_run=lambda r, name, run: print(
+                                        f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
+                                        f"{run.maxrss_mib:5.0f} MiB", flush=True))
 
         print(f"   dry run `snakemake {' '.join(flags)}` (same flags + --configfile for both), "
               f"{a.rounds} rounds alternating:")
-        results = common.alternate(a.rounds, {"project": variant("project"),
-                                               "bare": variant("bare")},
-                                   on_run=lambda r, name, run: print(
-                                       f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
-                                       f"{run.maxrss_mib:5.0f} MiB", flush=True))
+        results = side_by_side(flags, "dry-run")
         for line in common.report(results):
             print(line)
         pm = statistics.median(parse)
@@ -138,21 +142,9 @@ def main() -> None:
               f"{common.stats(paths_t, 's', '.3f')})")
         # what every Slurm job pays again: its snakemake parses the whole workflow (one job's DAG
         # after that is small); `--list-rules` parses without building a DAG
-        def parse_only(name):
-            def go(r):
-                run = common.run_child(cmds[name] + ["--list-rules"], root, env,
-                                       logs / f"{name}-parse-{r}.log")
-                common.check(run, f"{name} parse")
-                return run
-            return go
-
         print(f"   parse only (`snakemake --list-rules`: what each Slurm job's snakemake parses "
               f"again), {a.rounds} rounds alternating:")
-        parsed = common.alternate(a.rounds, {"project": parse_only("project"),
-                                              "bare": parse_only("bare")},
-                                  on_run=lambda r, name, run: print(
-                                      f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
-                                      f"{run.maxrss_mib:5.0f} MiB", flush=True))
+        parsed = side_by_side(["--list-rules"], "parse")
         for line in common.report(parsed):
             print(line)
         print(f"  goal (issue 7) at 10,000 cells: wall ratio <= 1.20; here "
