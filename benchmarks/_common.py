@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from math import lcm
@@ -401,3 +402,19 @@ def cell_records(metrics, study, cell, hardware: dict) -> list[dict]:
                             config_hash=study.config_hash, git_commit=None, launcher="local",
                             slurm_job_id=None, rank_records=ranks, wall_seconds=1.0,
                             started=time.time())
+
+
+def start(a, prefix: str) -> tuple[Path, Path, Path, Path | None]:
+    """The checkout to measure, its .venvs, the work folder and the scontrol shim (None with
+    --slurm-probe), with the header every benchmark prints (checkout, snakemake, machine)."""
+    src = a.workflow_dir.resolve()
+    venvs = (a.venvs or default_venvs(src)).resolve()
+    root = (a.workdir or Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    shim = None if a.slurm_probe else no_slurm_probe(root)
+    import_dlscale(src)
+    print(f"workflow: {src} ({describe_checkout(src)}); .venvs -> {venvs}")
+    print(f"snakemake {snakemake_version(a.snakemake)}; {machine_note()}; "
+          f"Slurm plugin probe: {'real scontrol' if a.slurm_probe else 'skipped (scontrol shim)'}"
+          f"; work in {root}")
+    return src, venvs, root, shim

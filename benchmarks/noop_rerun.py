@@ -26,7 +26,6 @@ import json
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -141,18 +140,7 @@ def main() -> None:
     p.add_argument("--slurm-probe", action="store_true",
                    help="let the Slurm plugin query scontrol in every run (see planning.py)")
     a = p.parse_args()
-    src = a.workflow_dir.resolve()
-    venvs = (a.venvs or common.default_venvs(src)).resolve()
-    root = (a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-noop-", dir="/var/tmp")))
-    root = root.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    shim = None if a.slurm_probe else common.no_slurm_probe(root)
-    common.import_dlscale(src)
-
-    print(f"workflow: {src} ({common.describe_checkout(src)}); .venvs -> {venvs}")
-    print(f"snakemake {common.snakemake_version(a.snakemake)}; {common.machine_note()}; "
-          f"Slurm plugin probe: {'real scontrol' if a.slurm_probe else 'skipped (scontrol shim)'}"
-          f"; work in {root}")
+    src, venvs, root, shim = common.start(a, "dlscale-noop-")
     key = {"version": SETUP_VERSION, "cells": a.cells, "max_nodes": a.max_nodes,
            "workflow_dir": str(src), "workflow_files": common.tree_hash(src)}
     stamp = root / "setup.json"

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -57,20 +55,8 @@ def main() -> None:
                    help="let the Slurm plugin query scontrol in every run (see above)")
     a = p.parse_args()
     sizes = [int(x) for x in a.cells.split(",") if x]
-    src = a.workflow_dir.resolve()
-    venvs = (a.venvs or common.default_venvs(src)).resolve()
-    root = (a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-planning-", dir="/var/tmp")))
-    root = root.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    shim = None if a.slurm_probe else common.no_slurm_probe(root)
-
-    common.import_dlscale(src)
+    src, venvs, root, shim = common.start(a, "dlscale-planning-")
     from dlscale.matrix import load_study
-
-    print(f"workflow: {src} ({common.describe_checkout(src)}); .venvs -> {venvs}")
-    print(f"snakemake {common.snakemake_version(a.snakemake)}; {common.machine_note()}; "
-          f"Slurm plugin probe: {'real scontrol' if a.slurm_probe else 'skipped (scontrol shim)'}"
-          f"; work in {root}")
     # `--quiet` alone (= progress, rules) skips the per-job lines; in Snakemake 9.27
     # `--quiet all` still formats and prints every job (resources, shell command)
     flags = ["-n", "--cores", "1", "--quiet"]

@@ -21,7 +21,7 @@ from .report import (LatexMissing, build_macros, compile_pdf, render_tex, write_
 
 def build_from_existing(paths: list[str], out: dict[str, str], *, config: dict, n_planned: int,
                         figures: list[dict], title: str, attachment: str) -> None:
-    """`figures`: the study's figure layout (dlscale.plotting.figure_layout, the same list the
+    """`figures`: the study's figure layout (dlscale.layout.figure_layout, the same list the
     rules draw); `attachment`: out["cells"] relative to the report's folder."""
     write_tables(paths, out["ranks"], out["cells"], out["scaling"], out["quarantine"],
                  out["status"], straggler_threshold=config["straggler_threshold"])

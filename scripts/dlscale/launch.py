@@ -229,9 +229,14 @@ def record_slurm_job(output: Path) -> None:
            "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
            "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
            "host": socket.gethostname(), "time": time.time()}
-    tmp = output.parent / f".{SLURM_JOB_FILE}.tmp"
-    tmp.write_text(json.dumps(job, sort_keys=True))
-    os.replace(tmp, output.parent / SLURM_JOB_FILE)
+    _write_beside(output, SLURM_JOB_FILE, job)
+
+
+def _write_beside(output: Path, name: str, record: dict) -> None:
+    """A JSON side file in the cell's folder, renamed into place whole."""
+    tmp = output.parent / f".{name}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, output.parent / name)
 
 
 class Terminated(Exception):
@@ -270,9 +275,7 @@ def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, ran
             record["rank"], record["exit_code"] = int(first.group(1)), int(first.group(2))
             failed_log = rank_dir / f"rank{first.group(1)}.log"
             record["log_tail"] = {first.group(1): tail_lines(failed_log)}
-    tmp = output.parent / f".{FAILURE_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, output.parent / FAILURE_FILE)
+    _write_beside(output, FAILURE_FILE, record)
     return record
 
 

@@ -11,7 +11,6 @@ columns) span the text width, taken as 2 column widths. The style is data (style
 from __future__ import annotations
 
 from importlib import resources
-from typing import Iterable
 
 import matplotlib
 
@@ -22,9 +21,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .layout import (  # noqa: E402,F401 (re-exported: tests and the drawing code use them)
-    FAMILIES, FAMILY_CAPTIONS, MAX_COLS, MAX_PANELS, MAX_SERIES, SCALING, TEXT_COLUMNS, WITH_CI,
-    GroupKey, _chunks, _unique, figure_file_bound, figure_layout, grid_columns, models_per_page)
+from .layout import FAMILIES, SCALING, figure_layout  # noqa: E402
 
 REFERENCE_LABELS = {"ideal"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -187,6 +184,18 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     return _finish(fig, axes, out)
 
 
+def _bar_groups(part: pd.DataFrame, series: list, index: str, groups: list):
+    """Grouped bars: for each (framework, precision) series with rows in `part`, its rows
+    indexed by `groups` (one bar group each) and the bars' x positions and width."""
+    width = 0.8 / max(1, len(series))
+    for i, (framework, precision) in enumerate(series):
+        rows = part[(part["framework"] == framework) & (part["precision"] == precision)]
+        if rows.empty:
+            continue
+        x = np.arange(len(groups)) + (i - (len(series) - 1) / 2) * width
+        yield framework, precision, rows.set_index(index).reindex(groups), x, width
+
+
 def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     """Frameworks side by side at equal hardware: throughput per model at the largest node
     count measured on that hardware/policy (median, 95 % CI)."""
@@ -202,13 +211,7 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
             continue
         top_nodes = int(part["nodes"].max())
         part = part[part["nodes"] == top_nodes]
-        width_bar = 0.8 / max(1, len(series))
-        for i, (framework, precision) in enumerate(series):
-            rows = part[(part["framework"] == framework) & (part["precision"] == precision)]
-            if rows.empty:
-                continue
-            rows = rows.set_index("model").reindex(models)
-            x = np.arange(len(models)) + (i - (len(series) - 1) / 2) * width_bar
+        for framework, precision, rows, x, width_bar in _bar_groups(part, series, "model", models):
             med = rows["throughput_samples_per_s_median"]
             ax.bar(x, med, width_bar, color=hue.colour[framework],
                    hatch=None if hue.precision.get(precision, 0) == 0 else "///",
@@ -238,13 +241,7 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
             _no_data(ax)
             continue
         nodes = sorted(part["nodes"].unique())
-        width_bar = 0.8 / max(1, len(series))
-        for i, (framework, precision) in enumerate(series):
-            rows = part[(part["framework"] == framework) & (part["precision"] == precision)]
-            if rows.empty:
-                continue
-            rows = rows.set_index("nodes").reindex(nodes)
-            x = np.arange(len(nodes)) + (i - (len(series) - 1) / 2) * width_bar
+        for framework, precision, rows, x, width_bar in _bar_groups(part, series, "nodes", nodes):
             step = rows["step_seconds_median_median"].to_numpy(dtype=float) * 1e3
             compute = rows["compute_seconds_median_median"].to_numpy(dtype=float) * 1e3
             known = ~np.isnan(compute)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from .frameworks.base import ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, \
     COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
-from .plotting import MAX_PANELS, MAX_SERIES
+from .layout import MAX_PANELS, MAX_SERIES
 from .stats import CI_METHOD
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
@@ -328,7 +328,7 @@ def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
 
 
 def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) -> None:
-    """report.tex from the template. `figures`: the layout (dlscale.plotting.figure_layout) with
+    """report.tex from the template. `figures`: the layout (dlscale.layout.figure_layout) with
     file, caption, hardware, width_in, ci; `attachment`: the cell table's path relative to the
     report's folder, embedded in the PDF (attachfile2)."""
     env = jinja2.Environment(

@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
-from dlscale.plotting import (FAMILIES, MAX_PANELS, MAX_SERIES, figure_file_bound,
-                              figure_layout, layout_of_table, plot_figure)
+from dlscale.layout import (FAMILIES, MAX_PANELS, MAX_SERIES, figure_file_bound,
+                            figure_layout)
+from dlscale.plotting import layout_of_table, plot_figure
 from synthetic_study import DEMO, LARGE, groups, study_tables
 
 COLUMN_IN = 3.5

@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from dlscale.plotting import figure_layout
+from dlscale.layout import figure_layout
 from dlscale.report import (MAX_SUMMARY_ROWS, SUMMARY_LEVELS, cell_summary, group_summary,
                             render_tex, write_cell_summary)
 from synthetic_study import DEMO, LARGE, groups, study_tables
