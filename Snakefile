@@ -10,7 +10,6 @@ configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
-include: "rules/resources.smk"
 include: "rules/train.smk"
 include: "rules/collect.smk"
 include: "rules/figures.smk"
@@ -22,11 +21,7 @@ include: "rules/report.smk"
 localrules:
     all,
     collect,
-    figure_throughput,
-    figure_speedup,
-    figure_efficiency,
-    figure_frameworks,
-    figure_breakdown,
+    figure,
     report_inputs,
     report_tex,
     report_pdf,

@@ -254,8 +254,7 @@ rule collect:
 
 rule train:
     output:
-        "results/runs/{hardware}/{framework}/{model}/{policy}/{precision}"
-        "/n{nodes}/r{rep}/metrics.jsonl",
+        "CELL_PATTERN",
     shell:
         "touch {output}"
 '''
@@ -265,7 +264,13 @@ def write_bare(dest: Path, cell_paths: list[str], config_path: Path) -> tuple[Pa
     """The bare workflow: Snakefile, cells.txt, and a copy of the study config (passed with the
     same --configfile flag as the project, unused)."""
     dest.mkdir(parents=True)
-    (dest / "Snakefile").write_text(BARE_SNAKEFILE)
+    # the measured checkout's own cell pattern (dlscale.cell.CELL_PATTERN; dlscale.matrix's
+    # before the cell module existed): the same wildcards as the study's train rules
+    try:
+        from dlscale.cell import CELL_PATTERN as pattern
+    except ImportError:
+        from dlscale.matrix import CELL_PATTERN as pattern
+    (dest / "Snakefile").write_text(BARE_SNAKEFILE.replace("CELL_PATTERN", pattern))
     (dest / "cells.txt").write_text("\n".join(cell_paths) + "\n")
     cfg = dest / config_path.name
     shutil.copy2(config_path, cfg)
@@ -366,11 +371,11 @@ def cell_count_check(study, expected: int) -> None:
 
 
 # ------------------------------------------------------------------ synthetic metrics files
-def cell_records(metrics, study, cell, hardware: dict) -> list[dict]:
+def cell_records(metrics, cell, hw: dict | None = None) -> list[dict]:
     """The metrics file of one real Cell in the real format: every rank of its world writes
     rank_start, idle_probe, one step per configured timed step and rank_end; assemble adds
-    run_start (the Cell's own fields) and the summary."""
-    hw = hardware[cell.hardware]
+    run_start (the Cell's own fields) and the summary. `hw`: the cell's hardware entry."""
+    hw = hw or {}
     secs = [0.01 + 0.0001 * (i % 7) for i in range(cell.steps)]
     ranks = {}
     for rank in range(cell.world_size):
@@ -398,10 +403,8 @@ def cell_records(metrics, study, cell, hardware: dict) -> list[dict]:
             "breakdown": {"available": False, "reason": "synthetic"},
             "allreduce": {"available": False, "reason": "synthetic"}}))
         ranks[rank] = recs
-    return metrics.assemble(study=study.config["study"], cell=cell.as_dict(),
-                            config_hash=study.config_hash, git_commit=None, launcher="local",
-                            slurm_job_id=None, rank_records=ranks, wall_seconds=1.0,
-                            started=time.time())
+    return metrics.assemble(cell=cell, git_commit=None, launcher="local", slurm_job_id=None,
+                            rank_records=ranks, wall_seconds=1.0, started=time.time())
 
 
 def start(a, prefix: str) -> tuple[Path, Path, Path, Path | None]:

@@ -14,12 +14,17 @@ import itertools
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from dlscale import metrics
+from dlscale.cell import Cell
 from dlscale.collect import collect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
 
 FRAMEWORKS = ["pytorch", "tensorflow", "keras", "horovod", "mxnet"]
 MODELS = [f"m{i}" for i in range(25)]
@@ -32,43 +37,17 @@ NODES = [1, 2]
 REPS = 5
 
 
-def rank_records(rank: int, node: str, steps: int) -> list[dict]:
-    start = {"local_rank": 0, "node": node, "node_index": rank, "pid": rank, "device": "cpu",
-             "device_model": "x", "threads": 1, "loadavg_1m": 0.1, "per_rank_batch": 8,
-             "data_layout": "NCHW", "input_shape": [3, 32, 32], "param_count": 1,
-             "libraries": {"torch": "2.13.0"}, "python": "3.11", "cpu_model": "x",
-             "dlscale_version": "0.1.0", "timer": "time.perf_counter", "sync_method": "none"}
-    secs = [0.01 + 0.0001 * (i % 7) for i in range(steps)]
-    recs = [metrics.make_record("rank_start", rank, start),
-            metrics.make_record("idle_probe", rank, {"window_s": 0.5, "busy_cpus": 0.0,
-                                                     "top_processes": [], "competing": False,
-                                                     "method": "synthetic"})]
-    recs += [metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
-             for i, s in enumerate(secs)]
-    recs.append(metrics.make_record("rank_end", rank, {
-        **metrics.rank_summary(secs, 8, 100.0), "peak_device_memory_mb": None,
-        "energy": {"available": False, "reason": "synthetic"},
-        "breakdown": {"available": False, "reason": "synthetic"},
-        "allreduce": {"available": False, "reason": "synthetic"}}))
-    return recs
-
-
 def write_cells(root: Path, n: int, steps: int) -> list[str]:
     paths = []
     combos = itertools.product(HARDWARE, FRAMEWORKS, MODELS, POLICIES, ["fp32"], NODES,
                                range(1, REPS + 1))
     for hw, fw, model, policy, prec, nodes, rep in itertools.islice(combos, n):
-        cell = {"hardware": hw, "framework": fw, "model": model, "policy": policy,
-                "precision": prec, "nodes": nodes, "rep": rep, "device": "cpu",
-                "ranks_per_node": 1, "world_size": nodes, "per_rank_batch": 8,
-                "global_batch": 8 * nodes, "cpus_per_rank": 1, "warmup_steps": 1, "steps": steps}
-        path = (f"results/runs/{hw}/{fw}/{model}/{policy}/{prec}/n{nodes}/r{rep}/"
-                "metrics.jsonl")
-        ranks = {r: rank_records(r, f"n{r}", steps) for r in range(nodes)}
-        metrics.write_atomic(root / path, metrics.assemble(
-            study="bench", cell=cell, config_hash="h", git_commit=None, launcher="local",
-            slurm_job_id=None, rank_records=ranks, wall_seconds=1.0, started=0.0))
-        paths.append(path)
+        cell = Cell(hardware=hw, framework=fw, model=model, policy=policy, precision=prec,
+                    nodes=nodes, rep=rep, device="cpu", ranks_per_node=1, per_rank_batch=8,
+                    global_batch=8 * nodes, cpus_per_rank=1, warmup_steps=1, steps=steps,
+                    learning_rate=0.01, momentum=0.9, study="bench", config_hash="h")
+        metrics.write_atomic(root / cell.path, common.cell_records(metrics, cell))
+        paths.append(cell.path)
     return paths
 
 

@@ -25,10 +25,11 @@ from dlscale.models import get_spec
 from dlscale.models.torch import build, example_batch
 
 
-def bare_loop(model_name: str, batch: int, warmup: int, steps: int) -> float:
+def bare_loop(spec: TrainSpec) -> float:
     """What a user would write by hand: DDP, SGD, synthetic batch; wall-clock samples/s."""
+    model_name, batch, warmup, steps = spec.model, spec.per_rank_batch, spec.warmup_steps, spec.steps
     model = DistributedDataParallel(build(model_name))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.learning_rate, momentum=spec.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
     x, y = example_batch(get_spec(model_name), batch)
     for _ in range(warmup):
@@ -57,6 +58,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--learning-rate", type=float, default=0.01, help="SGD (the config's default)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD (the config's default)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     with __import__("socket").socket() as s:
@@ -64,7 +67,7 @@ def main() -> None:
         port = s.getsockname()[1]
     spec = TrainSpec(framework="pytorch", model=a.model, per_rank_batch=a.batch,
                      warmup_steps=a.warmup, steps=a.steps, precision="fp32", device="cpu",
-                     threads=a.threads)
+                     threads=a.threads, learning_rate=a.learning_rate, momentum=a.momentum)
     ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_index=0,
                       node="local", master_addr="127.0.0.1", master_port=port,
                       launcher="benchmark", hosts=("127.0.0.1",))
@@ -78,9 +81,9 @@ def main() -> None:
     for r in range(a.rounds):
         if r % 2 == 0:
             reported = dlscale_loop(adapter)
-            bare = bare_loop(a.model, a.batch, a.warmup, a.steps)
+            bare = bare_loop(spec)
         else:
-            bare = bare_loop(a.model, a.batch, a.warmup, a.steps)
+            bare = bare_loop(spec)
             reported = dlscale_loop(adapter)
         ratios.append(reported / bare)
         print(f"{r:5d}  {bare:15.1f}  {reported:18.1f}  {reported / bare:5.3f}")

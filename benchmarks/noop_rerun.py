@@ -54,8 +54,8 @@ def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
     t0 = time.perf_counter()
     ranks = 0
     for cell in study.cells:
-        metrics.write_atomic(wf / cell.path, common.cell_records(metrics, study, cell,
-                                                                 study.hardware))
+        metrics.write_atomic(wf / cell.path, common.cell_records(metrics, cell,
+                                                                 study.hardware[cell.hardware]))
         ranks += cell.world_size
     facts["synthetic"] = (f"wrote {len(study.cells)} synthetic metrics files ({ranks} ranks, "
                           f"{config['steps']} steps each) with full validation in "

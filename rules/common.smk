@@ -2,7 +2,6 @@
 # wildcard constraints, input functions and final targets. The logic lives in the dlscale
 # package (scripts/dlscale/config.py, matrix.py) so it is unit-tested without Snakemake.
 import importlib.resources
-import json
 import os
 import re
 import sys
@@ -12,7 +11,8 @@ from snakemake.exceptions import WorkflowError
 
 from dlscale.config import ConfigError
 from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
-from dlscale.matrix import CELL_PATTERN, TRAIN_RULE, load_study
+from dlscale.cell import CELL_PATTERN, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
+from dlscale.matrix import load_study
 
 try:
     STUDY = load_study(config, workflow.basedir)
@@ -49,17 +49,16 @@ wildcard_constraints:
 
 def cell_of(wildcards):
     """The Cell a job's wildcards name; excluded or unknown combinations are refused."""
-    key = (wildcards.hardware, wildcards.framework, wildcards.model, wildcards.policy,
-           wildcards.precision, int(wildcards.nodes), int(wildcards.rep))
     try:
-        return CELLS[key]
+        return CELLS[key_of(dict(wildcards))]
     except KeyError:
         raise WorkflowError(f"dlscale: {dict(wildcards)} is not a cell of this study "
                             "(excluded, or outside the configured axes)") from None
 
 
 def cell_json(wildcards):
-    return json.dumps(cell_of(wildcards).as_dict(), sort_keys=True)
+    """The cell, serialised whole: the launcher's one input (dlscale.cell.Cell.to_json)."""
+    return cell_of(wildcards).to_json()
 
 
 def framework_python(wildcards):
@@ -113,7 +112,7 @@ def build_from_existing_cells():
     from dlscale.finalize import build_from_existing
 
     build_from_existing(metrics_files(), OUT_PARTIAL, config=STUDY.config,
-                        n_planned=len(STUDY.cells), figures=report_figures(),
+                        n_planned=len(STUDY.cells), figures=FIGURE_LAYOUT,
                         title=report_title() + " (incomplete)",
                         attachment=report_attachment(OUT_PARTIAL))
 
@@ -129,25 +128,20 @@ def remove_partial_outputs():
 # Snakemake knows every file at parse time (dlscale.layout.figure_layout: one family per
 # hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and
 # MAX_SERIES framework x precision series per panel; larger studies split into numbered parts).
+# FIGURE_LAYOUT is also the report's figure list (file relative to the figures folder, caption,
+# hardware, width) and the onerror build's.
 
-from dlscale.layout import FAMILIES as FIGURE_FAMILIES, FAMILY_CAPTIONS, figure_layout
+from dlscale.layout import FIGURE_NAME_PATTERN, figure_layout
 
-FIGURES = FIGURE_FAMILIES
-FIGURE_CAPTIONS = FAMILY_CAPTIONS
 FIGURE_LAYOUT = figure_layout(
     [(c.hardware, c.framework, c.model, c.policy, c.precision) for c in STUDY.cells],
     column_width_in=STUDY.config["report"]["column_width_in"])
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
 
 
-def figure_family_pattern(family):
-    """The `figure` wildcard of a family's rule: the family name, or name-<part>."""
-    return re.escape(family) + "(-[0-9]+)?"
-
-
-def figure_files(figures_dir=OUT["figures"]):
-    """Every figure file of the study (final targets, report inputs, the onerror build)."""
-    return [f"{figures_dir}/{spec['file']}" for spec in FIGURE_LAYOUT]
+def figure_files():
+    """Every figure file of the study (final targets, report inputs)."""
+    return [f"{OUT['figures']}/{spec['file']}" for spec in FIGURE_LAYOUT]
 
 
 def figure_spec(wildcards):
@@ -158,12 +152,6 @@ def figure_spec(wildcards):
     except KeyError:
         raise WorkflowError(f"dlscale: {OUT['figures']}/{file} is not a figure of this study; "
                             f"its figures: {', '.join(FIGURE_SPECS)}") from None
-
-
-def report_figures():
-    """The report's figure list: the layout, with file (relative to the figures folder),
-    caption, hardware and width."""
-    return FIGURE_LAYOUT
 
 
 def report_attachment(out=OUT):

@@ -31,7 +31,7 @@ rule report_tex:
         tex=OUT["tex"],
     params:
         title=report_title(),
-        figures=report_figures(),
+        figures=FIGURE_LAYOUT,
         attachment=report_attachment(),
     log:
         "results/logs/report_tex.log",

@@ -1,15 +1,19 @@
 # One job per cell: the launcher (scripts/dlscale/launch.py) starts the cell's ranks, locally or
 # with srun inside the cell's Slurm allocation, and writes the cell's metrics file atomically.
+# Its one input is the cell, serialised whole (dlscale.cell.Cell.to_json).
 #
-# One rule per resource class (dlscale.matrix.TRAIN_RULE: train_<hardware>_n<nodes>): the cells
+# One rule per resource class (dlscale.cell.TRAIN_RULE: train_<hardware>_n<nodes>): the cells
 # of a class request identical Slurm resources, which a job array needs (the Slurm plugin submits
 # the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
-# `slurm-array-jobs`).
+# `slurm-array-jobs`). Every Slurm resource derives from the class's hardware entry in
+# config/hardware.yaml (site facts) through dlscale.resources.class_resources, computed once per
+# class; nothing partition- or sbatch-specific is typed here.
 # Every class rule is the same rule; only its wildcard constraints differ.
+from dlscale.resources import class_resources
 
 
 for _hardware, _nodes in STUDY.resource_classes():
-    _resources = class_resources(_hardware, _nodes)
+    _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
 
     rule:
         name:
@@ -17,7 +21,7 @@ for _hardware, _nodes in STUDY.resource_classes():
         output:
             metrics=CELL_PATTERN,
         log:
-            "results/logs/train/{hardware}/{framework}/{model}/{policy}/{precision}/n{nodes}/r{rep}.log",
+            TRAIN_LOG_PATTERN,
         wildcard_constraints:
             hardware=re.escape(_hardware),
             nodes=str(_nodes),
@@ -25,8 +29,6 @@ for _hardware, _nodes in STUDY.resource_classes():
             cell=cell_json,
             python=framework_python,
             launcher=STUDY.config["launcher"],
-            study=STUDY.config["study"],
-            config_hash=STUDY.config_hash,
         threads: _resources["threads"]
         resources:
             nodes=_resources["nodes"],
@@ -42,6 +44,5 @@ for _hardware, _nodes in STUDY.resource_classes():
         conda:
             "../envs/{framework}.yaml"
         shell:
-            "{params.python:q} -m dlscale.launch --launcher {params.launcher:q} --cell-json {params.cell:q}"
-            " --study {params.study:q} --config-hash {params.config_hash:q}"
-            " --output {output.metrics:q} > {log:q} 2>&1"
+            "{params.python:q} -m dlscale.launch --launcher {params.launcher:q}"
+            " --cell-json {params.cell:q} --output {output.metrics:q} > {log:q} 2>&1"

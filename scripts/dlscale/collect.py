@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .matrix import parse_cell_path
+from .cell import KEY, parse_cell_path
+from .method import IDLE_PROBE, RANK_END, RANK_START
 from .metrics import MetricsError, read_metrics
-from .stats import CELL_AXES, add_speedup, scaling_summary, stragglers
+from .stats import add_speedup, scaling_summary, stragglers
 from .status import cell_status
 
 CELL_FIELDS = ["world_size", "ranks_per_node", "per_rank_batch", "global_batch", "device",
@@ -39,13 +40,13 @@ def _scaled(value, factor):
 def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tuple[dict, list[dict]]:
     start, summary = records[0]["value"], records[-1]["value"]
     cell, prov = start["cell"], start["provenance"]
-    base = {"study": start["study"], **{k: cell[k] for k in CELL_AXES},
+    base = {"study": start["study"], **{k: cell[k] for k in KEY},
             **{k: cell[k] for k in CELL_FIELDS}}
     ranks = []
-    rank_start = {r["rank"]: r["value"] for r in records if r["event"] == "rank_start"}
-    probe = {r["rank"]: r["value"] for r in records if r["event"] == "idle_probe"}
+    rank_start = {r["rank"]: r["value"] for r in records if r["event"] == RANK_START}
+    probe = {r["rank"]: r["value"] for r in records if r["event"] == IDLE_PROBE}
     for rec in records:
-        if rec["event"] != "rank_end":
+        if rec["event"] != RANK_END:
             continue
         st, end = rank_start[rec["rank"]], rec["value"]
         ranks.append({**base, "rank": rec["rank"], "local_rank": st["local_rank"],
@@ -76,7 +77,7 @@ def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tup
            "peak_rss_mb_max": summary.get("peak_rss_mb_max"),
            "peak_device_memory_mb_max": max(
                (r["value"].get("peak_device_memory_mb") or 0 for r in records
-                if r["event"] == "rank_end"), default=0) or None,
+                if r["event"] == RANK_END), default=0) or None,
            "competing": summary["competing"],
            "straggler": bool(slow),
            "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
@@ -99,10 +100,10 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
         try:
             records = read_metrics(path, steps=False)
             row, rank_rows = cell_rows(records, str(path), straggler_threshold)
-            key = tuple(row[k] for k in CELL_AXES)
+            key = tuple(row[k] for k in KEY)
             named = parse_cell_path(str(path))
-            if {k: row[k] for k in CELL_AXES} != named:
-                raise MetricsError(f"holds cell {dict(zip(CELL_AXES, key))}, not the cell its "
+            if {k: row[k] for k in KEY} != named:
+                raise MetricsError(f"holds cell {dict(zip(KEY, key))}, not the cell its "
                                    "path names")
             if key in seen:
                 raise MetricsError(f"duplicate of cell {key} already read from {seen[key]}")
@@ -119,7 +120,7 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
         quarantine.append({"metrics_path": str(path), "reason": reason})
         status.append(cell_status(str(path), ok=False, invalid_reason=reason))
     cells_df = add_speedup(pd.DataFrame(cells, columns=None if cells else
-                                        ["study", *CELL_AXES, *CELL_FIELDS,
+                                        ["study", *KEY, *CELL_FIELDS,
                                          "throughput_samples_per_s", "competing", "straggler"]))
     ranks_df = pd.DataFrame(ranks)
     quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])

@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-AXES = ("hardware", "framework", "model", "policy", "precision", "nodes")
+from .cell import AXES  # noqa: F401  (re-exported: the axes of a study's matrix)
 
 
 class ConfigError(ValueError):
@@ -39,9 +39,38 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
 
 
+REGISTRY_KEYWORD = "x-dlscale-registry"
+
+
+def _registry_names(registry: str) -> list[str]:
+    """The names a registry defines: `models` (dlscale.models) or `frameworks`."""
+    if registry == "models":
+        from .models import names
+    elif registry == "frameworks":
+        from .frameworks import names
+    else:
+        raise ValueError(f"{REGISTRY_KEYWORD}: unknown registry {registry!r}")
+    return names()
+
+
+def _fill_registries(schema: Any) -> None:
+    """Give every subschema marked {"x-dlscale-registry": R} the enum of R's names, so the
+    registries (not the schema file) say which models and frameworks exist."""
+    if isinstance(schema, dict):
+        if REGISTRY_KEYWORD in schema:
+            schema["enum"] = _registry_names(schema[REGISTRY_KEYWORD])
+        for sub in schema.values():
+            _fill_registries(sub)
+    elif isinstance(schema, list):
+        for sub in schema:
+            _fill_registries(sub)
+
+
 def load_schema(path: str | Path) -> dict:
     with Path(path).open() as fh:
-        return json.load(fh)
+        schema = json.load(fh)
+    _fill_registries(schema)
+    return schema
 
 
 def _key_path(parts) -> str:

@@ -11,38 +11,31 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from .collect import write_tables
 from .plotting import plot_figure
-from .report import (LatexMissing, build_macros, compile_pdf, render_tex, write_cell_summary,
-                     write_macros, write_quarantine_table, write_status_table)
+from .report import LatexMissing, compile_pdf, render_tex, write_report_inputs
 
 
 def build_from_existing(paths: list[str], out: dict[str, str], *, config: dict, n_planned: int,
                         figures: list[dict], title: str, attachment: str) -> None:
-    """`figures`: the study's figure layout (dlscale.layout.figure_layout, the same list the
-    rules draw); `attachment`: out["cells"] relative to the report's folder."""
+    """`out`: the outputs by the keys of OUT in rules/common.smk; `figures`: the study's figure
+    layout (dlscale.layout.figure_layout, the same list the rules draw); `attachment`:
+    out["cells"] relative to the report's folder."""
     write_tables(paths, out["ranks"], out["cells"], out["scaling"], out["quarantine"],
                  out["status"], straggler_threshold=config["straggler_threshold"])
-    cells, scaling = pd.read_csv(out["cells"]), pd.read_csv(out["scaling"])
-    quarantine, status = pd.read_csv(out["quarantine"]), pd.read_csv(out["status"])
+    tables = write_report_inputs(out, config=config, n_planned=n_planned)
     for fig in figures:
         path = Path(out["figures"]) / fig["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        plot_figure(scaling, fig, str(path))
-    Path(out["macros"]).parent.mkdir(parents=True, exist_ok=True)
-    write_macros(build_macros(config, cells, scaling, quarantine, status, n_planned), out["macros"])
-    write_cell_summary(scaling, status, out["cells_table"])
-    write_quarantine_table(quarantine, out["quarantine_table"])
-    write_status_table(status, out["status_table"])
+        plot_figure(tables["scaling"], fig, str(path))
     render_tex(out["tex"], title=title, figures=figures, attachment=attachment)
     try:
         compile_pdf(out["tex"], log=out["pdf_log"])
     except LatexMissing as exc:
         print(f"dlscale: {exc}", file=sys.stderr)
+    status = tables["status"]
     failed = status[status["status"] != "ok"]
-    print(f"dlscale: study incomplete: {len(cells)} of {n_planned} cells measured; "
+    print(f"dlscale: study incomplete: {len(tables['cells'])} of {n_planned} cells measured; "
           f"{(failed['status'] == 'failed').sum()} failed, {(failed['status'] == 'missing').sum()} "
           f"missing ({out['status']}). Tables, figures and {out['pdf']} were built "
           "from the measured cells; rerun the same command to retry only the failed and missing "

@@ -1,7 +1,9 @@
 """Where ranks start.
 
-`python -m dlscale.launch --cell-json ... --output metrics.jsonl` runs one cell:
-  1. starts nodes x ranks_per_node ranks of `python -m dlscale.train`, either as local processes
+`python -m dlscale.launch --cell-json CELL --output metrics.jsonl` runs one cell (CELL is
+`dlscale.cell.Cell.to_json()`):
+  1. writes the cell for its ranks (.ranks/cell.json) and starts nodes x ranks_per_node ranks of
+     `python -m dlscale.train --cell .ranks/cell.json`, either as local processes
      (launcher `local`: the embedded default, one simulated node per group of ranks) or with
      `srun` inside the cell's Slurm allocation (launcher `srun`);
   2. waits for all of them; if one fails, the others are stopped and the cell fails with the
@@ -27,10 +29,10 @@ import time
 from pathlib import Path
 
 from . import metrics
+from .cell import CELL_SPEC_FILE, FAILURE_FILE, RANK_DIR, SLURM_JOB_FILE, Cell, tail_lines
 from .frameworks.base import RankContext
+from .method import RANK_END
 from .provenance import git_commit
-
-TAIL_LINES = 20
 
 
 # ----------------------------------------------------------------------------- inside a rank
@@ -109,17 +111,18 @@ def slurm_port(env=os.environ) -> int:
     return 20000 + (int(env["SLURM_JOB_ID"]) * 64) % 20000
 
 
-def train_argv(cell: dict, rank_dir: Path, python: str) -> list[str]:
-    """The one CLI contract every framework's rank obeys (dlscale.train)."""
-    return [python, "-m", "dlscale.train",
-            "--framework", cell["framework"], "--model", cell["model"],
-            "--batch-size", str(cell["per_rank_batch"]),
-            "--warmup-steps", str(cell["warmup_steps"]), "--steps", str(cell["steps"]),
-            "--precision", cell["precision"], "--device", cell["device"],
-            "--threads", str(cell["cpus_per_rank"]),
-            "--expect-world-size", str(cell["world_size"]),
-            "--expect-ranks-per-node", str(cell["ranks_per_node"]),
+def train_argv(rank_dir: Path, python: str) -> list[str]:
+    """The one CLI contract every framework's rank obeys (dlscale.train): the cell, serialised
+    whole in the rank folder (write_cell_spec), and the folder the rank writes its part file to."""
+    return [python, "-m", "dlscale.train", "--cell", str(rank_dir / CELL_SPEC_FILE),
             "--rank-dir", str(rank_dir)]
+
+
+def write_cell_spec(cell: Cell, rank_dir: Path) -> Path:
+    """The cell as its ranks read it (dlscale.train: Cell.read)."""
+    path = rank_dir / CELL_SPEC_FILE
+    path.write_text(cell.to_json())
+    return path
 
 
 def local_rank_env(rank: int, world_size: int, ranks_per_node: int, port: int,
@@ -135,13 +138,12 @@ def local_rank_env(rank: int, world_size: int, ranks_per_node: int, port: int,
                 MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
 
 
-def start_local(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+def start_local(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on loopback."""
     port = _free_port()
     procs = []
-    for rank in range(cell["world_size"]):
-        env = local_rank_env(rank, cell["world_size"], cell["ranks_per_node"], port,
-                             cell["cpus_per_rank"])
+    for rank in range(cell.world_size):
+        env = local_rank_env(rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank)
         log = (rank_dir / f"rank{rank}.log").open("w")
         procs.append((rank, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)))
@@ -152,7 +154,7 @@ SLURM_IDENTITY = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_ARRAY_JOB_
                   "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME"}
 
 
-def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
     the executor plugin strips most SLURM_* variables from the job's environment."""
     env, overlap = dict(os.environ), []
@@ -168,10 +170,10 @@ def start_srun(cell: dict, argv: list[str], rank_dir: Path) -> list[tuple[int, s
     hosts = allocation_nodes(env)
     addr, port = hosts[0], slurm_port(env)
     env.update(MASTER_ADDR=addr, MASTER_PORT=str(port), DLSCALE_HOSTS=",".join(hosts),
-               OMP_NUM_THREADS=str(cell["cpus_per_rank"]), PYTHONUNBUFFERED="1")
-    cmd = ["srun", *overlap, f"--nodes={cell['nodes']}", f"--ntasks={cell['world_size']}",
-           f"--ntasks-per-node={cell['ranks_per_node']}",
-           f"--cpus-per-task={cell['cpus_per_rank']}", "--kill-on-bad-exit=1",
+               OMP_NUM_THREADS=str(cell.cpus_per_rank), PYTHONUNBUFFERED="1")
+    cmd = ["srun", *overlap, f"--nodes={cell.nodes}", f"--ntasks={cell.world_size}",
+           f"--ntasks-per-node={cell.ranks_per_node}",
+           f"--cpus-per-task={cell.cpus_per_rank}", "--kill-on-bad-exit=1",
            "--output", str(rank_dir / "rank%t.log"), *argv]
     log = (rank_dir / "srun.log").open("w")
     return [(-1, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -207,21 +209,6 @@ def wait_all(procs) -> tuple[int, int] | None:
     return None
 
 
-def tail_lines(path: Path, n: int = TAIL_LINES, missing: str = "(no log)") -> str:
-    """The last n lines of a log, or `missing` when it cannot be read."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return missing
-
-
-FAILURE_FILE = "failure.json"
-# Which Slurm job runs the cell, written when the launcher starts (before any rank): the status
-# table finds the job's state and log with it even when the job is killed outright, and for
-# array tasks, whose logs are named <array job>_<task>.log rather than by the cell.
-SLURM_JOB_FILE = "slurm_job.json"
-
-
 def record_slurm_job(output: Path) -> None:
     if "SLURM_JOB_ID" not in os.environ:
         return
@@ -248,14 +235,14 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
-def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, rank: int | None,
+def record_failure(output: Path, rank_dir: Path, cell: Cell, *, reason: str, rank: int | None,
                    exit_code: int | None) -> dict:
     """failure.json beside the cell's (absent) metrics file: what failed, where, the last lines.
     Ranks that never wrote rank_end are the unfinished ones; their log tails are kept."""
     unfinished = []
-    for r in range(cell["world_size"]):
+    for r in range(cell.world_size):
         part = metrics.rank_file(rank_dir, r)
-        if not part.exists() or '"rank_end"' not in part.read_text(errors="replace"):
+        if not part.exists() or f'"{RANK_END}"' not in part.read_text(errors="replace"):
             unfinished.append(r)
     known = rank is not None and rank >= 0
     tails = {str(r): tail_lines(rank_dir / f"rank{r}.log")
@@ -279,18 +266,19 @@ def record_failure(output: Path, rank_dir: Path, cell: dict, *, reason: str, ran
     return record
 
 
-def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash: str,
-             git_commit: str | None, python: str = sys.executable) -> int:
-    rank_dir = output.parent / ".ranks"
+def run_cell(cell: Cell, output: Path, *, launcher: str, git_commit: str | None,
+             python: str = sys.executable) -> int:
+    rank_dir = output.parent / RANK_DIR
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
     (output.parent / FAILURE_FILE).unlink(missing_ok=True)
     record_slurm_job(output)
-    argv = train_argv(cell, rank_dir, python)
-    print(f"[dlscale.launch] {launcher}: {cell['nodes']} node(s) x {cell['ranks_per_node']} "
+    write_cell_spec(cell, rank_dir)
+    argv = train_argv(rank_dir, python)
+    print(f"[dlscale.launch] {launcher}: {cell.nodes} node(s) x {cell.ranks_per_node} "
           f"rank(s): {' '.join(argv)}", file=sys.stderr, flush=True)
     started = time.time()
-    if launcher == "srun" and cell["world_size"] == 1 and "SLURM_STEP_ID" in os.environ:
+    if launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
         # A 1-rank cell already runs inside the job step the executor plugin made for it
         # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
         start = start_local
@@ -318,11 +306,11 @@ def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash
               f"{rec['unfinished_ranks']}", file=sys.stderr)
         return code or 1
     try:
-        rank_records = metrics.read_rank_files(rank_dir, cell["world_size"])
+        rank_records = metrics.read_rank_files(rank_dir, cell.world_size)
         records = metrics.assemble(
-            study=study, cell=cell, config_hash=config_hash, git_commit=git_commit,
-            launcher=launcher, slurm_job_id=os.environ.get("SLURM_JOB_ID"),
-            rank_records=rank_records, wall_seconds=wall, started=started)
+            cell=cell, git_commit=git_commit, launcher=launcher,
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"), rank_records=rank_records,
+            wall_seconds=wall, started=started)
         metrics.write_atomic(output, records)
     except metrics.MetricsError as exc:
         record_failure(output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None,
@@ -339,11 +327,9 @@ def run_cell(cell: dict, output: Path, *, launcher: str, study: str, config_hash
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dlscale-launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cell-json", required=True, help="the cell (dlscale.matrix.Cell.as_dict)")
+    parser.add_argument("--cell-json", required=True, help="the cell (dlscale.cell.Cell.to_json)")
     parser.add_argument("--output", required=True, type=Path, help="the cell's metrics.jsonl")
     parser.add_argument("--launcher", choices=["local", "srun"], required=True)
-    parser.add_argument("--study", required=True)
-    parser.add_argument("--config-hash", required=True)
     # not a workflow param: a new commit must not make every cell rerun
     parser.add_argument("--git-commit", default=git_commit(Path(__file__).parent),
                         help="the commit of the code that runs (default: that of the checkout "
@@ -351,10 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter of the cell's framework environment")
     args = parser.parse_args(argv)
-    cell = json.loads(args.cell_json)
-    return run_cell(cell, args.output, launcher=args.launcher, study=args.study,
-                    config_hash=args.config_hash, git_commit=args.git_commit or None,
-                    python=args.python)
+    try:
+        cell = Cell.from_json(args.cell_json)
+    except (ValueError, TypeError) as exc:
+        parser.error(f"--cell-json: {exc}")
+    return run_cell(cell, args.output, launcher=args.launcher,
+                    git_commit=args.git_commit or None, python=args.python)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The figure layout: which figure files a study has and what each holds, computed from the
-planned cells at parse time (rules/common.smk) without importing matplotlib or pandas.
+planned cells at parse time (FIGURE_LAYOUT in rules/common.smk), so Snakemake knows every file
+before any cell runs, without importing matplotlib or pandas.
 
-Layout (`figure_layout`, computed from the planned cells at parse time, so Snakemake knows every
-file before any cell runs):
+Layout (`figure_layout`):
 
 - one figure *family* (throughput, speedup, efficiency, frameworks, breakdown) is drawn per
   hardware key into ``{hardware}/{family}.pdf``;
@@ -26,6 +26,7 @@ file before any cell runs):
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 SCALING = {
@@ -48,6 +49,9 @@ FAMILY_CAPTIONS = {
     "exposes no compute-only step; one panel per model and batch policy.",
 }
 WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
+# A figure file's name in its hardware folder, without .pdf: {family} or {family}-{part}
+# (figure_layout); the `figure` wildcard of the one figure rule (rules/figures.smk).
+FIGURE_NAME_PATTERN = "(" + "|".join(map(re.escape, FAMILIES)) + ")(-[0-9]+)?"
 
 MAX_PANELS = 12        # panels per figure file
 MAX_SERIES = 8         # lines (or bars per group) per panel; reference lines (ideal) not counted

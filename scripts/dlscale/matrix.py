@@ -1,85 +1,20 @@
 """The study matrix: where a cell's parameters enter.
 
-A *cell* is one combination of the axes (hardware x framework x model x policy x precision x
-nodes) and one repetition. Everything a rank needs to know about its cell is derived here,
-once, from the validated config and hardware map; the workflow and the launcher only pass
-a Cell's fields along.
+A *cell* (dlscale.cell.Cell) is one combination of the axes (hardware x framework x model x
+policy x precision x nodes) and one repetition. Everything a rank needs to know about its cell
+is derived here, once, from the validated config and hardware map; the workflow hands the
+launcher the Cell, and the launcher hands it to the ranks, serialised whole.
 """
 from __future__ import annotations
 
 import itertools
-import re
-from math import lcm
 from dataclasses import dataclass
+from math import lcm
 from pathlib import Path
 
-from .config import AXES, ConfigError, config_hash, load_schema, load_yaml, validate_config, \
+from .cell import AXES, Cell
+from .config import ConfigError, config_hash, load_schema, load_yaml, validate_config, \
     validate_hardware
-
-RUNS_DIR = "results/runs"
-# One output path per cell, naming every axis. Wildcard names == axis names == column names.
-CELL_PATTERN = (RUNS_DIR + "/{hardware}/{framework}/{model}/{policy}/{precision}"
-                "/n{nodes}/r{rep}/metrics.jsonl")
-
-# The train rule of a resource class (rules/train.smk); its Slurm logs are under
-# results/logs/slurm/rule_<name>/.
-TRAIN_RULE = "train_{hardware}_n{nodes}"
-
-
-_CELL_RE = re.compile("^" + re.escape(CELL_PATTERN).replace(r"\{", "{").replace(r"\}", "}")
-                      .format(**{k: f"(?P<{k}>[^/]+)" for k in
-                                 ("hardware", "framework", "model", "policy", "precision",
-                                  "nodes", "rep")}) + "$")
-
-
-def parse_cell_path(path: str) -> dict:
-    """Axis values named by a cell's metrics path (the inverse of Cell.path)."""
-    m = _CELL_RE.match(str(path))
-    if not m:
-        raise ValueError(f"not a cell metrics path: {path}")
-    d = m.groupdict()
-    return {**d, "nodes": int(d["nodes"]), "rep": int(d["rep"])}
-
-
-@dataclass(frozen=True)
-class Cell:
-    hardware: str
-    framework: str
-    model: str
-    policy: str
-    precision: str
-    nodes: int
-    rep: int
-    # derived
-    device: str
-    ranks_per_node: int
-    per_rank_batch: int
-    global_batch: int
-    cpus_per_rank: int
-    warmup_steps: int
-    steps: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-    @property
-    def key(self) -> tuple:
-        return (self.hardware, self.framework, self.model, self.policy, self.precision,
-                self.nodes, self.rep)
-
-    @property
-    def path(self) -> str:
-        return CELL_PATTERN.format(hardware=self.hardware, framework=self.framework,
-                                   model=self.model, policy=self.policy,
-                                   precision=self.precision, nodes=self.nodes, rep=self.rep)
-
-    def as_dict(self) -> dict:
-        # a flat dataclass: vars() is the same as dataclasses.asdict at a fraction of its cost
-        # (called once per job while a 10,000-cell study is planned)
-        d = dict(vars(self))
-        d["world_size"] = self.world_size
-        return d
 
 
 @dataclass
@@ -157,6 +92,11 @@ def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware 
     if problems:
         raise ConfigError("config", problems)
     axes = config["axes"]
+    digest = config_hash(config, hardware)
+    fixed = {"warmup_steps": config["warmup_steps"], "steps": config["steps"],
+             "learning_rate": config["optimizer"]["learning_rate"],
+             "momentum": config["optimizer"]["momentum"],
+             "study": config["study"], "config_hash": digest}
     cells = []
     for combo_values in itertools.product(*(axes[a] for a in AXES)):
         combo = dict(zip(AXES, combo_values))
@@ -173,12 +113,10 @@ def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware 
         for rep in range(1, config["repetitions"] + 1):
             cells.append(Cell(**combo, rep=rep, device=hw["device"], ranks_per_node=rpn,
                               per_rank_batch=per_rank, global_batch=global_batch,
-                              cpus_per_rank=hw["cpus_per_rank"],
-                              warmup_steps=config["warmup_steps"], steps=config["steps"]))
+                              cpus_per_rank=hw["cpus_per_rank"], **fixed))
     if not cells:
         raise ConfigError("config", ["exclude: every cell of the matrix is excluded; nothing to run"])
-    return Study(config=config, hardware=hardware, cells=cells,
-                 config_hash=config_hash(config, hardware))
+    return Study(config=config, hardware=hardware, cells=cells, config_hash=digest)
 
 
 def load_study(config: dict, workflow_dir: str | Path) -> Study:

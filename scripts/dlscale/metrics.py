@@ -21,17 +21,9 @@ from pathlib import Path
 
 import jsonschema
 
-from .frameworks.base import COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
-
-FORMAT = "dlscale.metrics"
-VERSION = 1
-THROUGHPUT_METHOD = ("cell throughput = sum over ranks of per_rank_batch * steps / sum(rank's "
-                     "step seconds); never rank 0 x world size")
-
-
-IDLE_PROBE_METHOD = (f"after warm-up all ranks wait {IDLE_PROBE_SECONDS} s while each samples "
-                     f"its host's busy CPUs; > {COMPETING_BUSY_CPUS} busy CPUs flags the cell "
-                     "as competing")
+from .cell import Cell
+from .method import (FORMAT, IDLE_PROBE, IDLE_PROBE_METHOD, RANK_END, RANK_START, RANKED,
+                     RUN_START, STEP, SUMMARY, THROUGHPUT_METHOD, VERSION)
 
 
 class MetricsError(ValueError):
@@ -54,8 +46,6 @@ def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(_schema())
 
 
-RANKED = {"run_start": False, "rank_start": True, "idle_probe": True, "step": True,
-          "rank_end": True, "summary": False}    # event -> whether its record names a rank
 _ENVELOPE = frozenset(("format", "version", "time", "event", "rank", "value"))
 _STEP_VALUE = frozenset(("step", "seconds", "samples"))
 
@@ -101,7 +91,7 @@ def _fast_valid(rec) -> bool:
         return False
     if not ((type(rank) is int and rank >= 0) if RANKED[event] else rank is None):
         return False
-    if event == "step":
+    if event == STEP:
         return _plain_step(rec["value"])
     try:
         validators[event](rec["value"])
@@ -149,7 +139,7 @@ def read_rank_files(rank_dir: str | Path, world_size: int) -> dict[int, list[dic
             raise MetricsError(f"rank {rank} wrote no metrics ({path} missing)")
         out[rank] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         events = [r["event"] for r in out[rank]]
-        if "rank_end" not in events:
+        if RANK_END not in events:
             raise MetricsError(f"rank {rank} did not finish (no rank_end in {path})")
     return out
 
@@ -163,16 +153,16 @@ def rank_summary(step_seconds: list[float], per_rank_batch: int, peak_rss_mb: fl
 
 def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
     """Cell summary from every rank's records: throughput is the sum over ranks."""
-    ends = {r: next(x["value"] for x in recs if x["event"] == "rank_end")
+    ends = {r: next(x["value"] for x in recs if x["event"] == RANK_END)
             for r, recs in rank_records.items()}
-    starts = {r: next(x["value"] for x in recs if x["event"] == "rank_start")
+    starts = {r: next(x["value"] for x in recs if x["event"] == RANK_START)
               for r, recs in rank_records.items()}
     probes = [x["value"] for recs in rank_records.values() for x in recs
-              if x["event"] == "idle_probe"]
+              if x["event"] == IDLE_PROBE]
     busy = [p["busy_cpus"] for p in probes if p["busy_cpus"] is not None]
     thr = [ends[r]["throughput_samples_per_s"] for r in sorted(ends)]
     steps = [x["value"]["seconds"] for recs in rank_records.values() for x in recs
-             if x["event"] == "step"]
+             if x["event"] == STEP]
     return {
         **_breakdown_summary(ends, statistics.median(steps)),
         **_allreduce_summary(ends, len(rank_records)),
@@ -238,17 +228,17 @@ def _energy_summary(ends: dict, starts: dict) -> dict:
     return {"joules_per_sample": sum(readings.values()) / samples, "energy_unavailable": None}
 
 
-def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None, launcher: str,
-             slurm_job_id: str | None, rank_records: dict[int, list[dict]],
-             wall_seconds: float, started: float) -> list[dict]:
+def assemble(*, cell: Cell, git_commit: str | None, launcher: str, slurm_job_id: str | None,
+             rank_records: dict[int, list[dict]], wall_seconds: float,
+             started: float) -> list[dict]:
     """The whole metrics file: run_start (provenance), every rank's records, summary."""
-    first = next(x["value"] for x in rank_records[0] if x["event"] == "rank_start")
-    starts = [next(x["value"] for x in recs if x["event"] == "rank_start")
+    first = next(x["value"] for x in rank_records[0] if x["event"] == RANK_START)
+    starts = [next(x["value"] for x in recs if x["event"] == RANK_START)
               for _, recs in sorted(rank_records.items())]
-    run_start = make_record("run_start", None, {
-        "study": study,
-        "cell": cell,
-        "config_hash": config_hash,
+    run_start = make_record(RUN_START, None, {
+        "study": cell.study,
+        "cell": cell.as_dict(),
+        "config_hash": cell.config_hash,
         "provenance": {
             "dlscale_version": first["dlscale_version"],
             "git_commit": git_commit,
@@ -256,7 +246,7 @@ def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None
             "libraries": first["libraries"],
             "hosts": sorted({s["node"] for s in starts}),
             "world_size": len(rank_records),
-            "ranks_per_node": cell["ranks_per_node"],
+            "ranks_per_node": cell.ranks_per_node,
             "device_model": first["device_model"],
             "cpu_model": first["cpu_model"],
             "backend": first.get("backend"),
@@ -264,12 +254,12 @@ def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None
             "slurm_job_id": slurm_job_id,
         },
         "timing": {
-            "warmup_steps": cell["warmup_steps"],
-            "steps": cell["steps"],
+            "warmup_steps": cell.warmup_steps,
+            "steps": cell.steps,
             "timer": first["timer"],
             "sync_method": first["sync_method"],
             "throughput": THROUGHPUT_METHOD,
-            "batch_policy": cell["policy"],
+            "batch_policy": cell.policy,
             "idle_probe": IDLE_PROBE_METHOD,
         },
     })
@@ -277,7 +267,7 @@ def assemble(*, study: str, cell: dict, config_hash: str, git_commit: str | None
     records = [run_start]
     for _, recs in sorted(rank_records.items()):
         records.extend(recs)
-    records.append(make_record("summary", None, summarize(rank_records, wall_seconds)))
+    records.append(make_record(SUMMARY, None, summarize(rank_records, wall_seconds)))
     return records
 
 
@@ -300,10 +290,10 @@ def validate_records(records: list[dict], where: str = "metrics", *,
         err = _record_error(rec)
         if err is not None:
             raise MetricsError(f"{where}: line {i}: {err}")
-    if records[0]["event"] != "run_start" or records[-1]["event"] != "summary":
+    if records[0]["event"] != RUN_START or records[-1]["event"] != SUMMARY:
         raise MetricsError(f"{where}: must start with run_start and end with summary")
     world = records[0]["value"]["cell"]["world_size"]
-    ranks = {r["rank"] for r in records if r["event"] == "rank_end"}
+    ranks = {r["rank"] for r in records if r["event"] == RANK_END}
     if ranks != set(range(world)):
         raise MetricsError(f"{where}: rank_end records for ranks {sorted(ranks)}, "
                            f"expected 0..{world - 1}")
@@ -336,9 +326,9 @@ _UINT = r"(?:0|[1-9][0-9]*)"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 _POSITIVE = (r"(?:0\.0{0,3}[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?|[1-9](?:\.[0-9]+)?"
              r"[eE][+-]?[0-9]{1,2})")
-_STEP = (r'\{"event": "step", "format": "dlscale\.metrics", "rank": ' + _UINT + r', "time": '
-         + _NUMBER + r', "value": \{"samples": [1-9][0-9]*, "seconds": ' + _POSITIVE
-         + r', "step": ' + _UINT + r'\}, "version": 1\}')
+_STEP = (r'\{"event": "' + STEP + r'", "format": "' + re.escape(FORMAT) + r'", "rank": ' + _UINT
+         + r', "time": ' + _NUMBER + r', "value": \{"samples": [1-9][0-9]*, "seconds": '
+         + _POSITIVE + r', "step": ' + _UINT + r'\}, "version": ' + str(VERSION) + r'\}')
 STEP_LINE = re.compile(_STEP)
 _STEP_LINES = re.compile("^" + _STEP + "\n", re.MULTILINE)    # all of a file's, in one call
 

@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .layout import FAMILIES, SCALING, figure_layout  # noqa: E402
+from .layout import FAMILIES, SCALING  # noqa: E402
 
 REFERENCE_LABELS = {"ideal"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -30,12 +30,6 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 def _style():
     return str(resources.files("dlscale").joinpath("styles/paper.mplstyle"))
-
-
-def layout_of_table(scaling: pd.DataFrame, column_width_in: float) -> list[dict]:
-    """The layout of the groups a scaling table holds (tests, ad-hoc plotting)."""
-    keys = ["hardware", "framework", "model", "policy", "precision"]
-    return figure_layout(scaling[keys].itertuples(index=False, name=None), column_width_in)
 
 
 # ---- drawing ---------------------------------------------------------------------------------
@@ -98,6 +92,18 @@ def _no_data(ax) -> None:
             color="0.5")
 
 
+def _panels(scaling: pd.DataFrame, spec: dict, axes, title: str = "{0}, {1}"):
+    """(ax, panel, rows) for every panel of `spec` that has rows in `scaling`; every panel gets
+    its title (`title` formatted with the panel's keys), a panel without rows says so."""
+    for ax, panel in zip(axes.flat, spec["panels"]):
+        part = _select(scaling, spec, panel)
+        ax.set_title(title.format(*panel))
+        if part.empty:
+            _no_data(ax)
+            continue
+        yield ax, panel, part
+
+
 def _nodes_axis(ax, nodes: list) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(nodes)
@@ -150,12 +156,7 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
                       sharey=family != "throughput")
     hue = _Hue(spec)
     top = 1.1
-    for ax, panel in zip(axes.flat, panels):
-        part = _select(scaling, spec, panel)
-        ax.set_title(f"{panel[0]}, {panel[1]}")
-        if part.empty:
-            _no_data(ax)
-            continue
+    for ax, _, part in _panels(scaling, spec, axes):
         for (framework, precision) in spec["series"]:
             line = part[(part["framework"] == framework) & (part["precision"] == precision)]
             if line.empty:
@@ -203,12 +204,7 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), 1, spec["width_in"], aspect=0.55)
     hue = _Hue(spec)
     models, series = spec["models"], spec["series"]
-    for ax, panel in zip(axes.flat, panels):
-        part = _select(scaling, spec, panel)
-        if part.empty:
-            ax.set_title(f"{panel[0]} scaling")
-            _no_data(ax)
-            continue
+    for ax, panel, part in _panels(scaling, spec, axes, title="{0} scaling"):
         top_nodes = int(part["nodes"].max())
         part = part[part["nodes"] == top_nodes]
         for framework, precision, rows, x, width_bar in _bar_groups(part, series, "model", models):
@@ -234,12 +230,7 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     hue = _Hue(spec)
     series = spec["series"]
     any_unknown = False
-    for ax, panel in zip(axes.flat, panels):
-        part = _select(scaling, spec, panel)
-        ax.set_title(f"{panel[0]}, {panel[1]}")
-        if part.empty:
-            _no_data(ax)
-            continue
+    for ax, _, part in _panels(scaling, spec, axes):
         nodes = sorted(part["nodes"].unique())
         for framework, precision, rows, x, width_bar in _bar_groups(part, series, "nodes", nodes):
             step = rows["step_seconds_median_median"].to_numpy(dtype=float) * 1e3

@@ -13,15 +13,16 @@ import shutil
 import subprocess
 from importlib import resources
 from pathlib import Path
+from typing import Mapping
 
 import jinja2
 import numpy as np
 import pandas as pd
 
-from .frameworks.base import ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, \
-    COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS
 from .layout import MAX_PANELS, MAX_SERIES
-from .stats import CI_METHOD
+from .method import ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, COMPETING_BUSY_CPUS, \
+    IDLE_PROBE_SECONDS
+from .stats import CI_METHOD, GROUP
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
@@ -131,8 +132,7 @@ def _opt(value, digits: int = 2, scale: float = 1.0) -> str:
 # The cell summary: one row per group (GROUP) when that fits in about two pages, else the
 # first coarser level that does; the text above the table says which.
 SUMMARY_LEVELS = [
-    (["hardware", "framework", "model", "policy", "precision"],
-     "hardware, framework, model, batch policy and precision"),
+    (GROUP, "hardware, framework, model, batch policy and precision"),
     (["hardware", "framework", "policy", "precision"],
      "hardware, framework, batch policy and precision"),
     (["hardware", "framework", "policy"], "hardware, framework and batch policy"),
@@ -140,6 +140,11 @@ SUMMARY_LEVELS = [
     (["hardware"], "hardware"),
 ]
 MAX_SUMMARY_ROWS = 100     # about two pages of \footnotesize longtable rows
+
+
+# A group's measures at its largest measured node count.
+_AT_TOP = [f"{m}_{s}" for m in ("throughput_samples_per_s", "scaling_efficiency")
+           for s in ("median", "ci_low", "ci_high")]
 
 
 def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -156,14 +161,10 @@ def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
                      "cells_measured": int(part["n"].sum()),
                      "competing_reps": int(part["competing_reps"].sum()),
                      "straggler_reps": int(part["straggler_reps"].sum()),
-                     **{f"{m}_{s}": top[f"{m}_{s}"]
-                        for m in ("throughput_samples_per_s", "scaling_efficiency")
-                        for s in ("median", "ci_low", "ci_high")}})
+                     **{c: top[c] for c in _AT_TOP}})
     measured = pd.DataFrame(rows, columns=[*keys, "node_counts", "top_nodes", "n_top",
-                                           "cells_measured", "competing_reps", "straggler_reps"]
-                            + [f"{m}_{s}" for m in ("throughput_samples_per_s",
-                                                    "scaling_efficiency")
-                               for s in ("median", "ci_low", "ci_high")])
+                                           "cells_measured", "competing_reps", "straggler_reps",
+                                           *_AT_TOP])
     if status.empty:
         out = measured.assign(cells_ok=measured["cells_measured"],
                               cells_planned=measured["cells_measured"])
@@ -325,6 +326,21 @@ def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
                          "\n\\bottomrule\n\\end{longtable}\n"
                          + _more_rows(quarantine.iloc[MAX_LISTED_CELLS:],
                                       "quarantine.csv"))
+
+
+def write_report_inputs(paths: Mapping[str, str], *, config: dict, n_planned: int
+                        ) -> dict[str, pd.DataFrame]:
+    """The rule report_inputs and the onerror build (dlscale.finalize): the tables at
+    paths["cells"], ["scaling"], ["quarantine"], ["status"] (CSV) -> the macros and LaTeX tables
+    at paths["macros"], ["cells_table"], ["quarantine_table"], ["status_table"] (the keys of OUT
+    in rules/common.smk; others are ignored). Returns the tables read, by the same keys."""
+    tables = {key: pd.read_csv(paths[key]) for key in ("cells", "scaling", "quarantine", "status")}
+    Path(paths["macros"]).parent.mkdir(parents=True, exist_ok=True)
+    write_macros(build_macros(config, **tables, n_planned=n_planned), paths["macros"])
+    write_cell_summary(tables["scaling"], tables["status"], paths["cells_table"])
+    write_quarantine_table(tables["quarantine"], paths["quarantine_table"])
+    write_status_table(tables["status"], paths["status_table"])
+    return tables
 
 
 def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) -> None:

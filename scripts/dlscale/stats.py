@@ -8,22 +8,27 @@ The baseline is the 1-node cell of the same hardware/framework/model/policy/prec
 smallest node count present when that cell is missing (column `baseline_nodes` says which).
 
 Repetitions (separate jobs) are the independent samples. Confidence intervals are 95 %
-percentile bootstrap intervals over repetitions: the cell's and the baseline's repetitions are
-resampled independently BOOTSTRAP_RESAMPLES times with a fixed seed (all groups from one
-stream, in batches of equal size), and the statistic (median throughput, ratio of medians) is
-recomputed on each resample; a row's throughput and speedup intervals share the row's
-resamples, and the baseline row's speedup is 1 by definition (same resamples on both sides). With a single repetition on both
-sides there is no interval (NaN), and tables and figures say n.
+percentile bootstrap intervals over repetitions (`bootstrap_cis`, one batched implementation for
+every row of a study): the cell's and the baseline's repetitions are resampled independently
+BOOTSTRAP_RESAMPLES times with a fixed seed (all groups from one stream, in batches of equal
+size), and the statistic (median throughput, ratio of medians) is recomputed on each resample; a
+row's throughput and speedup intervals share the row's resamples, and the baseline row's speedup
+is 1 by definition (same resamples on both sides). With a single repetition on both sides there
+is no interval (NaN), and tables and figures say n.
 """
 from __future__ import annotations
 
 import statistics
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 
-GROUP = ["hardware", "framework", "model", "policy", "precision"]
-CELL_AXES = GROUP + ["nodes", "rep"]
+from .cell import AXES
+
+# A scaling group: every axis but the node count (speedup and efficiency compare the node counts
+# of one group; a cell's key, dlscale.cell.KEY, adds the node count and the repetition).
+GROUP = [axis for axis in AXES if axis != "nodes"]
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
@@ -74,35 +79,45 @@ def bootstrap_medians(samples: list[np.ndarray], rng: np.random.Generator,
     return out
 
 
-def _interval(samples: np.ndarray) -> tuple[float, float]:
+class Intervals(NamedTuple):
+    """Interval bounds per sample (arrays aligned with the samples; NaN: no interval)."""
+    median_low: np.ndarray
+    median_high: np.ndarray
+    ratio_low: np.ndarray
+    ratio_high: np.ndarray
+
+
+def bootstrap_cis(xs: Sequence[np.ndarray], rng: np.random.Generator,
+                  bases: Sequence[np.ndarray] = (), base_of: Sequence[int] = (),
+                  own_base: Sequence[bool] = ()) -> Intervals:
+    """CI_LEVEL percentile bootstrap intervals of many samples at once: the one implementation
+    (scaling_summary calls it once for every row of a study).
+
+    xs[i]: the repetitions of row i; bases[base_of[i]]: those of its baseline; own_base[i]: row i
+    is its own baseline. Every x and every base is resampled once (bootstrap_medians, xs first,
+    then bases, from `rng`). Median interval of x: percentiles of its resample medians, NaN where
+    x has fewer than two values. Ratio interval of median(x) / median(base): percentiles of the
+    ratio of the same resample medians of x to those of its base (1 where x is its own baseline),
+    NaN where neither side has two values, and everywhere without bases."""
+    xs, bases = list(xs), list(bases)
     tail = (1 - CI_LEVEL) / 2 * 100
-    low, high = np.percentile(samples, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-NO_INTERVAL = (float("nan"), float("nan"))
-
-
-def ratio_cis(xs: list[np.ndarray], bases: list[np.ndarray], rng: np.random.Generator
-              ) -> list[tuple[float, float]]:
-    """CIs of median(x) / median(base) per pair; NaN where neither side has two repetitions."""
-    meds = bootstrap_medians(list(xs) + list(bases), rng)
-    return [NO_INTERVAL if len(x) < 2 and len(b) < 2 else _interval(mx / mb)
-            for x, b, mx, mb in zip(xs, bases, meds[:len(xs)], meds[len(xs):])]
-
-
-def median_cis(xs: list[np.ndarray], rng: np.random.Generator) -> list[tuple[float, float]]:
-    """CIs of median(x) per array; NaN for a single repetition."""
-    return [NO_INTERVAL if len(x) < 2 else _interval(m)
-            for x, m in zip(xs, bootstrap_medians(xs, rng))]
-
-
-def ratio_ci(x: np.ndarray, base: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    return ratio_cis([x], [base], rng)[0]
-
-
-def median_ci(x: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    return median_cis([x], rng)[0]
+    medians = bootstrap_medians(xs + bases, rng)
+    x_medians = np.reshape(medians[:len(xs)], (len(xs), BOOTSTRAP_RESAMPLES))
+    n = np.array([len(x) for x in xs], dtype=int)
+    median_low, median_high = np.where(
+        n < 2, np.nan, np.percentile(x_medians, [tail, 100 - tail], axis=1))
+    if not bases:
+        return Intervals(median_low, median_high, np.full(len(xs), np.nan),
+                         np.full(len(xs), np.nan))
+    base_medians = np.stack(medians[len(xs):])[list(base_of)]
+    own = np.asarray(own_base, dtype=bool)
+    if own.any():
+        base_medians[own] = x_medians[own]
+    n_base = np.array([len(bases[b]) for b in base_of], dtype=int)
+    ratio_low, ratio_high = np.where((n < 2) & (n_base < 2), np.nan,
+                                     np.percentile(x_medians / base_medians, [tail, 100 - tail],
+                                                   axis=1))
+    return Intervals(median_low, median_high, ratio_low, ratio_high)
 
 
 # Per-cell measures summarised by their median over repetitions (no interval).
@@ -116,7 +131,7 @@ SUMMARY_KEYS = GROUP + ["nodes", "world_size", "per_rank_batch", "global_batch",
 def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per group x node count: point estimates, bootstrap CIs, min/max and n.
     Vectorised over groups (a 10,000-cell study has thousands): per-row statistics come from one
-    groupby, intervals from one batched bootstrap and one percentile call."""
+    groupby, intervals from one bootstrap_cis call."""
     columns = SUMMARY_KEYS + ["n", "n_baseline", "competing_reps", "straggler_reps"] + [
         f"{m}_{s}" for m in ("throughput_samples_per_s", "speedup", "scaling_efficiency")
         for s in ("median", "ci_low", "ci_high", "min", "max")] + [f"{c}_median" for c in MEDIAN_ONLY]
@@ -143,36 +158,23 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     row_keys, row_idx = zip(*sorted(data.groupby(SUMMARY_KEYS).indices.items()))
     assert list(row_keys) == list(out[SUMMARY_KEYS].itertuples(index=False, name=None))
     groups = list(base_rows)
+    bases = [values[base_rows[g]] for g in groups]
     where = {g: i for i, g in enumerate(groups)}
     group_of = [where[key] for key in out[GROUP].itertuples(index=False, name=None)]
     base_idx = [base_rows[groups[g]] for g in group_of]
     out["n_baseline"] = [len(b) for b in base_idx]
-    base_median = np.array([np.median(values[b]) for b in (base_rows[g] for g in groups)])[group_of]
+    base_median = np.array([np.median(b) for b in bases])[group_of]
     scale = out["world_size"].to_numpy(dtype=float) / np.array([world[b[0]] for b in base_idx])
     speedup = out[f"{thr}_median"].to_numpy() / base_median
     out["speedup_median"] = speedup
     out["scaling_efficiency_median"] = speedup / scale
-    # bootstrap: one set of resample medians per row and one per group's baseline; a row's
-    # throughput CI and the numerator of its speedup CI share the row's resamples; the baseline
-    # row itself has speedup 1 by definition (the same resamples on both sides)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    medians = bootstrap_medians([values[idx] for idx in row_idx]
-                                + [values[base_rows[g]] for g in groups], rng)
-    row_medians = np.stack(medians[:len(row_idx)])
-    base_medians = np.stack(medians[len(row_idx):])[group_of]
-    own_base = np.array([np.array_equal(idx, b) for idx, b in zip(row_idx, base_idx)])
-    base_medians[own_base] = row_medians[own_base]
-    tail = (1 - CI_LEVEL) / 2 * 100
-    t_low, t_high = np.percentile(row_medians, [tail, 100 - tail], axis=1)
-    s_low, s_high = np.percentile(row_medians / base_medians, [tail, 100 - tail], axis=1)
-    single = out["n"].to_numpy() < 2
-    no_ratio = single & (out["n_baseline"].to_numpy() < 2)
-    out[f"{thr}_ci_low"], out[f"{thr}_ci_high"] = np.where(single, np.nan, t_low), \
-        np.where(single, np.nan, t_high)
-    out["speedup_ci_low"] = np.where(no_ratio, np.nan, s_low)
-    out["speedup_ci_high"] = np.where(no_ratio, np.nan, s_high)
-    out["scaling_efficiency_ci_low"] = out["speedup_ci_low"] / scale
-    out["scaling_efficiency_ci_high"] = out["speedup_ci_high"] / scale
+    ci = bootstrap_cis([values[idx] for idx in row_idx], np.random.default_rng(BOOTSTRAP_SEED),
+                       bases=bases, base_of=group_of,
+                       own_base=[np.array_equal(idx, b) for idx, b in zip(row_idx, base_idx)])
+    out[f"{thr}_ci_low"], out[f"{thr}_ci_high"] = ci.median_low, ci.median_high
+    out["speedup_ci_low"], out["speedup_ci_high"] = ci.ratio_low, ci.ratio_high
+    out["scaling_efficiency_ci_low"] = ci.ratio_low / scale
+    out["scaling_efficiency_ci_high"] = ci.ratio_high / scale
     out = out.astype({"competing_reps": int, "straggler_reps": int})
     return out[columns]
 

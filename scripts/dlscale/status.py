@@ -14,24 +14,16 @@ import re
 import subprocess
 from pathlib import Path
 
-from .launch import FAILURE_FILE, SLURM_JOB_FILE, tail_lines
-from .matrix import TRAIN_RULE, parse_cell_path
-
-SLURM_LOGS = "results/logs/slurm"
-TRAIN_LOGS = "results/logs/train"
-TAIL_LINES = 8
-
-
-AXES = ("hardware", "framework", "model", "policy", "precision", "nodes", "rep")
+from .cell import (FAILURE_FILE, KEY, SLURM_JOB_FILE, SLURM_LOGS, TRAIN_LOG_PATTERN, TRAIN_RULE,
+                   format_key, parse_cell_path, tail_lines)
 
 
 def train_log(cell: dict) -> Path:
-    return Path(f"{TRAIN_LOGS}/{cell['hardware']}/{cell['framework']}/{cell['model']}/"
-                f"{cell['policy']}/{cell['precision']}/n{cell['nodes']}/r{cell['rep']}.log")
+    return Path(format_key(TRAIN_LOG_PATTERN, cell))
 
 
 def _rule_logs(cell: dict) -> Path:
-    return Path(SLURM_LOGS) / f"rule_{TRAIN_RULE.format(**cell)}"
+    return Path(SLURM_LOGS) / f"rule_{format_key(TRAIN_RULE, cell)}"
 
 
 def slurm_log(cell: dict, job: dict) -> Path:
@@ -39,7 +31,8 @@ def slurm_log(cell: dict, job: dict) -> Path:
     <jobid>.log in a folder named by the wildcards."""
     if job.get("array_job_id"):
         return _rule_logs(cell) / f"{job['array_job_id']}_{job['array_task_id']}.log"
-    return _rule_logs(cell) / "_".join(str(cell[k]) for k in AXES) / f"{job['slurm_job_id']}.log"
+    # the plugin names a job's log folder by its wildcards (KEY, in pattern order) joined by _
+    return _rule_logs(cell) / "_".join(str(cell[k]) for k in KEY) / f"{job['slurm_job_id']}.log"
 
 
 def latest_slurm_job(cell: dict, cell_dir: Path) -> dict | None:
@@ -129,5 +122,5 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
     if row["status"] == "missing" and log.exists() and log.stat().st_size:
         row.update(status="failed", reason="the cell's job ran and wrote no metrics")
     if row["status"] == "failed" and not row["log_tail"]:
-        row["log_tail"] = tail_lines(log, TAIL_LINES, missing="")
+        row["log_tail"] = tail_lines(log, missing="")
     return row

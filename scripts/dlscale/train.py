@@ -1,12 +1,13 @@
 """One rank of a cell: the CLI contract shared by every framework.
 
-    python -m dlscale.train --framework F --model M --batch-size B --warmup-steps W --steps S
-                            --precision P --device D --threads T --rank-dir DIR
-                            [--expect-world-size N --expect-ranks-per-node R]
+    python -m dlscale.train --cell FILE --rank-dir DIR
 
-The rank discovers who it is from the launcher's environment, checks that against the cell
-(pre-flight), trains with the framework's adapter under the shared timing loop, and writes its
-own part file (rank_start, step..., rank_end) in DIR.
+FILE holds the cell as one serialised value (dlscale.cell.Cell.to_json; the launcher writes it at
+DIR/cell.json): nobody re-parses a dozen flags on this side. The rank discovers who it is from the
+launcher's environment, checks that against the cell's world size and ranks per node
+(pre-flight), trains the cell's rank-side subset (TrainSpec.from_cell) with the framework's
+adapter under the shared timing loop, and writes its own part file (rank_start, step...,
+rank_end) in DIR.
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import sys
 import time
 
 from . import __version__
-from .frameworks import get_adapter, names as framework_names
-from .frameworks.base import TIMER, TrainSpec, run_timed
+from .cell import Cell
+from .frameworks import get_adapter
+from .frameworks.base import TrainSpec, run_timed
 from .launch import discover
+from .method import IDLE_PROBE, RANK_END, RANK_START, STEP, TIMER
 from .metrics import RankWriter, rank_summary
 from .provenance import host_facts
 
@@ -57,18 +60,10 @@ def fault_hook(rank: int, rank_dir: str):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dlscale.train", description="one data-parallel training rank")
-    p.add_argument("--framework", required=True, choices=framework_names())
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch-size", required=True, type=int, help="per-rank batch")
-    p.add_argument("--warmup-steps", required=True, type=int)
-    p.add_argument("--steps", required=True, type=int)
-    p.add_argument("--precision", required=True, choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--device", required=True, choices=["cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads (the rank's CPUs)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rank-dir", required=True)
-    p.add_argument("--expect-world-size", type=int)
-    p.add_argument("--expect-ranks-per-node", type=int)
+    p.add_argument("--cell", required=True, metavar="FILE",
+                   help="the cell, serialised (dlscale.cell.Cell.to_json)")
+    p.add_argument("--rank-dir", required=True, metavar="DIR",
+                   help="where the rank writes its part file")
     return p
 
 
@@ -78,36 +73,40 @@ def preflight(ctx, expect_world: int | None, expect_rpn: int | None) -> None:
     if expect_world is not None and ctx.world_size != expect_world:
         problems.append(f"world size is {ctx.world_size}, the cell needs {expect_world}")
     if expect_rpn is not None and ctx.local_world_size != expect_rpn:
-        problems.append(f"{ctx.local_world_size} rank(s) on node {ctx.node}, the cell needs {expect_rpn}")
+        problems.append(f"{ctx.local_world_size} rank(s) on node {ctx.node}, "
+                        f"the cell needs {expect_rpn}")
     if problems:
         raise PreflightError(f"pre-flight check failed on rank {ctx.rank} ({ctx.launcher}): "
                              + "; ".join(problems))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cell = Cell.read(args.cell)
+    except (OSError, ValueError, TypeError) as exc:
+        parser.error(f"--cell {args.cell}: {exc}")
     ctx = discover()
-    preflight(ctx, args.expect_world_size, args.expect_ranks_per_node)
-    spec = TrainSpec(framework=args.framework, model=args.model, per_rank_batch=args.batch_size,
-                     warmup_steps=args.warmup_steps, steps=args.steps, precision=args.precision,
-                     device=args.device, threads=args.threads, seed=args.seed)
+    preflight(ctx, cell.world_size, cell.ranks_per_node)
+    spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
     writer = RankWriter(args.rank_dir, ctx.rank)
     try:
         adapter.setup()
         facts = host_facts()  # load average just before the timed window
-        writer.write("rank_start", {
+        writer.write(RANK_START, {
             **facts, **adapter.describe(),
             "dlscale_version": __version__, "local_rank": ctx.local_rank,
             "node_index": ctx.node_index, "launcher": ctx.launcher, "device": spec.device,
             "threads": spec.threads, "per_rank_batch": spec.per_rank_batch, "timer": TIMER,
             "master": f"{ctx.master_addr}:{ctx.master_port}"})
         run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
-        writer.write("idle_probe", run["idle_probe"])
+        writer.write(IDLE_PROBE, run["idle_probe"])
         for i, seconds in enumerate(run["step_seconds"]):
-            writer.write("step", {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
+            writer.write(STEP, {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        writer.write("rank_end", {
+        writer.write(RANK_END, {
             **rank_summary(run["step_seconds"], spec.per_rank_batch, peak_rss_mb),
             "peak_device_memory_mb": adapter.peak_device_memory_mb(),
             "energy": run["energy"], "breakdown": run["breakdown"], "allreduce": run["allreduce"]})

@@ -8,7 +8,8 @@ import pytest
 
 from dlscale import frameworks, models
 from dlscale.config import AXES, ConfigError, load_schema, load_yaml, validate_config
-from dlscale.matrix import CELL_PATTERN, load_study
+from dlscale.cell import CELL_PATTERN
+from dlscale.matrix import load_study
 
 
 def study(root, config):

@@ -14,6 +14,7 @@ import pytest
 
 from dlscale import launch
 from dlscale.metrics import read_metrics
+from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venvs" / "horovod" / "bin" / "python"
@@ -23,16 +24,13 @@ pytestmark = pytest.mark.skipif(
     reason=f"{PYTHON} is missing: build it with `scripts/setup.sh horovod` (envs/horovod.txt, "
            "then scripts/build-horovod.sh); set CI=true to require it")
 
-CELL = {"hardware": "cpu", "framework": "horovod", "model": "cnn_small", "policy": "weak",
-        "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
-        "world_size": 2, "per_rank_batch": 4, "global_batch": 8, "cpus_per_rank": 1,
-        "warmup_steps": 1, "steps": 2}
+CELL = cell_dict(framework="horovod")
 
 
 def run_cell(tmp_path: Path, cell: dict) -> list[dict]:
     out = tmp_path / "cell" / "metrics.jsonl"
     code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out), "--launcher",
-                        "local", "--study", "t", "--config-hash", "h", "--git-commit", "",
+                        "local", "--git-commit", "",
                         "--python", str(PYTHON)])
     assert code == 0
     assert not (out.parent / ".ranks").exists()
@@ -70,7 +68,8 @@ RANK_SCRIPT = textwrap.dedent("""
     from dlscale.launch import discover
     ctx = discover()
     spec = TrainSpec(framework="horovod", model="cnn_small", per_rank_batch=4, warmup_steps=0,
-                     steps=1, precision="fp32", device="cpu", threads=1)
+                     steps=1, precision="fp32", device="cpu", threads=1, learning_rate=0.01,
+                     momentum=0.9)
     a = Adapter(spec, ctx)
     a.setup()
     before = {k: v.clone() for k, v in a.model.state_dict().items()}

@@ -8,6 +8,7 @@ import pytest
 from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.train import PreflightError, preflight
+from cells import cell_dict
 
 
 def test_discover_from_srun(monkeypatch):
@@ -48,16 +49,13 @@ def test_preflight_rejects_a_wrong_launch():
         preflight(ctx, 1, 2)
 
 
-CELL = {"hardware": "cpu", "framework": "pytorch", "model": "cnn_small", "policy": "weak",
-        "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
-        "world_size": 2, "per_rank_batch": 4, "global_batch": 8, "cpus_per_rank": 1,
-        "warmup_steps": 1, "steps": 2}
+CELL = cell_dict()
 
 
 def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
     out = tmp_path / "cell" / "metrics.jsonl"
     code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out), "--launcher",
-                        "local", "--study", "t", "--config-hash", "h", "--git-commit", ""])
+                        "local", "--git-commit", ""])
     assert code == 0
     records = read_metrics(out)
     ranks = {r["rank"] for r in records if r["event"] == "rank_end"}
@@ -74,7 +72,7 @@ def test_a_failing_rank_fails_the_cell_without_output(tmp_path, capfd):
     out = tmp_path / "cell" / "metrics.jsonl"
     bad = dict(CELL, model="no_such_model")
     code = launch.main(["--cell-json", json.dumps(bad), "--output", str(out), "--launcher",
-                        "local", "--study", "t", "--config-hash", "h"])
+                        "local"])
     assert code != 0 and not out.exists()
     err = capfd.readouterr().err
     assert "cell FAILED: rank" in err and "no_such_model" in err

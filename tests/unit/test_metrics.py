@@ -6,12 +6,11 @@ import json
 import pytest
 
 from dlscale import metrics
+from dlscale.cell import Cell
 from dlscale.metrics import MetricsError
+from cells import cell_dict
 
-CELL = {"hardware": "cpu", "framework": "pytorch", "model": "cnn_small", "policy": "weak",
-        "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
-        "world_size": 2, "per_rank_batch": 8, "global_batch": 16, "cpus_per_rank": 1,
-        "warmup_steps": 1, "steps": 3}
+CELL = cell_dict(per_rank_batch=8, global_batch=16, steps=3, config_hash="abc")
 
 
 def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
@@ -38,7 +37,7 @@ def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
 
 def assembled(**overrides):
     ranks = {0: rank_records(0, [0.1, 0.1, 0.1], "n1"), 1: rank_records(1, [0.2, 0.2, 0.2], "n2")}
-    kwargs = dict(study="t", cell=CELL, config_hash="abc", git_commit="deadbeef",
+    kwargs = dict(cell=Cell.from_dict(CELL), git_commit="deadbeef",
                   launcher="local", slurm_job_id=None, rank_records=ranks, wall_seconds=2.0,
                   started=1.0)
     kwargs.update(overrides)

@@ -10,19 +10,11 @@ from pathlib import Path
 import pytest
 
 import dlscale.models as models
-from dlscale.models import get_spec, names
+from dlscale.models import ModelSpec, get_spec, names
 
 torch = pytest.importorskip("torch")
+import dlscale.models.torch as torch_models  # noqa: E402
 from dlscale.models.torch import build, example_batch  # noqa: E402
-
-#: Exact parameter counts. The ResNets match torchvision's reference models; the other
-#: two pin this project's architectures, which every framework's builder must reproduce.
-PARAM_COUNTS = {
-    "resnet50": 25_557_032,
-    "resnet18": 11_689_512,
-    "cnn_small": 391_466,
-    "transformer_small": 5_289_986,
-}
 
 
 def _num_params(model: torch.nn.Module) -> int:
@@ -30,8 +22,32 @@ def _num_params(model: torch.nn.Module) -> int:
 
 
 def test_registry_names_and_order() -> None:
-    assert names() == ["resnet50", "resnet18", "cnn_small", "transformer_small"]
-    assert set(PARAM_COUNTS) == set(names())
+    assert names() == ["resnet50", "resnet18", "cnn_small", "transformer_small", "resnet34"]
+
+
+def test_every_model_has_a_builder_by_convention() -> None:
+    """Each spec's ``arch`` names a module of every framework package defining ``from_spec``;
+    PyTorch (and Horovod, which uses the PyTorch models) supports every registered model."""
+    assert torch_models.names() == names()
+    for name in names():
+        spec = get_spec(name)
+        assert spec.arch.isidentifier() and spec.param_count > 0
+        for package in ("torch", "tf", "mxnet"):
+            path = Path(models.__file__).parent / package / f"{spec.arch}.py"
+            assert "\ndef from_spec(" in path.read_text(), path  # TF/MXNet are not importable here
+
+
+def test_missing_builder_names_the_framework(monkeypatch) -> None:
+    spec = ModelSpec(name="fake", family="vision", input_shape=(3, 8, 8), input_dtype="float32",
+                     num_classes=2, vocab_size=None, description="no builder anywhere",
+                     param_count=1, arch="no_such_arch")
+    monkeypatch.setitem(models.SPECS, "fake", spec)
+    with pytest.raises(KeyError) as excinfo:
+        build("fake")
+    message = excinfo.value.args[0]
+    assert "'fake' has no PyTorch builder" in message
+    assert "dlscale.models.torch.no_such_arch.from_spec" in message
+    assert message.endswith("allowed: " + ", ".join(n for n in names() if n != "fake"))
 
 
 @pytest.mark.parametrize("name", names())
@@ -75,7 +91,7 @@ def test_spec_module_does_not_import_torch() -> None:
 
 @pytest.mark.parametrize("name", names())
 def test_parameter_count(name: str) -> None:
-    assert _num_params(build(name)) == PARAM_COUNTS[name]
+    assert _num_params(build(name)) == get_spec(name).param_count
 
 
 def test_resnet50_is_v1_5() -> None:

@@ -18,6 +18,8 @@ import pytest
 
 from dlscale import launch
 from dlscale.metrics import read_metrics
+from dlscale.models import get_spec, names
+from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 MXNET_PY = ROOT / ".venvs" / "mxnet" / "bin" / "python"
@@ -28,9 +30,8 @@ pytestmark = pytest.mark.skipif(
     reason=f"MXNet environment missing ({MXNET_PY}); build it with scripts/setup.sh "
            "(envs/mxnet.txt) - with CI set these tests run and fail instead")
 
-#: The PyTorch references' trainable parameter counts (dlscale.models.torch).
-TORCH_COUNTS = {"resnet50": 25_557_032, "resnet18": 11_689_512, "cnn_small": 391_466,
-                "transformer_small": 5_289_986}
+#: The registry's trainable parameter counts (the PyTorch references, dlscale.models.torch).
+TORCH_COUNTS = {n: get_spec(n).param_count for n in names()}
 
 
 def mx_run(code: str, *args: str, timeout: int = 600, env: dict | None = None) -> str:
@@ -44,9 +45,9 @@ def mx_run(code: str, *args: str, timeout: int = 600, env: dict | None = None) -
 # ----------------------------------------------------------------------------- the models
 COUNT = """
 import json
+from dlscale.models import names
 from dlscale.models.mxnet import build, param_count
-print(json.dumps({name: param_count(build(name)) for name in
-                  ["resnet50", "resnet18", "cnn_small", "transformer_small"]}))
+print(json.dumps({name: param_count(build(name)) for name in names()}))
 """
 
 
@@ -124,17 +125,14 @@ def test_outputs_equal_the_torch_models_given_the_same_weights(tmp_path):
 
 
 # ----------------------------------------------------------------------------- launches
-CELL = {"hardware": "cpu", "framework": "mxnet", "model": "cnn_small", "policy": "weak",
-        "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
-        "world_size": 2, "per_rank_batch": 4, "global_batch": 8, "cpus_per_rank": 1,
-        "warmup_steps": 1, "steps": 2}
+CELL = cell_dict(framework="mxnet")
 
 
 def launch_cell(tmp_path: Path, cell: dict) -> tuple[int, Path]:
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
     out = tmp_path / "cell" / "metrics.jsonl"
     code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out), "--launcher",
-                        "local", "--study", "t", "--config-hash", "h", "--git-commit", "",
+                        "local", "--git-commit", "",
                         "--python", str(MXNET_PY)])
     return code, out
 
@@ -191,7 +189,8 @@ from dlscale.launch import discover
 out, model, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ctx = discover()
 a = Adapter(TrainSpec(framework="mxnet", model=model, per_rank_batch=4, warmup_steps=0,
-                      steps=steps, precision="fp32", device="cpu", threads=1), ctx)
+                      steps=steps, precision="fp32", device="cpu", threads=1,
+                      learning_rate=0.01, momentum=0.9), ctx)
 try:
     a.setup()
     def weights():

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import Counter
 
 import pytest
 
-from dlscale.layout import (FAMILIES, MAX_PANELS, MAX_SERIES, figure_file_bound,
-                            figure_layout)
-from dlscale.plotting import layout_of_table, plot_figure
+from dlscale.layout import (FAMILIES, FIGURE_NAME_PATTERN, MAX_PANELS, MAX_SERIES,
+                            figure_file_bound, figure_layout)
+from dlscale.plotting import plot_figure
+from dlscale.stats import GROUP
 from synthetic_study import DEMO, LARGE, groups, study_tables
 
 COLUMN_IN = 3.5
@@ -90,9 +92,17 @@ def test_demo_layout_is_one_column_wide_file_per_family():
         assert len(spec["panels"]) == (2 if spec["family"] == "frameworks" else 4)
 
 
+def test_every_file_name_matches_the_figure_rule_wildcard():
+    names = [spec["file"] for axes in (LARGE, DEMO)
+             for spec in figure_layout(groups(axes), COLUMN_IN)]
+    assert all(re.fullmatch(rf"[^/]+/{FIGURE_NAME_PATTERN}\.pdf", name) for name in names)
+    for other in ("cpu/speedup-a.pdf", "cpu/speedups.pdf", "cpu/throughput-1-2.pdf"):
+        assert not re.fullmatch(rf"[^/]+/{FIGURE_NAME_PATTERN}\.pdf", other)
+
+
 def test_large_study_renders_every_file_within_the_bounds(large, tmp_path):
     _, scaling, _ = large
-    layout = layout_of_table(scaling, COLUMN_IN)
+    layout = figure_layout(scaling[GROUP].itertuples(index=False, name=None), COLUMN_IN)
     assert len(layout) == figure_file_bound(groups(LARGE))
     for spec in layout:
         out = tmp_path / spec["file"]

@@ -9,8 +9,10 @@ from pathlib import Path
 import yaml
 
 from dlscale import launch, status
-from dlscale.matrix import TRAIN_RULE, build_matrix
+from dlscale.cell import SLURM_JOB_FILE, TRAIN_RULE, Cell
+from dlscale.matrix import build_matrix
 from dlscale.resources import class_resources
+from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 HARDWARE = yaml.safe_load((ROOT / "config" / "hardware.yaml").read_text())
@@ -72,7 +74,7 @@ def _fake_srun(tmp_path, monkeypatch):
     return record
 
 
-CELL = {"nodes": 2, "world_size": 2, "ranks_per_node": 1, "cpus_per_rank": 1}
+CELL = Cell.from_dict(cell_dict(nodes=2, ranks_per_node=1, cpus_per_rank=1))
 
 
 def _run_srun(tmp_path) -> dict:
@@ -114,14 +116,14 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
             "precision": "fp32", "nodes": 2, "rep": 3}
     run_dir = Path("results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r3")
     run_dir.mkdir(parents=True)
-    (run_dir / launch.SLURM_JOB_FILE).write_text(json.dumps(
+    (run_dir / SLURM_JOB_FILE).write_text(json.dumps(
         {"slurm_job_id": "512", "array_job_id": "500", "array_task_id": "12"}))
     job = status.latest_slurm_job(cell, run_dir)
     assert job["slurm_job_id"] == "512"
     assert status.slurm_log(cell, job) == Path(
         "results/logs/slurm/rule_train_cpu_n2/500_12.log")
     # a single job that never reached the launcher: the newest log in the cell's folder
-    (run_dir / launch.SLURM_JOB_FILE).unlink()
+    (run_dir / SLURM_JOB_FILE).unlink()
     folder = Path("results/logs/slurm/rule_train_cpu_n2/cpu_pytorch_cnn_small_weak_fp32_2_3")
     folder.mkdir(parents=True)
     for job_id in ("90", "105"):

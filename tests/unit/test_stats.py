@@ -7,7 +7,20 @@ import pytest
 import numpy as np
 
 from dlscale.metrics import bus_bandwidth
-from dlscale.stats import add_speedup, median_ci, ratio_ci, scaling_summary, stragglers
+from dlscale.stats import (BOOTSTRAP_SEED, add_speedup, bootstrap_cis, scaling_summary,
+                           stragglers)
+
+
+def median_ci(x, rng):
+    """The interval of one sample's median, from the batched function scaling_summary calls."""
+    ci = bootstrap_cis([x], rng)
+    return ci.median_low[0], ci.median_high[0]
+
+
+def ratio_ci(x, base, rng):
+    """The interval of median(x) / median(base), from the same batched function."""
+    ci = bootstrap_cis([x], rng, bases=[base], base_of=[0])
+    return ci.ratio_low[0], ci.ratio_high[0]
 
 
 def cells(rows):
@@ -61,6 +74,24 @@ def test_summary_median_min_max_and_n():
     # constant baseline: the speedup interval is the throughput interval / 100
     assert 1.5 <= row["speedup_ci_low"] <= 1.7 <= row["speedup_ci_high"] <= 1.9
     assert row["scaling_efficiency_ci_low"] == pytest.approx(row["speedup_ci_low"] / 2)
+
+
+def test_summary_intervals_are_those_of_bootstrap_cis():
+    """scaling_summary runs the tested bootstrap: its intervals are bootstrap_cis's on the rows'
+    repetitions (same stream); the baseline row is its own baseline (speedup 1 on every
+    resample) and shares its resamples with the other rows' speedups."""
+    df = scaling_summary(add_speedup(cells([
+        ("weak", 1, 1, 1, 90.0), ("weak", 1, 2, 1, 100.0), ("weak", 1, 3, 1, 115.0),
+        ("weak", 2, 1, 2, 150.0), ("weak", 2, 2, 2, 170.0), ("weak", 2, 3, 2, 190.0),
+    ]))).set_index("nodes")
+    base, two = np.array([90.0, 100.0, 115.0]), np.array([150.0, 170.0, 190.0])
+    ci = bootstrap_cis([base, two], np.random.default_rng(BOOTSTRAP_SEED), bases=[base],
+                       base_of=[0, 0], own_base=[True, False])
+    assert df["throughput_samples_per_s_ci_low"].tolist() == ci.median_low.tolist()
+    assert df["throughput_samples_per_s_ci_high"].tolist() == ci.median_high.tolist()
+    assert df["speedup_ci_low"].tolist() == ci.ratio_low.tolist()
+    assert df.loc[1, "speedup_ci_low"] == df.loc[1, "speedup_ci_high"] == 1.0
+    assert df.loc[2, "scaling_efficiency_ci_high"] == pytest.approx(ci.ratio_high[1] / 2)
 
 
 def test_empty_tables_keep_their_columns():

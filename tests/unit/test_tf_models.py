@@ -22,13 +22,14 @@ import pytest
 from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.models import get_spec, names
+from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venvs" / "tensorflow" / "bin" / "python"
 FRAMEWORKS = ("tensorflow", "keras")
-# The PyTorch reference counts (dlscale.models.torch), which every framework must reproduce.
-TORCH_PARAMS = {"resnet50": 25_557_032, "resnet18": 11_689_512, "cnn_small": 391_466,
-                "transformer_small": 5_289_986}
+# The registry's counts (the PyTorch references, dlscale.models.torch), which every framework
+# must reproduce.
+TORCH_PARAMS = {n: get_spec(n).param_count for n in names()}
 
 
 @pytest.fixture(scope="module")
@@ -187,16 +188,14 @@ def test_models_compute_what_the_torch_models_compute(tf_python, torch_reference
 
 # ----------------------------------------------------------------------------- real launches
 def cell(framework: str, nodes: int, model: str = "cnn_small", precision: str = "fp32") -> dict:
-    return {"hardware": "cpu", "framework": framework, "model": model, "policy": "weak",
-            "precision": precision, "nodes": nodes, "rep": 1, "device": "cpu",
-            "ranks_per_node": 1, "world_size": nodes, "per_rank_batch": 4,
-            "global_batch": 4 * nodes, "cpus_per_rank": 1, "warmup_steps": 1, "steps": 2}
+    return cell_dict(framework=framework, model=model, precision=precision, nodes=nodes,
+                     global_batch=4 * nodes)
 
 
 def run_cell(tmp_path: Path, python: Path, c: dict) -> list[dict]:
     out = tmp_path / "cell" / "metrics.jsonl"
     code = launch.main(["--cell-json", json.dumps(c), "--output", str(out), "--launcher",
-                        "local", "--study", "t", "--config-hash", "h", "--git-commit", "",
+                        "local", "--git-commit", "",
                         "--python", str(python)])
     assert code == 0
     return read_metrics(out)
@@ -240,7 +239,8 @@ RANK = """
     framework, out = sys.argv[1], sys.argv[2]
     ctx = discover()
     spec = TrainSpec(framework=framework, model="cnn_small", per_rank_batch=4, warmup_steps=0,
-                     steps=1, precision="fp32", device="cpu", threads=1)
+                     steps=1, precision="fp32", device="cpu", threads=1, learning_rate=0.01,
+                     momentum=0.9)
     adapter = get_adapter(framework)(spec, ctx)
     adapter.setup()
     w0 = [v.numpy() for v in adapter.model.trainable_variables]
@@ -322,9 +322,10 @@ def test_gradients_are_averaged_across_ranks(tmp_path, tf_python, framework):
 def test_a_dead_peer_fails_the_surviving_rank(tmp_path, tf_python, framework):
     """Rank 1 exits before step 3 (DLSCALE_FAULT); rank 0, with no launcher to stop it, must fail
     on its own within the collective timeout instead of hanging."""
-    argv = ["-m", "dlscale.train", "--framework", framework, "--model", "cnn_small",
-            "--batch-size", "4", "--warmup-steps", "2", "--steps", "3", "--precision", "fp32",
-            "--device", "cpu", "--threads", "1", "--rank-dir", str(tmp_path / "ranks")]
+    spec_file = tmp_path / "cell.json"
+    spec_file.write_text(json.dumps(cell_dict(framework=framework, nodes=2, warmup_steps=2,
+                                              steps=3)))
+    argv = ["-m", "dlscale.train", "--cell", str(spec_file), "--rank-dir", str(tmp_path / "ranks")]
     procs = start_ranks(tf_python, lambda r: argv, tmp_path, DLSCALE_FAULT="ranks:1:3:7",
                         DLSCALE_COLLECTIVE_TIMEOUT_S="60")
     assert procs[1].wait(timeout=600) == 7
@@ -346,7 +347,8 @@ def test_keras_adapter_refuses_keras_3(tf_python):
         from dlscale.frameworks import get_adapter
         from dlscale.frameworks.base import RankContext, TrainSpec
         spec = TrainSpec(framework="keras", model="cnn_small", per_rank_batch=2, warmup_steps=0,
-                         steps=1, precision="fp32", device="cpu", threads=1)
+                         steps=1, precision="fp32", device="cpu", threads=1, learning_rate=0.01,
+                         momentum=0.9)
         ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_index=0,
                           node="n", master_addr="127.0.0.1", master_port=1, launcher="none",
                           hosts=("127.0.0.1",))

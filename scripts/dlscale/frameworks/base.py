@@ -9,26 +9,54 @@ Timing method (the same for every framework, recorded in each metrics file):
     synchronisation (`Adapter.sync`), so queued device work is inside the step it belongs to;
   - a rank's throughput = per_rank_batch * steps / sum(step times); the cell's throughput is the
     sum over ranks (dlscale.metrics.summarize), never rank 0 x world size.
+The method's constants (TIMER, IDLE_PROBE_SECONDS, ...) are defined in dlscale.method.
+
+The adapter kit: what every framework needs besides its own step lives here, so that a framework
+module holds only what differs:
+  - TrainSpec, the rank-side subset of a cell (TrainSpec.from_cell), optimizer settings included;
+  - the precision check: each adapter maps precision -> its dtype or policy (Adapter.precisions)
+    and names the precisions it runs on GPU only (Adapter.cuda_only); anything else is refused
+    when the adapter is made, naming the allowed values;
+  - seeding: Adapter.seed() seeds the framework (seed_framework) with spec.seed + rank;
+  - the collective timeout COLLECTIVE_TIMEOUT_S, read once from DLSCALE_COLLECTIVE_TIMEOUT_S, and
+    a Watchdog for frameworks whose collectives can wait forever;
+  - declared capabilities (has_breakdown, has_allreduce_probe, can_compile), which run_timed
+    reads before it measures: a missing one is an "available": False record with its reason.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..energy import EnergyMeter
+from ..method import (  # noqa: F401 - re-exported for modules that still import them from here
+    ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS,
+    TIMER)
 from ..provenance import gpu_activity, host_activity
 
-TIMER = "time.perf_counter"
-IDLE_PROBE_SECONDS = 0.5
-COMPETING_BUSY_CPUS = 0.5
-BREAKDOWN_STEPS = 10                        # compute-only steps after the timed window
-ALLREDUCE_BYTES = (1 << 20, 16 << 20)       # probe message sizes (float32 buffers)
-ALLREDUCE_REPEATS = 5                       # timed repeats per size, after one warm-up
+if TYPE_CHECKING:
+    from ..cell import Cell
+
+# Bounded collectives, the same bound in every framework: read once, here. A collective (or a
+# blocking call that waits for the peers) that has not finished after this many seconds fails
+# the rank, so a dead or stuck peer fails the cell instead of hanging it.
+COLLECTIVE_TIMEOUT_ENV = "DLSCALE_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_S = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "300"))
+WATCHDOG_EXIT_CODE = 124          # a rank ended by its watchdog (as timeout(1) exits)
+
+DEVICE_NAMES = {"cpu": "CPU", "cuda": "GPU"}
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """What one rank trains. Frozen and explicit: an unknown argument is a TypeError."""
+    """What one rank trains: the rank-side subset of a cell (dlscale.cell.Cell). Frozen and
+    explicit: an unknown argument is a TypeError, and the optimizer's settings have no default
+    here (they come from the config's `optimizer` section, through the cell)."""
     framework: str
     model: str
     per_rank_batch: int
@@ -37,7 +65,18 @@ class TrainSpec:
     precision: str
     device: str
     threads: int
+    learning_rate: float
+    momentum: float
     seed: int = 0
+
+    @classmethod
+    def from_cell(cls, cell: Cell) -> TrainSpec:
+        """A cell's rank-side subset: intra-op threads = the rank's CPUs, seed 0."""
+        return cls(framework=cell.framework, model=cell.model,
+                   per_rank_batch=cell.per_rank_batch, warmup_steps=cell.warmup_steps,
+                   steps=cell.steps, precision=cell.precision, device=cell.device,
+                   threads=cell.cpus_per_rank, learning_rate=cell.learning_rate,
+                   momentum=cell.momentum, seed=0)
 
 
 @dataclass(frozen=True)
@@ -62,16 +101,75 @@ class RankContext:
 
 
 class Adapter:
-    """One framework's data-parallel training step. Subclasses implement every method."""
+    """One framework's data-parallel training step. What every framework shares lives here
+    (checking the precision, seeding, the collective timeout, the watchdog, the timing loop);
+    a subclass implements the contract's methods and declares its capabilities."""
 
     name: str = ""
+    title: str = ""                   # the framework as refusals name it ("TensorFlow")
     sync_method: str = "none"
+
+    # Precision: precision -> this framework's dtype or mixed-precision policy for it (None:
+    # plain fp32). A precision missing here is refused; so is one named in `cuda_only` (with
+    # the reason) on a CPU. Checked once, when the adapter is made (check_precision).
+    precisions: dict[str, object] = {}
+    cuda_only: dict[str, str] = {}
+
+    # Capabilities, declared: run_timed reads them before it measures (nothing is found out by
+    # calling a method and catching NotImplementedError).
+    breakdown_method: str = ""         # how step_without_allreduce skips the allreduce ("": none)
+    has_allreduce_probe: bool = False  # allreduce(numel) is implemented
+    can_compile: bool = False          # a compiled step (torch.compile, XLA, hybridize): planned
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
             raise TypeError("Adapter(spec: TrainSpec, ctx: RankContext)")
         self.spec, self.ctx = spec, ctx
+        self.check_precision()
 
+    # ------------------------------------------------------------------ shared by every framework
+    def check_precision(self) -> None:
+        """Refuse a precision this framework does not run, or not on this device, naming the
+        precisions it does run there."""
+        spec = self.spec
+        device = DEVICE_NAMES.get(spec.device, spec.device)
+        allowed = [p for p in self.precisions
+                   if spec.device == "cuda" or p not in self.cuda_only]
+        if spec.precision in allowed:
+            return
+        if spec.precision in self.precisions:
+            reason = f" ({self.cuda_only[spec.precision]})"
+        else:
+            reason = ""
+        raise ValueError(f"precision {spec.precision} is not supported by "
+                         f"{self.title or self.name} on {device}{reason}; use one of: "
+                         f"{', '.join(allowed)}")
+
+    @property
+    def precision_dtype(self):
+        """The framework's dtype or policy for the spec's precision (None: plain fp32)."""
+        return self.precisions[self.spec.precision]
+
+    @property
+    def rank_seed(self) -> int:
+        """This rank's seed: the spec's seed + rank (ranks draw different random numbers; the
+        initial weights agree all the same: every framework starts from rank 0's)."""
+        return self.spec.seed + self.ctx.rank
+
+    def seed(self) -> None:
+        """Seed the framework's random generators for this rank (seed_framework(rank_seed))."""
+        self.seed_framework(self.rank_seed)
+
+    def seed_framework(self, seed: int) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def has_breakdown(cls, spec: TrainSpec) -> bool:
+        """Whether step_without_allreduce is available for this spec: by default whenever the
+        adapter declares its breakdown method."""
+        return bool(cls.breakdown_method)
+
+    # ------------------------------------------------------------------ the contract
     def setup(self) -> None:          # init the process group, build model, optimizer, data
         raise NotImplementedError
 
@@ -91,19 +189,82 @@ class Adapter:
         """Library versions, device model, data layout, input shape, parameter count."""
         raise NotImplementedError
 
-    # Optional: where a framework exposes them, the breakdown and the bandwidth probe.
-    breakdown_method: str = ""
-
+    # Where the capabilities above declare them: the breakdown and the bandwidth probe.
     def step_without_allreduce(self) -> None:
-        """The same step with the gradient allreduce skipped (compute only)."""
+        """The same step with the gradient allreduce skipped (compute only); called only when
+        has_breakdown(spec)."""
         raise NotImplementedError
 
     def allreduce(self, numel: int) -> None:
-        """Blocking allreduce (sum) of a float32 buffer of `numel` elements over all ranks."""
+        """Blocking allreduce (sum) of a float32 buffer of `numel` elements over all ranks;
+        called only when has_allreduce_probe."""
         raise NotImplementedError
 
     def peak_device_memory_mb(self) -> float | None:
         return None
+
+
+class Watchdog:
+    """Ends the rank when one blocking call (a step, a barrier, a probe, start-up, shutdown)
+    outlives its deadline, for frameworks whose collectives can wait forever on a peer that is
+    alive but stopped taking part (Horovod's synchronize()) or that have no timeout at all
+    (MXNet's ps-lite).
+
+    Used as `with watchdog("a training step"): ...`. The deadline of a call is `seconds` (given
+    per call, else COLLECTIVE_TIMEOUT_S) plus `grow` x the longest call named in `grow_with`
+    that finished so far (so a slow model's steps do not trip it). Past the deadline the rank
+    prints what it waited for, runs `on_fire` (e.g. to kill child processes) and exits with
+    `exit_code`; the launcher then fails the cell with that rank's exit code and log."""
+
+    def __init__(self, framework: str, rank: int, *, timeout: float = COLLECTIVE_TIMEOUT_S,
+                 grow: float = 0.0, grow_with: tuple[str, ...] = (), on_fire=None,
+                 exit_code: int = WATCHDOG_EXIT_CODE):
+        self.framework, self.rank = framework, rank
+        self.timeout, self.grow, self.grow_with = timeout, grow, grow_with
+        self.on_fire, self.exit_code = on_fire, exit_code
+        self.longest = 0.0
+        self._what = ""
+        self._started = 0.0
+        self._deadline: float | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name=f"dlscale-{framework}-watchdog",
+                         daemon=True).start()
+
+    @contextlib.contextmanager
+    def __call__(self, what: str, seconds: float | None = None):
+        with self._lock:
+            self._what, self._started = what, time.monotonic()
+            self._deadline = (self._started + (self.timeout if seconds is None else seconds)
+                              + self.grow * self.longest)
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            with self._lock:
+                if finished and what in self.grow_with:
+                    self.longest = max(self.longest, time.monotonic() - self._started)
+                self._deadline = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                late = self._deadline is not None and time.monotonic() > self._deadline
+                what, bound = self._what, (self._deadline or 0.0) - self._started
+                longest = self.longest
+            if late:
+                grown = (f" + {self.grow:g} x the longest step so far, {longest:.1f} s"
+                         if self.grow and longest else "")
+                print(f"[dlscale.frameworks.{self.framework}] rank {self.rank}: {what} did not "
+                      f"finish within {bound:.0f} s ({COLLECTIVE_TIMEOUT_ENV}{grown}): a peer is "
+                      f"dead, hung or stopped taking part; exiting with {self.exit_code}",
+                      file=sys.stderr, flush=True)
+                try:
+                    if self.on_fire is not None:
+                        self.on_fire()
+                finally:
+                    os._exit(self.exit_code)
 
 
 def run_timed(adapter: Adapter, before_step=None) -> dict:
@@ -141,17 +302,16 @@ def run_timed(adapter: Adapter, before_step=None) -> dict:
 
 def _breakdown(adapter: Adapter) -> dict:
     """Compute-only step times (allreduce skipped); communication = step - compute."""
-    compute = []
-    try:
-        adapter.step_without_allreduce()      # untimed: graph frameworks build it on first call
-        adapter.sync()
-        for _ in range(min(adapter.spec.steps, BREAKDOWN_STEPS)):
-            t0 = time.perf_counter()
-            adapter.step_without_allreduce()
-            adapter.sync()
-            compute.append(time.perf_counter() - t0)
-    except NotImplementedError:
+    if not adapter.has_breakdown(adapter.spec):
         return {"available": False, "reason": f"{adapter.name}: no compute-only step"}
+    compute = []
+    adapter.step_without_allreduce()          # untimed: graph frameworks build it on first call
+    adapter.sync()
+    for _ in range(min(adapter.spec.steps, BREAKDOWN_STEPS)):
+        t0 = time.perf_counter()
+        adapter.step_without_allreduce()
+        adapter.sync()
+        compute.append(time.perf_counter() - t0)
     adapter.barrier()
     return {"available": True, "method": adapter.breakdown_method, "compute_seconds": compute}
 
@@ -160,18 +320,17 @@ def _allreduce_probe(adapter: Adapter) -> dict:
     """Median time of an allreduce per message size, in the cell's own process group."""
     if adapter.ctx.world_size == 1:
         return {"available": False, "reason": "a single rank has no peer to reduce with"}
-    results = []
-    try:
-        for nbytes in ALLREDUCE_BYTES:
-            numel = nbytes // 4
-            adapter.allreduce(numel)                      # warm-up
-            samples = []
-            for _ in range(ALLREDUCE_REPEATS):
-                adapter.barrier()
-                t0 = time.perf_counter()
-                adapter.allreduce(numel)
-                samples.append(time.perf_counter() - t0)
-            results.append({"bytes": nbytes, "seconds": samples})
-    except NotImplementedError:
+    if not adapter.has_allreduce_probe:
         return {"available": False, "reason": f"{adapter.name}: no allreduce probe"}
+    results = []
+    for nbytes in ALLREDUCE_BYTES:
+        numel = nbytes // 4
+        adapter.allreduce(numel)                          # warm-up
+        samples = []
+        for _ in range(ALLREDUCE_REPEATS):
+            adapter.barrier()
+            t0 = time.perf_counter()
+            adapter.allreduce(numel)
+            samples.append(time.perf_counter() - t0)
+        results.append({"bytes": nbytes, "seconds": samples})
     return {"available": True, "sizes": results, "repeats": ALLREDUCE_REPEATS}

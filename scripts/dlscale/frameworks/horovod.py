@@ -10,70 +10,31 @@ adapter does what horovodrun's gloo launcher (horovod/runner/gloo_run.py) would 
     ranks, host label, rendezvous address, gloo controller and CPU operations, the network
     interface that reaches the other nodes) and calls hvd.init().
 Collectives are bounded: gloo's timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) for the rendezvous and
-a dead peer, and a watchdog for a peer that is alive but stops taking part (see Watchdog).
+a dead peer, and the base's watchdog (base.Watchdog) for a peer that is alive but stops taking
+part: a peer whose Python thread is stuck while its Horovod background thread still cycles never
+breaks a gloo connection, and Horovod's stall inspector (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set
+as well) did not end such a rank in our tests of 0.28.1 within minutes: synchronize() then waits
+forever. So every step, barrier and probe runs under a fixed deadline of
+DLSCALE_COLLECTIVE_TIMEOUT_S; past it the rank says what it waited for and exits with 124.
 The model is dlscale's PyTorch model (dlscale.models.torch.build), so parameter counts match the
-pytorch framework by construction; the optimizer is hvd.DistributedOptimizer around SGD
-(momentum 0.9), gradients averaged by allreduce during backward. Parameters are broadcast from
-rank 0 once. As in plain Horovod, module buffers (BatchNorm running statistics) stay per rank
-(DDP broadcasts them from rank 0 at every forward).
+pytorch framework by construction; the optimizer is hvd.DistributedOptimizer around SGD (the
+config's learning rate and momentum), gradients averaged by allreduce during backward. Parameters
+are broadcast from rank 0 once. As in plain Horovod, module buffers (BatchNorm running statistics)
+stay per rank (DDP broadcasts them from rank 0 at every forward).
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import ipaddress
 import os
 import socket
-import sys
 import threading
 import time
 
 import torch
 
-from .base import Adapter as BaseAdapter
+from .base import COLLECTIVE_TIMEOUT_S, Adapter as BaseAdapter, Watchdog
 from .pytorch import TorchModel
-# Bounded collectives: gloo's rendezvous and every gloo operation time out after this (a dead
-# peer fails the next collective at once: its connections close), and the adapter's watchdog
-# ends a rank whose step, barrier or probe has not returned after it (see Watchdog).
-COLLECTIVE_TIMEOUT_S = int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300"))
-WATCHDOG_EXIT_CODE = 124
-
-
-class Watchdog:
-    """Ends the process when a blocking call outlives its deadline.
-
-    A peer that is alive but stops taking part (its Python thread stuck, its Horovod background
-    thread still cycling) never breaks a gloo connection, and Horovod's stall inspector
-    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set below as well) did not end such a rank in our tests
-    of 0.28.1 within minutes: Horovod's synchronize() then waits forever. So every step, barrier
-    and probe runs under a deadline; past it the rank prints what it waited for and exits with
-    WATCHDOG_EXIT_CODE, and the launcher fails the cell."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.deadline: float | None = None
-        self.what = ""
-        self.seconds = 0.0
-        threading.Thread(target=self._run, name="dlscale-watchdog", daemon=True).start()
-
-    @contextlib.contextmanager
-    def __call__(self, what: str, seconds: float = COLLECTIVE_TIMEOUT_S):
-        self.what, self.seconds = what, seconds
-        self.deadline = time.monotonic() + seconds
-        try:
-            yield
-        finally:
-            self.deadline = None
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(1.0)
-            deadline = self.deadline
-            if deadline is not None and time.monotonic() > deadline:
-                print(f"[dlscale.frameworks.horovod] rank {self.rank}: {self.what} did not finish "
-                      f"within {self.seconds:.0f} s (DLSCALE_COLLECTIVE_TIMEOUT_S): a peer stopped "
-                      f"taking part; exiting with {WATCHDOG_EXIT_CODE}", file=sys.stderr, flush=True)
-                os._exit(WATCHDOG_EXIT_CODE)
 
 
 def _iface_for(addr: str) -> str:
@@ -170,13 +131,15 @@ def _wait_for(addr: str, port: int, timeout: float) -> None:
 
 class Adapter(TorchModel, BaseAdapter):
     name = "horovod"
+    title = "Horovod"
+    has_allreduce_probe = True
     breakdown_method = ("the same step with Horovod's gradient allreduce deferred (its "
                         "backward_passes_per_step accumulation path: the backward hooks submit "
                         "nothing) and the optimizer update on the local gradients")
 
     def setup(self) -> None:
         spec, ctx = self.spec, self.ctx
-        torch.manual_seed(spec.seed + ctx.rank)
+        self.seed()
         torch.set_num_threads(spec.threads)
         try:
             torch.set_num_interop_threads(spec.threads)
@@ -184,7 +147,10 @@ class Adapter(TorchModel, BaseAdapter):
             pass
         self.server = None
         self.hvd = None
-        self.watchdog = Watchdog(ctx.rank)
+        # fixed deadlines: gloo operations time out after COLLECTIVE_TIMEOUT_S (a dead peer
+        # fails the next collective at once: its connections close); this ends a rank whose
+        # step, barrier or probe waits on a peer that stopped taking part
+        self.watchdog = Watchdog(self.name, ctx.rank)
         # the rendezvous has its own timeout (HOROVOD_GLOO_TIMEOUT_SECONDS); this is a backstop
         with self.watchdog("hvd.init (rendezvous)", 2 * COLLECTIVE_TIMEOUT_S + 60):
             self._init_horovod()
@@ -207,7 +173,7 @@ class Adapter(TorchModel, BaseAdapter):
             self.sync_method = ("none (CPU ops are synchronous; DistributedOptimizer.step waits "
                                 "for its allreduce)")
         self.model = self.prepare_model()
-        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        optimizer = self.sgd(self.model.parameters())
         with self.watchdog("broadcast_parameters"):
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.optimizer = hvd.DistributedOptimizer(

@@ -6,13 +6,14 @@ Keras 3: Keras 3's `fit` under MultiWorkerMirroredStrategy fails with "unsupport
 PerReplica" (keras-team/keras#20585), while tf_keras' `fit` is the multi-worker code path that
 TensorFlow documents and tests. (The `tensorflow` adapter runs Keras 3 layers in a custom loop.)
 
-Distribution: the same MWMS set-up as the tensorflow adapter (TF_CONFIG from the RankContext,
-RING over gRPC on CPU / NCCL on GPU, bounded collectives; helpers from dlscale.frameworks.
-tensorflow). The model is built and compiled in `strategy.scope()`: SGD (lr 0.01, momentum 0.9),
-sparse categorical cross-entropy from logits; under the strategy tf_keras scales the loss by
-1/replicas and its optimizer sums the gradients over all replicas (= the mean gradient, as DDP).
-Precision: `mixed_bfloat16` for bf16; `mixed_float16` (compile adds the loss-scale optimizer) on
-GPU only.
+Distribution: the same MWMS set-up as the tensorflow adapter (TF_CONFIG from the RankContext, RING
+over gRPC on CPU / NCCL on GPU, bounded collectives; helpers from dlscale.frameworks.tensorflow).
+The model is built and compiled in `strategy.scope()`: SGD (the config's learning rate and
+momentum: spec.learning_rate, spec.momentum), sparse categorical cross-entropy from logits; under
+the strategy tf_keras scales the loss by 1/replicas and its optimizer sums the gradients over all
+replicas (= the mean gradient, as DDP). Precision: `mixed_bfloat16` for bf16; `mixed_float16`
+(compile adds the loss-scale optimizer) on GPU only, and there without the compute-only breakdown
+(has_breakdown, as the tensorflow adapter).
 
 What one step is -- and why not `fit(epochs=1, steps_per_epoch=1)`: each `fit` call rebuilds the
 data handler, callbacks, progress logging and distributed iterator, which would be timed as
@@ -57,6 +58,7 @@ class _SGD(_SGD_BASE):
 
 class Adapter(tfa.Adapter):
     name = "keras"
+    title = "Keras (tf_keras)"
     legacy_keras = True
     breakdown_method = ("a second Model.make_train_function() traced with the optimizer's "
                         "gradient all-reduce skipped (tf_keras skip_gradients_aggregation); "
@@ -66,7 +68,7 @@ class Adapter(tfa.Adapter):
         self._setup_common()
         spec, strategy, model = self.spec, self.strategy, self.model
         with strategy.scope():
-            self.optimizer = _SGD(learning_rate=tfa.LEARNING_RATE, momentum=tfa.MOMENTUM)
+            self.optimizer = _SGD(learning_rate=spec.learning_rate, momentum=spec.momentum)
             model.compile(optimizer=self.optimizer,
                           loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           steps_per_execution=1, jit_compile=False)
@@ -80,7 +82,7 @@ class Adapter(tfa.Adapter):
         with strategy.scope():
             self.optimizer.build(model.trainable_variables)
         self._local_train_function = None
-        if spec.precision != "fp16":
+        if self.has_breakdown(spec):
             # the compute-only step's own train function, traced (not run) now so that no
             # tracing is timed; fit's function stays the model's train_function
             self._local_train_function = model.make_train_function(force=True)
@@ -100,6 +102,7 @@ class Adapter(tfa.Adapter):
         self._run(self.train_function)
 
     def step_without_allreduce(self) -> None:
-        if self._local_train_function is None:
-            raise NotImplementedError  # fp16: compile wraps the optimizer in a loss-scale one
+        if self._local_train_function is None:   # fp16: compile wraps the optimizer in a
+            # loss-scale one, whose local path is not validated (has_breakdown)
+            raise RuntimeError(f"{self.name}: no compute-only step under {self.spec.precision}")
         self._run(self._local_train_function)

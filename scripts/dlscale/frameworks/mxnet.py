@@ -15,19 +15,26 @@ route to a peer node); DLSCALE_MXNET_INTERFACE=<ifname> makes ps-lite use that i
 
 Update semantics: Gluon's Trainer with a dist kvstore updates on the servers (MXNet's default,
 MXNET_UPDATE_ON_KVSTORE=1): each worker pushes the gradient of the *summed* per-sample loss of its
-batch, the dist_sync server adds the pushes of all workers and runs SGD (lr 0.01, momentum 0.9)
-with rescale_grad = 1 / global batch (Trainer.step(global_batch)); every worker then pulls the
-new weights. That is SGD with momentum on the mean gradient over the global batch, as DDP.
-Initial weights are broadcast from kvstore rank 0 at the first step. A single rank uses the
-'local' kvstore (same push/update/pull path, no servers).
+batch, the dist_sync server adds the pushes of all workers and runs SGD (the config's learning rate
+and momentum: spec.learning_rate, spec.momentum) with rescale_grad = 1 / global batch
+(Trainer.step(global_batch)); every worker then pulls the new weights. That is SGD with momentum on
+the mean gradient over the global batch, as DDP. Initial weights are broadcast from kvstore rank 0
+at the first step. A single rank uses the 'local' kvstore (same push/update/pull path, no servers).
 
-Bounded collectives: ps-lite has no timeouts, so a watchdog thread fails the rank (exit 124)
-when one blocking call (kvstore start-up, a step, a barrier, shutdown) takes longer than
+Bounded collectives: ps-lite has no timeouts, so the base's watchdog (base.Watchdog) fails the
+rank (exit 124, after killing the rank's scheduler/server children) when one blocking call
+(kvstore start-up, a step, a barrier, a probe, shutdown) takes longer than
 DLSCALE_COLLECTIVE_TIMEOUT_S (default 300) plus four times the longest step seen so far.
 
 Precision: fp32; bf16 through MXNet AMP (`amp.init("bfloat16")`: oneDNN bf16 convolutions and
 GEMMs, fp32 weights and gradients, no loss scaling) on CPU; fp16 only on CUDA (MXNet 1.9.1 has no
-float16 GEMM/FullyConnected on CPU), with AMP dynamic loss scaling and the update on the workers.
+float16 GEMM/FullyConnected on CPU; the base's precision check refuses it there), with AMP
+dynamic loss scaling and the update on the workers.
+
+Seeding: MXNet's generator initialises the weights on every rank, and they meet in the kvstore
+only at the first step, so it gets the spec's seed on every rank (the same initial weights
+everywhere, as the other frameworks' broadcasts give); the rank's seed (seed + rank) picks its
+data.
 
 Threads: OMP_NUM_THREADS (intra-op) = spec.threads, set before MXNet is imported; the engine's
 scheduling threads (inter-op, MXNET_CPU_WORKER_NTHREADS) stay at 1, because each of them runs
@@ -42,17 +49,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 from ..models import get_spec
 from ..provenance import cpu_model
-from .base import Adapter as BaseAdapter
+from .base import Adapter as BaseAdapter, Watchdog
 
-COLLECTIVE_TIMEOUT_S = float(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300"))
 SHUTDOWN_WAIT_S = 60.0
-WATCHDOG_EXIT = 124
-AUTOCAST = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+# A blocking call's deadline: the collective timeout + 4 x the longest step so far.
+WATCHDOG_GROWTH, WATCHDOG_STEPS = 4.0, ("a training step", "a compute-only step")
 PR_SET_PDEATHSIG = 1
 
 # A scheduler/server child: die with the rank (PDEATHSIG), then let `import mxnet` run the role
@@ -89,62 +94,13 @@ def _route_to(addr: str) -> str | None:
         return None
 
 
-class _Watchdog:
-    """Fails the rank when one blocking call overruns its bound (ps-lite never times out)."""
-
-    def __init__(self, timeout: float, on_fire) -> None:
-        self.timeout, self.on_fire = timeout, on_fire
-        self.longest = 0.0
-        self._what = None
-        self._deadline = None
-        self._started = 0.0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._run, name="dlscale-mxnet-watchdog", daemon=True).start()
-
-    def __call__(self, what: str):
-        return _Armed(self, what)
-
-    def arm(self, what: str) -> None:
-        with self._lock:
-            self._what, self._started = what, time.monotonic()
-            self._deadline = self._started + self.timeout + 4.0 * self.longest
-
-    def disarm(self, record: bool) -> None:
-        with self._lock:
-            if record:
-                self.longest = max(self.longest, time.monotonic() - self._started)
-            self._deadline = None
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(1.0)
-            with self._lock:
-                late = self._deadline is not None and time.monotonic() > self._deadline
-                what, bound = self._what, (self._deadline or 0) - self._started
-            if late:
-                print(f"[dlscale.mxnet] {what} did not finish within {bound:.0f} s "
-                      "(DLSCALE_COLLECTIVE_TIMEOUT_S): a peer is dead or hung; failing this rank",
-                      file=sys.stderr, flush=True)
-                try:
-                    self.on_fire()
-                finally:
-                    os._exit(WATCHDOG_EXIT)
-
-
-class _Armed:
-    def __init__(self, dog: _Watchdog, what: str) -> None:
-        self.dog, self.what = dog, what
-
-    def __enter__(self):
-        self.dog.arm(self.what)
-
-    def __exit__(self, exc_type, *_):
-        self.dog.disarm(record=exc_type is None and self.what == "step")
-
-
 class Adapter(BaseAdapter):
     name = "mxnet"
+    title = "MXNet 1.9.1"
     sync_method = "mx.nd.waitall"
+    precisions = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # AMP target dtypes
+    cuda_only = {"fp16": "no float16 GEMM / FullyConnected kernels"}
+    has_allreduce_probe = True
     breakdown_method = ("the same forward/backward and SGD-momentum update through a second, "
                         "kvstore-less Gluon Trainer (no push/pull)")
 
@@ -228,18 +184,16 @@ class Adapter(BaseAdapter):
         import numpy
         from mxnet import autograd, gluon
         self.mx, self.np, self.autograd = mx, numpy, autograd
-        self.watchdog = _Watchdog(COLLECTIVE_TIMEOUT_S, self._kill_children)
+        self.watchdog = Watchdog(self.name, ctx.rank, grow=WATCHDOG_GROWTH,
+                                 grow_with=WATCHDOG_STEPS, on_fire=self._kill_children)
 
-        self.autocast = AUTOCAST[spec.precision]
+        self.autocast = self.precision_dtype
         if spec.device == "cuda":
             if mx.context.num_gpus() == 0:
                 raise RuntimeError("device 'cuda': this MXNet build has no CUDA support or sees "
                                    "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)")
             self.device = mx.gpu(ctx.local_rank)
         else:
-            if spec.precision == "fp16":
-                raise RuntimeError("precision fp16 is not supported by MXNet 1.9.1 on CPU (no "
-                                   "float16 GEMM / FullyConnected kernels); use fp32 or bf16")
             self.device = mx.cpu()
         if self.autocast:
             from mxnet.contrib import amp
@@ -267,19 +221,18 @@ class Adapter(BaseAdapter):
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
         from ..models.mxnet import build, example_batch, param_count
-        mx.random.seed(spec.seed, ctx=self.device)       # same initial weights on every rank
+        self.seed()                                      # same initial weights on every rank
         self.net = build(spec.model, ctx=self.device)
         self.param_count = param_count(self.net)
         self.net.hybridize(static_alloc=True, static_shape=True)
         # Different (fixed) data on every rank.
         self.x, self.y = example_batch(self.model_spec, spec.per_rank_batch, ctx=self.device,
-                                       seed=spec.seed + 1 + ctx.rank)
+                                       seed=self.data_seed)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.global_batch = spec.per_rank_batch * ctx.world_size
         self.loss_scaling = spec.precision == "fp16"
         self.trainer = gluon.Trainer(
-            self.net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9},
-            kvstore=self.kv,
+            self.net.collect_params(), "sgd", self._sgd(), kvstore=self.kv,
             # dynamic loss scaling changes the gradient scale every step: update on the workers
             update_on_kvstore=False if self.loss_scaling else None)
         if self.loss_scaling:
@@ -287,6 +240,14 @@ class Adapter(BaseAdapter):
         self.local_trainer = None          # compute-only breakdown (step_without_allreduce)
         self.probe_keys: dict[int, tuple[int, object]] = {}
         mx.nd.waitall()
+
+    def seed_framework(self, seed: int) -> None:
+        # the weights' generator: the spec's seed on every rank; the data: the rank's seed + 1
+        self.mx.random.seed(self.spec.seed, ctx=self.device)
+        self.data_seed = seed + 1
+
+    def _sgd(self) -> dict:
+        return {"learning_rate": self.spec.learning_rate, "momentum": self.spec.momentum}
 
     def _forward_backward(self, trainer) -> None:
         with self.autograd.record():
@@ -298,7 +259,7 @@ class Adapter(BaseAdapter):
             loss.backward()                                    # gradient of the summed loss
 
     def step(self) -> None:
-        with self.watchdog("step"):
+        with self.watchdog("a training step"):
             self._forward_backward(self.trainer)
             # rescale_grad = 1 / global batch: the servers' sum over workers becomes the mean
             self.trainer.step(self.global_batch)
@@ -311,11 +272,10 @@ class Adapter(BaseAdapter):
         if self.local_trainer is None:
             from mxnet import gluon
             self.local_trainer = gluon.Trainer(
-                self.net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9},
-                kvstore=None)
+                self.net.collect_params(), "sgd", self._sgd(), kvstore=None)
             if self.loss_scaling:
                 self.amp.init_trainer(self.local_trainer)
-        with self.watchdog("step"):
+        with self.watchdog("a compute-only step"):
             self._forward_backward(self.local_trainer)
             self.local_trainer.step(self.global_batch)
             self.mx.nd.waitall()
@@ -327,7 +287,7 @@ class Adapter(BaseAdapter):
         registered optimizer to the merged value (MXNet's update-on-kvstore), so the value
         pulled is not the plain sum; the traffic and the synchronisation are the gradients'."""
         mx = self.mx
-        with self.watchdog("allreduce probe"):
+        with self.watchdog("an allreduce probe"):
             if numel not in self.probe_keys:
                 key = 1_000_000 + len(self.probe_keys)    # far above the parameters' indices
                 buf = mx.nd.ones((numel,), dtype="float32", ctx=self.device)
@@ -342,7 +302,7 @@ class Adapter(BaseAdapter):
 
     def barrier(self) -> None:
         if self.backend == "dist_sync":
-            with self.watchdog("barrier"):
+            with self.watchdog("a barrier"):
                 self.kv._barrier()
 
     def teardown(self) -> None:

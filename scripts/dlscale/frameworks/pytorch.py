@@ -1,8 +1,9 @@
-"""PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, env:// rendezvous."""
+"""PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, TCP rendezvous at
+MASTER_ADDR:MASTER_PORT; SGD with the config's learning rate and momentum (spec.learning_rate,
+spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S (base.COLLECTIVE_TIMEOUT_S)."""
 from __future__ import annotations
 
 import datetime
-import os
 
 import numpy
 import torch
@@ -12,18 +13,22 @@ from torch.nn.parallel import DistributedDataParallel
 from ..models import get_spec
 from ..provenance import cpu_model
 from ..models.torch import build, example_batch
-from .base import Adapter as BaseAdapter
-
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Bounded collectives: a dead peer fails the cell instead of hanging it.
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300")))
+from .base import COLLECTIVE_TIMEOUT_S, Adapter as BaseAdapter
 
 
 class TorchModel:
     """What every adapter that trains dlscale's PyTorch models shares (pytorch, horovod): the
     model on its device and memory format, the fixed synthetic batch, loss, autocast, device
-    synchronisation, peak device memory, the probe buffer and the description in the metrics.
-    Needs self.spec and self.device."""
+    synchronisation, peak device memory, the probe buffer, seeding and the description in the
+    metrics. Needs self.spec and self.device."""
+
+    precisions = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # autocast dtypes
+
+    def seed_framework(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def sgd(self, parameters) -> torch.optim.SGD:
+        return torch.optim.SGD(parameters, lr=self.spec.learning_rate, momentum=self.spec.momentum)
 
     def prepare_model(self) -> torch.nn.Module:
         spec = self.spec
@@ -38,7 +43,7 @@ class TorchModel:
         if self.vision:
             x = x.contiguous(memory_format=self.memory_format)
         self.x, self.y = x, y
-        self.autocast_dtype = AUTOCAST_DTYPES[spec.precision]
+        self.autocast_dtype = self.precision_dtype
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
         return model
 
@@ -79,11 +84,13 @@ class TorchModel:
 
 class Adapter(TorchModel, BaseAdapter):
     name = "pytorch"
+    title = "PyTorch"
+    has_allreduce_probe = True
     breakdown_method = "the same step under DistributedDataParallel.no_sync() (no gradient allreduce)"
 
     def setup(self) -> None:
         spec, ctx = self.spec, self.ctx
-        torch.manual_seed(spec.seed + ctx.rank)
+        self.seed()
         torch.set_num_threads(spec.threads)
         if spec.device == "cuda":
             torch.cuda.set_device(ctx.local_rank)
@@ -95,12 +102,13 @@ class Adapter(TorchModel, BaseAdapter):
             backend = "gloo"
             self.sync_method = "none (CPU ops are synchronous; DDP backward waits for its allreduce)"
         dist.init_process_group(backend, init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
-                                rank=ctx.rank, world_size=ctx.world_size, timeout=COLLECTIVE_TIMEOUT)
+                                rank=ctx.rank, world_size=ctx.world_size,
+                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         self.backend = backend
         model = self.prepare_model()
         self.ddp = DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None)
-        self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
+        self.optimizer = self.sgd(self.ddp.parameters())
 
     def step(self) -> None:
         with torch.autocast(self.device.type, dtype=self.autocast_dtype,

@@ -10,23 +10,25 @@ default), and MWMS's health-check thread aborts collectives when a peer dies. Mo
 created in `strategy.scope()`: MWMS broadcasts worker 0's initial values, as DDP does.
 
 Step. TensorFlow's custom-training-loop idiom: a `tf.function` that runs, under `strategy.run`, on
-the rank's fixed batch: forward (training mode), per-example sparse cross-entropy averaged over
-the GLOBAL batch (`tf.nn.compute_average_loss`), gradient tape, and Keras SGD (lr 0.01, momentum
-0.9) `apply_gradients`, which all-reduces (sums) the gradients over all replicas before updating;
-the sum of global-batch-averaged gradients is the mean of the ranks' local-mean gradients, as in
-PyTorch DDP. `step()` fetches the loss to the host, so it returns only when the step has run
-(on CPU TensorFlow executes the whole function, update included, before returning; on GPU
-`sync()` also waits for the device).
+the rank's fixed batch: forward (training mode), per-example sparse cross-entropy averaged over the
+GLOBAL batch (`tf.nn.compute_average_loss`), gradient tape, and Keras SGD (the config's learning
+rate and momentum: spec.learning_rate, spec.momentum) `apply_gradients`, which all-reduces (sums)
+the gradients over all replicas before updating; the sum of global-batch-averaged gradients is the
+mean of the ranks' local-mean gradients, as in PyTorch DDP. `step()` fetches the loss to the host,
+so it returns only when the step has run (on CPU TensorFlow executes the whole function, update
+included, before returning; on GPU `sync()` also waits for the device).
 
 Keras: the Keras 3 that TensorFlow 2.21 uses as `tf.keras` (the `keras` adapter, sharing this
 module's helpers, uses legacy Keras 2 = tf_keras). Models: dlscale.models.tf, NHWC. Precision:
 bf16 is the Keras mixed-precision policy `mixed_bfloat16` (float32 variables, bfloat16 compute,
-float32 logits and loss); fp16 (`mixed_float16` + loss-scale optimizer) only on GPU.
+float32 logits and loss); fp16 (`mixed_float16` + loss-scale optimizer) only on GPU (the base's
+precision check refuses it on CPU, from Adapter.precisions / cuda_only).
 
 Optional probes (base.run_timed): `allreduce(numel)` is a replica-context all-reduce (sum) of a
 float32 buffer through the same strategy; `step_without_allreduce()` is the same step with the
 gradients applied locally (computed under `strategy.run`, applied in cross-replica context,
-where Keras' optimizer does not aggregate).
+where Keras' optimizer does not aggregate). Not under fp16 (has_breakdown: the loss-scale
+optimizer's local path is not validated).
 """
 from __future__ import annotations
 
@@ -45,12 +47,9 @@ import tensorflow as tf  # noqa: E402
 
 from ..models import get_spec  # noqa: E402
 from ..provenance import cpu_model  # noqa: E402
-from .base import Adapter as BaseAdapter  # noqa: E402
+from .base import COLLECTIVE_TIMEOUT_S, Adapter as BaseAdapter  # noqa: E402
 
-COLLECTIVE_TIMEOUT_S = int(os.environ.get("DLSCALE_COLLECTIVE_TIMEOUT_S", "300"))
-POLICIES = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
-AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-LEARNING_RATE, MOMENTUM = 0.01, 0.9
+AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}   # policy -> compute dtype
 TEARDOWN_GRACE_S = 1.0
 DATA = "synthetic (one fixed batch per rank, generated on the device)"
 
@@ -80,9 +79,6 @@ def keras_versions() -> dict:
 
 def configure_runtime(spec, ctx) -> None:
     """Threads and visible devices; must run before the TensorFlow runtime starts."""
-    if spec.precision == "fp16" and spec.device != "cuda":
-        raise ValueError("fp16 is supported on GPU only (mixed_float16 on CPU is not a "
-                         "meaningful measurement); use bf16 or fp32 on CPU")
     tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
     tf.config.threading.set_inter_op_parallelism_threads(spec.threads)
     gpus = tf.config.list_physical_devices("GPU")
@@ -120,8 +116,7 @@ def make_strategy(spec, ctx):
     return strategy, backend
 
 
-def set_precision_policy(spec) -> str | None:
-    policy = POLICIES[spec.precision]
+def set_precision_policy(policy: str | None) -> str | None:
     tf.keras.mixed_precision.set_global_policy(policy or "float32")
     return policy
 
@@ -166,21 +161,33 @@ def device_model(spec) -> str:
 # ----------------------------------------------------------------------------- the adapter
 class Adapter(BaseAdapter):
     name = "tensorflow"
+    title = "TensorFlow"
     legacy_keras = False
+    precisions = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}  # policies
+    cuda_only = {"fp16": "mixed_float16 on CPU is not a meaningful measurement"}
+    has_allreduce_probe = True
     breakdown_method = ("the same tf.function step with the gradients applied locally (computed "
                         "under strategy.run, applied in cross-replica context: no all-reduce)")
+
+    @classmethod
+    def has_breakdown(cls, spec) -> bool:
+        # not under fp16: the loss-scale optimizer's local path is not validated
+        return spec.precision != "fp16" and super().has_breakdown(spec)
+
+    def seed_framework(self, seed: int) -> None:
+        tf.random.set_seed(seed)
 
     # -- shared set-up, also used by the keras adapter
     def _setup_common(self) -> None:
         spec, ctx = self.spec, self.ctx
         check_keras(self.legacy_keras, self.name)
         configure_runtime(spec, ctx)
-        # seed + rank as in the PyTorch adapter; the initial weights are worker 0's on every
-        # rank all the same: MWMS broadcasts variables' initial values (so, under Keras 3, are
-        # the dropout layers' seed states, which are variables too).
-        tf.random.set_seed(spec.seed + ctx.rank)
+        # seed + rank as in every adapter; the initial weights are worker 0's on every rank all
+        # the same: MWMS broadcasts variables' initial values (so, under Keras 3, are the
+        # dropout layers' seed states, which are variables too).
+        self.seed()
         self.strategy, self.backend = make_strategy(spec, ctx)
-        self.policy = set_precision_policy(spec)
+        self.policy = set_precision_policy(self.precision_dtype)
         self.device_name = "/GPU:0" if spec.device == "cuda" else "/CPU:0"
         if spec.device == "cuda":
             self.sync_method = ("tf.test.experimental.sync_devices, after the step's loss is "
@@ -204,7 +211,8 @@ class Adapter(BaseAdapter):
         self._setup_common()
         spec, strategy, model = self.spec, self.strategy, self.model
         with strategy.scope():
-            optimizer = tf.keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM)
+            optimizer = tf.keras.optimizers.SGD(learning_rate=spec.learning_rate,
+                                                momentum=spec.momentum)
             if spec.precision == "fp16":
                 optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
         self.optimizer = optimizer
@@ -243,7 +251,7 @@ class Adapter(BaseAdapter):
         self._train_step, self._local_step = train_step, local_step
         with strategy.scope():
             optimizer.build(model.trainable_variables)
-        if spec.precision != "fp16":
+        if self.has_breakdown(spec):
             # trace (without running) the compute-only step now, so that no tracing is timed
             local_step.get_concrete_function(self.x, self.y)
 
@@ -251,8 +259,8 @@ class Adapter(BaseAdapter):
         self.last_loss = float(self._train_step(self.x, self.y).numpy())
 
     def step_without_allreduce(self) -> None:
-        if self.spec.precision == "fp16":
-            raise NotImplementedError  # the loss-scale optimizer's local path is not validated
+        if not self.has_breakdown(self.spec):
+            raise RuntimeError(f"{self.name}: no compute-only step under {self.spec.precision}")
         self.last_loss = float(self._local_step(self.x, self.y).numpy())
 
     def allreduce(self, numel: int) -> None:

@@ -3,8 +3,8 @@
 Each builder mirrors the PyTorch reference in :mod:`dlscale.models.torch` layer by layer:
 the same layer order, the same biases (none on convolutions, affine BatchNorm/LayerNorm,
 biased linear layers), the same activations (ReLU, exact erf GELU), the same dropout and the
-PyTorch initialisation schemes, so the trainable parameter counts are identical:
-resnet50 25,557,032; resnet18 11,689,512; cnn_small 391,466; transformer_small 5,289,986.
+PyTorch initialisation schemes, so the trainable parameter counts are identical (each
+registry entry's ``param_count``).
 
 Usage::
 
@@ -14,33 +14,26 @@ Usage::
     net = build("resnet50")          # initialised, shapes known (one forward pass was run)
     inputs, labels = example_batch(get_spec("resnet50"), batch_size=32)
 
+A model is built by ``dlscale.models.mxnet.<spec.arch>.from_spec(spec, **spec.arch_kwargs)``
+(found by convention, :func:`dlscale.models.find_builder`); there is no list to extend.
+
 Gluon's BatchNorm also holds its running mean/variance as parameters with ``grad_req='null'``;
 PyTorch keeps those as buffers, so :func:`param_count` counts only trainable parameters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import mxnet as mx
 from mxnet import gluon
 
-from dlscale.models import ModelSpec, get_spec
-from dlscale.models.mxnet.cnn import SmallCNN
-from dlscale.models.mxnet.resnet import resnet18, resnet50
-from dlscale.models.mxnet.transformer import TransformerClassifier
+from dlscale.models import ModelSpec, find_builder, get_spec, supported
 
-__all__ = ["BUILDERS", "build", "example_batch", "param_count"]
+__all__ = ["build", "example_batch", "names", "param_count"]
 
-#: Builder per registered model name; each takes the model's spec and returns the block.
-BUILDERS: dict[str, Callable[[ModelSpec], gluon.HybridBlock]] = {
-    "resnet50": lambda s: resnet50(num_classes=s.num_classes, in_channels=s.input_shape[0]),
-    "resnet18": lambda s: resnet18(num_classes=s.num_classes, in_channels=s.input_shape[0]),
-    "cnn_small": lambda s: SmallCNN(in_channels=s.input_shape[0], num_classes=s.num_classes),
-    "transformer_small": lambda s: TransformerClassifier(
-        vocab_size=s.vocab_size, seq_len=s.input_shape[0], num_classes=s.num_classes
-    ),
-}
+
+def names() -> list[str]:
+    """Registered model names that have an MXNet builder, in registry order."""
+    return supported(__name__)
 
 
 def build(name: str, ctx: mx.Context | None = None, initialize: bool = True) -> gluon.HybridBlock:
@@ -53,18 +46,11 @@ def build(name: str, ctx: mx.Context | None = None, initialize: bool = True) -> 
     Raises:
         KeyError: ``name`` is unknown or has no MXNet builder.
     """
-    spec = get_spec(name)
-    try:
-        builder = BUILDERS[name]
-    except KeyError:
-        raise KeyError(
-            f"model {name!r} has no MXNet builder; allowed: {', '.join(BUILDERS)}"
-        ) from None
-    net = builder(spec)
+    net = find_builder(__name__, "MXNet", name)()
     if initialize:
         ctx = ctx or mx.cpu()
         net.initialize(ctx=ctx)
-        x, _ = example_batch(spec, 1, ctx=ctx)
+        x, _ = example_batch(get_spec(name), 1, ctx=ctx)
         net(x).wait_to_read()
     return net
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mxnet.gluon import nn
 
+from dlscale.models import ModelSpec
 from dlscale.models.mxnet.init import KAIMING_FAN_OUT, linear
 
-__all__ = ["SmallCNN", "CHANNELS"]
+__all__ = ["SmallCNN", "CHANNELS", "from_spec"]
 
 #: Output channels of the conv blocks; each block halves the spatial size (32 -> 2).
 CHANNELS: tuple[int, ...] = (32, 64, 128, 256)
@@ -38,3 +41,9 @@ class SmallCNN(nn.HybridBlock):
     def hybrid_forward(self, F, x):
         """Map images ``(N, C, H, W)`` to logits ``(N, num_classes)``."""
         return self.head(F.flatten(self.pool(self.features(x))))
+
+
+def from_spec(spec: ModelSpec, *, channels: Sequence[int]) -> SmallCNN:
+    """The CNN of ``spec`` (the registry's ``arch="cnn"``): one conv block per ``channels``."""
+    return SmallCNN(in_channels=spec.input_shape[0], num_classes=spec.num_classes,
+                    channels=tuple(channels))

@@ -1,16 +1,21 @@
-"""ResNet-18 and ResNet-50 v1.5 in Gluon, mirroring :mod:`dlscale.models.torch.resnet`
-(the torchvision layout): 7x7 stem without bias, BN, ReLU, 3x3/2 max-pool, four stages,
-global average pool, biased linear head; the shortcut projection is a strided 1x1 conv + BN
-and, in the bottleneck (v1.5), the stride sits on the 3x3 convolution. Gluon's own model zoo
-``resnet50_v1`` strides the first 1x1 conv instead (v1), so it is not used."""
+"""ImageNet-style ResNets in Gluon (the registry's ``arch="resnet"``; ``arch_kwargs =
+{"block": "basic" | "bottleneck", "layers": (blocks per stage x 4)}``), mirroring
+:mod:`dlscale.models.torch.resnet` (the torchvision layout): 7x7 stem without bias, BN, ReLU,
+3x3/2 max-pool, four stages, global average pool, biased linear head; the shortcut projection
+is a strided 1x1 conv + BN and, in the bottleneck (v1.5), the stride sits on the 3x3
+convolution. Gluon's own model zoo ``resnet50_v1`` strides the first 1x1 conv instead (v1), so
+it is not used."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mxnet.gluon import nn
 
+from dlscale.models import ModelSpec
 from dlscale.models.mxnet.init import KAIMING_FAN_OUT, linear
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet50"]
+__all__ = ["BLOCKS", "BasicBlock", "Bottleneck", "ResNet", "from_spec"]
 
 
 def _conv(out_planes: int, in_planes: int, kernel: int, stride: int = 1) -> nn.Conv2D:
@@ -114,13 +119,14 @@ class ResNet(nn.HybridBlock):
         return self.fc(F.flatten(self.avgpool(x)))
 
 
-def resnet18(num_classes: int = 1000, in_channels: int = 3) -> ResNet:
-    """ResNet-18: :class:`BasicBlock` stages of 2-2-2-2 blocks (11,689,512 parameters)."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes, in_channels=in_channels,
-                  prefix="resnet18_")
+#: Residual block per ``arch_kwargs["block"]``.
+BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
 
 
-def resnet50(num_classes: int = 1000, in_channels: int = 3) -> ResNet:
-    """ResNet-50 v1.5: :class:`Bottleneck` stages of 3-4-6-3 blocks (25,557,032 parameters)."""
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes, in_channels=in_channels,
-                  prefix="resnet50_")
+def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]) -> ResNet:
+    """The ResNet of ``spec``: ``block`` ("basic" or "bottleneck") stages of ``layers`` blocks,
+    parameter names prefixed ``<spec.name>_``."""
+    if block not in BLOCKS:
+        raise ValueError(f"unknown ResNet block {block!r}; allowed: {', '.join(BLOCKS)}")
+    return ResNet(BLOCKS[block], list(layers), num_classes=spec.num_classes,
+                  in_channels=spec.input_shape[0], prefix=f"{spec.name}_")

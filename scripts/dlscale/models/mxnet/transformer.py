@@ -16,9 +16,10 @@ import math
 import mxnet as mx
 from mxnet.gluon import nn
 
+from dlscale.models import ModelSpec
 from dlscale.models.mxnet.init import XAVIER_UNIFORM, linear
 
-__all__ = ["EncoderLayer", "TransformerClassifier"]
+__all__ = ["EncoderLayer", "TransformerClassifier", "from_spec"]
 
 
 class EncoderLayer(nn.HybridBlock):
@@ -96,3 +97,13 @@ class TransformerClassifier(nn.HybridBlock):
                             F.expand_dims(self.position_embedding(positions), axis=0))
         x = self.norm(self.layers(x))
         return self.head(F.mean(x, axis=1))
+
+
+def from_spec(spec: ModelSpec, *, d_model: int, num_layers: int, num_heads: int,
+              dim_feedforward: int, dropout: float) -> TransformerClassifier:
+    """The classifier of ``spec`` (the registry's ``arch="transformer"``): vocabulary,
+    sequence length and classes from the spec, the encoder's sizes from ``arch_kwargs``."""
+    return TransformerClassifier(
+        vocab_size=spec.vocab_size, seq_len=spec.input_shape[0], num_classes=spec.num_classes,
+        d_model=d_model, num_layers=num_layers, num_heads=num_heads,
+        dim_feedforward=dim_feedforward, dropout=dropout)

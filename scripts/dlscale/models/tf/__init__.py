@@ -13,38 +13,24 @@ Usage::
     with strategy.scope():
         model = build("resnet50")
     images, labels = example_batch(get_spec("resnet50"), 32, seed=0)
+
+A model is built by `dlscale.models.tf.<spec.arch>.from_spec(spec, **spec.arch_kwargs)` (found by
+convention, `dlscale.models.find_builder`); there is no list to extend.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import tensorflow as tf
 
-from dlscale.models import ModelSpec, get_spec
+from dlscale.models import ModelSpec, find_builder, supported
 
-from .cnn import small_cnn
-from .resnet import resnet18, resnet50
-from .transformer import transformer_classifier
+from ._common import input_shape
 
-__all__ = ["BUILDERS", "build", "example_batch", "input_shape", "param_count"]
+__all__ = ["build", "example_batch", "input_shape", "names", "param_count"]
 
 
-def input_shape(spec: ModelSpec) -> tuple[int, ...]:
-    """Per-sample input shape as the Keras models take it: (H, W, C) for vision, (L,) for tokens."""
-    if spec.family == "vision":
-        c, h, w = spec.input_shape
-        return (h, w, c)
-    return tuple(spec.input_shape)
-
-
-#: Builder per registered model name; each takes the model's spec and returns a Keras model.
-BUILDERS: dict[str, Callable[[ModelSpec], object]] = {
-    "resnet50": lambda s: resnet50(input_shape(s), num_classes=s.num_classes),
-    "resnet18": lambda s: resnet18(input_shape(s), num_classes=s.num_classes),
-    "cnn_small": lambda s: small_cnn(input_shape(s), num_classes=s.num_classes),
-    "transformer_small": lambda s: transformer_classifier(
-        vocab_size=s.vocab_size, seq_len=s.input_shape[0], num_classes=s.num_classes),
-}
+def names() -> list[str]:
+    """Registered model names that have a TensorFlow builder, in registry order."""
+    return supported(__name__)
 
 
 def build(name: str):
@@ -54,13 +40,7 @@ def build(name: str):
     Raises:
         KeyError: `name` is unknown or has no TensorFlow builder.
     """
-    spec = get_spec(name)
-    try:
-        builder = BUILDERS[name]
-    except KeyError:
-        raise KeyError(f"model {name!r} has no TensorFlow builder; allowed: "
-                       f"{', '.join(BUILDERS)}") from None
-    return builder(spec)
+    return find_builder(__name__, "TensorFlow", name)()
 
 
 def param_count(model) -> int:

@@ -10,6 +10,8 @@ import math
 
 import tensorflow as tf
 
+from dlscale.models import ModelSpec
+
 keras = tf.keras
 layers = keras.layers
 initializers = keras.initializers
@@ -41,3 +43,11 @@ def float32_logits(name: str = "logits_float32"):
     """Identity that casts logits to float32 (no parameters): under a mixed-precision policy the
     loss is computed in float32, as Keras' mixed-precision guide prescribes."""
     return layers.Activation("linear", dtype="float32", name=name)
+
+
+def input_shape(spec: ModelSpec) -> tuple[int, ...]:
+    """Per-sample input shape as the Keras models take it: (H, W, C) for vision, (L,) for tokens."""
+    if spec.family == "vision":
+        c, h, w = spec.input_shape
+        return (h, w, c)
+    return tuple(spec.input_shape)

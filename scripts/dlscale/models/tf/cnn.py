@@ -1,14 +1,18 @@
 """Small CIFAR-size CNN in Keras, layer for layer the PyTorch `SmallCNN` (391,466 parameters)."""
 from __future__ import annotations
 
-from ._common import (BN_EPSILON, BN_MOMENTUM, float32_logits, keras, kaiming_normal_fan_out,
-                      layers, torch_linear)
+from collections.abc import Sequence
+
+from dlscale.models import ModelSpec
+
+from ._common import (BN_EPSILON, BN_MOMENTUM, float32_logits, input_shape, keras,
+                      kaiming_normal_fan_out, layers, torch_linear)
 
 CHANNELS: tuple[int, ...] = (32, 64, 128, 256)
 
 
 def small_cnn(input_shape_hwc: tuple[int, int, int], num_classes: int = 10,
-              channels: tuple[int, ...] = CHANNELS):
+              channels: tuple[int, ...] = CHANNELS, name: str = "cnn_small"):
     """Four conv3x3(no bias)-BN-ReLU-maxpool2 blocks, global average pool, linear head (NHWC)."""
     inputs = keras.Input(shape=input_shape_hwc, name="images")
     x = inputs
@@ -24,4 +28,10 @@ def small_cnn(input_shape_hwc: tuple[int, int, int], num_classes: int = 10,
         prev = width
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     x = torch_linear(num_classes, prev, name="head")(x)
-    return keras.Model(inputs, float32_logits()(x), name="cnn_small")
+    return keras.Model(inputs, float32_logits()(x), name=name)
+
+
+def from_spec(spec: ModelSpec, *, channels: Sequence[int]):
+    """The CNN of `spec` (the registry's arch="cnn"): one conv block per `channels`."""
+    return small_cnn(input_shape(spec), num_classes=spec.num_classes, channels=tuple(channels),
+                     name=spec.name)

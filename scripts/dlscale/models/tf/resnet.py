@@ -1,17 +1,23 @@
-"""ResNet-18 and ResNet-50 v1.5 in Keras (NHWC), layer for layer the PyTorch/torchvision ones.
+"""ImageNet-style ResNets in Keras (NHWC; the registry's arch="resnet"), layer for layer the
+PyTorch/torchvision ones: `arch_kwargs = {"block": "basic" | "bottleneck", "layers": (4 counts)}`,
+the bottleneck being v1.5.
 
 Same layers, order, biases (none on convolutions), BatchNorm (eps 1e-5, momentum 0.1 in PyTorch
 terms), initialisation (Kaiming-normal fan-out convolutions, BN gamma 1 / beta 0, PyTorch-default
-linear head) and parameter counts (11,689,512 and 25,557,032 trainable parameters; Keras' BN
-moving mean/variance are buffers, as in PyTorch). Padding is symmetric like PyTorch's: strided
-convolutions and the stem max-pool pad explicitly (ZeroPadding2D + "valid"), because Keras'
-"same" pads asymmetrically when the stride is 2. Zero padding before the max-pool equals PyTorch's
--inf padding there, since it follows a ReLU.
+linear head) and parameter counts (e.g. ResNet-18 11,689,512 and ResNet-50 25,557,032 trainable
+parameters; Keras' BN moving mean/variance are buffers, as in PyTorch). Padding is symmetric like
+PyTorch's: strided convolutions and the stem max-pool pad explicitly (ZeroPadding2D + "valid"),
+because Keras' "same" pads asymmetrically when the stride is 2. Zero padding before the max-pool
+equals PyTorch's -inf padding there, since it follows a ReLU.
 """
 from __future__ import annotations
 
-from ._common import (BN_EPSILON, BN_MOMENTUM, float32_logits, keras, kaiming_normal_fan_out,
-                      layers, torch_linear)
+from collections.abc import Sequence
+
+from dlscale.models import ModelSpec
+
+from ._common import (BN_EPSILON, BN_MOMENTUM, float32_logits, input_shape, keras,
+                      kaiming_normal_fan_out, layers, torch_linear)
 
 
 def _conv(x, filters: int, kernel: int, stride: int, name: str):
@@ -73,9 +79,14 @@ def _resnet(block, expansion: int, blocks_per_stage: list[int], input_shape_hwc,
     return keras.Model(inputs, float32_logits()(x), name=name)
 
 
-def resnet18(input_shape_hwc, num_classes: int = 1000):
-    return _resnet(_basic_block, 1, [2, 2, 2, 2], input_shape_hwc, num_classes, "resnet18")
+#: Residual block function and its channel expansion per `arch_kwargs["block"]`.
+BLOCKS = {"basic": (_basic_block, 1), "bottleneck": (_bottleneck, 4)}
 
 
-def resnet50(input_shape_hwc, num_classes: int = 1000):
-    return _resnet(_bottleneck, 4, [3, 4, 6, 3], input_shape_hwc, num_classes, "resnet50")
+def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]):
+    """The ResNet of `spec`: `block` ("basic" or "bottleneck") stages of `layers` blocks."""
+    if block not in BLOCKS:
+        raise ValueError(f"unknown ResNet block {block!r}; allowed: {', '.join(BLOCKS)}")
+    block_fn, expansion = BLOCKS[block]
+    return _resnet(block_fn, expansion, list(layers), input_shape(spec), spec.num_classes,
+                   spec.name)

@@ -17,6 +17,8 @@ import math
 
 import tensorflow as tf
 
+from dlscale.models import ModelSpec
+
 from ._common import LN_EPSILON, float32_logits, initializers, keras, layers, torch_linear
 
 
@@ -97,7 +99,8 @@ class EncoderLayer(layers.Layer):
 
 def transformer_classifier(vocab_size: int = 8192, seq_len: int = 128, num_classes: int = 2,
                            d_model: int = 256, num_layers: int = 4, num_heads: int = 4,
-                           dim_feedforward: int = 1024, dropout: float = 0.1):
+                           dim_feedforward: int = 1024, dropout: float = 0.1,
+                           name: str = "transformer_small"):
     tokens = keras.Input(shape=(seq_len,), dtype="int64", name="tokens")
     x = TokenAndPositionEmbedding(vocab_size, seq_len, d_model, name="embedding")(tokens)
     for i in range(num_layers):
@@ -105,4 +108,14 @@ def transformer_classifier(vocab_size: int = 8192, seq_len: int = 128, num_class
     x = layers.LayerNormalization(epsilon=LN_EPSILON, name="encoder_norm")(x)
     x = layers.GlobalAveragePooling1D(name="mean_pool")(x)
     x = torch_linear(num_classes, d_model, name="head")(x)
-    return keras.Model(tokens, float32_logits()(x), name="transformer_small")
+    return keras.Model(tokens, float32_logits()(x), name=name)
+
+
+def from_spec(spec: ModelSpec, *, d_model: int, num_layers: int, num_heads: int,
+              dim_feedforward: int, dropout: float):
+    """The classifier of `spec` (the registry's arch="transformer"): vocabulary, sequence length
+    and classes from the spec, the encoder's sizes from `arch_kwargs`."""
+    return transformer_classifier(
+        vocab_size=spec.vocab_size, seq_len=spec.input_shape[0], num_classes=spec.num_classes,
+        d_model=d_model, num_layers=num_layers, num_heads=num_heads,
+        dim_feedforward=dim_feedforward, dropout=dropout, name=spec.name)

@@ -7,31 +7,24 @@ Usage::
 
     model = build("resnet50")
     inputs, labels = example_batch(get_spec("resnet50"), batch_size=32)
+
+A model is built by ``dlscale.models.torch.<spec.arch>.from_spec(spec, **spec.arch_kwargs)``
+(found by convention, :func:`dlscale.models.find_builder`); there is no list to extend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
-from dlscale.models import ModelSpec, get_spec
-from dlscale.models.torch.cnn import SmallCNN
-from dlscale.models.torch.resnet import resnet18, resnet50
-from dlscale.models.torch.transformer import TransformerClassifier
+from dlscale.models import ModelSpec, find_builder, supported
 
-__all__ = ["BUILDERS", "build", "example_batch"]
+__all__ = ["build", "example_batch", "names"]
 
-#: Builder per registered model name; each takes the model's spec and returns the module.
-BUILDERS: dict[str, Callable[[ModelSpec], nn.Module]] = {
-    "resnet50": lambda s: resnet50(num_classes=s.num_classes, in_channels=s.input_shape[0]),
-    "resnet18": lambda s: resnet18(num_classes=s.num_classes, in_channels=s.input_shape[0]),
-    "cnn_small": lambda s: SmallCNN(in_channels=s.input_shape[0], num_classes=s.num_classes),
-    "transformer_small": lambda s: TransformerClassifier(
-        vocab_size=s.vocab_size, seq_len=s.input_shape[0], num_classes=s.num_classes
-    ),
-}
+
+def names() -> list[str]:
+    """Registered model names that have a PyTorch builder, in registry order."""
+    return supported(__name__)
 
 
 def build(name: str) -> nn.Module:
@@ -41,14 +34,7 @@ def build(name: str) -> nn.Module:
         KeyError: ``name`` is unknown or has no PyTorch builder; the message lists the
             allowed names.
     """
-    spec = get_spec(name)
-    try:
-        builder = BUILDERS[name]
-    except KeyError:
-        raise KeyError(
-            f"model {name!r} has no PyTorch builder; allowed: {', '.join(BUILDERS)}"
-        ) from None
-    return builder(spec)
+    return find_builder(__name__, "PyTorch", name)()
 
 
 def example_batch(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
-__all__ = ["SmallCNN", "CHANNELS"]
+from dlscale.models import ModelSpec
+
+__all__ = ["SmallCNN", "CHANNELS", "from_spec"]
 
 #: Output channels of the conv blocks; each block halves the spatial size (32 -> 2).
 CHANNELS: tuple[int, ...] = (32, 64, 128, 256)
@@ -50,3 +54,9 @@ class SmallCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Map images ``(N, C, H, W)`` to logits ``(N, num_classes)``."""
         return self.head(self.pool(self.features(x)).flatten(1))
+
+
+def from_spec(spec: ModelSpec, *, channels: Sequence[int]) -> SmallCNN:
+    """The CNN of ``spec`` (the registry's ``arch="cnn"``): one conv block per ``channels``."""
+    return SmallCNN(in_channels=spec.input_shape[0], num_classes=spec.num_classes,
+                    channels=tuple(channels))

@@ -1,17 +1,22 @@
-"""ResNet-18 and ResNet-50 (v1.5) in plain PyTorch.
+"""ImageNet-style ResNets in plain PyTorch (the registry's ``arch="resnet"``).
 
 Layer layout, parameter names and initialisation follow ``torchvision.models.resnet``
 (torchvision is not a dependency), so parameter counts and state-dict keys match the
-torchvision reference: ResNet-18 has 11,689,512 and ResNet-50 25,557,032 parameters at
-1000 classes. ResNet-50 is the v1.5 variant: in each bottleneck the stride sits on the
-3x3 convolution rather than on the first 1x1 convolution.
+torchvision reference models (e.g. ResNet-18 11,689,512 and ResNet-50 25,557,032
+parameters at 1000 classes). The bottleneck is v1.5: the stride sits on the 3x3
+convolution rather than on the first 1x1 convolution. The depth is data:
+``arch_kwargs = {"block": "basic" | "bottleneck", "layers": (blocks per stage x 4)}``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet50"]
+from dlscale.models import ModelSpec
+
+__all__ = ["BLOCKS", "BasicBlock", "Bottleneck", "ResNet", "from_spec"]
 
 
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
@@ -141,11 +146,15 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def resnet18(num_classes: int = 1000, in_channels: int = 3) -> ResNet:
-    """ResNet-18: :class:`BasicBlock` stages of 2-2-2-2 blocks."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes, in_channels=in_channels)
+#: Residual block per ``arch_kwargs["block"]``.
+BLOCKS: dict[str, type[BasicBlock] | type[Bottleneck]] = {
+    "basic": BasicBlock, "bottleneck": Bottleneck}
 
 
-def resnet50(num_classes: int = 1000, in_channels: int = 3) -> ResNet:
-    """ResNet-50 v1.5: :class:`Bottleneck` stages of 3-4-6-3 blocks."""
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes, in_channels=in_channels)
+def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]) -> ResNet:
+    """The ResNet of ``spec``: ``block`` ("basic" or "bottleneck") stages of ``layers`` blocks,
+    ``spec.input_shape[0]`` input channels and ``spec.num_classes`` logits."""
+    if block not in BLOCKS:
+        raise ValueError(f"unknown ResNet block {block!r}; allowed: {', '.join(BLOCKS)}")
+    return ResNet(BLOCKS[block], list(layers), num_classes=spec.num_classes,
+                  in_channels=spec.input_shape[0])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["TransformerClassifier"]
+from dlscale.models import ModelSpec
+
+__all__ = ["TransformerClassifier", "from_spec"]
 
 
 class TransformerClassifier(nn.Module):
@@ -69,3 +71,13 @@ class TransformerClassifier(nn.Module):
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         x = self.encoder(x)
         return self.head(x.mean(dim=1))
+
+
+def from_spec(spec: ModelSpec, *, d_model: int, num_layers: int, num_heads: int,
+              dim_feedforward: int, dropout: float) -> TransformerClassifier:
+    """The classifier of ``spec`` (the registry's ``arch="transformer"``): vocabulary,
+    sequence length and classes from the spec, the encoder's sizes from ``arch_kwargs``."""
+    return TransformerClassifier(
+        vocab_size=spec.vocab_size, seq_len=spec.input_shape[0], num_classes=spec.num_classes,
+        d_model=d_model, num_layers=num_layers, num_heads=num_heads,
+        dim_feedforward=dim_feedforward, dropout=dropout)

@@ -1,0 +1,157 @@
+"""A cell: one point of the study matrix and one repetition, as one typed value.
+
+This neutral module is the only place that names the axes, the cell's path pattern and the
+files in a cell's folder. Everything else derives from it: the matrix (dlscale.matrix) makes
+Cells, the workflow's rules take their output and log patterns from it, the launcher hands a
+cell's ranks one serialised Cell (`Cell.to_json`, read back by `Cell.from_json`), and the
+analysis side (status, collect, report) reads axis values back from paths with
+`parse_cell_path`. Pure Python: importable in every framework environment.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
+AXES = ("hardware", "framework", "model", "policy", "precision", "nodes")
+# A cell's key within a study: the axes and the repetition.
+KEY = (*AXES, "rep")
+_INT_KEYS = ("nodes", "rep")
+_PATH_PREFIX = {"nodes": "n", "rep": "r"}     # path segment n2, r1: a number never stands alone
+
+# One folder per cell, naming every key: {hardware}/{framework}/.../n{nodes}/r{rep}
+AXIS_PATH = "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in KEY)
+
+RUNS_DIR = "results/runs"
+METRICS_FILE = "metrics.jsonl"
+# The cell's metrics file: the train rules' output; wildcard names == KEY == column names.
+CELL_PATTERN = f"{RUNS_DIR}/{AXIS_PATH}/{METRICS_FILE}"
+TRAIN_LOGS = "results/logs/train"
+# The launcher's log of a cell (the train rules' `log:`).
+TRAIN_LOG_PATTERN = f"{TRAIN_LOGS}/{AXIS_PATH}.log"
+SLURM_LOGS = "results/logs/slurm"
+# The train rule of a resource class (rules/train.smk); the executor plugin writes its logs
+# under SLURM_LOGS/rule_<name>/.
+TRAIN_RULE = "train_{hardware}_n{nodes}"
+
+# Files in a cell's folder besides the metrics file.
+RANK_DIR = ".ranks"              # the ranks' part files and logs while the cell runs
+CELL_SPEC_FILE = "cell.json"     # in RANK_DIR: the Cell the ranks read (Cell.to_json)
+FAILURE_FILE = "failure.json"    # why the cell failed (dlscale.launch.record_failure)
+# Which Slurm job runs the cell, written when the launcher starts (before any rank): the status
+# table finds the job's state and log with it even when the job is killed outright, and for
+# array tasks, whose logs are named <array job>_<task>.log rather than by the cell.
+SLURM_JOB_FILE = "slurm_job.json"
+
+TAIL_LINES = 20                  # log lines kept in failure records and the status table
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Everything a cell's ranks need, derived once from the validated config and hardware map
+    (dlscale.matrix.build_matrix). Frozen: nothing downstream changes a cell."""
+    # the key
+    hardware: str
+    framework: str
+    model: str
+    policy: str
+    precision: str
+    nodes: int
+    rep: int
+    # derived from the config and the hardware entry
+    device: str
+    ranks_per_node: int
+    per_rank_batch: int
+    global_batch: int
+    cpus_per_rank: int
+    warmup_steps: int
+    steps: int
+    learning_rate: float
+    momentum: float
+    # the study it belongs to
+    study: str
+    config_hash: str
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def key(self) -> tuple:
+        return tuple(getattr(self, k) for k in KEY)
+
+    @property
+    def path(self) -> str:
+        """The cell's metrics file (CELL_PATTERN)."""
+        return CELL_PATTERN.format(**self.key_dict())
+
+    def key_dict(self) -> dict:
+        return {k: getattr(self, k) for k in KEY}
+
+    def as_dict(self) -> dict:
+        """Every field and the world size (the `cell` of a metrics file's run_start)."""
+        # a flat dataclass: vars() is the same as dataclasses.asdict at a fraction of its cost
+        # (called once per job while a 10,000-cell study is planned)
+        d = dict(vars(self))
+        d["world_size"] = self.world_size
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Cell:
+        """The inverse of as_dict; derived keys (world_size) are checked, unknown keys refused."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields - {"world_size"})
+        missing = sorted(fields - set(d))
+        if unknown or missing:
+            raise ValueError(f"not a dlscale cell: unknown keys {unknown}, missing keys {missing}")
+        cell = cls(**{k: d[k] for k in fields})
+        if "world_size" in d and d["world_size"] != cell.world_size:
+            raise ValueError(f"cell says world_size {d['world_size']}, but nodes x ranks_per_node "
+                             f"is {cell.world_size}")
+        return cell
+
+    @classmethod
+    def from_json(cls, text: str) -> Cell:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def read(cls, path: str | Path) -> Cell:
+        return cls.from_json(Path(path).read_text())
+
+
+def key_of(values) -> tuple:
+    """A cell's key from a mapping of key names to values, strings or not (wildcards)."""
+    return tuple(int(values[k]) if k in _INT_KEYS else str(values[k]) for k in KEY)
+
+
+def format_key(pattern: str, cell: dict) -> str:
+    """A pattern over KEY (CELL_PATTERN, TRAIN_LOG_PATTERN, TRAIN_RULE) for a cell's key values."""
+    return pattern.format(**{k: cell[k] for k in KEY if k in cell})
+
+
+_CELL_RE = re.compile(
+    re.escape(CELL_PATTERN).replace(r"\{", "{").replace(r"\}", "}")
+    .format(**{k: f"(?P<{k}>[^/]+)" for k in KEY}))
+
+
+def parse_cell_path(path: str) -> dict:
+    """Key values named by a cell's metrics path (the inverse of Cell.path)."""
+    m = _CELL_RE.fullmatch(str(path))
+    if not m:
+        raise ValueError(f"not a cell metrics path: {path}")
+    d = m.groupdict()
+    return {**d, **{k: int(d[k]) for k in _INT_KEYS}}
+
+
+def tail_lines(path: Path, n: int = TAIL_LINES, missing: str = "(no log)") -> str:
+    """The last n lines of a log, or `missing` when it cannot be read."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return missing
