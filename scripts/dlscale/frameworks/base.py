@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..energy import EnergyMeter
-from ..method import (  # noqa: F401 - re-exported for modules that still import them from here
-    ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, COMPETING_BUSY_CPUS, IDLE_PROBE_SECONDS,
-    TIMER)
+from ..method import (ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, COMPETING_BUSY_CPUS,
+                      IDLE_PROBE_SECONDS)
 from ..provenance import gpu_activity, host_activity
 
 if TYPE_CHECKING:
