@@ -73,11 +73,9 @@ class TransformerClassifier(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-def from_spec(spec: ModelSpec, *, d_model: int, num_layers: int, num_heads: int,
-              dim_feedforward: int, dropout: float) -> TransformerClassifier:
+def from_spec(spec: ModelSpec, **encoder) -> TransformerClassifier:
     """The classifier of ``spec`` (the registry's ``arch="transformer"``): vocabulary,
-    sequence length and classes from the spec, the encoder's sizes from ``arch_kwargs``."""
-    return TransformerClassifier(
-        vocab_size=spec.vocab_size, seq_len=spec.input_shape[0], num_classes=spec.num_classes,
-        d_model=d_model, num_layers=num_layers, num_heads=num_heads,
-        dim_feedforward=dim_feedforward, dropout=dropout)
+    sequence length and classes from the spec, the encoder's sizes (``d_model``, ``num_layers``,
+    ``num_heads``, ``dim_feedforward``, ``dropout``) from ``arch_kwargs``."""
+    return TransformerClassifier(vocab_size=spec.vocab_size, seq_len=spec.input_shape[0],
+                                 num_classes=spec.num_classes, **encoder)
