@@ -403,7 +403,7 @@ def cell_records(metrics, cell, hw: dict | None = None) -> list[dict]:
             "breakdown": {"available": False, "reason": "synthetic"},
             "allreduce": {"available": False, "reason": "synthetic"}}))
         ranks[rank] = recs
-    return metrics.assemble(cell=cell, git_commit=None, launcher="local", slurm_job_id=None,
+    return metrics.assemble(cell=cell, git_commit=None, slurm_job_id=None,
                             rank_records=ranks, wall_seconds=1.0, started=time.time())
 
 

@@ -45,7 +45,8 @@ def write_cells(root: Path, n: int, steps: int) -> list[str]:
         cell = Cell(hardware=hw, framework=fw, model=model, policy=policy, precision=prec,
                     nodes=nodes, rep=rep, device="cpu", ranks_per_node=1, per_rank_batch=8,
                     global_batch=8 * nodes, cpus_per_rank=1, warmup_steps=1, steps=steps,
-                    learning_rate=0.01, momentum=0.9, study="bench", config_hash="h")
+                    learning_rate=0.01, momentum=0.9, launcher="local", hardware_hash="h",
+                    environment=f"{fw}:e", study="bench")
         metrics.write_atomic(root / cell.path, common.cell_records(metrics, cell))
         paths.append(cell.path)
     return paths

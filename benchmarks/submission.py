@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, Run, child_env, copy_workflow, default_venvs, run_child  # noqa: E402
 
 SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
-CELLS_CSV = "results/tables/cells.csv"
+CELLS_CSV = "results/submission/tables/cells.csv"     # the study below
 
 
 def study_config(cells: int) -> dict:

@@ -18,7 +18,7 @@ rule collect:
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
     log:
-        "results/logs/collect.log",
+        f"{LOGS}/collect.log",
     run:
         write_tables(list(input.metrics), ranks_csv=output.ranks, cells_csv=output.cells,
                      scaling_csv=output.scaling, quarantine_csv=output.quarantine,

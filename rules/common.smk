@@ -11,7 +11,8 @@ from snakemake.exceptions import WorkflowError
 
 from dlscale.config import ConfigError
 from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
-from dlscale.cell import CELL_PATTERN, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
+from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
+from dlscale.cell import CELL_PATTERN, STUDY_DIR, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
 from dlscale.matrix import load_study
 
 try:
@@ -20,6 +21,27 @@ except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 
 CELLS = STUDY.by_key()
+# The study's own results folder: its cells, tables, figures, report and logs.
+RESULTS = STUDY_DIR.format(study=STUDY.config["study"])
+LOGS = f"{RESULTS}/logs"
+
+# A measured cell is never silently destroyed (dlscale.archive): every existing measurement
+# has a folder of its own before anything could remove its metrics.jsonl, and a cell measured
+# with another configuration than the one planned now stops the run unless the user asks to
+# re-measure it. Checked by the driver (not again inside each Slurm job).
+if workflow.is_main_process:
+    if Path("results/runs").is_dir():
+        print("dlscale: results/runs/ holds cells in the layout before studies had their own "
+              "results folders; they are not used. Move them (nothing is deleted) with: "
+              "python -m dlscale.migrate", file=sys.stderr)
+    if not workflow.dryrun:
+        adopt_unarchived(cell.path for cell in STUDY.cells)
+    _changed = changed_cells(STUDY.cells)
+    if _changed and not STUDY.config["remeasure"]:
+        raise WorkflowError(f"dlscale: {describe_changes(_changed)}")
+    if _changed:
+        print(f"dlscale: re-measuring {len(_changed)} changed cell(s) ({REMEASURE_FLAG}); "
+              "their current measurements stay in their measurements/ folders", file=sys.stderr)
 
 
 def _missing_framework_environments():
@@ -85,30 +107,30 @@ REPORT_TEMPLATE = str(importlib.resources.files("dlscale") / "templates" / "repo
 # Every downstream output in one place: the rules and the onerror handler (dlscale.finalize)
 # write the same files.
 OUT = {
-    "ranks": "results/tables/ranks.csv",
-    "cells": "results/tables/cells.csv",
-    "scaling": "results/tables/scaling.csv",
-    "quarantine": "results/tables/quarantine.csv",
-    "status": "results/tables/status.csv",
-    "figures": "results/figures",
-    "macros": "results/report/macros.tex",
-    "cells_table": "results/report/cells_table.tex",
-    "quarantine_table": "results/report/quarantine_table.tex",
-    "status_table": "results/report/status_table.tex",
-    "tex": "results/report/report.tex",
-    "pdf": "results/report/report.pdf",
-    "pdf_log": "results/logs/report_pdf.log",
+    "ranks": f"{RESULTS}/tables/ranks.csv",
+    "cells": f"{RESULTS}/tables/cells.csv",
+    "scaling": f"{RESULTS}/tables/scaling.csv",
+    "quarantine": f"{RESULTS}/tables/quarantine.csv",
+    "status": f"{RESULTS}/tables/status.csv",
+    "figures": f"{RESULTS}/figures",
+    "macros": f"{RESULTS}/report/macros.tex",
+    "cells_table": f"{RESULTS}/report/cells_table.tex",
+    "quarantine_table": f"{RESULTS}/report/quarantine_table.tex",
+    "status_table": f"{RESULTS}/report/status_table.tex",
+    "tex": f"{RESULTS}/report/report.tex",
+    "pdf": f"{RESULTS}/report/report.pdf",
+    "pdf_log": f"{LOGS}/report_pdf.log",
 }
 
 
 # Where onerror puts the outputs of an incomplete study: beside, never over, the rules' outputs,
 # so Snakemake never mistakes them for up to date and the next run retries the missing cells.
-PARTIAL = "results/partial"
-OUT_PARTIAL = {key: path.replace("results/", f"{PARTIAL}/", 1) for key, path in OUT.items()}
+PARTIAL = f"{RESULTS}/partial"
+OUT_PARTIAL = {key: path.replace(f"{RESULTS}/", f"{PARTIAL}/", 1) for key, path in OUT.items()}
 
 
 def build_from_existing_cells():
-    """onerror: tables, figures and the report from the cells that exist (results/partial/)."""
+    """onerror: tables, figures and the report from the cells that exist (<study>/partial/)."""
     from dlscale.finalize import build_from_existing
 
     build_from_existing(metrics_files(), OUT_PARTIAL, config=STUDY.config,

@@ -1,5 +1,5 @@
-# One rule draws every figure file: results/figures/{hardware}/{figure}.pdf, where {figure} is a
-# family (dlscale.layout.FAMILIES) or {family}-{part} when a hardware key needs more than one
+# One rule draws every figure file: results/<study>/figures/{hardware}/{figure}.pdf, where
+# {figure} is a family (dlscale.layout.FAMILIES) or {family}-{part} when a hardware key needs more than one
 # file (the list is FIGURE_LAYOUT in common.smk; params.spec says what the file holds). It reads
 # only the scaling table, so figures regenerate without touching any cell:
 # `snakemake --profile profiles/local --forcerun figure`.
@@ -15,7 +15,7 @@ rule figure:
     params:
         spec=figure_spec,
     log:
-        "results/logs/figures/{hardware}/{figure}.log",
+        f"{LOGS}/figures/{{hardware}}/{{figure}}.log",
     conda:
         "../envs/analysis.yaml"
     script:

@@ -1,4 +1,5 @@
-# macros + tables + figures -> report.tex -> report.pdf (with results/tables/cells.csv attached).
+# macros + tables + figures -> report.tex -> report.pdf (with the study's tables/cells.csv
+# attached).
 # Regenerate only the report with
 # `snakemake --profile profiles/local --forcerun report_inputs report_tex` (no cell reruns).
 
@@ -17,7 +18,7 @@ rule report_inputs:
         config=STUDY.config,
         n_planned=len(STUDY.cells),
     log:
-        "results/logs/report_inputs.log",
+        f"{LOGS}/report_inputs.log",
     conda:
         "../envs/analysis.yaml"
     script:
@@ -34,7 +35,7 @@ rule report_tex:
         figures=FIGURE_LAYOUT,
         attachment=report_attachment(),
     log:
-        "results/logs/report_tex.log",
+        f"{LOGS}/report_tex.log",
     conda:
         "../envs/analysis.yaml"
     script:

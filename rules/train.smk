@@ -26,9 +26,10 @@ for _hardware, _nodes in STUDY.resource_classes():
             hardware=re.escape(_hardware),
             nodes=str(_nodes),
         params:
+            # everything the cell's measurement depends on (its launcher included): a change
+            # re-measures the cell only when the user asks (rules/common.smk, dlscale.archive)
             cell=cell_json,
             python=framework_python,
-            launcher=STUDY.config["launcher"],
         threads: _resources["threads"]
         resources:
             nodes=_resources["nodes"],
@@ -44,5 +45,5 @@ for _hardware, _nodes in STUDY.resource_classes():
         conda:
             "../envs/{framework}.yaml"
         shell:
-            "{params.python:q} -m dlscale.launch --launcher {params.launcher:q}"
-            " --cell-json {params.cell:q} --output {output.metrics:q} > {log:q} 2>&1"
+            "{params.python:q} -m dlscale.launch --cell-json {params.cell:q}"
+            " --output {output.metrics:q} > {log:q} 2>&1"

@@ -1,7 +1,7 @@
 """A cell: one point of the study matrix and one repetition, as one typed value.
 
-This neutral module is the only place that names the axes, the cell's path pattern and the
-files in a cell's folder. Everything else derives from it: the matrix (dlscale.matrix) makes
+This neutral module is the only place that names the axes, the cell's path pattern, a study's
+results folder and the files in a cell's folder. Everything else derives from it: the matrix (dlscale.matrix) makes
 Cells, the workflow's rules take their output and log patterns from it, the launcher hands a
 cell's ranks one serialised Cell (`Cell.to_json`, read back by `Cell.from_json`), and the
 analysis side (status, collect, report) reads axis values back from paths with
@@ -10,6 +10,7 @@ analysis side (status, collect, report) reads axis values back from paths with
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -25,19 +26,28 @@ _PATH_PREFIX = {"nodes": "n", "rep": "r"}     # path segment n2, r1: a number ne
 # One folder per cell, naming every key: {hardware}/{framework}/.../n{nodes}/r{rep}
 AXIS_PATH = "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in KEY)
 
-RUNS_DIR = "results/runs"
+# Every study has its own results folder: its cells, tables, figures, report and logs, so any
+# number of studies live side by side in one checkout.
+STUDY_DIR = "results/{study}"
 METRICS_FILE = "metrics.jsonl"
-# The cell's metrics file: the train rules' output; wildcard names == KEY == column names.
-CELL_PATTERN = f"{RUNS_DIR}/{AXIS_PATH}/{METRICS_FILE}"
-TRAIN_LOGS = "results/logs/train"
+# The cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
+CELL_PATTERN = f"{STUDY_DIR}/runs/{AXIS_PATH}/{METRICS_FILE}"
+PATH_KEY = ("study", *KEY)       # the wildcards of CELL_PATTERN, in order
 # The launcher's log of a cell (the train rules' `log:`).
-TRAIN_LOG_PATTERN = f"{TRAIN_LOGS}/{AXIS_PATH}.log"
+TRAIN_LOG_PATTERN = f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log"
+# The executor plugin's logs (profiles/slurm `slurm-logdir`), shared by all studies: a job's
+# folder is named by its wildcards, the study's name first.
 SLURM_LOGS = "results/logs/slurm"
 # The train rule of a resource class (rules/train.smk); the executor plugin writes its logs
 # under SLURM_LOGS/rule_<name>/.
 TRAIN_RULE = "train_{hardware}_n{nodes}"
 
 # Files in a cell's folder besides the metrics file.
+# Every measurement of a cell is kept in its own folder, measurements/<time>-<job>/, with the
+# ranks' logs and its Slurm job; the cell's metrics.jsonl is a hard link to the current one, so
+# when Snakemake removes it to re-measure the cell (--forcerun, a re-measure the user asked
+# for), the earlier measurement stays where it is.
+MEASUREMENTS_DIR = "measurements"
 RANK_DIR = ".ranks"              # the ranks' part files and logs while the cell runs
 CELL_SPEC_FILE = "cell.json"     # in RANK_DIR: the Cell the ranks read (Cell.to_json)
 FAILURE_FILE = "failure.json"    # why the cell failed (dlscale.launch.record_failure)
@@ -71,9 +81,11 @@ class Cell:
     steps: int
     learning_rate: float
     momentum: float
-    # the study it belongs to
+    launcher: str                # how its ranks start: local processes or srun
+    hardware_hash: str           # of its hardware entry (partition, GPUs, constraint, ...)
+    environment: str             # its framework environment: name:hash of its pinned packages
+    # the study it belongs to (its results folder; not part of what is measured)
     study: str
-    config_hash: str
 
     @property
     def world_size(self) -> int:
@@ -86,17 +98,31 @@ class Cell:
     @property
     def path(self) -> str:
         """The cell's metrics file (CELL_PATTERN)."""
-        return CELL_PATTERN.format(**self.key_dict())
+        return CELL_PATTERN.format(**self.key_dict(), study=self.study)
 
     def key_dict(self) -> dict:
         return {k: getattr(self, k) for k in KEY}
 
+    def identity(self) -> dict:
+        """Everything that changes what this cell measures: every field but the study's name.
+        A measured cell whose identity differs from the planned one is never re-measured
+        silently (dlscale.archive.changed_cells)."""
+        return {k: v for k, v in vars(self).items() if k not in NOT_IDENTITY}
+
+    @property
+    def config_hash(self) -> str:
+        """Short hash of the cell's identity: the configuration its measurement depends on."""
+        blob = json.dumps(self.identity(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
     def as_dict(self) -> dict:
-        """Every field and the world size (the `cell` of a metrics file's run_start)."""
+        """Every field, the world size and the config hash (the `cell` of a metrics file's
+        run_start)."""
         # a flat dataclass: vars() is the same as dataclasses.asdict at a fraction of its cost
         # (called once per job while a 10,000-cell study is planned)
         d = dict(vars(self))
         d["world_size"] = self.world_size
+        d["config_hash"] = self.config_hash
         return d
 
     def to_json(self) -> str:
@@ -106,11 +132,12 @@ class Cell:
     def from_dict(cls, d: dict) -> Cell:
         """The inverse of as_dict; derived keys (world_size) are checked, unknown keys refused."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields - {"world_size"})
+        unknown = sorted(set(d) - fields - set(DERIVED))
         missing = sorted(fields - set(d))
         if unknown or missing:
             raise ValueError(f"not a dlscale cell: unknown keys {unknown}, missing keys {missing}")
         cell = cls(**{k: d[k] for k in fields})
+        # config_hash is recomputed from the fields (a hand-edited cell gets its own)
         if "world_size" in d and d["world_size"] != cell.world_size:
             raise ValueError(f"cell says world_size {d['world_size']}, but nodes x ranks_per_node "
                              f"is {cell.world_size}")
@@ -125,23 +152,28 @@ class Cell:
         return cls.from_json(Path(path).read_text())
 
 
+NOT_IDENTITY = ("study",)
+DERIVED = ("world_size", "config_hash")     # in as_dict, computed from the fields
+
+
 def key_of(values) -> tuple:
     """A cell's key from a mapping of key names to values, strings or not (wildcards)."""
     return tuple(int(values[k]) if k in _INT_KEYS else str(values[k]) for k in KEY)
 
 
 def format_key(pattern: str, cell: dict) -> str:
-    """A pattern over KEY (CELL_PATTERN, TRAIN_LOG_PATTERN, TRAIN_RULE) for a cell's key values."""
-    return pattern.format(**{k: cell[k] for k in KEY if k in cell})
+    """A pattern over PATH_KEY (CELL_PATTERN, TRAIN_LOG_PATTERN, TRAIN_RULE) for a cell's
+    values."""
+    return pattern.format(**{k: cell[k] for k in PATH_KEY if k in cell})
 
 
 _CELL_RE = re.compile(
     re.escape(CELL_PATTERN).replace(r"\{", "{").replace(r"\}", "}")
-    .format(**{k: f"(?P<{k}>[^/]+)" for k in KEY}))
+    .format(**{k: f"(?P<{k}>[^/]+)" for k in PATH_KEY}))
 
 
 def parse_cell_path(path: str) -> dict:
-    """Key values named by a cell's metrics path (the inverse of Cell.path)."""
+    """Study and key values named by a cell's metrics path (the inverse of Cell.path)."""
     m = _CELL_RE.fullmatch(str(path))
     if not m:
         raise ValueError(f"not a cell metrics path: {path}")

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .cell import KEY, parse_cell_path
+from .archive import earlier_measurements
+from .cell import KEY, PATH_KEY, parse_cell_path
 from .method import IDLE_PROBE, RANK_END, RANK_START
 from .metrics import MetricsError, read_metrics
 from .stats import add_speedup, scaling_summary, stragglers
@@ -86,7 +87,8 @@ def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tup
                f"{k}={v}" for k, v in sorted(prov["libraries"].items())),
            "python": prov["python"], "launcher": prov["launcher"],
            "slurm_job_id": prov["slurm_job_id"], "git_commit": prov["git_commit"],
-           "config_hash": start["config_hash"], "metrics_path": path}
+           "config_hash": start["config_hash"], "metrics_path": path,
+           "earlier_measurements": earlier_measurements(Path(path))}
     return row, ranks
 
 
@@ -102,9 +104,9 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
             row, rank_rows = cell_rows(records, str(path), straggler_threshold)
             key = tuple(row[k] for k in KEY)
             named = parse_cell_path(str(path))
-            if {k: row[k] for k in KEY} != named:
-                raise MetricsError(f"holds cell {dict(zip(KEY, key))}, not the cell its "
-                                   "path names")
+            if {k: row[k] for k in PATH_KEY} != named:
+                raise MetricsError(f"holds cell {dict(zip(KEY, key))} of study "
+                                   f"{row['study']!r}, not the cell its path names")
             if key in seen:
                 raise MetricsError(f"duplicate of cell {key} already read from {seen[key]}")
         except MetricsError as exc:

@@ -209,6 +209,6 @@ def config_hash(config: dict, hardware: dict) -> str:
     """Short, stable hash of the validated config and the hardware entries it uses."""
     used = {k: hardware[k] for k in config["axes"]["hardware"] if k in hardware}
     # Presentation and launcher settings do not change what is measured.
-    measured = {k: v for k, v in config.items() if k not in ("report", "launcher")}
+    measured = {k: v for k, v in config.items() if k not in ("report", "launcher", "remeasure")}
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -9,7 +9,9 @@
   2. waits for all of them; if one fails, the others are stopped and the cell fails with the
      rank, its exit code and the last lines of its log;
   3. merges the ranks' part files into the cell's metrics file (dlscale.metrics), validated and
-     renamed into place only when complete.
+     renamed into place only when complete, in a folder of its own that keeps this measurement
+     with its logs (measurements/<time>-<job>/, dlscale.archive); the cell's metrics.jsonl is a
+     hard link to it.
 
 `discover()` is the other half: inside a rank it reads who-am-I from the launcher's environment
 (dlscale's local launcher, srun, or torchrun).
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 from . import metrics
+from .archive import keep_measurement
 from .cell import CELL_SPEC_FILE, FAILURE_FILE, RANK_DIR, SLURM_JOB_FILE, Cell, tail_lines
 from .frameworks.base import RankContext
 from .method import RANK_END
@@ -266,8 +269,9 @@ def record_failure(output: Path, rank_dir: Path, cell: Cell, *, reason: str, ran
     return record
 
 
-def run_cell(cell: Cell, output: Path, *, launcher: str, git_commit: str | None,
+def run_cell(cell: Cell, output: Path, *, git_commit: str | None,
              python: str = sys.executable) -> int:
+    launcher = cell.launcher
     rank_dir = output.parent / RANK_DIR
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
@@ -308,10 +312,12 @@ def run_cell(cell: Cell, output: Path, *, launcher: str, git_commit: str | None,
     try:
         rank_records = metrics.read_rank_files(rank_dir, cell.world_size)
         records = metrics.assemble(
-            cell=cell, git_commit=git_commit, launcher=launcher,
+            cell=cell, git_commit=git_commit,
             slurm_job_id=os.environ.get("SLURM_JOB_ID"), rank_records=rank_records,
             wall_seconds=wall, started=started)
-        metrics.write_atomic(output, records)
+        folder = keep_measurement(
+            output, records, metrics.write_atomic, slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            extra_files=[*sorted(rank_dir.glob("*.log")), output.parent / SLURM_JOB_FILE])
     except metrics.MetricsError as exc:
         record_failure(output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None,
                        exit_code=None)
@@ -320,8 +326,8 @@ def run_cell(cell: Cell, output: Path, *, launcher: str, git_commit: str | None,
     shutil.rmtree(rank_dir, ignore_errors=True)
     summary = records[-1]["value"]
     print(f"[dlscale.launch] ok: {summary['throughput_samples_per_s']:.1f} samples/s over "
-          f"{summary['world_size']} rank(s) on {summary['nodes_seen']} in {wall:.1f} s",
-          file=sys.stderr)
+          f"{summary['world_size']} rank(s) on {summary['nodes_seen']} in {wall:.1f} s; kept in "
+          f"{folder}", file=sys.stderr)
     return 0
 
 
@@ -329,7 +335,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dlscale-launch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cell-json", required=True, help="the cell (dlscale.cell.Cell.to_json)")
     parser.add_argument("--output", required=True, type=Path, help="the cell's metrics.jsonl")
-    parser.add_argument("--launcher", choices=["local", "srun"], required=True)
     # not a workflow param: a new commit must not make every cell rerun
     parser.add_argument("--git-commit", default=git_commit(Path(__file__).parent),
                         help="the commit of the code that runs (default: that of the checkout "
@@ -341,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         cell = Cell.from_json(args.cell_json)
     except (ValueError, TypeError) as exc:
         parser.error(f"--cell-json: {exc}")
-    return run_cell(cell, args.output, launcher=args.launcher,
+    return run_cell(cell, args.output,
                     git_commit=args.git_commit or None, python=args.python)
 
 

@@ -7,7 +7,9 @@ launcher the Cell, and the launcher hands it to the ranks, serialised whole.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from dataclasses import dataclass
 from math import lcm
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 from .cell import AXES, Cell
 from .config import ConfigError, config_hash, load_schema, load_yaml, validate_config, \
     validate_hardware
+from .frameworks import ENVIRONMENTS
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Study:
     def axis_values(self) -> dict[str, list]:
         values = {axis: list(self.config["axes"][axis]) for axis in AXES}
         values["rep"] = list(range(1, self.config["repetitions"] + 1))
+        values["study"] = [self.config["study"]]
         return values
 
 
@@ -86,17 +90,36 @@ def _excluded(combo: dict, exclude: list[dict]) -> bool:
     return any(all(combo[k] == v for k, v in entry.items()) for entry in exclude)
 
 
-def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware file") -> Study:
-    """Expand validated config + hardware into the list of cells (product minus exclusions)."""
+def _short_hash(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def environment_ids(workflow_dir: str | Path) -> dict[str, str]:
+    """framework -> `<environment>:<hash of its pinned requirements>` (envs/<environment>.txt;
+    PyTorch runs in the driver environment, envs/pytorch.txt): what a cell's framework
+    versions are, as far as they are known before it runs."""
+    out = {}
+    for framework, env in ENVIRONMENTS.items():
+        env = env or "pytorch"
+        req = Path(workflow_dir) / "envs" / f"{env}.txt"
+        out[framework] = f"{env}:{_short_hash(req.read_text()) if req.exists() else 'unknown'}"
+    return out
+
+
+def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware file",
+                 environments: dict[str, str] | None = None) -> Study:
+    """Expand validated config + hardware into the list of cells (product minus exclusions).
+    `environments`: framework -> environment id (environment_ids; default: the name only)."""
     problems = _semantic_problems(config, hardware, hardware_source)
     if problems:
         raise ConfigError("config", problems)
     axes = config["axes"]
-    digest = config_hash(config, hardware)
+    environments = environments or {f: f"{e or 'pytorch'}:unknown" for f, e in ENVIRONMENTS.items()}
+    hardware_hashes = {key: _short_hash(hardware[key]) for key in axes["hardware"]}
     fixed = {"warmup_steps": config["warmup_steps"], "steps": config["steps"],
              "learning_rate": config["optimizer"]["learning_rate"],
-             "momentum": config["optimizer"]["momentum"],
-             "study": config["study"], "config_hash": digest}
+             "momentum": config["optimizer"]["momentum"], "launcher": config["launcher"],
+             "study": config["study"]}
     cells = []
     for combo_values in itertools.product(*(axes[a] for a in AXES)):
         combo = dict(zip(AXES, combo_values))
@@ -113,10 +136,13 @@ def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware 
         for rep in range(1, config["repetitions"] + 1):
             cells.append(Cell(**combo, rep=rep, device=hw["device"], ranks_per_node=rpn,
                               per_rank_batch=per_rank, global_batch=global_batch,
-                              cpus_per_rank=hw["cpus_per_rank"], **fixed))
+                              cpus_per_rank=hw["cpus_per_rank"],
+                              hardware_hash=hardware_hashes[combo["hardware"]],
+                              environment=environments[combo["framework"]], **fixed))
     if not cells:
         raise ConfigError("config", ["exclude: every cell of the matrix is excluded; nothing to run"])
-    return Study(config=config, hardware=hardware, cells=cells, config_hash=digest)
+    return Study(config=config, hardware=hardware, cells=cells,
+                 config_hash=config_hash(config, hardware))
 
 
 def load_study(config: dict, workflow_dir: str | Path) -> Study:
@@ -129,6 +155,7 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
         hw_path = workflow_dir / hw_path
     hardware = validate_hardware(load_yaml(hw_path), load_schema(schemas / "hardware.schema.json"),
                                  source=str(config["hardware_file"]))
-    return build_matrix(config, hardware, hardware_source=str(config["hardware_file"]))
+    return build_matrix(config, hardware, hardware_source=str(config["hardware_file"]),
+                        environments=environment_ids(workflow_dir))
 
 

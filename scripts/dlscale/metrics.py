@@ -228,7 +228,7 @@ def _energy_summary(ends: dict, starts: dict) -> dict:
     return {"joules_per_sample": sum(readings.values()) / samples, "energy_unavailable": None}
 
 
-def assemble(*, cell: Cell, git_commit: str | None, launcher: str, slurm_job_id: str | None,
+def assemble(*, cell: Cell, git_commit: str | None, slurm_job_id: str | None,
              rank_records: dict[int, list[dict]], wall_seconds: float,
              started: float) -> list[dict]:
     """The whole metrics file: run_start (provenance), every rank's records, summary."""
@@ -250,7 +250,7 @@ def assemble(*, cell: Cell, git_commit: str | None, launcher: str, slurm_job_id:
             "device_model": first["device_model"],
             "cpu_model": first["cpu_model"],
             "backend": first.get("backend"),
-            "launcher": launcher,
+            "launcher": cell.launcher,
             "slurm_job_id": slurm_job_id,
         },
         "timing": {

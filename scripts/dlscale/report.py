@@ -81,14 +81,21 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
     measured_keys = ["GlobalBatchStrong", "GitCommit", "ConfigHash", "Libraries", "Python",
                      "DeviceModel", "Launcher", "Hosts", "ThroughputMax", "MaxNodes",
                      "EfficiencyAtMaxNodesMin", "EfficiencyAtMaxNodesMax", "CellsCompeting", "CellsStraggler", "EnergyNote",
-                     "RepsMin", "RepsMax"]
+                     "RepsMin", "RepsMax", "EarlierMeasurements"]
     m.update({k: "n/a" for k in measured_keys})    # a report with no measured cell still builds
     if not cells.empty:
         strong = cells[cells["policy"] == "strong"]
         m["GlobalBatchStrong"] = (_join(sorted(strong["global_batch"].unique()))
                                   if not strong.empty else "n/a")
         m["GitCommit"] = _join(sorted(cells["git_commit"].fillna("unknown").unique()))
-        m["ConfigHash"] = _join(sorted(cells["config_hash"].unique()))
+        hashes = cells["config_hash"].nunique()
+        m["ConfigHash"] = (f"{hashes} per-cell configuration hashes" if hashes > 1
+                           else cells["config_hash"].iloc[0])
+        earlier = cells["earlier_measurements"].fillna(0).astype(int)
+        m["EarlierMeasurements"] = (
+            "No cell has an earlier measurement" if not earlier.any() else
+            f"{int(earlier.sum())} earlier measurement(s) of {int((earlier > 0).sum())} re-measured "
+            "cell(s) are kept in their cells' measurements/ folders and not used here")
         m["Libraries"] = _join(sorted(cells["libraries"].unique()))
         m["Python"] = _join(sorted(cells["python"].unique()))
         m["DeviceModel"] = _join(sorted(cells["device_model"].unique()))

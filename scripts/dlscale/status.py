@@ -14,7 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .cell import (FAILURE_FILE, KEY, SLURM_JOB_FILE, SLURM_LOGS, TRAIN_LOG_PATTERN, TRAIN_RULE,
+from .cell import (FAILURE_FILE, PATH_KEY, SLURM_JOB_FILE, SLURM_LOGS, TRAIN_LOG_PATTERN, TRAIN_RULE,
                    format_key, parse_cell_path, tail_lines)
 
 
@@ -31,8 +31,10 @@ def slurm_log(cell: dict, job: dict) -> Path:
     <jobid>.log in a folder named by the wildcards."""
     if job.get("array_job_id"):
         return _rule_logs(cell) / f"{job['array_job_id']}_{job['array_task_id']}.log"
-    # the plugin names a job's log folder by its wildcards (KEY, in pattern order) joined by _
-    return _rule_logs(cell) / "_".join(str(cell[k]) for k in KEY) / f"{job['slurm_job_id']}.log"
+    # the plugin names a job's log folder by its wildcards (PATH_KEY, in pattern order) joined
+    # by _
+    return (_rule_logs(cell) / "_".join(str(cell[k]) for k in PATH_KEY)
+            / f"{job['slurm_job_id']}.log")
 
 
 def latest_slurm_job(cell: dict, cell_dir: Path) -> dict | None:

@@ -1,7 +1,7 @@
 """Fault injection on the real local Slurm cluster. Each fault hits one cell ("the victim") of a
 study that has already completed once; the test asserts that the victim is recorded failed with
 the right reason, that no other cell's files changed (checksums), and that tables, figures and
-a report are still built (results/partial/ while the study is incomplete).
+a report are still built (results/tiny/partial/ while the study is incomplete).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from conftest import BIN, ROOT, copy_workflow, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
-VICTIM = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+VICTIM = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
 VICTIM_WILDCARDS = "cpu_pytorch_cnn_small_weak_fp32_2_1"
 STATE_DIR = Path(os.environ.get("DLSCALE_SLURM_DIR", "/var/tmp/dlscale-slurm"))
 
@@ -32,7 +32,7 @@ def study(cluster, tmp_path_factory):
 def checksums(work: Path, skip: str = VICTIM) -> dict[str, str]:
     skip_dir = (work / skip).parent
     return {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in (work / "results" / "runs").rglob("*")
+            for p in (work / "results" / "tiny" / "runs").rglob("*")
             if p.is_file() and skip_dir not in p.parents}
 
 
@@ -77,7 +77,7 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
 
 
 def victim_status(work: Path) -> dict:
-    with open(work / "results/partial/tables/status.csv") as fh:
+    with open(work / "results/tiny/partial/tables/status.csv") as fh:
         rows = {r["metrics_path"]: r for r in csv.DictReader(fh)}
     assert rows[VICTIM.replace("n2", "n1")]["status"] == "ok"
     return rows[VICTIM]
@@ -86,7 +86,7 @@ def victim_status(work: Path) -> dict:
 def assert_contained(work: Path, before: dict, out: str) -> dict:
     assert checksums(work) == before, "another cell's files changed"
     assert not (work / VICTIM).exists()
-    assert (work / "results/partial/report/report.pdf").stat().st_size > 0, out[-3000:]
+    assert (work / "results/tiny/partial/report/report.pdf").stat().st_size > 0, out[-3000:]
     return victim_status(work)
 
 
@@ -172,6 +172,6 @@ def test_slurmctld_restart_during_a_study(cluster, tmp_path):
     _restart_slurmctld()
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
-    with open(work / "results/tables/status.csv") as fh:
+    with open(work / "results/tiny/tables/status.csv") as fh:
         assert {r["status"] for r in csv.DictReader(fh)} == {"ok"}
-    assert (work / "results/report/report.pdf").stat().st_size > 0
+    assert (work / "results/tiny/report/report.pdf").stat().st_size > 0

@@ -27,7 +27,7 @@ def mixed_study(cluster, tmp_path_factory):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_framework_cell(mixed_study, framework, nodes):
-    path = mixed_study / f"results/runs/cpu/{framework}/cnn_small/weak/fp32/n{nodes}/r1/metrics.jsonl"
+    path = mixed_study / f"results/frameworks/runs/cpu/{framework}/cnn_small/weak/fp32/n{nodes}/r1/metrics.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     start = records[0]["value"]
     assert start["cell"]["framework"] == framework
@@ -42,6 +42,6 @@ def test_framework_cell(mixed_study, framework, nodes):
 
 def test_mixed_study_report(mixed_study):
     import pandas as pd
-    cells = pd.read_csv(mixed_study / "results/tables/cells.csv")
+    cells = pd.read_csv(mixed_study / "results/frameworks/tables/cells.csv")
     assert sorted(cells["framework"].unique()) == sorted(FRAMEWORKS)
-    assert (mixed_study / "results/report/report.pdf").stat().st_size > 0
+    assert (mixed_study / "results/frameworks/report/report.pdf").stat().st_size > 0

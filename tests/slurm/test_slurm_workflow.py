@@ -19,8 +19,8 @@ from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
-CELL_N1 = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1/metrics.jsonl"
-CELL_N2 = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+CELL_N1 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1/metrics.jsonl"
+CELL_N2 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_two_node_cell_runs_on_two_distinct_nodes(slurm_study):
     assert len({s["node"] for s in starts}) == 2, starts
     assert sorted(s["node_index"] for s in starts) == [0, 1]
     assert {s["local_rank"] for s in starts} == {0}
-    assert (slurm_study / "results/report/report.pdf").stat().st_size > 0
+    assert (slurm_study / "results/tiny/report/report.pdf").stat().st_size > 0
 
 
 def test_rerunning_one_cell_reruns_that_cell_only(slurm_study):
@@ -71,13 +71,13 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0                              # the study reports the failure
     assert "Error in rule train_cpu_n2" in out
-    log = (work / "results/logs/train/cpu/pytorch/cnn_small/weak/fp32/n2/r1.log").read_text()
+    log = (work / "results/tiny/logs/train/cpu/pytorch/cnn_small/weak/fp32/n2/r1.log").read_text()
     assert "exits with 3" in log and "cell FAILED" in log
     assert not (work / CELL_N2).exists()
     # every other cell completed
     for model in ("cnn_small", "transformer_small"):
         for nodes in (1, 2):
-            path = work / f"results/runs/cpu/pytorch/{model}/weak/fp32/n{nodes}/r1/metrics.jsonl"
+            path = work / f"results/tiny/runs/cpu/pytorch/{model}/weak/fp32/n{nodes}/r1/metrics.jsonl"
             if model == "cnn_small" and nodes == 2:
                 continue
             assert path.exists(), path
@@ -119,12 +119,12 @@ def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_c
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("Submitted array job") == 2, out[-3000:]
-    rows = list(csv.DictReader((work / "results/tables/status.csv").open()))
+    rows = list(csv.DictReader((work / "results/tiny/tables/status.csv").open()))
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}, rows
     jobs = set()
     for nodes in (1, 2):
         for rep in (1, 2):
-            run = work / f"results/runs/cpu/pytorch/cnn_small/weak/fp32/n{nodes}/r{rep}"
+            run = work / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n{nodes}/r{rep}"
             recs = records(run / "metrics.jsonl")
             assert recs[0]["value"]["cell"]["rep"] == rep          # its own cell
             assert len({r["value"]["node"] for r in recs if r["event"] == "rank_start"}) == nodes

@@ -9,7 +9,7 @@ def cell_dict(**changes) -> dict:
     fields = {"hardware": "cpu", "framework": "pytorch", "model": "cnn_small", "policy": "weak",
               "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
               "per_rank_batch": 4, "global_batch": 8, "cpus_per_rank": 1, "warmup_steps": 1,
-              "steps": 2, "learning_rate": 0.01, "momentum": 0.9, "study": "t",
-              "config_hash": "h"}
+              "steps": 2, "learning_rate": 0.01, "momentum": 0.9, "launcher": "local",
+              "hardware_hash": "h", "environment": "pytorch:e", "study": "t"}
     fields.update(changes)
     return Cell(**fields).as_dict()

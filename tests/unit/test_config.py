@@ -117,7 +117,7 @@ def test_cell_path_names_every_axis(root, base_config):
     cell = study(root, base_config).cells[0]
     for field in (*AXES, "rep"):
         assert f"{{{field}}}" in CELL_PATTERN
-    assert cell.path == (f"results/runs/{cell.hardware}/{cell.framework}/{cell.model}/"
+    assert cell.path == (f"results/{cell.study}/runs/{cell.hardware}/{cell.framework}/{cell.model}/"
                          f"{cell.policy}/{cell.precision}/n{cell.nodes}/r{cell.rep}/metrics.jsonl")
 
 

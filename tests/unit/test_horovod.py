@@ -29,8 +29,8 @@ CELL = cell_dict(framework="horovod")
 
 def run_cell(tmp_path: Path, cell: dict) -> list[dict]:
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out), "--launcher",
-                        "local", "--git-commit", "",
+    code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out),
+                        "--git-commit", "",
                         "--python", str(PYTHON)])
     assert code == 0
     assert not (out.parent / ".ranks").exists()

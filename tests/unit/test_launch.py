@@ -54,8 +54,8 @@ CELL = cell_dict()
 
 def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out), "--launcher",
-                        "local", "--git-commit", ""])
+    code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out),
+                        "--git-commit", ""])
     assert code == 0
     records = read_metrics(out)
     ranks = {r["rank"] for r in records if r["event"] == "rank_end"}
@@ -71,8 +71,7 @@ def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
 def test_a_failing_rank_fails_the_cell_without_output(tmp_path, capfd):
     out = tmp_path / "cell" / "metrics.jsonl"
     bad = dict(CELL, model="no_such_model")
-    code = launch.main(["--cell-json", json.dumps(bad), "--output", str(out), "--launcher",
-                        "local"])
+    code = launch.main(["--cell-json", json.dumps(bad), "--output", str(out)])
     assert code != 0 and not out.exists()
     err = capfd.readouterr().err
     assert "cell FAILED: rank" in err and "no_such_model" in err

@@ -10,7 +10,7 @@ from dlscale.cell import Cell
 from dlscale.metrics import MetricsError
 from cells import cell_dict
 
-CELL = cell_dict(per_rank_batch=8, global_batch=16, steps=3, config_hash="abc")
+CELL = cell_dict(per_rank_batch=8, global_batch=16, steps=3)
 
 
 def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
@@ -38,7 +38,7 @@ def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
 def assembled(**overrides):
     ranks = {0: rank_records(0, [0.1, 0.1, 0.1], "n1"), 1: rank_records(1, [0.2, 0.2, 0.2], "n2")}
     kwargs = dict(cell=Cell.from_dict(CELL), git_commit="deadbeef",
-                  launcher="local", slurm_job_id=None, rank_records=ranks, wall_seconds=2.0,
+                  slurm_job_id=None, rank_records=ranks, wall_seconds=2.0,
                   started=1.0)
     kwargs.update(overrides)
     return metrics.assemble(**kwargs)

@@ -131,8 +131,8 @@ CELL = cell_dict(framework="mxnet")
 def launch_cell(tmp_path: Path, cell: dict) -> tuple[int, Path]:
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out), "--launcher",
-                        "local", "--git-commit", "",
+    code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out),
+                        "--git-commit", "",
                         "--python", str(MXNET_PY)])
     return code, out
 

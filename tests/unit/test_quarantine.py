@@ -12,12 +12,12 @@ from dlscale.provenance import REDACTED, environment
 
 from test_metrics import CELL, assembled
 
-GOOD = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+GOOD = "results/t/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
 
 
 def cell_path(**changes) -> str:
     cell = {**CELL, **changes}
-    return (f"results/runs/{cell['hardware']}/{cell['framework']}/{cell['model']}/"
+    return (f"results/{cell['study']}/runs/{cell['hardware']}/{cell['framework']}/{cell['model']}/"
             f"{cell['policy']}/{cell['precision']}/n{cell['nodes']}/r{cell['rep']}/metrics.jsonl")
 
 

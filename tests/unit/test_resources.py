@@ -112,9 +112,9 @@ def test_srun_inside_the_plugins_step_shares_it_and_forgets_the_steps_shape(tmp_
 
 def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cell = {"hardware": "cpu", "framework": "pytorch", "model": "cnn_small", "policy": "weak",
-            "precision": "fp32", "nodes": 2, "rep": 3}
-    run_dir = Path("results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r3")
+    cell = {"study": "demo", "hardware": "cpu", "framework": "pytorch", "model": "cnn_small",
+            "policy": "weak", "precision": "fp32", "nodes": 2, "rep": 3}
+    run_dir = Path("results/demo/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r3")
     run_dir.mkdir(parents=True)
     (run_dir / SLURM_JOB_FILE).write_text(json.dumps(
         {"slurm_job_id": "512", "array_job_id": "500", "array_task_id": "12"}))
@@ -124,7 +124,7 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
         "results/logs/slurm/rule_train_cpu_n2/500_12.log")
     # a single job that never reached the launcher: the newest log in the cell's folder
     (run_dir / SLURM_JOB_FILE).unlink()
-    folder = Path("results/logs/slurm/rule_train_cpu_n2/cpu_pytorch_cnn_small_weak_fp32_2_3")
+    folder = Path("results/logs/slurm/rule_train_cpu_n2/demo_cpu_pytorch_cnn_small_weak_fp32_2_3")
     folder.mkdir(parents=True)
     for job_id in ("90", "105"):
         (folder / f"{job_id}.log").write_text("")

@@ -194,8 +194,8 @@ def cell(framework: str, nodes: int, model: str = "cnn_small", precision: str = 
 
 def run_cell(tmp_path: Path, python: Path, c: dict) -> list[dict]:
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(c), "--output", str(out), "--launcher",
-                        "local", "--git-commit", "",
+    code = launch.main(["--cell-json", json.dumps(c), "--output", str(out),
+                        "--git-commit", "",
                         "--python", str(python)])
     assert code == 0
     return read_metrics(out)

@@ -58,45 +58,45 @@ def test_bad_config_stops_before_any_job(tmp_path, tiny_config, key, value, frag
     assert proc.returncode != 0
     assert fragment in proc.stderr, proc.stderr[-2000:]
     assert "No job was started" in proc.stderr
-    assert not (work / "results" / "runs").exists()
+    assert not list((work / "results").rglob("metrics.jsonl"))
 
 
 def test_tiny_study_reaches_the_pdf(finished_study):
     work = finished_study
-    for path in ["results/tables/ranks.csv", "results/tables/cells.csv",
-                 "results/tables/scaling.csv", "results/report/macros.tex",
-                 "results/report/report.pdf"] + \
-            [f"results/figures/cpu/{f}.pdf" for f in ("throughput", "speedup", "efficiency",
+    for path in ["results/tiny/tables/ranks.csv", "results/tiny/tables/cells.csv",
+                 "results/tiny/tables/scaling.csv", "results/tiny/report/macros.tex",
+                 "results/tiny/report/report.pdf"] + \
+            [f"results/tiny/figures/cpu/{f}.pdf" for f in ("throughput", "speedup", "efficiency",
                                                        "frameworks", "breakdown")]:
         assert (work / path).stat().st_size > 0, path
     import pandas as pd
-    ranks = pd.read_csv(work / "results/tables/ranks.csv")
+    ranks = pd.read_csv(work / "results/tiny/tables/ranks.csv")
     assert sorted(ranks.groupby("nodes")["rank"].count().items()) == [(1, 1), (2, 2)]
-    cells = pd.read_csv(work / "results/tables/cells.csv").set_index("nodes")
+    cells = pd.read_csv(work / "results/tiny/tables/cells.csv").set_index("nodes")
     assert cells.loc[1, "speedup"] == pytest.approx(1.0)
     assert cells.loc[2, "scaling_efficiency"] == pytest.approx(
         cells.loc[2, "throughput_samples_per_s"] / cells.loc[1, "throughput_samples_per_s"] / 2)
     if shutil.which("pdftotext"):
-        text = subprocess.run(["pdftotext", str(work / "results/report/report.pdf"), "-"],
+        text = subprocess.run(["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
                               capture_output=True, text=True).stdout
         assert "Figure 5" in text and "Cells" in text and "tiny" in text
         assert "95% percentile bootstrap" in text
         assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
     # the full cell table travels inside the PDF
     assert shutil.which("pdfdetach"), "poppler-utils (pdfdetach) is not installed"
-    listing = subprocess.run(["pdfdetach", "-list", str(work / "results/report/report.pdf")],
+    listing = subprocess.run(["pdfdetach", "-list", str(work / "results/tiny/report/report.pdf")],
                              capture_output=True, text=True, check=True).stdout
     assert listing.splitlines() == ["1 embedded files", "1: cells.csv"], listing
     saved = work / "detached"
     saved.mkdir(exist_ok=True)
     subprocess.run(["pdfdetach", "-saveall", "-o", str(saved),
-                    str(work / "results/report/report.pdf")], check=True)
-    assert (saved / "cells.csv").read_bytes() == (work / "results/tables/cells.csv").read_bytes()
+                    str(work / "results/tiny/report/report.pdf")], check=True)
+    assert (saved / "cells.csv").read_bytes() == (work / "results/tiny/tables/cells.csv").read_bytes()
 
 
 def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
     work = finished_study
-    cell = "results/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
     proc = snakemake(work, "--profile", "profiles/local", "-n", "--forcerun", cell)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
@@ -139,7 +139,7 @@ def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
                 (fakebin / tool.name).symlink_to(tool)
     from conftest import BIN
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{fakebin}")
-    figures = finished_study / "results/figures/cpu/throughput.pdf"
+    figures = finished_study / "results/tiny/figures/cpu/throughput.pdf"
     before = figures.stat().st_mtime
     proc = subprocess.run([str(BIN / "snakemake"), "--profile", "profiles/local", "--forcerun",
                            "collect"], cwd=finished_study, env=env, capture_output=True,
@@ -148,7 +148,7 @@ def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
     out = proc.stdout + proc.stderr
     assert "latexmk/pdflatex not found" in out, out[-3000:]
     assert figures.stat().st_mtime > before                           # figures rebuilt
-    assert (finished_study / "results/tables/cells.csv").stat().st_size > 0
+    assert (finished_study / "results/tiny/tables/cells.csv").stat().st_size > 0
     # the workflow then restores the report once TeX Live is back
     proc = snakemake(finished_study, "--profile", "profiles/local")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -165,3 +165,72 @@ def test_missing_framework_environment_is_an_early_error(tmp_path, tiny_config):
     out = proc.stdout + proc.stderr
     assert "axes.framework[1]: 'mxnet' runs in .venvs/mxnet" in out, out[-2000:]
     assert "bash scripts/setup.sh mxnet" in out
+
+
+def measured(work: Path) -> dict[str, str]:
+    """Checksum of every metrics file of every study: each cell's current metrics.jsonl and
+    every measurement kept in its measurements/ folder."""
+    import hashlib
+    return {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (work / "results").rglob("metrics.jsonl")}
+
+
+def kept(checksums: dict[str, str]) -> set[tuple[str, str]]:
+    return {(path, digest) for path, digest in checksums.items() if "/measurements/" in path}
+
+
+def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config):
+    """Issue 20: two studies with the same cells in one checkout, a changed launcher and step
+    count that stop the run, an explicit re-measure and a --forcerun that keep the old files."""
+    import pandas as pd
+    work = copy_workflow(tmp_path, tiny_config)
+    assert snakemake(work, "--profile", "profiles/local").returncode == 0
+    first = measured(work)
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+    assert cell in first and len(first) == 4        # 2 cells: metrics.jsonl + its measurement
+
+    # a second study with the same axes (other batch and steps): its own folder, its own report
+    other = dict(copy.deepcopy(tiny_config), study="tiny-b", per_rank_batch=4, steps=2)
+    (work / "other.yaml").write_text(__import__("yaml").safe_dump(other))
+    proc = snakemake(work, "--profile", "profiles/local", "--configfile", "other.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = measured(work)
+    assert {k: both[k] for k in first} == first                      # the first study untouched
+    for study, batch in (("tiny", 8), ("tiny-b", 4)):
+        cells = pd.read_csv(work / f"results/{study}/tables/cells.csv")
+        assert set(cells["study"]) == {study} and set(cells["per_rank_batch"]) == {batch}
+        assert (work / f"results/{study}/report/report.pdf").stat().st_size > 0
+
+    # another launcher or step count for measured cells: a clear stop, nothing removed
+    for change, field in (("launcher=srun", "launcher"), ("steps=2", "steps")):
+        for flags in ((), ("-n",)):
+            proc = snakemake(work, "--profile", "profiles/local", *flags, "--config", change)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode != 0, out[-3000:]
+            assert "2 measured cell(s)" in out and f"differing: {field}" in out, out[-3000:]
+            assert cell in out and "--config remeasure=True" in out
+            assert measured(work) == both
+
+    # an explicit re-measure: new measurements, the earlier ones kept beside them
+    proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2",
+                     "remeasure=True")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = measured(work)
+    assert kept(both) <= kept(after)                                 # every old file, unchanged
+    assert len(kept(after)) == len(kept(both)) + 2 and after[cell] != both[cell]
+    records = [__import__("json").loads(line) for line in (work / cell).read_text().splitlines()]
+    assert records[0]["value"]["cell"]["steps"] == 2
+    cells = pd.read_csv(work / "results/tiny/tables/cells.csv")
+    assert set(cells["earlier_measurements"]) == {1}
+
+    # --forcerun of one cell (the documented re-measure of a single cell) keeps the old one too
+    proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2", "--forcerun",
+                     cell)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert kept(after) <= kept(measured(work))
+    assert len(list((work / cell).parent.glob("measurements/*/metrics.jsonl"))) == 3
+    if shutil.which("pdftotext"):
+        text = " ".join(subprocess.run(
+            ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
+            capture_output=True, text=True).stdout.split())
+        assert "3 earlier measurement(s) of 2 re-measured cell(s)" in text, text[-2000:]
