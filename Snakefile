@@ -38,6 +38,6 @@ onsuccess:
 
 
 rule all:
+    default_target: True
     input:
         final_targets(),
-    default_target: True

@@ -15,6 +15,7 @@
 Only the CLI, the config format, dlscale.matrix.load_study/Cell and dlscale.metrics
 (make_record, rank_summary, assemble, write_atomic) are relied on here, never the rules' internals.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,11 +39,11 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "scripts", "envs")
 
 FRAMEWORKS = ["pytorch", "tensorflow", "keras", "horovod", "mxnet"]
 MODELS = ["resnet50", "resnet18", "cnn_small", "transformer_small"]
-HARDWARE = ["cpu", "v100", "a100", "h100"]        # keys of config/hardware.yaml
+HARDWARE = ["cpu", "v100", "a100", "h100"]  # keys of config/hardware.yaml
 POLICIES = ["weak", "strong"]
-PRECISIONS = [["fp32"], ["fp32", "bf16"]]          # bf16 runs on CPU and GPU, fp16 on GPU only
-MAX_REPETITIONS = 100                              # config.schema.json
-HARDWARE_FILE = "config/hardware.bench.yaml"       # written into the copy: max_nodes raised
+PRECISIONS = [["fp32"], ["fp32", "bf16"]]  # bf16 runs on CPU and GPU, fp16 on GPU only
+MAX_REPETITIONS = 100  # config.schema.json
+HARDWARE_FILE = "config/hardware.bench.yaml"  # written into the copy: max_nodes raised
 
 
 # ---------------------------------------------------------------------------------- the study
@@ -51,13 +52,19 @@ class StudyShape:
     nodes: list[int]
     precision: list[str]
     repetitions: int
-    excluded: list[tuple[str, int]]     # (hardware, nodes) pairs left out
+    excluded: list[tuple[str, int]]  # (hardware, nodes) pairs left out
 
     @property
     def cells(self) -> int:
         pairs = len(HARDWARE) * len(self.nodes) - len(self.excluded)
-        return (len(FRAMEWORKS) * len(MODELS) * len(POLICIES) * len(self.precision)
-                * self.repetitions * pairs)
+        return (
+            len(FRAMEWORKS)
+            * len(MODELS)
+            * len(POLICIES)
+            * len(self.precision)
+            * self.repetitions
+            * pairs
+        )
 
 
 def _exclusion_order(nodes: list[int]) -> list[tuple[str, int]]:
@@ -70,7 +77,7 @@ def _exclusion_order(nodes: list[int]) -> list[tuple[str, int]]:
 def study_shape(n_cells: int, max_nodes: int = 128) -> StudyShape:
     """The shape whose cell count is closest to n_cells (exact where the axes allow: counts are
     multiples of 40 = frameworks x models x policies); ties: fewer exclusions, fewer repetitions."""
-    nodes = [2 ** i for i in range(max_nodes.bit_length()) if 2 ** i <= max_nodes]
+    nodes = [2**i for i in range(max_nodes.bit_length()) if 2**i <= max_nodes]
     order = _exclusion_order(nodes)
     best, best_key = None, None
     for precision in PRECISIONS:
@@ -86,13 +93,21 @@ def study_shape(n_cells: int, max_nodes: int = 128) -> StudyShape:
 def study_config(shape: StudyShape, hardware: dict, name: str) -> dict:
     """A complete study config (every key of config/config.yaml) of the given shape."""
     # strong scaling: the global batch must be divisible by every world size of every hardware
-    world = [n * (hardware[hw]["gpus_per_node"] if hardware[hw]["device"] == "cuda" else 1)
-             for hw in HARDWARE for n in shape.nodes]
+    world = [
+        n * (hardware[hw]["gpus_per_node"] if hardware[hw]["device"] == "cuda" else 1)
+        for hw in HARDWARE
+        for n in shape.nodes
+    ]
     return {
         "study": name,
-        "axes": {"framework": list(FRAMEWORKS), "model": list(MODELS),
-                 "hardware": list(HARDWARE), "nodes": list(shape.nodes),
-                 "policy": list(POLICIES), "precision": list(shape.precision)},
+        "axes": {
+            "framework": list(FRAMEWORKS),
+            "model": list(MODELS),
+            "hardware": list(HARDWARE),
+            "nodes": list(shape.nodes),
+            "policy": list(POLICIES),
+            "precision": list(shape.precision),
+        },
         "repetitions": shape.repetitions,
         "ranks_per_node": 1,
         "per_rank_batch": 32,
@@ -109,12 +124,14 @@ def study_config(shape: StudyShape, hardware: dict, name: str) -> dict:
 
 def describe(shape: StudyShape, config: dict) -> str:
     excl = ", ".join(f"{hw}@n{n}" for hw, n in shape.excluded) or "none"
-    return (f"{len(FRAMEWORKS)} frameworks x {len(MODELS)} models x hardware "
-            f"{'/'.join(HARDWARE)} x nodes {shape.nodes} x policies {'/'.join(POLICIES)} x "
-            f"precision {'/'.join(shape.precision)} x {shape.repetitions} repetitions, "
-            f"excluding {len(shape.excluded)} (hardware, nodes) pairs [{excl}]; "
-            f"global_batch {config['global_batch']}; hardware file {HARDWARE_FILE} = "
-            f"config/hardware.yaml with max_nodes raised to {max(shape.nodes)}")
+    return (
+        f"{len(FRAMEWORKS)} frameworks x {len(MODELS)} models x hardware "
+        f"{'/'.join(HARDWARE)} x nodes {shape.nodes} x policies {'/'.join(POLICIES)} x "
+        f"precision {'/'.join(shape.precision)} x {shape.repetitions} repetitions, "
+        f"excluding {len(shape.excluded)} (hardware, nodes) pairs [{excl}]; "
+        f"global_batch {config['global_batch']}; hardware file {HARDWARE_FILE} = "
+        f"config/hardware.yaml with max_nodes raised to {max(shape.nodes)}"
+    )
 
 
 def write_study(workdir: Path, n_cells: int, max_nodes: int = 128) -> tuple[Path, dict, StudyShape]:
@@ -126,7 +143,8 @@ def write_study(workdir: Path, n_cells: int, max_nodes: int = 128) -> tuple[Path
         hardware[hw]["max_nodes"] = max(hardware[hw].get("max_nodes", 1), max(shape.nodes))
     (workdir / HARDWARE_FILE).write_text(
         "# config/hardware.yaml with max_nodes raised for the benchmark study (benchmarks/)\n"
-        + yaml.safe_dump(hardware, sort_keys=False))
+        + yaml.safe_dump(hardware, sort_keys=False)
+    )
     config = study_config(shape, hardware, name=f"bench{n_cells}")
     path = workdir / "config" / f"bench-{n_cells}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -146,8 +164,9 @@ def copy_workflow(src: Path, dest: Path, venvs: Path) -> Path:
     dest.mkdir(parents=True)
     for part in WORKFLOW_PARTS:
         if (src / part).is_dir():
-            shutil.copytree(src / part, dest / part,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                src / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         else:
             shutil.copy2(src / part, dest / part)
     (dest / ".venvs").symlink_to(venvs.resolve())
@@ -171,10 +190,12 @@ def child_env(workdir: Path, snakemake: Path, shim: Path | None = None) -> dict:
     its own code, not the editable install of this one), the driver venv first on PATH, and
     before it the scontrol shim (no_slurm_probe) where given."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(workdir / "scripts"),
-                                                      env.get("PYTHONPATH")]))
-    env["PATH"] = os.pathsep.join(filter(None, [str(shim) if shim else "",
-                                                str(snakemake.parent), env.get("PATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(workdir / "scripts"), env.get("PYTHONPATH")])
+    )
+    env["PATH"] = os.pathsep.join(
+        filter(None, [str(shim) if shim else "", str(snakemake.parent), env.get("PATH", "")])
+    )
     return env
 
 
@@ -188,8 +209,10 @@ def no_slurm_probe(root: Path) -> Path:
     shim = root / "no-slurm-probe"
     shim.mkdir(parents=True, exist_ok=True)
     exe = shim / "scontrol"
-    exe.write_text("#!/bin/sh\n# dlscale benchmarks: no Slurm controller query from snakemake's "
-                   "plugin import\nexit 1\n")
+    exe.write_text(
+        "#!/bin/sh\n# dlscale benchmarks: no Slurm controller query from snakemake's "
+        "plugin import\nexit 1\n"
+    )
     exe.chmod(0o755)
     return shim
 
@@ -201,15 +224,20 @@ def snakemake_version(snakemake: Path) -> str:
 
 def describe_checkout(path: Path) -> str:
     """git commit of a checkout, '+dirty' with uncommitted changes to tracked files."""
-    head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     if head.returncode != 0:
         return "not a git checkout"
-    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain",
-                            "--untracked-files=no"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    )
     files = [line[3:] for line in dirty.stdout.splitlines()]
-    return (f"commit {head.stdout.strip()}"
-            + (f" + uncommitted changes to {', '.join(files)}" if files else ", clean"))
+    return f"commit {head.stdout.strip()}" + (
+        f" + uncommitted changes to {', '.join(files)}" if files else ", clean"
+    )
 
 
 def import_dlscale(workflow_dir: Path):
@@ -228,7 +256,7 @@ def import_dlscale(workflow_dir: Path):
     return dlscale
 
 
-BARE_SNAKEFILE = '''\
+BARE_SNAKEFILE = """\
 # The bare baseline of the dlscale benchmarks: the same N outputs as the study (cells.txt), one
 # wildcard rule that would make each, one aggregation over all N (like dlscale's collect), rule all.
 with open("cells.txt") as fh:
@@ -257,7 +285,7 @@ rule train:
         "CELL_PATTERN",
     shell:
         "touch {output}"
-'''
+"""
 
 
 def write_bare(dest: Path, cell_paths: list[str], config_path: Path) -> tuple[Path, Path]:
@@ -294,19 +322,22 @@ def run_child(cmd: list[str], cwd: Path, env: dict, log: Path) -> Run:
     the child and the descendants it waited for, never this process)."""
     with log.open("w") as fh:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)    # reaped here, not by Popen
-    return Run(wall, usage.ru_maxrss / 1024, proc.returncode, log)   # ru_maxrss: KiB on Linux
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    return Run(wall, usage.ru_maxrss / 1024, proc.returncode, log)  # ru_maxrss: KiB on Linux
 
 
 def check(run: Run, what: str, expect: str | None = None) -> None:
     text = run.log.read_text(errors="replace")
     if run.rc != 0 or (expect is not None and expect not in text):
-        raise SystemExit(f"{what} failed (exit {run.rc}; expected {expect!r} in its output); "
-                         f"log {run.log}:\n{text[-3000:]}")
+        raise SystemExit(
+            f"{what} failed (exit {run.rc}; expected {expect!r} in its output); "
+            f"log {run.log}:\n{text[-3000:]}"
+        )
 
 
 def job_stats(log_text: str) -> dict[str, int]:
@@ -318,8 +349,11 @@ def job_stats(log_text: str) -> dict[str, int]:
 
 def train_jobs(log_text: str) -> int:
     """Cell jobs planned: rules named train or train_<anything> (the rule may be split)."""
-    return sum(count for rule, count in job_stats(log_text).items()
-               if rule == "train" or rule.startswith("train_"))
+    return sum(
+        count
+        for rule, count in job_stats(log_text).items()
+        if rule == "train" or rule.startswith("train_")
+    )
 
 
 def alternate(rounds: int, variants: dict, on_run=None) -> dict[str, list[Run]]:
@@ -327,7 +361,7 @@ def alternate(rounds: int, variants: dict, on_run=None) -> dict[str, list[Run]]:
     names = list(variants)
     out = {name: [] for name in names}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             run = variants[name](r)
             out[name].append(run)
             if on_run:
@@ -336,23 +370,29 @@ def alternate(rounds: int, variants: dict, on_run=None) -> dict[str, list[Run]]:
 
 
 def stats(values: list[float], unit: str, fmt: str = ".2f") -> str:
-    return (f"median {statistics.median(values):{fmt}} {unit} (min {min(values):{fmt}}, "
-            f"max {max(values):{fmt}}, n={len(values)})")
+    return (
+        f"median {statistics.median(values):{fmt}} {unit} (min {min(values):{fmt}}, "
+        f"max {max(values):{fmt}}, n={len(values)})"
+    )
 
 
 def ratio_line(project: list[float], bare: list[float], what: str) -> str:
     per_round = [p / b for p, b in zip(project, bare)]
     of_medians = statistics.median(project) / statistics.median(bare)
-    return (f"  ratio project/bare {what}: {of_medians:.2f}"
-            f" (ratio of medians; per round median {statistics.median(per_round):.2f}, "
-            f"min {min(per_round):.2f}, max {max(per_round):.2f})")
+    return (
+        f"  ratio project/bare {what}: {of_medians:.2f}"
+        f" (ratio of medians; per round median {statistics.median(per_round):.2f}, "
+        f"min {min(per_round):.2f}, max {max(per_round):.2f})"
+    )
 
 
 def report(results: dict[str, list[Run]]) -> list[str]:
     lines = []
     for name, runs in results.items():
-        lines.append(f"  {name:8s} wall {stats([r.wall_s for r in runs], 's')}; "
-                     f"peak RSS {stats([r.maxrss_mib for r in runs], 'MiB', '.0f')}")
+        lines.append(
+            f"  {name:8s} wall {stats([r.wall_s for r in runs], 's')}; "
+            f"peak RSS {stats([r.maxrss_mib for r in runs], 'MiB', '.0f')}"
+        )
     p, b = results["project"], results["bare"]
     lines.append(ratio_line([r.wall_s for r in p], [r.wall_s for r in b], "wall"))
     lines.append(ratio_line([r.maxrss_mib for r in p], [r.maxrss_mib for r in b], "peak RSS"))
@@ -361,13 +401,14 @@ def report(results: dict[str, list[Run]]) -> list[str]:
 
 def machine_note() -> str:
     load = os.getloadavg()
-    return (f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
 def cell_count_check(study, expected: int) -> None:
     if len(study.cells) != expected:
-        raise SystemExit(f"dlscale planned {len(study.cells)} cells, the generator expected "
-                         f"{expected}")
+        raise SystemExit(
+            f"dlscale planned {len(study.cells)} cells, the generator expected {expected}"
+        )
 
 
 # ------------------------------------------------------------------ synthetic metrics files
@@ -380,31 +421,68 @@ def cell_records(metrics, cell, hw: dict | None = None) -> list[dict]:
     ranks = {}
     for rank in range(cell.world_size):
         node = rank // cell.ranks_per_node
-        start = {"local_rank": rank % cell.ranks_per_node, "node": f"{cell.hardware}-node{node}",
-                 "node_index": node, "pid": 1000 + rank, "device": cell.device,
-                 "device_model": hw.get("device_model") or "synthetic CPU",
-                 "threads": cell.cpus_per_rank, "loadavg_1m": 0.1,
-                 "per_rank_batch": cell.per_rank_batch, "data_layout": "NCHW",
-                 "input_shape": [3, 32, 32], "param_count": 1,
-                 "libraries": {cell.framework: "synthetic"}, "python": "3.11",
-                 "cpu_model": "synthetic", "dlscale_version": "0.1.0",
-                 "timer": "time.perf_counter", "sync_method": "none"}
-        recs = [metrics.make_record("rank_start", rank, start),
-                metrics.make_record("idle_probe", rank, {
-                    "window_s": 0.5, "busy_cpus": 0.0, "top_processes": [], "competing": False,
-                    "method": "synthetic"})]
-        recs += [metrics.make_record("step", rank, {"step": i, "seconds": s,
-                                                    "samples": cell.per_rank_batch})
-                 for i, s in enumerate(secs)]
-        recs.append(metrics.make_record("rank_end", rank, {
-            **metrics.rank_summary(secs, cell.per_rank_batch, 100.0),
-            "peak_device_memory_mb": None,
-            "energy": {"available": False, "reason": "synthetic"},
-            "breakdown": {"available": False, "reason": "synthetic"},
-            "allreduce": {"available": False, "reason": "synthetic"}}))
+        start = {
+            "local_rank": rank % cell.ranks_per_node,
+            "node": f"{cell.hardware}-node{node}",
+            "node_index": node,
+            "pid": 1000 + rank,
+            "device": cell.device,
+            "device_model": hw.get("device_model") or "synthetic CPU",
+            "threads": cell.cpus_per_rank,
+            "loadavg_1m": 0.1,
+            "per_rank_batch": cell.per_rank_batch,
+            "data_layout": "NCHW",
+            "input_shape": [3, 32, 32],
+            "param_count": 1,
+            "libraries": {cell.framework: "synthetic"},
+            "python": "3.11",
+            "cpu_model": "synthetic",
+            "dlscale_version": "0.1.0",
+            "timer": "time.perf_counter",
+            "sync_method": "none",
+        }
+        recs = [
+            metrics.make_record("rank_start", rank, start),
+            metrics.make_record(
+                "idle_probe",
+                rank,
+                {
+                    "window_s": 0.5,
+                    "busy_cpus": 0.0,
+                    "top_processes": [],
+                    "competing": False,
+                    "method": "synthetic",
+                },
+            ),
+        ]
+        recs += [
+            metrics.make_record(
+                "step", rank, {"step": i, "seconds": s, "samples": cell.per_rank_batch}
+            )
+            for i, s in enumerate(secs)
+        ]
+        recs.append(
+            metrics.make_record(
+                "rank_end",
+                rank,
+                {
+                    **metrics.rank_summary(secs, cell.per_rank_batch, 100.0),
+                    "peak_device_memory_mb": None,
+                    "energy": {"available": False, "reason": "synthetic"},
+                    "breakdown": {"available": False, "reason": "synthetic"},
+                    "allreduce": {"available": False, "reason": "synthetic"},
+                },
+            )
+        )
         ranks[rank] = recs
-    return metrics.assemble(cell=cell, git_commit=None, slurm_job_id=None,
-                            rank_records=ranks, wall_seconds=1.0, started=time.time())
+    return metrics.assemble(
+        cell=cell,
+        git_commit=None,
+        slurm_job_id=None,
+        rank_records=ranks,
+        wall_seconds=1.0,
+        started=time.time(),
+    )
 
 
 def start(a, prefix: str) -> tuple[Path, Path, Path, Path | None]:
@@ -417,7 +495,9 @@ def start(a, prefix: str) -> tuple[Path, Path, Path, Path | None]:
     shim = None if a.slurm_probe else no_slurm_probe(root)
     import_dlscale(src)
     print(f"workflow: {src} ({describe_checkout(src)}); .venvs -> {venvs}")
-    print(f"snakemake {snakemake_version(a.snakemake)}; {machine_note()}; "
-          f"Slurm plugin probe: {'real scontrol' if a.slurm_probe else 'skipped (scontrol shim)'}"
-          f"; work in {root}")
+    print(
+        f"snakemake {snakemake_version(a.snakemake)}; {machine_note()}; "
+        f"Slurm plugin probe: {'real scontrol' if a.slurm_probe else 'skipped (scontrol shim)'}"
+        f"; work in {root}"
+    )
     return src, venvs, root, shim

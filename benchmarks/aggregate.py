@@ -7,6 +7,7 @@ Prints the median wall time of dlscale.collect.collect over the repeats (files a
 page cache warm after the first repeat) and its split into reading+validation and statistics.
 Goal (issue 7): <= 2 s median for 10,000 cells.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,14 +40,32 @@ REPS = 5
 
 def write_cells(root: Path, n: int, steps: int) -> list[str]:
     paths = []
-    combos = itertools.product(HARDWARE, FRAMEWORKS, MODELS, POLICIES, ["fp32"], NODES,
-                               range(1, REPS + 1))
+    combos = itertools.product(
+        HARDWARE, FRAMEWORKS, MODELS, POLICIES, ["fp32"], NODES, range(1, REPS + 1)
+    )
     for hw, fw, model, policy, prec, nodes, rep in itertools.islice(combos, n):
-        cell = Cell(hardware=hw, framework=fw, model=model, policy=policy, precision=prec,
-                    nodes=nodes, rep=rep, device="cpu", ranks_per_node=1, per_rank_batch=8,
-                    global_batch=8 * nodes, cpus_per_rank=1, warmup_steps=1, steps=steps,
-                    learning_rate=0.01, momentum=0.9, launcher="local", hardware_hash="h",
-                    environment=f"{fw}:e", study="bench")
+        cell = Cell(
+            hardware=hw,
+            framework=fw,
+            model=model,
+            policy=policy,
+            precision=prec,
+            nodes=nodes,
+            rep=rep,
+            device="cpu",
+            ranks_per_node=1,
+            per_rank_batch=8,
+            global_batch=8 * nodes,
+            cpus_per_rank=1,
+            warmup_steps=1,
+            steps=steps,
+            learning_rate=0.01,
+            momentum=0.9,
+            launcher="local",
+            hardware_hash="h",
+            environment=f"{fw}:e",
+            study="bench",
+        )
         metrics.write_atomic(root / cell.path, common.cell_records(metrics, cell))
         paths.append(cell.path)
     return paths
@@ -68,20 +87,25 @@ def main() -> None:
     lines = sum(Path(p).read_text().count("\n") for p in paths)
     print(f"{len(paths)} metrics files, {lines} record lines, {sum(sizes) / 1e6:.1f} MB")
     times, floor = [], []
-    for _ in range(a.repeats):    # alternating: the collect and the floor see the same machine
+    for _ in range(a.repeats):  # alternating: the collect and the floor see the same machine
         t0 = time.perf_counter()
         _, cells, scaling, quarantine, _ = collect(paths)
         times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        for p in paths:           # the floor: read and parse every line, nothing else
+        for p in paths:  # the floor: read and parse every line, nothing else
             [json.loads(line) for line in Path(p).read_text().splitlines()]
         floor.append(time.perf_counter() - t0)
     med, fmed = statistics.median(times), statistics.median(floor)
-    print(f"collect: {len(cells)} cells, {len(scaling)} scaling rows, {len(quarantine)} "
-          f"quarantined; median {med:.2f} s over {a.repeats} repeats "
-          f"(min {min(times):.2f}, max {max(times):.2f}); goal <= 2 s at 10,000 cells")
-    print(f"floor (read + json.loads per line, no validation or tables): median {fmed:.2f} s "
-          f"(min {min(floor):.2f}, max {max(floor):.2f}); collect / floor = {med / fmed:.2f}")
+    print(
+        f"collect: {len(cells)} cells, {len(scaling)} scaling rows, {len(quarantine)} "
+        f"quarantined; median {med:.2f} s over {a.repeats} repeats "
+        f"(min {min(times):.2f}, max {max(times):.2f}); goal <= 2 s at 10,000 cells"
+    )
+    print(
+        f"floor (read + json.loads per line, no validation or tables): median {fmed:.2f} s "
+        f"(min {min(floor):.2f}, max {max(floor):.2f}); collect / floor = {med / fmed:.2f}"
+    )
+
 
 if __name__ == "__main__":
     main()

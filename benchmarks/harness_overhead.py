@@ -10,6 +10,7 @@ takes the ratio adapter/bare of their throughputs: the adapter's as dlscale repo
 over its steps. Prints every round and the median ratio.
 Goal: median reported ratio >= 0.98. World size 1, gloo, CPU threads = --threads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,12 @@ from dlscale.models.torch import build, example_batch
 
 def bare_loop(spec: TrainSpec) -> float:
     """What a user would write by hand: DDP, SGD, synthetic batch; wall-clock samples/s."""
-    model_name, batch, warmup, steps = spec.model, spec.per_rank_batch, spec.warmup_steps, spec.steps
+    model_name, batch, warmup, steps = (
+        spec.model,
+        spec.per_rank_batch,
+        spec.warmup_steps,
+        spec.steps,
+    )
     model = DistributedDataParallel(build(model_name))
     opt = torch.optim.SGD(model.parameters(), lr=spec.learning_rate, momentum=spec.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -65,18 +71,38 @@ def main() -> None:
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    spec = TrainSpec(framework="pytorch", model=a.model, per_rank_batch=a.batch,
-                     warmup_steps=a.warmup, steps=a.steps, precision="fp32", device="cpu",
-                     threads=a.threads, learning_rate=a.learning_rate, momentum=a.momentum)
-    ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_index=0,
-                      node="local", master_addr="127.0.0.1", master_port=port,
-                      launcher="benchmark", hosts=("127.0.0.1",))
+    spec = TrainSpec(
+        framework="pytorch",
+        model=a.model,
+        per_rank_batch=a.batch,
+        warmup_steps=a.warmup,
+        steps=a.steps,
+        precision="fp32",
+        device="cpu",
+        threads=a.threads,
+        learning_rate=a.learning_rate,
+        momentum=a.momentum,
+    )
+    ctx = RankContext(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_index=0,
+        node="local",
+        master_addr="127.0.0.1",
+        master_port=port,
+        launcher="benchmark",
+        hosts=("127.0.0.1",),
+    )
 
     adapter = Adapter(spec, ctx)
-    adapter.setup()          # the process group the bare loop shares
+    adapter.setup()  # the process group the bare loop shares
     ratios = []
-    print(f"model={a.model} batch={a.batch} warmup={a.warmup} steps={a.steps} "
-          f"threads={a.threads} rounds={a.rounds}")
+    print(
+        f"model={a.model} batch={a.batch} warmup={a.warmup} steps={a.steps} "
+        f"threads={a.threads} rounds={a.rounds}"
+    )
     print("round  bare[samples/s]  dlscale[samples/s]  ratio")
     for r in range(a.rounds):
         if r % 2 == 0:
@@ -87,8 +113,10 @@ def main() -> None:
             reported = dlscale_loop(adapter)
         ratios.append(reported / bare)
         print(f"{r:5d}  {bare:15.1f}  {reported:18.1f}  {reported / bare:5.3f}")
-    print(f"median ratio dlscale/bare = {statistics.median(ratios):.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f}, n={len(ratios)}); goal >= 0.98")
+    print(
+        f"median ratio dlscale/bare = {statistics.median(ratios):.3f} "
+        f"(min {min(ratios):.3f}, max {max(ratios):.3f}, n={len(ratios)}); goal >= 0.98"
+    )
     adapter.teardown()
 
 

@@ -19,6 +19,7 @@ child), and the project/bare ratios.
 
 The scontrol shim of planning.py applies here too (--slurm-probe keeps the real scontrol).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,40 +48,55 @@ def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
     cfg, config, shape = common.write_study(wf, a.cells, a.max_nodes)
     study = load_study(config, wf)
     common.cell_count_check(study, shape.cells)
-    facts["study"] = (f"{len(study.cells)} cells (asked for {a.cells}): "
-                      f"{common.describe(shape, config)}")
+    facts["study"] = (
+        f"{len(study.cells)} cells (asked for {a.cells}): {common.describe(shape, config)}"
+    )
     print(f"== {facts['study']}", flush=True)
 
     t0 = time.perf_counter()
     ranks = 0
     for cell in study.cells:
-        metrics.write_atomic(wf / cell.path, common.cell_records(metrics, cell,
-                                                                 study.hardware[cell.hardware]))
+        metrics.write_atomic(
+            wf / cell.path, common.cell_records(metrics, cell, study.hardware[cell.hardware])
+        )
         ranks += cell.world_size
-    facts["synthetic"] = (f"wrote {len(study.cells)} synthetic metrics files ({ranks} ranks, "
-                          f"{config['steps']} steps each) with full validation in "
-                          f"{time.perf_counter() - t0:.1f} s")
+    facts["synthetic"] = (
+        f"wrote {len(study.cells)} synthetic metrics files ({ranks} ranks, "
+        f"{config['steps']} steps each) with full validation in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     print(f"   {facts['synthetic']}", flush=True)
 
     env = common.child_env(wf, a.snakemake, shim)
-    project = [str(a.snakemake), "-s", str(wf / "Snakefile"), "-d", str(wf),
-               "--configfile", str(cfg)]
+    project = [
+        str(a.snakemake),
+        "-s",
+        str(wf / "Snakefile"),
+        "-d",
+        str(wf),
+        "--configfile",
+        str(cfg),
+    ]
     run = common.run_child(project + ["--cores", "2"], root, env, root / "project-downstream.log")
     ran = common.job_stats(run.log.read_text())
     if run.rc == 0:
         if common.train_jobs(run.log.read_text()):
             raise SystemExit(f"the downstream run started train jobs; see {run.log}")
         jobs = ", ".join(f"{rule} {count}" for rule, count in ran.items())
-        facts["downstream"] = (f"real downstream run `snakemake --cores 2` ({jobs}): "
-                               f"{run.wall_s:.1f} s, peak RSS {run.maxrss_mib:.0f} MiB")
+        facts["downstream"] = (
+            f"real downstream run `snakemake --cores 2` ({jobs}): "
+            f"{run.wall_s:.1f} s, peak RSS {run.maxrss_mib:.0f} MiB"
+        )
     else:
         tail = run.tail(1500)
         made = touch_up_to_date(project, root, env)
-        facts["downstream"] = (f"FALLBACK: the real downstream run failed (exit {run.rc}, "
-                               f"{run.wall_s:.1f} s, log {run.log}); the outputs it did not "
-                               f"make were created empty ({len(made)}: {', '.join(made)}) and "
-                               f"all marked up to date with `snakemake --touch` instead. "
-                               f"Its log ends:\n{tail}")
+        facts["downstream"] = (
+            f"FALLBACK: the real downstream run failed (exit {run.rc}, "
+            f"{run.wall_s:.1f} s, log {run.log}); the outputs it did not "
+            f"make were created empty ({len(made)}: {', '.join(made)}) and "
+            f"all marked up to date with `snakemake --touch` instead. "
+            f"Its log ends:\n{tail}"
+        )
     print(f"   {facts['downstream']}", flush=True)
 
     paths = [c.path for c in study.cells]
@@ -89,8 +105,15 @@ def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
         out = bare_snakefile.parent / path
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("synthetic\n")
-    bare = [str(a.snakemake), "-s", str(bare_snakefile), "-d", str(bare_snakefile.parent),
-            "--configfile", str(bare_cfg)]
+    bare = [
+        str(a.snakemake),
+        "-s",
+        str(bare_snakefile),
+        "-d",
+        str(bare_snakefile.parent),
+        "--configfile",
+        str(bare_cfg),
+    ]
     run = common.run_child(bare + ["--cores", "2"], root, env, root / "bare-downstream.log")
     common.check(run, "bare aggregation run")
     facts["bare"] = f"bare aggregation run `snakemake --cores 2`: {run.wall_s:.1f} s"
@@ -115,8 +138,9 @@ def touch_up_to_date(cmd: list[str], root: Path, env: dict) -> list[str]:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.touch()
                 made.append(path)
-    touch = common.run_child(cmd + ["--cores", "1", "--touch"], root, env,
-                             root / "project-touch.log")
+    touch = common.run_child(
+        cmd + ["--cores", "1", "--touch"], root, env, root / "project-touch.log"
+    )
     common.check(touch, "snakemake --touch")
     return made
 
@@ -125,40 +149,68 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--workflow-dir", type=Path, default=common.REPO,
-                   help="the checkout to measure (default: this repository)")
-    p.add_argument("--venvs", type=Path, default=None,
-                   help="framework environments to link as .venvs (default: the checkout's "
-                        ".venvs, else this repository's)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="where the copies go; a finished setup there is reused "
-                        "(default: a new directory under /var/tmp)")
-    p.add_argument("--max-nodes", type=int, default=2,
-                   help="node counts are the powers of two up to this (world sizes, and so "
-                        "the synthetic files, grow with it)")
+    p.add_argument(
+        "--workflow-dir",
+        type=Path,
+        default=common.REPO,
+        help="the checkout to measure (default: this repository)",
+    )
+    p.add_argument(
+        "--venvs",
+        type=Path,
+        default=None,
+        help="framework environments to link as .venvs (default: the checkout's "
+        ".venvs, else this repository's)",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the copies go; a finished setup there is reused "
+        "(default: a new directory under /var/tmp)",
+    )
+    p.add_argument(
+        "--max-nodes",
+        type=int,
+        default=2,
+        help="node counts are the powers of two up to this (world sizes, and so "
+        "the synthetic files, grow with it)",
+    )
     p.add_argument("--snakemake", type=Path, default=common.REPO / ".venv" / "bin" / "snakemake")
-    p.add_argument("--slurm-probe", action="store_true",
-                   help="let the Slurm plugin query scontrol in every run (see planning.py)")
+    p.add_argument(
+        "--slurm-probe",
+        action="store_true",
+        help="let the Slurm plugin query scontrol in every run (see planning.py)",
+    )
     a = p.parse_args()
     src, venvs, root, shim = common.start(a, "dlscale-noop-")
-    key = {"version": SETUP_VERSION, "cells": a.cells, "max_nodes": a.max_nodes,
-           "workflow_dir": str(src), "workflow_files": common.tree_hash(src)}
+    key = {
+        "version": SETUP_VERSION,
+        "cells": a.cells,
+        "max_nodes": a.max_nodes,
+        "workflow_dir": str(src),
+        "workflow_files": common.tree_hash(src),
+    }
     stamp = root / "setup.json"
     cached = json.loads(stamp.read_text()) if stamp.exists() else None
     if cached and cached["key"] == key:
         facts = cached["facts"]
-        print(f"reusing the setup in {root} (same workflow files; delete {stamp.name} there "
-              "to rebuild):")
+        print(
+            f"reusing the setup in {root} (same workflow files; delete {stamp.name} there "
+            "to rebuild):"
+        )
         for k in ("study", "synthetic", "downstream", "bare"):
             print(f"   {facts[k]}")
     else:
-        if cached:                          # our own earlier setup, of something else
+        if cached:  # our own earlier setup, of something else
             stamp.unlink()
             for d in ("project", "bare"):
                 shutil.rmtree(root / d, ignore_errors=True)
         elif (root / "project").exists() or (root / "bare").exists():
-            raise SystemExit(f"{root} holds project/ or bare/ but no {stamp.name}: not a setup "
-                             "of this script; choose another --workdir")
+            raise SystemExit(
+                f"{root} holds project/ or bare/ but no {stamp.name}: not a setup "
+                "of this script; choose another --workdir"
+            )
         facts = setup(a, src, venvs, root, shim)
         stamp.write_text(json.dumps({"key": key, "facts": facts}, indent=1))
 
@@ -168,20 +220,28 @@ def main() -> None:
 
     def variant(name):
         def go(r):
-            run = common.run_child(facts["commands"][name] + ["--cores", "1"], root, env,
-                                   logs / f"{name}-{r}.log")
+            run = common.run_child(
+                facts["commands"][name] + ["--cores", "1"], root, env, logs / f"{name}-{r}.log"
+            )
             common.check(run, f"{name} no-op rerun", expect=NOTHING)
             return run
+
         return go
 
-    for name in ("project", "bare"):        # untimed warm-up, also checks the no-op
+    for name in ("project", "bare"):  # untimed warm-up, also checks the no-op
         variant(name)("warmup")
-    print(f"   no-op rerun `snakemake --cores 1` (same flags + --configfile for both; each "
-          f"checked to print {NOTHING!r}), {a.rounds} rounds alternating:")
-    results = common.alternate(a.rounds, {"project": variant("project"), "bare": variant("bare")},
-                               on_run=lambda r, name, run: print(
-                                   f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
-                                   f"{run.maxrss_mib:5.0f} MiB", flush=True))
+    print(
+        f"   no-op rerun `snakemake --cores 1` (same flags + --configfile for both; each "
+        f"checked to print {NOTHING!r}), {a.rounds} rounds alternating:"
+    )
+    results = common.alternate(
+        a.rounds,
+        {"project": variant("project"), "bare": variant("bare")},
+        on_run=lambda r, name, run: print(
+            f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s {run.maxrss_mib:5.0f} MiB",
+            flush=True,
+        ),
+    )
     for line in common.report(results):
         print(line)
     print(f"\nlogs and copies under {root}")

@@ -24,6 +24,7 @@ for MinJobAge at import: where slurmctld does not answer that costs ~9 s per run
 both variants, depending on whether a cluster is up. By default the children get an `scontrol`
 that fails at once (the plugin then skips the question); --slurm-probe keeps the real one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,23 +41,40 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", default="1000,10000", help="comma-separated cell counts")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--workflow-dir", type=Path, default=common.REPO,
-                   help="the checkout to measure (default: this repository)")
-    p.add_argument("--venvs", type=Path, default=None,
-                   help="framework environments to link as .venvs (default: the checkout's "
-                        ".venvs, else this repository's)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="where the copies go (default: a new directory under /var/tmp)")
-    p.add_argument("--max-nodes", type=int, default=128,
-                   help="node counts are the powers of two up to this")
+    p.add_argument(
+        "--workflow-dir",
+        type=Path,
+        default=common.REPO,
+        help="the checkout to measure (default: this repository)",
+    )
+    p.add_argument(
+        "--venvs",
+        type=Path,
+        default=None,
+        help="framework environments to link as .venvs (default: the checkout's "
+        ".venvs, else this repository's)",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the copies go (default: a new directory under /var/tmp)",
+    )
+    p.add_argument(
+        "--max-nodes", type=int, default=128, help="node counts are the powers of two up to this"
+    )
     p.add_argument("--parse-repeats", type=int, default=5)
     p.add_argument("--snakemake", type=Path, default=common.REPO / ".venv" / "bin" / "snakemake")
-    p.add_argument("--slurm-probe", action="store_true",
-                   help="let the Slurm plugin query scontrol in every run (see above)")
+    p.add_argument(
+        "--slurm-probe",
+        action="store_true",
+        help="let the Slurm plugin query scontrol in every run (see above)",
+    )
     a = p.parse_args()
     sizes = [int(x) for x in a.cells.split(",") if x]
     src, venvs, root, shim = common.start(a, "dlscale-planning-")
     from dlscale.matrix import load_study
+
     # `--quiet` alone (= progress, rules) skips the per-job lines; in Snakemake 9.27
     # `--quiet all` still formats and prints every job (resources, shell command)
     flags = ["-n", "--cores", "1", "--quiet"]
@@ -81,61 +99,99 @@ def main() -> None:
         bare_snakefile, bare_cfg = common.write_bare(root / f"bare-{n}", paths, cfg)
         env = common.child_env(wf, a.snakemake, shim)
         cmds = {
-            "project": [str(a.snakemake), "-s", str(wf / "Snakefile"), "-d", str(wf),
-                        "--configfile", str(cfg)],
-            "bare": [str(a.snakemake), "-s", str(bare_snakefile), "-d", str(bare_snakefile.parent),
-                     "--configfile", str(bare_cfg)],
+            "project": [
+                str(a.snakemake),
+                "-s",
+                str(wf / "Snakefile"),
+                "-d",
+                str(wf),
+                "--configfile",
+                str(cfg),
+            ],
+            "bare": [
+                str(a.snakemake),
+                "-s",
+                str(bare_snakefile),
+                "-d",
+                str(bare_snakefile.parent),
+                "--configfile",
+                str(bare_cfg),
+            ],
         }
         logs = root / f"logs-{n}"
         logs.mkdir(exist_ok=True)
-        for name, cmd in cmds.items():       # untimed warm-up; checks the planned train jobs
-            run = common.run_child(cmd + ["-n", "--cores", "1", "--quiet", "rules"],
-                                   root, env, logs / f"{name}-warmup.log")
+        for name, cmd in cmds.items():  # untimed warm-up; checks the planned train jobs
+            run = common.run_child(
+                cmd + ["-n", "--cores", "1", "--quiet", "rules"],
+                root,
+                env,
+                logs / f"{name}-warmup.log",
+            )
             common.check(run, f"{name} warm-up dry run")
             planned = common.train_jobs(run.log.read_text())
             if planned != len(study.cells):
-                raise SystemExit(f"{name}: planned {planned} train jobs, expected "
-                                 f"{len(study.cells)}; see {run.log}")
+                raise SystemExit(
+                    f"{name}: planned {planned} train jobs, expected "
+                    f"{len(study.cells)}; see {run.log}"
+                )
             print(f"   warm-up {name}: {planned} train jobs planned, {run.wall_s:.1f} s")
 
         def side_by_side(args, tag):
             """Project and bare with the same extra args, a.rounds rounds alternating."""
+
             def variant(name):
                 def go(r):
-                    run = common.run_child(cmds[name] + args, root, env,
-                                           logs / f"{name}-{tag}-{r}.log")
+                    run = common.run_child(
+                        cmds[name] + args, root, env, logs / f"{name}-{tag}-{r}.log"
+                    )
                     common.check(run, f"{name} {tag}")
                     return run
-                return go
-            return common.alternate(a.rounds, {"project": variant("project"),
-                                               "bare": variant("bare")},
-                                    on_run=lambda r, name, run: print(
-                                        f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s "
-                                        f"{run.maxrss_mib:5.0f} MiB", flush=True))
 
-        print(f"   dry run `snakemake {' '.join(flags)}` (same flags + --configfile for both), "
-              f"{a.rounds} rounds alternating:")
+                return go
+
+            return common.alternate(
+                a.rounds,
+                {"project": variant("project"), "bare": variant("bare")},
+                on_run=lambda r, name, run: print(
+                    f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s {run.maxrss_mib:5.0f} MiB",
+                    flush=True,
+                ),
+            )
+
+        print(
+            f"   dry run `snakemake {' '.join(flags)}` (same flags + --configfile for both), "
+            f"{a.rounds} rounds alternating:"
+        )
         results = side_by_side(flags, "dry-run")
         for line in common.report(results):
             print(line)
         pm = statistics.median(parse)
         project_med = statistics.median(r.wall_s for r in results["project"])
         bare_med = statistics.median(r.wall_s for r in results["bare"])
-        print(f"  dlscale parse step load_study(config, workflow_dir), in-process: "
-              f"{common.stats(parse, 's', '.3f')} = {pm / project_med:.1%} of the project's "
-              f"dry run, {pm / max(project_med - bare_med, 1e-9):.1%} of its excess over bare")
-        print(f"  (+ Cell.path of every cell, the collect rule's input list: "
-              f"{common.stats(paths_t, 's', '.3f')})")
+        print(
+            f"  dlscale parse step load_study(config, workflow_dir), in-process: "
+            f"{common.stats(parse, 's', '.3f')} = {pm / project_med:.1%} of the project's "
+            f"dry run, {pm / max(project_med - bare_med, 1e-9):.1%} of its excess over bare"
+        )
+        print(
+            f"  (+ Cell.path of every cell, the collect rule's input list: "
+            f"{common.stats(paths_t, 's', '.3f')})"
+        )
         # what every Slurm job pays again: its snakemake parses the whole workflow (one job's DAG
         # after that is small); `--list-rules` parses without building a DAG
-        print(f"   parse only (`snakemake --list-rules`: what each Slurm job's snakemake parses "
-              f"again), {a.rounds} rounds alternating:")
+        print(
+            f"   parse only (`snakemake --list-rules`: what each Slurm job's snakemake parses "
+            f"again), {a.rounds} rounds alternating:"
+        )
         parsed = side_by_side(["--list-rules"], "parse")
         for line in common.report(parsed):
             print(line)
-        print(f"  goal (issue 7) at 10,000 cells: wall ratio <= 1.20; here "
-              f"{project_med / bare_med:.2f} at {len(study.cells)} cells"
-              f"{'' if a.slurm_probe else ' (Slurm plugin probe skipped in both)'}", flush=True)
+        print(
+            f"  goal (issue 7) at 10,000 cells: wall ratio <= 1.20; here "
+            f"{project_med / bare_med:.2f} at {len(study.cells)} cells"
+            f"{'' if a.slurm_probe else ' (Slurm plugin probe skipped in both)'}",
+            flush=True,
+        )
     print(f"\nlogs and copies under {root}")
 
 

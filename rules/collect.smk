@@ -15,12 +15,18 @@ rule collect:
         scaling=OUT["scaling"],
         quarantine=OUT["quarantine"],
         status=OUT["status"],
-    params:
-        straggler_threshold=STUDY.config["straggler_threshold"],
     log:
         f"{LOGS}/collect.log",
+    params:
+        straggler_threshold=STUDY.config["straggler_threshold"],
     run:
-        write_tables(list(input.metrics), ranks_csv=output.ranks, cells_csv=output.cells,
-                     scaling_csv=output.scaling, quarantine_csv=output.quarantine,
-                     status_csv=output.status,
-                     straggler_threshold=params.straggler_threshold, log=log[0])
+        write_tables(
+            list(input.metrics),
+            ranks_csv=output.ranks,
+            cells_csv=output.cells,
+            scaling_csv=output.scaling,
+            quarantine_csv=output.quarantine,
+            status_csv=output.status,
+            straggler_threshold=params.straggler_threshold,
+            log=log[0],
+        )

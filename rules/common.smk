@@ -31,17 +31,23 @@ LOGS = f"{RESULTS}/logs"
 # re-measure it. Checked by the driver (not again inside each Slurm job).
 if workflow.is_main_process:
     if Path("results/runs").is_dir():
-        print("dlscale: results/runs/ holds cells in the layout before studies had their own "
-              "results folders; they are not used. Move them (nothing is deleted) with: "
-              "python -m dlscale.migrate", file=sys.stderr)
+        print(
+            "dlscale: results/runs/ holds cells in the layout before studies had their own "
+            "results folders; they are not used. Move them (nothing is deleted) with: "
+            "python -m dlscale.migrate",
+            file=sys.stderr,
+        )
     if not workflow.dryrun:
         adopt_unarchived(cell.path for cell in STUDY.cells)
     _changed = changed_cells(STUDY.cells)
     if _changed and not STUDY.config["remeasure"]:
         raise WorkflowError(f"dlscale: {describe_changes(_changed)}")
     if _changed:
-        print(f"dlscale: re-measuring {len(_changed)} changed cell(s) ({REMEASURE_FLAG}); "
-              "their current measurements stay in their measurements/ folders", file=sys.stderr)
+        print(
+            f"dlscale: re-measuring {len(_changed)} changed cell(s) ({REMEASURE_FLAG}); "
+            "their current measurements stay in their measurements/ folders",
+            file=sys.stderr,
+        )
 
 
 def _missing_framework_environments():
@@ -49,12 +55,14 @@ def _missing_framework_environments():
     for i, framework in enumerate(STUDY.config["axes"]["framework"]):
         env = FRAMEWORK_ENVIRONMENTS[framework]
         if env and not (Path(workflow.basedir) / ".venvs" / env / "bin" / "python").exists():
-            missing.append(f"axes.framework[{i}]: {framework!r} runs in .venvs/{env}, which "
-                           f"does not exist; build it with: bash scripts/setup.sh {env}")
+            missing.append(
+                f"axes.framework[{i}]: {framework!r} runs in .venvs/{env}, which "
+                f"does not exist; build it with: bash scripts/setup.sh {env}"
+            )
     return missing
 
 
-if not workflow.deployment_settings.deployment_method:    # venv route (not conda/apptainer)
+if not workflow.deployment_settings.deployment_method:  # venv route (not conda/apptainer)
     _missing = _missing_framework_environments()
     if _missing:
         raise WorkflowError("dlscale: " + "\n".join(_missing) + "\nNo job was started.")
@@ -74,8 +82,10 @@ def cell_of(wildcards):
     try:
         return CELLS[key_of(dict(wildcards))]
     except KeyError:
-        raise WorkflowError(f"dlscale: {dict(wildcards)} is not a cell of this study "
-                            "(excluded, or outside the configured axes)") from None
+        raise WorkflowError(
+            f"dlscale: {dict(wildcards)} is not a cell of this study "
+            "(excluded, or outside the configured axes)"
+        ) from None
 
 
 def cell_json(wildcards):
@@ -133,10 +143,15 @@ def build_from_existing_cells():
     """onerror: tables, figures and the report from the cells that exist (<study>/partial/)."""
     from dlscale.finalize import build_from_existing
 
-    build_from_existing(metrics_files(), OUT_PARTIAL, config=STUDY.config,
-                        n_planned=len(STUDY.cells), figures=FIGURE_LAYOUT,
-                        title=report_title() + " (incomplete)",
-                        attachment=report_attachment(OUT_PARTIAL))
+    build_from_existing(
+        metrics_files(),
+        OUT_PARTIAL,
+        config=STUDY.config,
+        n_planned=len(STUDY.cells),
+        figures=FIGURE_LAYOUT,
+        title=report_title() + " (incomplete)",
+        attachment=report_attachment(OUT_PARTIAL),
+    )
 
 
 def remove_partial_outputs():
@@ -157,7 +172,8 @@ from dlscale.layout import FIGURE_NAME_PATTERN, figure_layout
 
 FIGURE_LAYOUT = figure_layout(
     [(c.hardware, c.framework, c.model, c.policy, c.precision) for c in STUDY.cells],
-    column_width_in=STUDY.config["report"]["column_width_in"])
+    column_width_in=STUDY.config["report"]["column_width_in"],
+)
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
 
 
@@ -172,8 +188,10 @@ def figure_spec(wildcards):
     try:
         return FIGURE_SPECS[file]
     except KeyError:
-        raise WorkflowError(f"dlscale: {OUT['figures']}/{file} is not a figure of this study; "
-                            f"its figures: {', '.join(FIGURE_SPECS)}") from None
+        raise WorkflowError(
+            f"dlscale: {OUT['figures']}/{file} is not a figure of this study; "
+            f"its figures: {', '.join(FIGURE_SPECS)}"
+        ) from None
 
 
 def report_attachment(out=OUT):

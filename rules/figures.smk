@@ -10,13 +10,13 @@ rule figure:
         scaling=OUT["scaling"],
     output:
         pdf=f"{OUT['figures']}/{{hardware}}/{{figure}}.pdf",
-    wildcard_constraints:
-        figure=FIGURE_NAME_PATTERN,
-    params:
-        spec=figure_spec,
     log:
         f"{LOGS}/figures/{{hardware}}/{{figure}}.log",
+    wildcard_constraints:
+        figure=FIGURE_NAME_PATTERN,
     conda:
         "../envs/analysis.yaml"
+    params:
+        spec=figure_spec,
     script:
         "../scripts/figure.py"

@@ -3,6 +3,7 @@
 # Regenerate only the report with
 # `snakemake --profile profiles/local --forcerun report_inputs report_tex` (no cell reruns).
 
+
 rule report_inputs:
     input:
         cells=OUT["cells"],
@@ -14,13 +15,13 @@ rule report_inputs:
         cells_table=OUT["cells_table"],
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
-    params:
-        config=STUDY.config,
-        n_planned=len(STUDY.cells),
     log:
         f"{LOGS}/report_inputs.log",
     conda:
         "../envs/analysis.yaml"
+    params:
+        config=STUDY.config,
+        n_planned=len(STUDY.cells),
     script:
         "../scripts/report_inputs.py"
 
@@ -30,14 +31,14 @@ rule report_tex:
         template=REPORT_TEMPLATE,
     output:
         tex=OUT["tex"],
-    params:
-        title=report_title(),
-        figures=FIGURE_LAYOUT,
-        attachment=report_attachment(),
     log:
         f"{LOGS}/report_tex.log",
     conda:
         "../envs/analysis.yaml"
+    params:
+        title=report_title(),
+        figures=FIGURE_LAYOUT,
+        attachment=report_attachment(),
     script:
         "../scripts/report_tex.py"
 

@@ -11,7 +11,6 @@
 # Every class rule is the same rule; only its wildcard constraints differ.
 from dlscale.resources import class_resources
 
-
 for _hardware, _nodes in STUDY.resource_classes():
     _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
 
@@ -25,11 +24,8 @@ for _hardware, _nodes in STUDY.resource_classes():
         wildcard_constraints:
             hardware=re.escape(_hardware),
             nodes=str(_nodes),
-        params:
-            # everything the cell's measurement depends on (its launcher included): a change
-            # re-measures the cell only when the user asks (rules/common.smk, dlscale.archive)
-            cell=cell_json,
-            python=framework_python,
+        conda:
+            "../envs/{framework}.yaml"
         threads: _resources["threads"]
         resources:
             nodes=_resources["nodes"],
@@ -42,8 +38,11 @@ for _hardware, _nodes in STUDY.resource_classes():
             # every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
             # local profile sets N=1 so no cell is measured while another one runs
             dlscale_cell=1,
-        conda:
-            "../envs/{framework}.yaml"
+        params:
+            # everything the cell's measurement depends on (its launcher included): a change
+            # re-measures the cell only when the user asks (rules/common.smk, dlscale.archive)
+            cell=cell_json,
+            python=framework_python,
         shell:
             "{params.python:q} -m dlscale.launch --cell-json {params.cell:q}"
             " --output {output.metrics:q} > {log:q} 2>&1"

@@ -1,5 +1,6 @@
 """Snakemake `script:` wrapper: one figure file of the layout from the scaling table
 (dlscale.plotting; the layout entry comes from FIGURE_LAYOUT in rules/common.smk)."""
+
 import pandas as pd
 
 from dlscale.plotting import plot_figure

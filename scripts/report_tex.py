@@ -1,6 +1,10 @@
 """Snakemake `script:` wrapper: render report.tex from the template (dlscale.report)."""
+
 from dlscale.report import render_tex
 
-render_tex(snakemake.output.tex, title=snakemake.params.title,  # noqa: F821 (Snakemake)
-           figures=snakemake.params.figures,  # noqa: F821
-           attachment=snakemake.params.attachment)  # noqa: F821
+render_tex(
+    snakemake.output.tex,
+    title=snakemake.params.title,  # noqa: F821 (Snakemake)
+    figures=snakemake.params.figures,  # noqa: F821
+    attachment=snakemake.params.attachment,
+)  # noqa: F821

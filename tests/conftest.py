@@ -1,4 +1,5 @@
 """Shared fixtures: the repository root, valid configs, and a private copy of the workflow."""
+
 from __future__ import annotations
 
 import copy
@@ -40,11 +41,13 @@ def copy_workflow(dest: Path, config: dict | None = None) -> Path:
     for part in WORKFLOW_PARTS:
         src = ROOT / part
         if src.is_dir():
-            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "dlscale"))
+            shutil.copytree(
+                src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "dlscale")
+            )
         else:
             shutil.copy2(src, dest / part)
     if (ROOT / ".venvs").is_dir():
-        (dest / ".venvs").symlink_to(ROOT / ".venvs")       # the framework environments
+        (dest / ".venvs").symlink_to(ROOT / ".venvs")  # the framework environments
     if config is not None:
         (dest / "config" / "config.yaml").write_text(yaml.safe_dump(copy.deepcopy(config)))
     return dest
@@ -52,8 +55,14 @@ def copy_workflow(dest: Path, config: dict | None = None) -> Path:
 
 def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run([str(BIN / "snakemake"), *args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "snakemake"), *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def tiny_study(dest: Path, profile: str) -> Path:
@@ -69,8 +78,9 @@ def tiny_study(dest: Path, profile: str) -> Path:
 # Slurm tests, stopped at the end if the tests started it. Under CI=true these tests never skip.
 def _cluster_running() -> bool:
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0 and "idle" in out.stdout
@@ -81,12 +91,11 @@ def cluster():
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("the local Slurm cluster needs root (apt, daemons); CI runs these tests")
     was_running = _cluster_running()
-    up = subprocess.run(["bash", str(UP), "--nodes", "2"], capture_output=True, text=True,
-                        timeout=900)
+    up = subprocess.run(
+        ["bash", str(UP), "--nodes", "2"], capture_output=True, text=True, timeout=900
+    )
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     assert _cluster_running()
     yield
     if not was_running:
         subprocess.run(["bash", str(DOWN)], capture_output=True, text=True, timeout=300)
-
-

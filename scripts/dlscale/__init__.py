@@ -1,7 +1,7 @@
 """dlscale: scaling studies of distributed deep-learning training.
 
 Where things happen (one obvious place each):
-- a cell's parameters enter:   dlscale.matrix.Cell  (built from config by dlscale.matrix.build_matrix)
+- a cell's parameters enter:   dlscale.cell.Cell    (made from config by matrix.build_matrix)
 - ranks start:                 dlscale.launch       (local processes or `srun`)
 - one rank trains and times:   dlscale.train + dlscale.frameworks.<name>
 - metrics are written:         dlscale.metrics      (versioned JSON lines, atomic)

@@ -11,6 +11,7 @@
   launcher, hardware entry, framework environment) differs from the cell the workflow now plans
   is not re-measured unless the user asks (`changed_cells`, checked when the workflow is parsed).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,12 +45,21 @@ def link_current(measurement: Path, output: Path) -> None:
     os.replace(tmp, output)
 
 
-def keep_measurement(output: Path, records: list[dict], write_atomic, *, slurm_job_id=None,
-                     extra_files: list[Path] = ()) -> Path:
+def keep_measurement(
+    output: Path,
+    records: list[dict],
+    write_atomic,
+    *,
+    slurm_job_id=None,
+    extra_files: list[Path] = (),
+) -> Path:
     """Write a measurement into its own folder beside `output`, with `extra_files` (logs, the
     Slurm job record) copied in, and make `output` point at it. Returns the folder."""
-    folder = output.parent / MEASUREMENTS_DIR / measurement_id(
-        f"job{slurm_job_id}" if slurm_job_id else None)
+    folder = (
+        output.parent
+        / MEASUREMENTS_DIR
+        / measurement_id(f"job{slurm_job_id}" if slurm_job_id else None)
+    )
     folder.mkdir(parents=True, exist_ok=False)
     for path in extra_files:
         if Path(path).is_file():
@@ -120,8 +130,11 @@ def changed_cells(cells: list[Cell]) -> list[tuple[Cell, dict]]:
         stored = stored_identity(path)
         if stored is None:
             continue
-        diff = {k: (stored[k], v) for k, v in cell.identity().items()
-                if k in stored and k not in NOT_IDENTITY and stored[k] != v}
+        diff = {
+            k: (stored[k], v)
+            for k, v in cell.identity().items()
+            if k in stored and k not in NOT_IDENTITY and stored[k] != v
+        }
         if diff:
             changed.append((cell, diff))
     return changed
@@ -130,15 +143,19 @@ def changed_cells(cells: list[Cell]) -> list[tuple[Cell, dict]]:
 def describe_changes(changed: list[tuple[Cell, dict]], limit: int = 20) -> str:
     """The message that stops a run: how many cells, which fields, the first cells, the flag."""
     fields = sorted({k for _, diff in changed for k in diff})
-    lines = [f"{len(changed)} measured cell(s) were measured with another configuration than "
-             f"the one planned now (differing: {', '.join(fields)}):"]
+    lines = [
+        f"{len(changed)} measured cell(s) were measured with another configuration than "
+        f"the one planned now (differing: {', '.join(fields)}):"
+    ]
     for cell, diff in changed[:limit]:
         what = "; ".join(f"{k}: measured {old!r}, now {new!r}" for k, (old, new) in diff.items())
         lines.append(f"  - {cell.path}: {what}")
     if len(changed) > limit:
         lines.append(f"  ... and {len(changed) - limit} more")
-    lines.append("Nothing was run or removed. Either keep these measurements (run this study with "
-                 "its previous settings, or give the new one another `study` name, which gives it "
-                 f"its own results folder), or re-measure them: add `{REMEASURE_FLAG}` (each "
-                 f"current measurement stays in its cell's {MEASUREMENTS_DIR}/ folder).")
+    lines.append(
+        "Nothing was run or removed. Either keep these measurements (run this study with "
+        "its previous settings, or give the new one another `study` name, which gives it "
+        f"its own results folder), or re-measure them: add `{REMEASURE_FLAG}` (each "
+        f"current measurement stays in its cell's {MEASUREMENTS_DIR}/ folder)."
+    )
     return "\n".join(lines)

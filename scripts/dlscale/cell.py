@@ -1,12 +1,13 @@
 """A cell: one point of the study matrix and one repetition, as one typed value.
 
 This neutral module is the only place that names the axes, the cell's path pattern, a study's
-results folder and the files in a cell's folder. Everything else derives from it: the matrix (dlscale.matrix) makes
-Cells, the workflow's rules take their output and log patterns from it, the launcher hands a
-cell's ranks one serialised Cell (`Cell.to_json`, read back by `Cell.from_json`), and the
-analysis side (status, collect, report) reads axis values back from paths with
-`parse_cell_path`. Pure Python: importable in every framework environment.
+results folder and the files in a cell's folder. Everything else derives from it: the matrix
+(dlscale.matrix) makes Cells, the workflow's rules take their output and log patterns from it,
+the launcher hands a cell's ranks one serialised Cell (`Cell.to_json`, read back by
+`Cell.from_json`), and the analysis side (status, collect, report) reads axis values back from
+paths with `parse_cell_path`. Pure Python: importable in every framework environment.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,7 @@ AXES = ("hardware", "framework", "model", "policy", "precision", "nodes")
 # A cell's key within a study: the axes and the repetition.
 KEY = (*AXES, "rep")
 _INT_KEYS = ("nodes", "rep")
-_PATH_PREFIX = {"nodes": "n", "rep": "r"}     # path segment n2, r1: a number never stands alone
+_PATH_PREFIX = {"nodes": "n", "rep": "r"}  # path segment n2, r1: a number never stands alone
 
 # One folder per cell, naming every key: {hardware}/{framework}/.../n{nodes}/r{rep}
 AXIS_PATH = "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in KEY)
@@ -32,7 +33,7 @@ STUDY_DIR = "results/{study}"
 METRICS_FILE = "metrics.jsonl"
 # The cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
 CELL_PATTERN = f"{STUDY_DIR}/runs/{AXIS_PATH}/{METRICS_FILE}"
-PATH_KEY = ("study", *KEY)       # the wildcards of CELL_PATTERN, in order
+PATH_KEY = ("study", *KEY)  # the wildcards of CELL_PATTERN, in order
 # The launcher's log of a cell (the train rules' `log:`).
 TRAIN_LOG_PATTERN = f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log"
 # The executor plugin's logs (profiles/slurm `slurm-logdir`), shared by all studies: a job's
@@ -48,21 +49,22 @@ TRAIN_RULE = "train_{hardware}_n{nodes}"
 # when Snakemake removes it to re-measure the cell (--forcerun, a re-measure the user asked
 # for), the earlier measurement stays where it is.
 MEASUREMENTS_DIR = "measurements"
-RANK_DIR = ".ranks"              # the ranks' part files and logs while the cell runs
-CELL_SPEC_FILE = "cell.json"     # in RANK_DIR: the Cell the ranks read (Cell.to_json)
-FAILURE_FILE = "failure.json"    # why the cell failed (dlscale.launch.record_failure)
+RANK_DIR = ".ranks"  # the ranks' part files and logs while the cell runs
+CELL_SPEC_FILE = "cell.json"  # in RANK_DIR: the Cell the ranks read (Cell.to_json)
+FAILURE_FILE = "failure.json"  # why the cell failed (dlscale.launch.record_failure)
 # Which Slurm job runs the cell, written when the launcher starts (before any rank): the status
 # table finds the job's state and log with it even when the job is killed outright, and for
 # array tasks, whose logs are named <array job>_<task>.log rather than by the cell.
 SLURM_JOB_FILE = "slurm_job.json"
 
-TAIL_LINES = 20                  # log lines kept in failure records and the status table
+TAIL_LINES = 20  # log lines kept in failure records and the status table
 
 
 @dataclass(frozen=True)
 class Cell:
     """Everything a cell's ranks need, derived once from the validated config and hardware map
     (dlscale.matrix.build_matrix). Frozen: nothing downstream changes a cell."""
+
     # the key
     hardware: str
     framework: str
@@ -81,9 +83,9 @@ class Cell:
     steps: int
     learning_rate: float
     momentum: float
-    launcher: str                # how its ranks start: local processes or srun
-    hardware_hash: str           # of its hardware entry (partition, GPUs, constraint, ...)
-    environment: str             # its framework environment: name:hash of its pinned packages
+    launcher: str  # how its ranks start: local processes or srun
+    hardware_hash: str  # of its hardware entry (partition, GPUs, constraint, ...)
+    environment: str  # its framework environment: name:hash of its pinned packages
     # the study it belongs to (its results folder; not part of what is measured)
     study: str
 
@@ -139,8 +141,10 @@ class Cell:
         cell = cls(**{k: d[k] for k in fields})
         # config_hash is recomputed from the fields (a hand-edited cell gets its own)
         if "world_size" in d and d["world_size"] != cell.world_size:
-            raise ValueError(f"cell says world_size {d['world_size']}, but nodes x ranks_per_node "
-                             f"is {cell.world_size}")
+            raise ValueError(
+                f"cell says world_size {d['world_size']}, but nodes x ranks_per_node "
+                f"is {cell.world_size}"
+            )
         return cell
 
     @classmethod
@@ -153,7 +157,7 @@ class Cell:
 
 
 NOT_IDENTITY = ("study",)
-DERIVED = ("world_size", "config_hash")     # in as_dict, computed from the fields
+DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 
 
 def key_of(values) -> tuple:
@@ -168,8 +172,11 @@ def format_key(pattern: str, cell: dict) -> str:
 
 
 _CELL_RE = re.compile(
-    re.escape(CELL_PATTERN).replace(r"\{", "{").replace(r"\}", "}")
-    .format(**{k: f"(?P<{k}>[^/]+)" for k in PATH_KEY}))
+    re.escape(CELL_PATTERN)
+    .replace(r"\{", "{")
+    .replace(r"\}", "}")
+    .format(**{k: f"(?P<{k}>[^/]+)" for k in PATH_KEY})
+)
 
 
 def parse_cell_path(path: str) -> dict:

@@ -10,6 +10,7 @@ status.csv   every planned cell: ok, failed (reason, rank, exit code, Slurm stat
 `paths` are the planned cells' metrics paths; absent ones are looked up, never an error, so
 the same call builds the tables of a complete study and of a study with failed cells.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,16 @@ from .metrics import MetricsError, read_metrics
 from .stats import add_speedup, scaling_summary, stragglers
 from .status import cell_status
 
-CELL_FIELDS = ["world_size", "ranks_per_node", "per_rank_batch", "global_batch", "device",
-               "cpus_per_rank", "warmup_steps", "steps"]
+CELL_FIELDS = [
+    "world_size",
+    "ranks_per_node",
+    "per_rank_batch",
+    "global_batch",
+    "device",
+    "cpus_per_rank",
+    "warmup_steps",
+    "steps",
+]
 
 
 def _largest(summary: dict, key: str):
@@ -38,11 +47,16 @@ def _scaled(value, factor):
     return None if value is None else value * factor
 
 
-def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tuple[dict, list[dict]]:
+def cell_rows(
+    records: list[dict], path: str, straggler_threshold: float
+) -> tuple[dict, list[dict]]:
     start, summary = records[0]["value"], records[-1]["value"]
     cell, prov = start["cell"], start["provenance"]
-    base = {"study": start["study"], **{k: cell[k] for k in KEY},
-            **{k: cell[k] for k in CELL_FIELDS}}
+    base = {
+        "study": start["study"],
+        **{k: cell[k] for k in KEY},
+        **{k: cell[k] for k in CELL_FIELDS},
+    }
     ranks = []
     rank_start = {r["rank"]: r["value"] for r in records if r["event"] == RANK_START}
     probe = {r["rank"]: r["value"] for r in records if r["event"] == IDLE_PROBE}
@@ -50,50 +64,71 @@ def cell_rows(records: list[dict], path: str, straggler_threshold: float) -> tup
         if rec["event"] != RANK_END:
             continue
         st, end = rank_start[rec["rank"]], rec["value"]
-        ranks.append({**base, "rank": rec["rank"], "local_rank": st["local_rank"],
-                      "node": st["node"], "node_index": st["node_index"],
-                      "throughput_samples_per_s": end["throughput_samples_per_s"],
-                      "step_seconds_median": end["step_seconds_median"],
-                      "timed_steps": end["steps"], "peak_rss_mb": end["peak_rss_mb"],
-                      "loadavg_1m": st["loadavg_1m"], "threads": st["threads"],
-                      "host_busy_cpus": probe.get(rec["rank"], {}).get("busy_cpus"),
-                      "device_model": st["device_model"]})
+        ranks.append(
+            {
+                **base,
+                "rank": rec["rank"],
+                "local_rank": st["local_rank"],
+                "node": st["node"],
+                "node_index": st["node_index"],
+                "throughput_samples_per_s": end["throughput_samples_per_s"],
+                "step_seconds_median": end["step_seconds_median"],
+                "timed_steps": end["steps"],
+                "peak_rss_mb": end["peak_rss_mb"],
+                "loadavg_1m": st["loadavg_1m"],
+                "threads": st["threads"],
+                "host_busy_cpus": probe.get(rec["rank"], {}).get("busy_cpus"),
+                "device_model": st["device_model"],
+            }
+        )
     slow = stragglers([r["throughput_samples_per_s"] for r in ranks], straggler_threshold)
-    row = {**base,
-           "throughput_samples_per_s": summary["throughput_samples_per_s"],
-           "rank_throughput_min": summary["rank_throughput_min"],
-           "rank_throughput_median": summary["rank_throughput_median"],
-           "rank_throughput_max": summary["rank_throughput_max"],
-           "step_seconds_median": summary["step_seconds_median"],
-           "nodes_seen": len(summary["nodes_seen"]),
-           "hosts": " ".join(prov["hosts"]),
-           "wall_seconds": summary["wall_seconds"],
-           "compute_seconds_median": summary.get("compute_seconds_median"),
-           "comm_fraction": summary.get("comm_fraction"),
-           "allreduce_bytes": _largest(summary, "bytes"),
-           "allreduce_busbw_gb_per_s": _scaled(_largest(summary, "busbw_bytes_per_s"), 1e-9),
-           "allreduce_algbw_gb_per_s": _scaled(_largest(summary, "algbw_bytes_per_s"), 1e-9),
-           "joules_per_sample": summary.get("joules_per_sample"),
-           "energy_unavailable": summary.get("energy_unavailable"),
-           "peak_rss_mb_max": summary.get("peak_rss_mb_max"),
-           "peak_device_memory_mb_max": max(
-               (r["value"].get("peak_device_memory_mb") or 0 for r in records
-                if r["event"] == RANK_END), default=0) or None,
-           "competing": summary["competing"],
-           "straggler": bool(slow),
-           "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
-           "host_busy_cpus_max": summary["host_busy_cpus_max"],
-           "device_model": prov["device_model"], "libraries": " ".join(
-               f"{k}={v}" for k, v in sorted(prov["libraries"].items())),
-           "python": prov["python"], "launcher": prov["launcher"],
-           "slurm_job_id": prov["slurm_job_id"], "git_commit": prov["git_commit"],
-           "config_hash": start["config_hash"], "metrics_path": path,
-           "earlier_measurements": earlier_measurements(Path(path))}
+    row = {
+        **base,
+        "throughput_samples_per_s": summary["throughput_samples_per_s"],
+        "rank_throughput_min": summary["rank_throughput_min"],
+        "rank_throughput_median": summary["rank_throughput_median"],
+        "rank_throughput_max": summary["rank_throughput_max"],
+        "step_seconds_median": summary["step_seconds_median"],
+        "nodes_seen": len(summary["nodes_seen"]),
+        "hosts": " ".join(prov["hosts"]),
+        "wall_seconds": summary["wall_seconds"],
+        "compute_seconds_median": summary.get("compute_seconds_median"),
+        "comm_fraction": summary.get("comm_fraction"),
+        "allreduce_bytes": _largest(summary, "bytes"),
+        "allreduce_busbw_gb_per_s": _scaled(_largest(summary, "busbw_bytes_per_s"), 1e-9),
+        "allreduce_algbw_gb_per_s": _scaled(_largest(summary, "algbw_bytes_per_s"), 1e-9),
+        "joules_per_sample": summary.get("joules_per_sample"),
+        "energy_unavailable": summary.get("energy_unavailable"),
+        "peak_rss_mb_max": summary.get("peak_rss_mb_max"),
+        "peak_device_memory_mb_max": max(
+            (
+                r["value"].get("peak_device_memory_mb") or 0
+                for r in records
+                if r["event"] == RANK_END
+            ),
+            default=0,
+        )
+        or None,
+        "competing": summary["competing"],
+        "straggler": bool(slow),
+        "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
+        "host_busy_cpus_max": summary["host_busy_cpus_max"],
+        "device_model": prov["device_model"],
+        "libraries": " ".join(f"{k}={v}" for k, v in sorted(prov["libraries"].items())),
+        "python": prov["python"],
+        "launcher": prov["launcher"],
+        "slurm_job_id": prov["slurm_job_id"],
+        "git_commit": prov["git_commit"],
+        "config_hash": start["config_hash"],
+        "metrics_path": path,
+        "earlier_measurements": earlier_measurements(Path(path)),
+    }
     return row, ranks
 
 
-def collect(paths: list[str], straggler_threshold: float = 0.1
-            ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def collect(
+    paths: list[str], straggler_threshold: float = 0.1
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     cells, ranks, quarantine, status, seen = [], [], [], [], {}
     for path in paths:
         if not Path(path).exists():
@@ -105,8 +140,10 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
             key = tuple(row[k] for k in KEY)
             named = parse_cell_path(str(path))
             if {k: row[k] for k in PATH_KEY} != named:
-                raise MetricsError(f"holds cell {dict(zip(KEY, key))} of study "
-                                   f"{row['study']!r}, not the cell its path names")
+                raise MetricsError(
+                    f"holds cell {dict(zip(KEY, key))} of study "
+                    f"{row['study']!r}, not the cell its path names"
+                )
             if key in seen:
                 raise MetricsError(f"duplicate of cell {key} already read from {seen[key]}")
         except MetricsError as exc:
@@ -121,18 +158,37 @@ def collect(paths: list[str], straggler_threshold: float = 0.1
             continue
         quarantine.append({"metrics_path": str(path), "reason": reason})
         status.append(cell_status(str(path), ok=False, invalid_reason=reason))
-    cells_df = add_speedup(pd.DataFrame(cells, columns=None if cells else
-                                        ["study", *KEY, *CELL_FIELDS,
-                                         "throughput_samples_per_s", "competing", "straggler"]))
+    cells_df = add_speedup(
+        pd.DataFrame(
+            cells,
+            columns=None
+            if cells
+            else [
+                "study",
+                *KEY,
+                *CELL_FIELDS,
+                "throughput_samples_per_s",
+                "competing",
+                "straggler",
+            ],
+        )
+    )
     ranks_df = pd.DataFrame(ranks)
     quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])
     status_df = pd.DataFrame(status).astype({"failed_rank": "Int64", "exit_code": "Int64"})
     return ranks_df, cells_df, scaling_summary(cells_df), quarantine_df, status_df
 
 
-def write_tables(paths: list[str], ranks_csv: str, cells_csv: str, scaling_csv: str,
-                 quarantine_csv: str, status_csv: str, straggler_threshold: float,
-                 log: str | None = None) -> None:
+def write_tables(
+    paths: list[str],
+    ranks_csv: str,
+    cells_csv: str,
+    scaling_csv: str,
+    quarantine_csv: str,
+    status_csv: str,
+    straggler_threshold: float,
+    log: str | None = None,
+) -> None:
     started = time.perf_counter()
     tables = collect(paths, straggler_threshold)
     for df, out in zip(tables, (ranks_csv, cells_csv, scaling_csv, quarantine_csv, status_csv)):
@@ -145,4 +201,5 @@ def write_tables(paths: list[str], ranks_csv: str, cells_csv: str, scaling_csv: 
             f"{len(paths)} planned cells: {status.get('ok', 0)} ok, {status.get('failed', 0)} "
             f"failed, {status.get('missing', 0)} missing; {len(tables[3])} metrics files "
             f"quarantined; {len(tables[1])} cell rows, {len(tables[0])} rank rows, "
-            f"{len(tables[2])} scaling rows in {time.perf_counter() - started:.2f} s\n")
+            f"{len(tables[2])} scaling rows in {time.perf_counter() - started:.2f} s\n"
+        )

@@ -3,6 +3,7 @@
 Every problem is reported before any job runs, all at once, each message naming the key
 (as a dotted path, e.g. ``axes.nodes[0]``) and, where there is a closed set, the allowed values.
 """
+
 from __future__ import annotations
 
 import copy
@@ -87,9 +88,15 @@ def _suggest(value, allowed) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string",
-               "array": "a list", "object": "a mapping", "boolean": "true or false",
-               "null": "null"}
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "array": "a list",
+    "object": "a mapping",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
@@ -99,8 +106,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
     v, val = error.validator, error.instance
     if v == "enum":
         allowed = error.validator_value
-        return (f"{key}: {val!r} is not allowed; allowed values: "
-                f"{', '.join(map(str, allowed))}{_suggest(val, allowed)}")
+        return (
+            f"{key}: {val!r} is not allowed; allowed values: "
+            f"{', '.join(map(str, allowed))}{_suggest(val, allowed)}"
+        )
     if v == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(val) - set(allowed))
@@ -112,8 +121,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
         want = [want] if isinstance(want, str) else want
         return f"{key}: {val!r} must be {' or '.join(_TYPE_WORDS.get(w, w) for w in want)}"
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">",
-              "exclusiveMaximum": "<"}[v]
+        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
         return f"{key}: {val!r} must be {op} {error.validator_value}"
     if v == "uniqueItems":
         seen, dup = set(), []
@@ -128,8 +136,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if v == "minProperties":
         return f"{key}: must name at least {error.validator_value} key(s)"
     if v == "pattern":
-        return (f"{key}: {val!r} is not a valid name (allowed: letters, digits and "
-                f"_ . - as matched by {error.validator_value!r})")
+        return (
+            f"{key}: {val!r} is not a valid name (allowed: letters, digits and "
+            f"_ . - as matched by {error.validator_value!r})"
+        )
     if v == "propertyNames":
         return f"{key}: key {val!r} is not a valid name"
     if v == "required":
@@ -198,8 +208,10 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
         if device == "cuda" and not gpus:
             problems.append(f"{key}.gpus_per_node: device 'cuda' needs gpus_per_node >= 1")
         if device == "cpu" and gpus:
-            problems.append(f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
-                            "set device: cuda or gpus_per_node: 0")
+            problems.append(
+                f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
+                "set device: cuda or gpus_per_node: 0"
+            )
     if problems:
         raise ConfigError(source, problems)
     return apply_defaults(schema, hardware)

@@ -4,6 +4,7 @@ Nothing is estimated: a source that cannot be read is recorded as unavailable wi
 RAPL counts a whole CPU package (socket), so several ranks of one node see the same joules;
 dlscale.metrics.summarize counts each node once.
 """
+
 from __future__ import annotations
 
 import glob
@@ -52,6 +53,7 @@ class _Nvml:
 
     def __init__(self, index: int):
         import pynvml  # nvidia-ml-py; only present in GPU environments
+
         pynvml.nvmlInit()
         self.nvml = pynvml
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -102,6 +104,11 @@ class EnergyMeter:
         if not self.meter:
             return {"available": False, "reason": self.reason}
         joules = self.meter.stop()
-        return {"available": True, "source": self.source, "joules": joules, "seconds": seconds,
-                "watts": joules / seconds if seconds else None,
-                "joules_per_sample": joules / samples if samples else None}
+        return {
+            "available": True,
+            "source": self.source,
+            "joules": joules,
+            "seconds": seconds,
+            "watts": joules / seconds if seconds else None,
+            "joules_per_sample": joules / samples if samples else None,
+        }

@@ -16,6 +16,7 @@
 `discover()` is the other half: inside a rank it reads who-am-I from the launcher's environment
 (dlscale's local launcher, srun, or torchrun).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,9 +74,17 @@ def discover() -> RankContext:
     master_addr = env.get("MASTER_ADDR", "127.0.0.1")
     hosts = tuple(h for h in env.get("DLSCALE_HOSTS", "").split(",") if h) or (master_addr,)
     return RankContext(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-        node_index=node_index, node=socket.gethostname(), master_addr=master_addr,
-        master_port=int(env.get("MASTER_PORT", "29500")), launcher=launcher, hosts=hosts)
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_index=node_index,
+        node=socket.gethostname(),
+        master_addr=master_addr,
+        master_port=int(env.get("MASTER_PORT", "29500")),
+        launcher=launcher,
+        hosts=hosts,
+    )
 
 
 def _tasks_on_this_node(env) -> int:
@@ -101,11 +110,18 @@ def _free_port() -> int:
 def allocation_nodes(env=os.environ) -> list[str]:
     """Host names of the job's allocation. The executor plugin strips SLURM_JOB_NODELIST from
     the job's environment, so ask Slurm by job id when it is gone."""
-    nodelist = env.get("SLURM_JOB_NODELIST") or subprocess.run(
-        ["squeue", "--noheader", "--jobs", env["SLURM_JOB_ID"], "--format", "%N"],
-        check=True, capture_output=True, text=True).stdout.strip()
-    return subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                          capture_output=True, text=True).stdout.split()
+    nodelist = (
+        env.get("SLURM_JOB_NODELIST")
+        or subprocess.run(
+            ["squeue", "--noheader", "--jobs", env["SLURM_JOB_ID"], "--format", "%N"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
+    ).stdout.split()
 
 
 def slurm_port(env=os.environ) -> int:
@@ -117,8 +133,15 @@ def slurm_port(env=os.environ) -> int:
 def train_argv(rank_dir: Path, python: str) -> list[str]:
     """The one CLI contract every framework's rank obeys (dlscale.train): the cell, serialised
     whole in the rank folder (write_cell_spec), and the folder the rank writes its part file to."""
-    return [python, "-m", "dlscale.train", "--cell", str(rank_dir / CELL_SPEC_FILE),
-            "--rank-dir", str(rank_dir)]
+    return [
+        python,
+        "-m",
+        "dlscale.train",
+        "--cell",
+        str(rank_dir / CELL_SPEC_FILE),
+        "--rank-dir",
+        str(rank_dir),
+    ]
 
 
 def write_cell_spec(cell: Cell, rank_dir: Path) -> Path:
@@ -128,33 +151,55 @@ def write_cell_spec(cell: Cell, rank_dir: Path) -> Path:
     return path
 
 
-def local_rank_env(rank: int, world_size: int, ranks_per_node: int, port: int,
-                   threads: int = 1) -> dict:
+def local_rank_env(
+    rank: int, world_size: int, ranks_per_node: int, port: int, threads: int = 1
+) -> dict:
     """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
     rendezvous on loopback (what dlscale.launch.discover reads back)."""
     nodes = world_size // ranks_per_node
-    return dict(os.environ, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
-                DLSCALE_WORLD_SIZE=str(world_size), DLSCALE_LOCAL_RANK=str(rank % ranks_per_node),
-                DLSCALE_LOCAL_WORLD_SIZE=str(ranks_per_node),
-                DLSCALE_NODE_INDEX=str(rank // ranks_per_node),
-                DLSCALE_HOSTS=",".join(["127.0.0.1"] * nodes), MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    return dict(
+        os.environ,
+        DLSCALE_LAUNCHER="local",
+        DLSCALE_RANK=str(rank),
+        DLSCALE_WORLD_SIZE=str(world_size),
+        DLSCALE_LOCAL_RANK=str(rank % ranks_per_node),
+        DLSCALE_LOCAL_WORLD_SIZE=str(ranks_per_node),
+        DLSCALE_NODE_INDEX=str(rank // ranks_per_node),
+        DLSCALE_HOSTS=",".join(["127.0.0.1"] * nodes),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
 
 
 def start_local(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
-    """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on loopback."""
+    """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on
+    loopback."""
     port = _free_port()
     procs = []
     for rank in range(cell.world_size):
         env = local_rank_env(rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank)
         log = (rank_dir / f"rank{rank}.log").open("w")
-        procs.append((rank, subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)))
+        procs.append(
+            (
+                rank,
+                subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                ),
+            )
+        )
     return procs
 
 
-SLURM_IDENTITY = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_ARRAY_JOB_ID",
-                  "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME"}
+SLURM_IDENTITY = {
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "SLURM_CONF",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_CLUSTER_NAME",
+}
 
 
 def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
@@ -167,20 +212,42 @@ def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, s
         # only the job's identity (as the plugin does for its own steps), ask Slurm for the
         # allocation's nodes, and let the ranks' step share the resources the launcher's step
         # holds (--overlap, Slurm >= 20.11).
-        env = {k: v for k, v in env.items()
-               if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY}
+        env = {
+            k: v
+            for k, v in env.items()
+            if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY
+        }
         overlap = ["--overlap"]
     hosts = allocation_nodes(env)
     addr, port = hosts[0], slurm_port(env)
-    env.update(MASTER_ADDR=addr, MASTER_PORT=str(port), DLSCALE_HOSTS=",".join(hosts),
-               OMP_NUM_THREADS=str(cell.cpus_per_rank), PYTHONUNBUFFERED="1")
-    cmd = ["srun", *overlap, f"--nodes={cell.nodes}", f"--ntasks={cell.world_size}",
-           f"--ntasks-per-node={cell.ranks_per_node}",
-           f"--cpus-per-task={cell.cpus_per_rank}", "--kill-on-bad-exit=1",
-           "--output", str(rank_dir / "rank%t.log"), *argv]
+    env.update(
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        DLSCALE_HOSTS=",".join(hosts),
+        OMP_NUM_THREADS=str(cell.cpus_per_rank),
+        PYTHONUNBUFFERED="1",
+    )
+    cmd = [
+        "srun",
+        *overlap,
+        f"--nodes={cell.nodes}",
+        f"--ntasks={cell.world_size}",
+        f"--ntasks-per-node={cell.ranks_per_node}",
+        f"--cpus-per-task={cell.cpus_per_rank}",
+        "--kill-on-bad-exit=1",
+        "--output",
+        str(rank_dir / "rank%t.log"),
+        *argv,
+    ]
     log = (rank_dir / "srun.log").open("w")
-    return [(-1, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True))]
+    return [
+        (
+            -1,
+            subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            ),
+        )
+    ]
 
 
 def _stop(procs, grace: float = 10.0) -> None:
@@ -197,7 +264,8 @@ def _stop(procs, grace: float = 10.0) -> None:
 
 
 def wait_all(procs) -> tuple[int, int] | None:
-    """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a failure."""
+    """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a
+    failure."""
     pending = dict((p.pid, (r, p)) for r, p in procs)
     while pending:
         for pid, (rank, p) in list(pending.items()):
@@ -215,10 +283,13 @@ def wait_all(procs) -> tuple[int, int] | None:
 def record_slurm_job(output: Path) -> None:
     if "SLURM_JOB_ID" not in os.environ:
         return
-    job = {"slurm_job_id": os.environ["SLURM_JOB_ID"],
-           "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
-           "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
-           "host": socket.gethostname(), "time": time.time()}
+    job = {
+        "slurm_job_id": os.environ["SLURM_JOB_ID"],
+        "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "host": socket.gethostname(),
+        "time": time.time(),
+    }
     _write_beside(output, SLURM_JOB_FILE, job)
 
 
@@ -238,8 +309,15 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
-def record_failure(output: Path, rank_dir: Path, cell: Cell, *, reason: str, rank: int | None,
-                   exit_code: int | None) -> dict:
+def record_failure(
+    output: Path,
+    rank_dir: Path,
+    cell: Cell,
+    *,
+    reason: str,
+    rank: int | None,
+    exit_code: int | None,
+) -> dict:
     """failure.json beside the cell's (absent) metrics file: what failed, where, the last lines.
     Ranks that never wrote rank_end are the unfinished ones; their log tails are kept."""
     unfinished = []
@@ -248,15 +326,22 @@ def record_failure(output: Path, rank_dir: Path, cell: Cell, *, reason: str, ran
         if not part.exists() or f'"{RANK_END}"' not in part.read_text(errors="replace"):
             unfinished.append(r)
     known = rank is not None and rank >= 0
-    tails = {str(r): tail_lines(rank_dir / f"rank{r}.log")
-             for r in ([rank] if known else unfinished[:4])}
+    tails = {
+        str(r): tail_lines(rank_dir / f"rank{r}.log") for r in ([rank] if known else unfinished[:4])
+    }
     # A rank is blamed only when one failed: the launcher saw it exit, or srun named it below;
     # when the whole job was terminated (rank -2) no rank is at fault.
-    record = {"status": "failed", "reason": reason,
-              "rank": rank if known else None,
-              "exit_code": exit_code,
-              "unfinished_ranks": unfinished, "log_tail": tails, "time": time.time(),
-              "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
+    record = {
+        "status": "failed",
+        "reason": reason,
+        "rank": rank if known else None,
+        "exit_code": exit_code,
+        "unfinished_ranks": unfinished,
+        "log_tail": tails,
+        "time": time.time(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "host": socket.gethostname(),
+    }
     if (rank_dir / "srun.log").exists():
         record["srun_tail"] = tail_lines(rank_dir / "srun.log")
         # srun names the first task that failed: "srun: error: n2: task 1: Exited with exit code 3"
@@ -269,8 +354,9 @@ def record_failure(output: Path, rank_dir: Path, cell: Cell, *, reason: str, ran
     return record
 
 
-def run_cell(cell: Cell, output: Path, *, git_commit: str | None,
-             python: str = sys.executable) -> int:
+def run_cell(
+    cell: Cell, output: Path, *, git_commit: str | None, python: str = sys.executable
+) -> int:
     launcher = cell.launcher
     rank_dir = output.parent / RANK_DIR
     shutil.rmtree(rank_dir, ignore_errors=True)
@@ -279,8 +365,12 @@ def run_cell(cell: Cell, output: Path, *, git_commit: str | None,
     record_slurm_job(output)
     write_cell_spec(cell, rank_dir)
     argv = train_argv(rank_dir, python)
-    print(f"[dlscale.launch] {launcher}: {cell.nodes} node(s) x {cell.ranks_per_node} "
-          f"rank(s): {' '.join(argv)}", file=sys.stderr, flush=True)
+    print(
+        f"[dlscale.launch] {launcher}: {cell.nodes} node(s) x {cell.ranks_per_node} "
+        f"rank(s): {' '.join(argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
     started = time.time()
     if launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
         # A 1-rank cell already runs inside the job step the executor plugin made for it
@@ -303,31 +393,47 @@ def run_cell(cell: Cell, output: Path, *, git_commit: str | None,
         print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)
     if failed is not None:
         rank, code = failed
-        reason = {-2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
-                  -1: f"srun step exited with code {code}"}.get(rank, f"rank {rank} exited with code {code}")
+        reason = {
+            -2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
+            -1: f"srun step exited with code {code}",
+        }.get(rank, f"rank {rank} exited with code {code}")
         rec = record_failure(output, rank_dir, cell, reason=reason, rank=rank, exit_code=code)
-        print(f"[dlscale.launch] cell FAILED: {reason}; unfinished ranks "
-              f"{rec['unfinished_ranks']}", file=sys.stderr)
+        print(
+            f"[dlscale.launch] cell FAILED: {reason}; unfinished ranks {rec['unfinished_ranks']}",
+            file=sys.stderr,
+        )
         return code or 1
     try:
         rank_records = metrics.read_rank_files(rank_dir, cell.world_size)
         records = metrics.assemble(
-            cell=cell, git_commit=git_commit,
-            slurm_job_id=os.environ.get("SLURM_JOB_ID"), rank_records=rank_records,
-            wall_seconds=wall, started=started)
+            cell=cell,
+            git_commit=git_commit,
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            rank_records=rank_records,
+            wall_seconds=wall,
+            started=started,
+        )
         folder = keep_measurement(
-            output, records, metrics.write_atomic, slurm_job_id=os.environ.get("SLURM_JOB_ID"),
-            extra_files=[*sorted(rank_dir.glob("*.log")), output.parent / SLURM_JOB_FILE])
+            output,
+            records,
+            metrics.write_atomic,
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            extra_files=[*sorted(rank_dir.glob("*.log")), output.parent / SLURM_JOB_FILE],
+        )
     except metrics.MetricsError as exc:
-        record_failure(output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None,
-                       exit_code=None)
+        record_failure(
+            output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None, exit_code=None
+        )
         print(f"[dlscale.launch] cell FAILED: {exc}", file=sys.stderr)
         return 1
     shutil.rmtree(rank_dir, ignore_errors=True)
     summary = records[-1]["value"]
-    print(f"[dlscale.launch] ok: {summary['throughput_samples_per_s']:.1f} samples/s over "
-          f"{summary['world_size']} rank(s) on {summary['nodes_seen']} in {wall:.1f} s; kept in "
-          f"{folder}", file=sys.stderr)
+    print(
+        f"[dlscale.launch] ok: {summary['throughput_samples_per_s']:.1f} samples/s over "
+        f"{summary['world_size']} rank(s) on {summary['nodes_seen']} in {wall:.1f} s; kept in "
+        f"{folder}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -336,18 +442,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-json", required=True, help="the cell (dlscale.cell.Cell.to_json)")
     parser.add_argument("--output", required=True, type=Path, help="the cell's metrics.jsonl")
     # not a workflow param: a new commit must not make every cell rerun
-    parser.add_argument("--git-commit", default=git_commit(Path(__file__).parent),
-                        help="the commit of the code that runs (default: that of the checkout "
-                        "this dlscale package is in, none outside a git checkout)")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter of the cell's framework environment")
+    parser.add_argument(
+        "--git-commit",
+        default=git_commit(Path(__file__).parent),
+        help="the commit of the code that runs (default: that of the checkout "
+        "this dlscale package is in, none outside a git checkout)",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter of the cell's framework environment"
+    )
     args = parser.parse_args(argv)
     try:
         cell = Cell.from_json(args.cell_json)
     except (ValueError, TypeError) as exc:
         parser.error(f"--cell-json: {exc}")
-    return run_cell(cell, args.output,
-                    git_commit=args.git_commit or None, python=args.python)
+    return run_cell(cell, args.output, git_commit=args.git_commit or None, python=args.python)
 
 
 if __name__ == "__main__":

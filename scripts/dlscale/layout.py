@@ -24,10 +24,11 @@ Layout (`figure_layout`):
   `figure_file_bound`), exactly that many without exclusions (a page whose panels would all be
   excluded is dropped).
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 SCALING = {
     "throughput": ("throughput_samples_per_s", "Throughput (samples/s)"),
@@ -53,12 +54,12 @@ WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
 # (figure_layout); the `figure` wildcard of the one figure rule (rules/figures.smk).
 FIGURE_NAME_PATTERN = "(" + "|".join(map(re.escape, FAMILIES)) + ")(-[0-9]+)?"
 
-MAX_PANELS = 12        # panels per figure file
-MAX_SERIES = 8         # lines (or bars per group) per panel; reference lines (ideal) not counted
-MAX_COLS = 4           # panel columns; more than 2 make a figure text-wide
-TEXT_COLUMNS = 2       # text width = this many column widths
+MAX_PANELS = 12  # panels per figure file
+MAX_SERIES = 8  # lines (or bars per group) per panel; reference lines (ideal) not counted
+MAX_COLS = 4  # panel columns; more than 2 make a figure text-wide
+TEXT_COLUMNS = 2  # text width = this many column widths
 
-GroupKey = tuple[str, str, str, str, str]      # hardware, framework, model, policy, precision
+GroupKey = tuple[str, str, str, str, str]  # hardware, framework, model, policy, precision
 
 
 def _unique(values: Iterable) -> list:
@@ -99,8 +100,7 @@ def figure_file_bound(groups: Iterable[GroupKey]) -> int:
         models = len(_unique(g[2] for g in part))
         policies = len(_unique(g[3] for g in part))
         series = len(_unique((g[1], g[4]) for g in part))
-        total += (len(FAMILIES) * -(-models // models_per_page(policies))
-                  * -(-series // MAX_SERIES))
+        total += len(FAMILIES) * -(-models // models_per_page(policies)) * -(-series // MAX_SERIES)
     return total
 
 
@@ -138,16 +138,29 @@ def figure_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[di
                     wide = ncols > 2
                 name = family if len(pages) == 1 else f"{family}-{k}"
                 page_frameworks = _unique(s[0] for s in series)
-                caption = (f"{FAMILY_CAPTIONS[family]} Hardware {hw}; "
-                           f"models: {', '.join(models)}; frameworks: {', '.join(page_frameworks)}"
-                           + (f" (part {k} of {len(pages)})" if len(pages) > 1 else "") + ".")
-                specs.append({
-                    "file": f"{hw}/{name}.pdf", "family": family, "hardware": hw,
-                    "part": k, "parts": len(pages), "models": list(models),
-                    "policies": [p for p in policies if any(g[3] == p for g in on_page)],
-                    "panels": panels, "series": [list(s) for s in series],
-                    "frameworks": frameworks, "precisions": precisions, "ncols": ncols,
-                    "width_in": column_width_in * (TEXT_COLUMNS if wide else 1),
-                    "caption": caption, "ci": family in WITH_CI,
-                })
+                caption = (
+                    f"{FAMILY_CAPTIONS[family]} Hardware {hw}; "
+                    f"models: {', '.join(models)}; frameworks: {', '.join(page_frameworks)}"
+                    + (f" (part {k} of {len(pages)})" if len(pages) > 1 else "")
+                    + "."
+                )
+                specs.append(
+                    {
+                        "file": f"{hw}/{name}.pdf",
+                        "family": family,
+                        "hardware": hw,
+                        "part": k,
+                        "parts": len(pages),
+                        "models": list(models),
+                        "policies": [p for p in policies if any(g[3] == p for g in on_page)],
+                        "panels": panels,
+                        "series": [list(s) for s in series],
+                        "frameworks": frameworks,
+                        "precisions": precisions,
+                        "ncols": ncols,
+                        "width_in": column_width_in * (TEXT_COLUMNS if wide else 1),
+                        "caption": caption,
+                        "ci": family in WITH_CI,
+                    }
+                )
     return specs

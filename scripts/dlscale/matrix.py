@@ -5,6 +5,7 @@ policy x precision x nodes) and one repetition. Everything a rank needs to know 
 is derived here, once, from the validated config and hardware map; the workflow hands the
 launcher the Cell, and the launcher hands it to the ranks, serialised whole.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,14 @@ from math import lcm
 from pathlib import Path
 
 from .cell import AXES, Cell
-from .config import ConfigError, config_hash, load_schema, load_yaml, validate_config, \
-    validate_hardware
+from .config import (
+    ConfigError,
+    config_hash,
+    load_schema,
+    load_yaml,
+    validate_config,
+    validate_hardware,
+)
 from .frameworks import ENVIRONMENTS
 
 
@@ -58,31 +65,40 @@ def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> li
     problems = []
     for i, hw_key in enumerate(axes["hardware"]):
         if hw_key not in hardware:
-            problems.append(f"axes.hardware[{i}]: {hw_key!r} is not defined in {hardware_source}; "
-                            f"allowed values: {', '.join(sorted(hardware))}")
+            problems.append(
+                f"axes.hardware[{i}]: {hw_key!r} is not defined in {hardware_source}; "
+                f"allowed values: {', '.join(sorted(hardware))}"
+            )
             continue
         hw = hardware[hw_key]
         too_many = [n for n in axes["nodes"] if n > hw["max_nodes"]]
         if too_many:
-            problems.append(f"axes.nodes: {too_many} exceed max_nodes={hw['max_nodes']} of hardware "
-                            f"{hw_key!r} ({hardware_source}); allowed: 1..{hw['max_nodes']}")
+            problems.append(
+                f"axes.nodes: {too_many} exceed max_nodes={hw['max_nodes']} of hardware "
+                f"{hw_key!r} ({hardware_source}); allowed: 1..{hw['max_nodes']}"
+            )
         if hw["device"] == "cpu" and "fp16" in axes["precision"]:
-            problems.append(f"axes.precision: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
-                            "allowed on CPU: fp32, bf16 (or exclude the combination)")
+            problems.append(
+                f"axes.precision: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
+                "allowed on CPU: fp32, bf16 (or exclude the combination)"
+            )
         if "strong" in axes["policy"]:
             gb = strong_global_batch(config, hw)
             rpn = ranks_per_node(config, hw)
             bad = [n * rpn for n in axes["nodes"] if gb % (n * rpn)]
             if bad:
                 problems.append(
-                    f"global_batch: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible by "
-                    f"world size(s) {bad}; choose a multiple of "
-                    f"{lcm(*(n * rpn for n in axes['nodes']))}")
+                    f"global_batch: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible "
+                    f"by world size(s) {bad}; choose a multiple of "
+                    f"{lcm(*(n * rpn for n in axes['nodes']))}"
+                )
     for i, entry in enumerate(config["exclude"]):
         for axis, value in entry.items():
             if value not in axes[axis]:
-                problems.append(f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
-                                f"allowed values: {', '.join(map(str, axes[axis]))}")
+                problems.append(
+                    f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
+                    f"allowed values: {', '.join(map(str, axes[axis]))}"
+                )
     return problems
 
 
@@ -106,8 +122,12 @@ def environment_ids(workflow_dir: str | Path) -> dict[str, str]:
     return out
 
 
-def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware file",
-                 environments: dict[str, str] | None = None) -> Study:
+def build_matrix(
+    config: dict,
+    hardware: dict,
+    hardware_source: str = "hardware file",
+    environments: dict[str, str] | None = None,
+) -> Study:
     """Expand validated config + hardware into the list of cells (product minus exclusions).
     `environments`: framework -> environment id (environment_ids; default: the name only)."""
     problems = _semantic_problems(config, hardware, hardware_source)
@@ -116,10 +136,14 @@ def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware 
     axes = config["axes"]
     environments = environments or {f: f"{e or 'pytorch'}:unknown" for f, e in ENVIRONMENTS.items()}
     hardware_hashes = {key: _short_hash(hardware[key]) for key in axes["hardware"]}
-    fixed = {"warmup_steps": config["warmup_steps"], "steps": config["steps"],
-             "learning_rate": config["optimizer"]["learning_rate"],
-             "momentum": config["optimizer"]["momentum"], "launcher": config["launcher"],
-             "study": config["study"]}
+    fixed = {
+        "warmup_steps": config["warmup_steps"],
+        "steps": config["steps"],
+        "learning_rate": config["optimizer"]["learning_rate"],
+        "momentum": config["optimizer"]["momentum"],
+        "launcher": config["launcher"],
+        "study": config["study"],
+    }
     cells = []
     for combo_values in itertools.product(*(axes[a] for a in AXES)):
         combo = dict(zip(AXES, combo_values))
@@ -134,15 +158,27 @@ def build_matrix(config: dict, hardware: dict, hardware_source: str = "hardware 
             global_batch = strong_global_batch(config, hw)
             per_rank = global_batch // world
         for rep in range(1, config["repetitions"] + 1):
-            cells.append(Cell(**combo, rep=rep, device=hw["device"], ranks_per_node=rpn,
-                              per_rank_batch=per_rank, global_batch=global_batch,
-                              cpus_per_rank=hw["cpus_per_rank"],
-                              hardware_hash=hardware_hashes[combo["hardware"]],
-                              environment=environments[combo["framework"]], **fixed))
+            cells.append(
+                Cell(
+                    **combo,
+                    rep=rep,
+                    device=hw["device"],
+                    ranks_per_node=rpn,
+                    per_rank_batch=per_rank,
+                    global_batch=global_batch,
+                    cpus_per_rank=hw["cpus_per_rank"],
+                    hardware_hash=hardware_hashes[combo["hardware"]],
+                    environment=environments[combo["framework"]],
+                    **fixed,
+                )
+            )
     if not cells:
-        raise ConfigError("config", ["exclude: every cell of the matrix is excluded; nothing to run"])
-    return Study(config=config, hardware=hardware, cells=cells,
-                 config_hash=config_hash(config, hardware))
+        raise ConfigError(
+            "config", ["exclude: every cell of the matrix is excluded; nothing to run"]
+        )
+    return Study(
+        config=config, hardware=hardware, cells=cells, config_hash=config_hash(config, hardware)
+    )
 
 
 def load_study(config: dict, workflow_dir: str | Path) -> Study:
@@ -153,9 +189,14 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
     hw_path = Path(config["hardware_file"])
     if not hw_path.is_absolute():
         hw_path = workflow_dir / hw_path
-    hardware = validate_hardware(load_yaml(hw_path), load_schema(schemas / "hardware.schema.json"),
-                                 source=str(config["hardware_file"]))
-    return build_matrix(config, hardware, hardware_source=str(config["hardware_file"]),
-                        environments=environment_ids(workflow_dir))
-
-
+    hardware = validate_hardware(
+        load_yaml(hw_path),
+        load_schema(schemas / "hardware.schema.json"),
+        source=str(config["hardware_file"]),
+    )
+    return build_matrix(
+        config,
+        hardware,
+        hardware_source=str(config["hardware_file"]),
+        environments=environment_ids(workflow_dir),
+    )

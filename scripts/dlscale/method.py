@@ -5,34 +5,45 @@ measurements) and the analysis side (dlscale.metrics, collect, report, which rea
 them); neither side imports the other for a constant. Pure Python: importable in every framework
 environment.
 """
+
 from __future__ import annotations
 
 # ----------------------------------------------------------------------------- timing
 TIMER = "time.perf_counter"
-IDLE_PROBE_SECONDS = 0.5          # every rank waits this long after warm-up, sampling its host
-COMPETING_BUSY_CPUS = 0.5         # more busy CPUs than this flags the cell as competing
-BREAKDOWN_STEPS = 10              # compute-only steps after the timed window
-ALLREDUCE_BYTES = (1 << 20, 16 << 20)     # probe message sizes (float32 buffers)
-ALLREDUCE_REPEATS = 5             # timed repeats per size, after one warm-up
+IDLE_PROBE_SECONDS = 0.5  # every rank waits this long after warm-up, sampling its host
+COMPETING_BUSY_CPUS = 0.5  # more busy CPUs than this flags the cell as competing
+BREAKDOWN_STEPS = 10  # compute-only steps after the timed window
+ALLREDUCE_BYTES = (1 << 20, 16 << 20)  # probe message sizes (float32 buffers)
+ALLREDUCE_REPEATS = 5  # timed repeats per size, after one warm-up
 
-THROUGHPUT_METHOD = ("cell throughput = sum over ranks of per_rank_batch * steps / sum(rank's "
-                     "step seconds); never rank 0 x world size")
-IDLE_PROBE_METHOD = (f"after warm-up all ranks wait {IDLE_PROBE_SECONDS} s while each samples "
-                     f"its host's busy CPUs; > {COMPETING_BUSY_CPUS} busy CPUs flags the cell "
-                     "as competing")
+THROUGHPUT_METHOD = (
+    "cell throughput = sum over ranks of per_rank_batch * steps / sum(rank's "
+    "step seconds); never rank 0 x world size"
+)
+IDLE_PROBE_METHOD = (
+    f"after warm-up all ranks wait {IDLE_PROBE_SECONDS} s while each samples "
+    f"its host's busy CPUs; > {COMPETING_BUSY_CPUS} busy CPUs flags the cell "
+    "as competing"
+)
 
 # ----------------------------------------------------------------------------- the metrics format
 FORMAT = "dlscale.metrics"
 VERSION = 1
 
 # Event names, in the order they appear in a metrics file.
-RUN_START = "run_start"       # the cell and its provenance (written by the launcher)
-RANK_START = "rank_start"     # a rank's host, libraries, device
-IDLE_PROBE = "idle_probe"     # what kept the rank's host busy before the timed window
-STEP = "step"                 # one timed step
-RANK_END = "rank_end"         # the rank's summary, breakdown, allreduce probe, energy
-SUMMARY = "summary"           # the cell's summary (written by the launcher)
+RUN_START = "run_start"  # the cell and its provenance (written by the launcher)
+RANK_START = "rank_start"  # a rank's host, libraries, device
+IDLE_PROBE = "idle_probe"  # what kept the rank's host busy before the timed window
+STEP = "step"  # one timed step
+RANK_END = "rank_end"  # the rank's summary, breakdown, allreduce probe, energy
+SUMMARY = "summary"  # the cell's summary (written by the launcher)
 
 # event -> whether its record names a rank
-RANKED = {RUN_START: False, RANK_START: True, IDLE_PROBE: True, STEP: True, RANK_END: True,
-          SUMMARY: False}
+RANKED = {
+    RUN_START: False,
+    RANK_START: True,
+    IDLE_PROBE: True,
+    STEP: True,
+    RANK_END: True,
+    SUMMARY: False,
+}

@@ -6,6 +6,7 @@ line carries the same fixed keys (format, version, time, event, rank, value), in
 mlperf's mllog. Ranks first write their own part files; the launcher merges them, validates the
 result against schemas/metrics.schema.json and renames it into place only when complete.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,8 +23,19 @@ from pathlib import Path
 import jsonschema
 
 from .cell import Cell
-from .method import (FORMAT, IDLE_PROBE, IDLE_PROBE_METHOD, RANK_END, RANK_START, RANKED,
-                     RUN_START, STEP, SUMMARY, THROUGHPUT_METHOD, VERSION)
+from .method import (
+    FORMAT,
+    IDLE_PROBE,
+    IDLE_PROBE_METHOD,
+    RANK_END,
+    RANK_START,
+    RANKED,
+    RUN_START,
+    STEP,
+    SUMMARY,
+    THROUGHPUT_METHOD,
+    VERSION,
+)
 
 
 class MetricsError(ValueError):
@@ -31,13 +43,21 @@ class MetricsError(ValueError):
 
 
 def make_record(event: str, rank: int | None, value: dict) -> dict:
-    return {"format": FORMAT, "version": VERSION, "time": time.time(), "event": event,
-            "rank": rank, "value": value}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "time": time.time(),
+        "event": event,
+        "rank": rank,
+        "value": value,
+    }
 
 
 @lru_cache(maxsize=1)
 def _schema() -> dict:
-    return json.loads(resources.files("dlscale").joinpath("schemas/metrics.schema.json").read_text())
+    return json.loads(
+        resources.files("dlscale").joinpath("schemas/metrics.schema.json").read_text()
+    )
 
 
 @lru_cache(maxsize=1)
@@ -61,9 +81,12 @@ def _value_validators() -> dict | None:
         return None
     schema = _schema()
     # "$id" keeps fastjsonschema's $ref resolution inside this document (no remote lookups)
-    return {event: fastjsonschema.compile({"$id": schema["$id"], "$defs": schema["$defs"],
-                                           "$ref": f"#/$defs/{event}"})
-            for event in RANKED}
+    return {
+        event: fastjsonschema.compile(
+            {"$id": schema["$id"], "$defs": schema["$defs"], "$ref": f"#/$defs/{event}"}
+        )
+        for event in RANKED
+    }
 
 
 def _plain_step(value) -> bool:
@@ -71,8 +94,14 @@ def _plain_step(value) -> bool:
     if type(value) is not dict or value.keys() != _STEP_VALUE:
         return False
     step, seconds, samples = value["step"], value["seconds"], value["samples"]
-    return (type(step) is int and step >= 0 and type(samples) is int and samples >= 1
-            and type(seconds) in (int, float) and seconds > 0)
+    return (
+        type(step) is int
+        and step >= 0
+        and type(samples) is int
+        and samples >= 1
+        and type(seconds) in (int, float)
+        and seconds > 0
+    )
 
 
 def _fast_valid(rec) -> bool:
@@ -85,9 +114,14 @@ def _fast_valid(rec) -> bool:
     if validators is None or type(rec) is not dict or rec.keys() != _ENVELOPE:
         return False
     event, rank, version = rec["event"], rec["rank"], rec["version"]
-    if (rec["format"] != FORMAT or type(version) is not int or version != VERSION
-            or type(rec["time"]) not in (int, float) or type(event) is not str
-            or event not in RANKED):
+    if (
+        rec["format"] != FORMAT
+        or type(version) is not int
+        or version != VERSION
+        or type(rec["time"]) not in (int, float)
+        or type(event) is not str
+        or event not in RANKED
+    ):
         return False
     if not ((type(rank) is int and rank >= 0) if RANKED[event] else rank is None):
         return False
@@ -146,23 +180,33 @@ def read_rank_files(rank_dir: str | Path, world_size: int) -> dict[int, list[dic
 
 def rank_summary(step_seconds: list[float], per_rank_batch: int, peak_rss_mb: float) -> dict:
     total = sum(step_seconds)
-    return {"steps": len(step_seconds), "seconds_total": total,
-            "throughput_samples_per_s": per_rank_batch * len(step_seconds) / total,
-            "step_seconds_median": statistics.median(step_seconds), "peak_rss_mb": peak_rss_mb}
+    return {
+        "steps": len(step_seconds),
+        "seconds_total": total,
+        "throughput_samples_per_s": per_rank_batch * len(step_seconds) / total,
+        "step_seconds_median": statistics.median(step_seconds),
+        "peak_rss_mb": peak_rss_mb,
+    }
 
 
 def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
     """Cell summary from every rank's records: throughput is the sum over ranks."""
-    ends = {r: next(x["value"] for x in recs if x["event"] == RANK_END)
-            for r, recs in rank_records.items()}
-    starts = {r: next(x["value"] for x in recs if x["event"] == RANK_START)
-              for r, recs in rank_records.items()}
-    probes = [x["value"] for recs in rank_records.values() for x in recs
-              if x["event"] == IDLE_PROBE]
+    ends = {
+        r: next(x["value"] for x in recs if x["event"] == RANK_END)
+        for r, recs in rank_records.items()
+    }
+    starts = {
+        r: next(x["value"] for x in recs if x["event"] == RANK_START)
+        for r, recs in rank_records.items()
+    }
+    probes = [
+        x["value"] for recs in rank_records.values() for x in recs if x["event"] == IDLE_PROBE
+    ]
     busy = [p["busy_cpus"] for p in probes if p["busy_cpus"] is not None]
     thr = [ends[r]["throughput_samples_per_s"] for r in sorted(ends)]
-    steps = [x["value"]["seconds"] for recs in rank_records.values() for x in recs
-             if x["event"] == STEP]
+    steps = [
+        x["value"]["seconds"] for recs in rank_records.values() for x in recs if x["event"] == STEP
+    ]
     return {
         **_breakdown_summary(ends, statistics.median(steps)),
         **_allreduce_summary(ends, len(rank_records)),
@@ -184,13 +228,18 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
 
 def _breakdown_summary(ends: dict, step_median: float) -> dict:
     """Compute-only step (allreduce skipped) vs the full step: communication share of a step."""
-    per_rank = [statistics.median(e["breakdown"]["compute_seconds"]) for e in ends.values()
-                if e.get("breakdown", {}).get("available")]
+    per_rank = [
+        statistics.median(e["breakdown"]["compute_seconds"])
+        for e in ends.values()
+        if e.get("breakdown", {}).get("available")
+    ]
     if not per_rank:
         return {"compute_seconds_median": None, "comm_fraction": None}
     compute = statistics.median(per_rank)
-    return {"compute_seconds_median": compute,
-            "comm_fraction": max(0.0, 1.0 - compute / step_median)}
+    return {
+        "compute_seconds_median": compute,
+        "comm_fraction": max(0.0, 1.0 - compute / step_median),
+    }
 
 
 def _allreduce_summary(ends: dict, world_size: int) -> dict:
@@ -203,9 +252,14 @@ def _allreduce_summary(ends: dict, world_size: int) -> dict:
     for i, size in enumerate(probes[0]["sizes"]):
         seconds = max(statistics.median(p["sizes"][i]["seconds"]) for p in probes)
         algbw = size["bytes"] / seconds
-        out.append({"bytes": size["bytes"], "seconds_median": seconds,
-                    "algbw_bytes_per_s": algbw,
-                    "busbw_bytes_per_s": bus_bandwidth(algbw, world_size)})
+        out.append(
+            {
+                "bytes": size["bytes"],
+                "seconds_median": seconds,
+                "algbw_bytes_per_s": algbw,
+                "busbw_bytes_per_s": bus_bandwidth(algbw, world_size),
+            }
+        )
     return {"allreduce": out}
 
 
@@ -220,49 +274,63 @@ def _energy_summary(ends: dict, starts: dict) -> dict:
     for rank, end in sorted(ends.items()):
         energy = end.get("energy") or {}
         if not energy.get("available"):
-            return {"joules_per_sample": None,
-                    "energy_unavailable": energy.get("reason", "not recorded")}
+            return {
+                "joules_per_sample": None,
+                "energy_unavailable": energy.get("reason", "not recorded"),
+            }
         key = (starts[rank]["node"], "node") if energy["source"].startswith("rapl") else rank
         readings.setdefault(key, energy["joules"])
     samples = sum(e["throughput_samples_per_s"] * e["seconds_total"] for e in ends.values())
     return {"joules_per_sample": sum(readings.values()) / samples, "energy_unavailable": None}
 
 
-def assemble(*, cell: Cell, git_commit: str | None, slurm_job_id: str | None,
-             rank_records: dict[int, list[dict]], wall_seconds: float,
-             started: float) -> list[dict]:
+def assemble(
+    *,
+    cell: Cell,
+    git_commit: str | None,
+    slurm_job_id: str | None,
+    rank_records: dict[int, list[dict]],
+    wall_seconds: float,
+    started: float,
+) -> list[dict]:
     """The whole metrics file: run_start (provenance), every rank's records, summary."""
     first = next(x["value"] for x in rank_records[0] if x["event"] == RANK_START)
-    starts = [next(x["value"] for x in recs if x["event"] == RANK_START)
-              for _, recs in sorted(rank_records.items())]
-    run_start = make_record(RUN_START, None, {
-        "study": cell.study,
-        "cell": cell.as_dict(),
-        "config_hash": cell.config_hash,
-        "provenance": {
-            "dlscale_version": first["dlscale_version"],
-            "git_commit": git_commit,
-            "python": first["python"],
-            "libraries": first["libraries"],
-            "hosts": sorted({s["node"] for s in starts}),
-            "world_size": len(rank_records),
-            "ranks_per_node": cell.ranks_per_node,
-            "device_model": first["device_model"],
-            "cpu_model": first["cpu_model"],
-            "backend": first.get("backend"),
-            "launcher": cell.launcher,
-            "slurm_job_id": slurm_job_id,
+    starts = [
+        next(x["value"] for x in recs if x["event"] == RANK_START)
+        for _, recs in sorted(rank_records.items())
+    ]
+    run_start = make_record(
+        RUN_START,
+        None,
+        {
+            "study": cell.study,
+            "cell": cell.as_dict(),
+            "config_hash": cell.config_hash,
+            "provenance": {
+                "dlscale_version": first["dlscale_version"],
+                "git_commit": git_commit,
+                "python": first["python"],
+                "libraries": first["libraries"],
+                "hosts": sorted({s["node"] for s in starts}),
+                "world_size": len(rank_records),
+                "ranks_per_node": cell.ranks_per_node,
+                "device_model": first["device_model"],
+                "cpu_model": first["cpu_model"],
+                "backend": first.get("backend"),
+                "launcher": cell.launcher,
+                "slurm_job_id": slurm_job_id,
+            },
+            "timing": {
+                "warmup_steps": cell.warmup_steps,
+                "steps": cell.steps,
+                "timer": first["timer"],
+                "sync_method": first["sync_method"],
+                "throughput": THROUGHPUT_METHOD,
+                "batch_policy": cell.policy,
+                "idle_probe": IDLE_PROBE_METHOD,
+            },
         },
-        "timing": {
-            "warmup_steps": cell.warmup_steps,
-            "steps": cell.steps,
-            "timer": first["timer"],
-            "sync_method": first["sync_method"],
-            "throughput": THROUGHPUT_METHOD,
-            "batch_policy": cell.policy,
-            "idle_probe": IDLE_PROBE_METHOD,
-        },
-    })
+    )
     run_start["time"] = started
     records = [run_start]
     for _, recs in sorted(rank_records.items()):
@@ -271,9 +339,13 @@ def assemble(*, cell: Cell, git_commit: str | None, slurm_job_id: str | None,
     return records
 
 
-def validate_records(records: list[dict], where: str = "metrics", *,
-                     line_numbers: list[int] | None = None,
-                     checked: list[bool] | None = None) -> None:
+def validate_records(
+    records: list[dict],
+    where: str = "metrics",
+    *,
+    line_numbers: list[int] | None = None,
+    checked: list[bool] | None = None,
+) -> None:
     """Schema-check every line and the file's structure; raise MetricsError on the first problem.
     `line_numbers`: each record's line in the file (default 1, 2, ...); `checked`: records
     already known valid (canonical step lines, see read_metrics)."""
@@ -285,8 +357,10 @@ def validate_records(records: list[dict], where: str = "metrics", *,
         if ok:
             continue
         if isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("version") != VERSION:
-            raise MetricsError(f"{where}: line {i}: format version {rec.get('version')!r}, "
-                               f"this dlscale reads version {VERSION}")
+            raise MetricsError(
+                f"{where}: line {i}: format version {rec.get('version')!r}, "
+                f"this dlscale reads version {VERSION}"
+            )
         err = _record_error(rec)
         if err is not None:
             raise MetricsError(f"{where}: line {i}: {err}")
@@ -295,8 +369,9 @@ def validate_records(records: list[dict], where: str = "metrics", *,
     world = records[0]["value"]["cell"]["world_size"]
     ranks = {r["rank"] for r in records if r["event"] == RANK_END}
     if ranks != set(range(world)):
-        raise MetricsError(f"{where}: rank_end records for ranks {sorted(ranks)}, "
-                           f"expected 0..{world - 1}")
+        raise MetricsError(
+            f"{where}: rank_end records for ranks {sorted(ranks)}, expected 0..{world - 1}"
+        )
 
 
 def write_atomic(path: str | Path, records: list[dict]) -> None:
@@ -324,13 +399,29 @@ def write_atomic(path: str | Path, records: list[dict]) -> None:
 # path (parse + schema); tests/unit/test_metrics.py checks the pattern against the schema.
 _UINT = r"(?:0|[1-9][0-9]*)"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
-_POSITIVE = (r"(?:0\.0{0,3}[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?|[1-9](?:\.[0-9]+)?"
-             r"[eE][+-]?[0-9]{1,2})")
-_STEP = (r'\{"event": "' + STEP + r'", "format": "' + re.escape(FORMAT) + r'", "rank": ' + _UINT
-         + r', "time": ' + _NUMBER + r', "value": \{"samples": [1-9][0-9]*, "seconds": '
-         + _POSITIVE + r', "step": ' + _UINT + r'\}, "version": ' + str(VERSION) + r'\}')
+_POSITIVE = (
+    r"(?:0\.0{0,3}[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?|[1-9](?:\.[0-9]+)?"
+    r"[eE][+-]?[0-9]{1,2})"
+)
+_STEP = (
+    r'\{"event": "'
+    + STEP
+    + r'", "format": "'
+    + re.escape(FORMAT)
+    + r'", "rank": '
+    + _UINT
+    + r', "time": '
+    + _NUMBER
+    + r', "value": \{"samples": [1-9][0-9]*, "seconds": '
+    + _POSITIVE
+    + r', "step": '
+    + _UINT
+    + r'\}, "version": '
+    + str(VERSION)
+    + r"\}"
+)
 STEP_LINE = re.compile(_STEP)
-_STEP_LINES = re.compile("^" + _STEP + "\n", re.MULTILINE)    # all of a file's, in one call
+_STEP_LINES = re.compile("^" + _STEP + "\n", re.MULTILINE)  # all of a file's, in one call
 
 
 def read_metrics(path: str | Path, steps: bool = True) -> list[dict]:
@@ -348,7 +439,7 @@ def read_metrics(path: str | Path, steps: bool = True) -> list[dict]:
     except UnicodeDecodeError as exc:
         raise MetricsError(f"{path}: not text ({exc.reason})") from None
     if not steps:
-        try:     # the common case in one pass; any problem is located line by line below
+        try:  # the common case in one pass; any problem is located line by line below
             lines = [line for line in _STEP_LINES.sub("", text).splitlines() if line.strip()]
             records = json.loads("[" + ",".join(lines) + "]")
             if len(records) == len(lines):
@@ -362,7 +453,7 @@ def read_metrics(path: str | Path, steps: bool = True) -> list[dict]:
         numbered = [nl for nl, step in zip(numbered, canonical) if not step]
         canonical = [False] * len(numbered)
     lines = [line for _, line in numbered]
-    try:    # one C-level parse of all lines; line by line only to locate an error
+    try:  # one C-level parse of all lines; line by line only to locate an error
         records = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
         records = None
@@ -373,6 +464,7 @@ def read_metrics(path: str | Path, steps: bool = True) -> list[dict]:
                 records.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise MetricsError(f"{path}: line {i}: not JSON ({exc.msg})") from None
-    validate_records(records, where=str(path), line_numbers=[i for i, _ in numbered],
-                     checked=canonical)
+    validate_records(
+        records, where=str(path), line_numbers=[i for i, _ in numbered], checked=canonical
+    )
     return records

@@ -11,6 +11,7 @@ else of the old layout (tables, figures, report, logs, cells without a readable 
 moved, unchanged, into `results/_before-studies-<time>/`. Nothing is deleted or overwritten;
 running it again finds nothing to do.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,13 +25,25 @@ from pathlib import Path
 from .archive import adopt_unarchived, measurement_id
 from .cell import AXIS_PATH, KEY, MEASUREMENTS_DIR, METRICS_FILE
 
-LEGACY_RUNS = "runs"                       # results/runs/<axes>/metrics.jsonl
-LEGACY_PARTS = ("tables", "figures", "report", "partial", "logs/train", "logs/figures",
-                "logs/collect.log", "logs/report_inputs.log", "logs/report_tex.log",
-                "logs/report_pdf.log")
+LEGACY_RUNS = "runs"  # results/runs/<axes>/metrics.jsonl
+LEGACY_PARTS = (
+    "tables",
+    "figures",
+    "report",
+    "partial",
+    "logs/train",
+    "logs/figures",
+    "logs/collect.log",
+    "logs/report_inputs.log",
+    "logs/report_tex.log",
+    "logs/report_pdf.log",
+)
 _LEGACY_CELL = re.compile(
-    re.escape(AXIS_PATH).replace(r"\{", "{").replace(r"\}", "}")
-    .format(**{k: f"(?P<{k}>[^/]+)" for k in KEY}))
+    re.escape(AXIS_PATH)
+    .replace(r"\{", "{")
+    .replace(r"\}", "}")
+    .format(**{k: f"(?P<{k}>[^/]+)" for k in KEY})
+)
 
 
 def _study_of(metrics: Path) -> str | None:
@@ -65,7 +78,7 @@ def move_cell(src: Path, dest: Path) -> str:
     """Move one old cell folder; never over an existing measurement."""
     if not (dest / METRICS_FILE).exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():           # a folder without a measurement (a failed cell's records)
+        if dest.exists():  # a folder without a measurement (a failed cell's records)
             for item in src.iterdir():
                 target = dest / item.name
                 if not target.exists():
@@ -74,9 +87,10 @@ def move_cell(src: Path, dest: Path) -> str:
             shutil.move(str(src), str(dest))
         adopt_unarchived([dest / METRICS_FILE])
         return "moved"
-    adopt_unarchived([dest / METRICS_FILE])       # the current one first has its own folder
-    folder = dest / MEASUREMENTS_DIR / measurement_id(
-        "migrated", (src / METRICS_FILE).stat().st_mtime)
+    adopt_unarchived([dest / METRICS_FILE])  # the current one first has its own folder
+    folder = (
+        dest / MEASUREMENTS_DIR / measurement_id("migrated", (src / METRICS_FILE).stat().st_mtime)
+    )
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(src), str(folder))
     return "kept as an earlier measurement"
@@ -91,7 +105,7 @@ def migrate(results: Path, dry_run: bool = False, out=sys.stdout) -> dict:
     if rest:
         keep = results / f"_before-studies-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
         for path in rest:
-            if not path.exists():      # runs/ emptied by the moves above
+            if not path.exists():  # runs/ emptied by the moves above
                 continue
             target = keep / path.relative_to(results)
             print(f"{path} -> {target}" + (" (dry run)" if dry_run else ""), file=out)
@@ -105,10 +119,15 @@ def migrate(results: Path, dry_run: bool = False, out=sys.stdout) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlscale.migrate",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, default=Path("results"),
-                   help="the results folder (default: results)")
+    p = argparse.ArgumentParser(
+        prog="python -m dlscale.migrate", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results"),
+        help="the results folder (default: results)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print what would move, move nothing")
     a = p.parse_args(argv)
     migrate(a.results, a.dry_run)

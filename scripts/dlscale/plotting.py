@@ -8,6 +8,7 @@ Points are medians over repetitions, error bars 95 % bootstrap confidence interv
 width: grids of up to 2 panel columns are one column wide, wider grids (up to MAX_COLS panel
 columns) span the text width, taken as 2 column widths. The style is data (styles/paper.mplstyle).
 """
+
 from __future__ import annotations
 
 from importlib import resources
@@ -34,6 +35,7 @@ def _style():
 
 # ---- drawing ---------------------------------------------------------------------------------
 
+
 def _grid(n_panels: int, ncols: int, width: float, sharey: bool = False, aspect: float = 0.8):
     """A grid of panels `width` wide; a panel is `aspect` times as high as wide (at most
     2.75 in wide for the height, so one-column grids of wide figures stay short)."""
@@ -41,9 +43,10 @@ def _grid(n_panels: int, ncols: int, width: float, sharey: bool = False, aspect:
     nrows = max(1, -(-n_panels // ncols))
     panel_w = width / ncols
     panel_h = aspect * min(panel_w, 2.75)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, panel_h * nrows + 0.45),
-                             squeeze=False, sharey=sharey)
-    for ax in axes.flat[max(n_panels, 1):]:
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width, panel_h * nrows + 0.45), squeeze=False, sharey=sharey
+    )
+    for ax in axes.flat[max(n_panels, 1) :]:
         ax.set_visible(False)
     return fig, axes
 
@@ -59,8 +62,11 @@ class _Hue:
     """Colour = framework, marker and line style = precision, over the whole study."""
 
     def __init__(self, spec: dict):
-        self.colour = dict(zip(spec["frameworks"],
-                               sns.color_palette("colorblind", max(1, len(spec["frameworks"])))))
+        self.colour = dict(
+            zip(
+                spec["frameworks"], sns.color_palette("colorblind", max(1, len(spec["frameworks"])))
+            )
+        )
         self.precision = {p: i for i, p in enumerate(spec["precisions"])}
         self.show_precision = len(spec["precisions"]) > 1
 
@@ -88,8 +94,9 @@ def _select(scaling: pd.DataFrame, spec: dict, panel: list) -> pd.DataFrame:
 
 
 def _no_data(ax) -> None:
-    ax.text(0.5, 0.5, "no measured cells", transform=ax.transAxes, ha="center", va="center",
-            color="0.5")
+    ax.text(
+        0.5, 0.5, "no measured cells", transform=ax.transAxes, ha="center", va="center", color="0.5"
+    )
 
 
 def _panels(scaling: pd.DataFrame, spec: dict, axes, title: str = "{0}, {1}"):
@@ -129,8 +136,14 @@ def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
         labels.append(h.get_label())
     if handles:
         wide = fig.get_figwidth() > 4.5
-        fig.legend(handles, labels, loc="lower center", ncols=min(8 if wide else 4, len(labels)),
-                   bbox_to_anchor=(0.5, 1.0), frameon=False)
+        fig.legend(
+            handles,
+            labels,
+            loc="lower center",
+            ncols=min(8 if wide else 4, len(labels)),
+            bbox_to_anchor=(0.5, 1.0),
+            frameon=False,
+        )
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -152,21 +165,25 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     family = spec["family"]
     column, ylabel = SCALING[family]
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"],
-                      sharey=family != "throughput")
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=family != "throughput")
     hue = _Hue(spec)
     top = 1.1
     for ax, _, part in _panels(scaling, spec, axes):
-        for (framework, precision) in spec["series"]:
+        for framework, precision in spec["series"]:
             line = part[(part["framework"] == framework) & (part["precision"] == precision)]
             if line.empty:
                 continue
             line = line.sort_values("nodes")
             med = line[f"{column}_median"]
-            ax.errorbar(line["nodes"], med,
-                        yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"]),
-                        marker=hue.marker(precision), linestyle=hue.linestyle(precision),
-                        color=hue.colour[framework], label=hue.label(framework, precision))
+            ax.errorbar(
+                line["nodes"],
+                med,
+                yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"]),
+                marker=hue.marker(precision),
+                linestyle=hue.linestyle(precision),
+                color=hue.colour[framework],
+                label=hue.label(framework, precision),
+            )
         nodes = sorted(part["nodes"].unique())
         if family in ("speedup", "efficiency"):
             base = part["baseline_nodes"].min()
@@ -180,7 +197,7 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
             high = part[f"{column}_median"].max() if np.isnan(high) else high
             top = max(top, float(0 if np.isnan(high) else high) * 1.05)
     if family == "efficiency":
-        axes.flat[0].set_ylim(0, top)          # shared y axis
+        axes.flat[0].set_ylim(0, top)  # shared y axis
     _label_outer(axes, len(panels), ylabel, "Nodes")
     return _finish(fig, axes, out)
 
@@ -209,13 +226,25 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
         part = part[part["nodes"] == top_nodes]
         for framework, precision, rows, x, width_bar in _bar_groups(part, series, "model", models):
             med = rows["throughput_samples_per_s_median"]
-            ax.bar(x, med, width_bar, color=hue.colour[framework],
-                   hatch=None if hue.precision.get(precision, 0) == 0 else "///",
-                   label=hue.label(framework, precision),
-                   yerr=_ci_err(med, rows["throughput_samples_per_s_ci_low"],
-                                rows["throughput_samples_per_s_ci_high"]))
-        ax.set_xticks(np.arange(len(models)), models, rotation=20 if len(models) > 1 else 0,
-                      ha="right" if len(models) > 1 else "center")
+            ax.bar(
+                x,
+                med,
+                width_bar,
+                color=hue.colour[framework],
+                hatch=None if hue.precision.get(precision, 0) == 0 else "///",
+                label=hue.label(framework, precision),
+                yerr=_ci_err(
+                    med,
+                    rows["throughput_samples_per_s_ci_low"],
+                    rows["throughput_samples_per_s_ci_high"],
+                ),
+            )
+        ax.set_xticks(
+            np.arange(len(models)),
+            models,
+            rotation=20 if len(models) > 1 else 0,
+            ha="right" if len(models) > 1 else "center",
+        )
         ax.set_yscale("log")
         ax.set_title(f"{panel[0]} scaling, {top_nodes} node(s)")
     _label_outer(axes, len(panels), "Throughput (samples/s)", None)
@@ -239,16 +268,26 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
             compute = np.where(known, np.minimum(compute, step), 0)
             colour = hue.colour[framework]
             ax.bar(x, compute, width_bar, color=colour, label=hue.label(framework, precision))
-            ax.bar(x, np.where(known, step - compute, 0), width_bar, bottom=compute,
-                   color="white", edgecolor=colour, hatch="////", linewidth=0.4)
+            ax.bar(
+                x,
+                np.where(known, step - compute, 0),
+                width_bar,
+                bottom=compute,
+                color="white",
+                edgecolor=colour,
+                hatch="////",
+                linewidth=0.4,
+            )
             if (~known).any():
                 any_unknown = True
                 ax.bar(x[~known], step[~known], width_bar, color="0.75")
         ax.set_xticks(np.arange(len(nodes)), [str(n) for n in nodes])
         ax.grid(axis="x", visible=False)
     _label_outer(axes, len(panels), "Step time (ms, median)", "Nodes")
-    extra = [Patch(facecolor="0.3", label="compute"),
-             Patch(facecolor="white", edgecolor="0.3", hatch="////", label="communication")]
+    extra = [
+        Patch(facecolor="0.3", label="compute"),
+        Patch(facecolor="white", edgecolor="0.3", hatch="////", label="communication"),
+    ]
     if any_unknown:
         extra.append(Patch(facecolor="0.75", label="not separable"))
     return _finish(fig, axes, out, extra)

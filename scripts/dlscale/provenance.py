@@ -1,4 +1,5 @@
 """Provenance facts recorded in every metrics file: where, with what, from which commit."""
+
 from __future__ import annotations
 
 import os
@@ -23,12 +24,17 @@ def cpu_model() -> str:
 def git_commit(path: str) -> str | None:
     """The workflow's git commit (with a '+dirty' suffix when the tree has changes), or None."""
     try:
-        head = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -36,8 +42,24 @@ def git_commit(path: str) -> str | None:
 
 # Environment variables that shape a run, recorded with every rank; values of names that look
 # secret are never written.
-ENV_PREFIXES = ("SLURM_", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "GLOO_", "TF_", "HOROVOD_",
-                "DMLC_", "MXNET_", "DLSCALE_", "MASTER_", "TORCH_", "PYTORCH_", "OPENBLAS_")
+ENV_PREFIXES = (
+    "SLURM_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "CUDA_",
+    "NCCL_",
+    "GLOO_",
+    "TF_",
+    "HOROVOD_",
+    "DMLC_",
+    "MXNET_",
+    "DLSCALE_",
+    "MASTER_",
+    "TORCH_",
+    "PYTORCH_",
+    "OPENBLAS_",
+)
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
 REDACTED = "<redacted>"
 
@@ -45,8 +67,11 @@ REDACTED = "<redacted>"
 def environment(env=None) -> dict:
     """The run-shaping environment variables (ENV_PREFIXES), secret-looking values redacted."""
     env = os.environ if env is None else env
-    return {k: (REDACTED if any(w in k.upper() for w in SECRET_WORDS) else v)
-            for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
+    return {
+        k: (REDACTED if any(w in k.upper() for w in SECRET_WORDS) else v)
+        for k, v in sorted(env.items())
+        if k.startswith(ENV_PREFIXES)
+    }
 
 
 def host_facts() -> dict:
@@ -71,8 +96,14 @@ def host_facts() -> dict:
 
 def slurm_facts() -> dict:
     """The Slurm job this process belongs to, when there is one."""
-    keys = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION",
-            "SLURM_CLUSTER_NAME", "SLURM_STEP_ID")
+    keys = (
+        "SLURM_JOB_ID",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_PARTITION",
+        "SLURM_CLUSTER_NAME",
+        "SLURM_STEP_ID",
+    )
     return {k.lower(): os.environ[k] for k in keys if k in os.environ}
 
 
@@ -91,9 +122,11 @@ def _process_jiffies() -> dict[int, tuple[str, int]]:
         try:
             with open(f"/proc/{name}/stat") as fh:
                 data = fh.read()
-            fields = data[data.rindex(")") + 2:].split()
-            out[int(name)] = (data[data.index("(") + 1:data.rindex(")")],
-                              int(fields[11]) + int(fields[12]))   # utime + stime
+            fields = data[data.rindex(")") + 2 :].split()
+            out[int(name)] = (
+                data[data.index("(") + 1 : data.rindex(")")],
+                int(fields[11]) + int(fields[12]),
+            )  # utime + stime
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -109,25 +142,45 @@ def host_activity(window_s: float, top: int = 3) -> dict:
         total1, idle1 = _cpu_jiffies()
         procs1 = _process_jiffies()
     except OSError:
-        return {"window_s": window_s, "busy_cpus": None, "top_processes": [],
-                "method": "unavailable (/proc not readable)"}
+        return {
+            "window_s": window_s,
+            "busy_cpus": None,
+            "top_processes": [],
+            "method": "unavailable (/proc not readable)",
+        }
     d_total = total1 - total0
     busy = (d_total - (idle1 - idle0)) / d_total * (os.cpu_count() or 1) if d_total else 0.0
     hz = os.sysconf("SC_CLK_TCK")
-    users = sorted(((procs1[p][1] - procs0[p][1]) / hz / window_s, p, procs1[p][0])
-                   for p in procs1 if p in procs0 and p != os.getpid())
-    return {"window_s": window_s, "busy_cpus": round(busy, 3),
-            "top_processes": [{"pid": p, "comm": c, "cpus": round(u, 3)}
-                              for u, p, c in reversed(users[-top:]) if u > 0],
-            "method": "/proc/stat and /proc/<pid>/stat deltas while all ranks wait"}
+    users = sorted(
+        ((procs1[p][1] - procs0[p][1]) / hz / window_s, p, procs1[p][0])
+        for p in procs1
+        if p in procs0 and p != os.getpid()
+    )
+    return {
+        "window_s": window_s,
+        "busy_cpus": round(busy, 3),
+        "top_processes": [
+            {"pid": p, "comm": c, "cpus": round(u, 3)}
+            for u, p, c in reversed(users[-top:])
+            if u > 0
+        ],
+        "method": "/proc/stat and /proc/<pid>/stat deltas while all ranks wait",
+    }
 
 
 def gpu_activity() -> list[dict] | None:
     """Utilisation and memory of every visible NVIDIA GPU (nvidia-smi), or None without one."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=index,utilization.gpu,memory.used",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -135,6 +188,7 @@ def gpu_activity() -> list[dict] | None:
     gpus = []
     for line in out.stdout.strip().splitlines():
         index, util, mem = (v.strip() for v in line.split(","))
-        gpus.append({"index": int(index), "utilization_pct": float(util),
-                     "memory_used_mb": float(mem)})
+        gpus.append(
+            {"index": int(index), "utilization_pct": float(util), "memory_used_mb": float(mem)}
+        )
     return gpus

@@ -6,27 +6,42 @@ results/report/cells_table.tex a bounded summary of the cells (write_cell_summar
 results/report/report.tex      rendered from templates/report.tex.j2 (jinja2, LaTeX-safe delimiters)
 results/report/report.pdf      latexmk -pdf (Debian's TeX Live)
 """
+
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
 
 import jinja2
 import numpy as np
 import pandas as pd
 
 from .layout import MAX_PANELS, MAX_SERIES
-from .method import ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, COMPETING_BUSY_CPUS, \
-    IDLE_PROBE_SECONDS
+from .method import (
+    ALLREDUCE_BYTES,
+    ALLREDUCE_REPEATS,
+    BREAKDOWN_STEPS,
+    COMPETING_BUSY_CPUS,
+    IDLE_PROBE_SECONDS,
+)
 from .stats import CI_METHOD, GROUP
 
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-                  "^": r"\textasciicircum{}"}
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
 
 
 def tex_escape(value) -> str:
@@ -40,15 +55,21 @@ def _macro_name(name: str) -> str:
 
 
 def _fmt(x: float, digits: int = 3) -> str:
-    return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
+    return f"{x:.{digits}g}" if abs(x) < 10**digits else f"{x:,.0f}"
 
 
 def _join(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
-                 quarantine: pd.DataFrame, status: pd.DataFrame, n_planned: int) -> dict[str, str]:
+def build_macros(
+    config: dict,
+    cells: pd.DataFrame,
+    scaling: pd.DataFrame,
+    quarantine: pd.DataFrame,
+    status: pd.DataFrame,
+    n_planned: int,
+) -> dict[str, str]:
     axes = config["axes"]
     m = {
         "Study": config["study"],
@@ -78,24 +99,46 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         "AllreduceRepeats": ALLREDUCE_REPEATS,
         "CompetingBusyCpus": COMPETING_BUSY_CPUS,
     }
-    measured_keys = ["GlobalBatchStrong", "GitCommit", "ConfigHash", "Libraries", "Python",
-                     "DeviceModel", "Launcher", "Hosts", "ThroughputMax", "MaxNodes",
-                     "EfficiencyAtMaxNodesMin", "EfficiencyAtMaxNodesMax", "CellsCompeting", "CellsStraggler", "EnergyNote",
-                     "RepsMin", "RepsMax", "EarlierMeasurements"]
-    m.update({k: "n/a" for k in measured_keys})    # a report with no measured cell still builds
+    measured_keys = [
+        "GlobalBatchStrong",
+        "GitCommit",
+        "ConfigHash",
+        "Libraries",
+        "Python",
+        "DeviceModel",
+        "Launcher",
+        "Hosts",
+        "ThroughputMax",
+        "MaxNodes",
+        "EfficiencyAtMaxNodesMin",
+        "EfficiencyAtMaxNodesMax",
+        "CellsCompeting",
+        "CellsStraggler",
+        "EnergyNote",
+        "RepsMin",
+        "RepsMax",
+        "EarlierMeasurements",
+    ]
+    m.update({k: "n/a" for k in measured_keys})  # a report with no measured cell still builds
     if not cells.empty:
         strong = cells[cells["policy"] == "strong"]
-        m["GlobalBatchStrong"] = (_join(sorted(strong["global_batch"].unique()))
-                                  if not strong.empty else "n/a")
+        m["GlobalBatchStrong"] = (
+            _join(sorted(strong["global_batch"].unique())) if not strong.empty else "n/a"
+        )
         m["GitCommit"] = _join(sorted(cells["git_commit"].fillna("unknown").unique()))
         hashes = cells["config_hash"].nunique()
-        m["ConfigHash"] = (f"{hashes} per-cell configuration hashes" if hashes > 1
-                           else cells["config_hash"].iloc[0])
+        m["ConfigHash"] = (
+            f"{hashes} per-cell configuration hashes"
+            if hashes > 1
+            else cells["config_hash"].iloc[0]
+        )
         earlier = cells["earlier_measurements"].fillna(0).astype(int)
         m["EarlierMeasurements"] = (
-            "No cell has an earlier measurement" if not earlier.any() else
-            f"{int(earlier.sum())} earlier measurement(s) of {int((earlier > 0).sum())} re-measured "
-            "cell(s) are kept in their cells' measurements/ folders and not used here")
+            "No cell has an earlier measurement"
+            if not earlier.any()
+            else f"{int(earlier.sum())} earlier measurement(s) of {int((earlier > 0).sum())} "
+            "re-measured cell(s) are kept in their cells' measurements/ folders and not used here"
+        )
         m["Libraries"] = _join(sorted(cells["libraries"].unique()))
         m["Python"] = _join(sorted(cells["python"].unique()))
         m["DeviceModel"] = _join(sorted(cells["device_model"].unique()))
@@ -109,10 +152,13 @@ def build_macros(config: dict, cells: pd.DataFrame, scaling: pd.DataFrame,
         m["CellsCompeting"] = int(cells["competing"].sum())
         m["CellsStraggler"] = int(cells["straggler"].sum())
         energy = cells["joules_per_sample"].dropna()
-        m["EnergyNote"] = (f"measured for {len(energy)} of {len(cells)} cells "
-                           f"(median {_fmt(energy.median())} J/sample)" if len(energy) else
-                           "not available: " + "; ".join(sorted(
-                               cells["energy_unavailable"].dropna().unique())))
+        m["EnergyNote"] = (
+            f"measured for {len(energy)} of {len(cells)} cells "
+            f"(median {_fmt(energy.median())} J/sample)"
+            if len(energy)
+            else "not available: "
+            + "; ".join(sorted(cells["energy_unavailable"].dropna().unique()))
+        )
         m["RepsMin"] = int(scaling["n"].min())
         m["RepsMax"] = int(scaling["n"].max())
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
@@ -140,18 +186,23 @@ def _opt(value, digits: int = 2, scale: float = 1.0) -> str:
 # first coarser level that does; the text above the table says which.
 SUMMARY_LEVELS = [
     (GROUP, "hardware, framework, model, batch policy and precision"),
-    (["hardware", "framework", "policy", "precision"],
-     "hardware, framework, batch policy and precision"),
+    (
+        ["hardware", "framework", "policy", "precision"],
+        "hardware, framework, batch policy and precision",
+    ),
     (["hardware", "framework", "policy"], "hardware, framework and batch policy"),
     (["hardware", "framework"], "hardware and framework"),
     (["hardware"], "hardware"),
 ]
-MAX_SUMMARY_ROWS = 100     # about two pages of \footnotesize longtable rows
+MAX_SUMMARY_ROWS = 100  # about two pages of \footnotesize longtable rows
 
 
 # A group's measures at its largest measured node count.
-_AT_TOP = [f"{m}_{s}" for m in ("throughput_samples_per_s", "scaling_efficiency")
-           for s in ("median", "ci_low", "ci_high")]
+_AT_TOP = [
+    f"{m}_{s}"
+    for m in ("throughput_samples_per_s", "scaling_efficiency")
+    for s in ("median", "ci_low", "ci_high")
+]
 
 
 def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -160,24 +211,44 @@ def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     largest measured node count (median over repetitions, 95 % CI)."""
     keys = SUMMARY_LEVELS[0][0]
     rows = []
-    for key, part in (scaling.groupby(keys, sort=False) if not scaling.empty else []):
+    for key, part in scaling.groupby(keys, sort=False) if not scaling.empty else []:
         top = part.loc[part["nodes"].idxmax()]
-        rows.append({**dict(zip(keys, key)),
-                     "node_counts": tuple(sorted(int(n) for n in part["nodes"].unique())),
-                     "top_nodes": int(top["nodes"]), "n_top": int(top["n"]),
-                     "cells_measured": int(part["n"].sum()),
-                     "competing_reps": int(part["competing_reps"].sum()),
-                     "straggler_reps": int(part["straggler_reps"].sum()),
-                     **{c: top[c] for c in _AT_TOP}})
-    measured = pd.DataFrame(rows, columns=[*keys, "node_counts", "top_nodes", "n_top",
-                                           "cells_measured", "competing_reps", "straggler_reps",
-                                           *_AT_TOP])
+        rows.append(
+            {
+                **dict(zip(keys, key)),
+                "node_counts": tuple(sorted(int(n) for n in part["nodes"].unique())),
+                "top_nodes": int(top["nodes"]),
+                "n_top": int(top["n"]),
+                "cells_measured": int(part["n"].sum()),
+                "competing_reps": int(part["competing_reps"].sum()),
+                "straggler_reps": int(part["straggler_reps"].sum()),
+                **{c: top[c] for c in _AT_TOP},
+            }
+        )
+    measured = pd.DataFrame(
+        rows,
+        columns=[
+            *keys,
+            "node_counts",
+            "top_nodes",
+            "n_top",
+            "cells_measured",
+            "competing_reps",
+            "straggler_reps",
+            *_AT_TOP,
+        ],
+    )
     if status.empty:
-        out = measured.assign(cells_ok=measured["cells_measured"],
-                              cells_planned=measured["cells_measured"])
+        out = measured.assign(
+            cells_ok=measured["cells_measured"], cells_planned=measured["cells_measured"]
+        )
     else:
-        planned = (status.assign(ok=status["status"] == "ok").groupby(keys, sort=False)
-                   .agg(cells_planned=("ok", "size"), cells_ok=("ok", "sum")).reset_index())
+        planned = (
+            status.assign(ok=status["status"] == "ok")
+            .groupby(keys, sort=False)
+            .agg(cells_planned=("ok", "size"), cells_ok=("ok", "sum"))
+            .reset_index()
+        )
         out = planned.merge(measured, on=keys, how="outer")
     out["node_counts"] = out["node_counts"].apply(lambda v: v if isinstance(v, tuple) else ())
     for col in ("cells_ok", "cells_planned", "competing_reps", "straggler_reps"):
@@ -185,8 +256,9 @@ def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
-def cell_summary(scaling: pd.DataFrame, status: pd.DataFrame,
-                 max_rows: int = MAX_SUMMARY_ROWS) -> tuple[pd.DataFrame, int, int]:
+def cell_summary(
+    scaling: pd.DataFrame, status: pd.DataFrame, max_rows: int = MAX_SUMMARY_ROWS
+) -> tuple[pd.DataFrame, int, int]:
     """The summary at the finest level of SUMMARY_LEVELS with at most `max_rows` rows (the
     coarsest level when none fits). Returns (table, level index, number of groups)."""
     groups = group_summary(scaling, status)
@@ -197,16 +269,20 @@ def cell_summary(scaling: pd.DataFrame, status: pd.DataFrame,
             rows = []
             for key, part in groups.groupby(keys, sort=True):
                 eff = part["scaling_efficiency_median"].dropna()
-                rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))),
-                             "groups": len(part), "cells_ok": int(part["cells_ok"].sum()),
-                             "cells_planned": int(part["cells_planned"].sum()),
-                             "node_counts": tuple(sorted({n for v in part["node_counts"]
-                                                          for n in v})),
-                             "competing_reps": int(part["competing_reps"].sum()),
-                             "straggler_reps": int(part["straggler_reps"].sum()),
-                             "efficiency_median": eff.median() if len(eff) else np.nan,
-                             "efficiency_min": eff.min() if len(eff) else np.nan,
-                             "efficiency_max": eff.max() if len(eff) else np.nan})
+                rows.append(
+                    {
+                        **dict(zip(keys, key if isinstance(key, tuple) else (key,))),
+                        "groups": len(part),
+                        "cells_ok": int(part["cells_ok"].sum()),
+                        "cells_planned": int(part["cells_planned"].sum()),
+                        "node_counts": tuple(sorted({n for v in part["node_counts"] for n in v})),
+                        "competing_reps": int(part["competing_reps"].sum()),
+                        "straggler_reps": int(part["straggler_reps"].sum()),
+                        "efficiency_median": eff.median() if len(eff) else np.nan,
+                        "efficiency_min": eff.min() if len(eff) else np.nan,
+                        "efficiency_max": eff.max() if len(eff) else np.nan,
+                    }
+                )
             table = pd.DataFrame(rows)
         if len(table) <= max_rows or level == len(SUMMARY_LEVELS) - 1:
             return table, level, len(groups)
@@ -223,67 +299,102 @@ def _node_list(nodes) -> str:
 
 
 def _flags(r) -> str:
-    return (("$^\\dagger$" if r.competing_reps else "")
-            + ("$^\\ddagger$" if r.straggler_reps else ""))
+    return ("$^\\dagger$" if r.competing_reps else "") + (
+        "$^\\ddagger$" if r.straggler_reps else ""
+    )
 
 
-def write_cell_summary(scaling: pd.DataFrame, status: pd.DataFrame, out: str,
-                       max_rows: int = MAX_SUMMARY_ROWS) -> int:
+def write_cell_summary(
+    scaling: pd.DataFrame, status: pd.DataFrame, out: str, max_rows: int = MAX_SUMMARY_ROWS
+) -> int:
     """The report's cell table: a bounded summary (`cell_summary`) with a sentence that says
     its level. The full per-cell table is attached to the PDF (results/tables/cells.csv).
     Returns the number of rows written."""
     table, level, n_groups = cell_summary(scaling, status, max_rows)
     keys, words = SUMMARY_LEVELS[level]
-    heads = {"hardware": "HW", "framework": "Framework", "model": "Model", "policy": "Policy",
-             "precision": "Prec."}
+    heads = {
+        "hardware": "HW",
+        "framework": "Framework",
+        "model": "Model",
+        "policy": "Policy",
+        "precision": "Prec.",
+    }
     if level == 0:
-        intro = (f"One row per {words} ({len(table)} groups). Throughput and scaling efficiency "
-                 "are those at the group's largest measured node count (the last of its node "
-                 "counts): median over n repetitions with the 95\\,\\% bootstrap interval.")
+        intro = (
+            f"One row per {words} ({len(table)} groups). Throughput and scaling efficiency "
+            "are those at the group's largest measured node count (the last of its node "
+            "counts): median over n repetitions with the 95\\,\\% bootstrap interval."
+        )
         spec = "l" * len(keys) + "rlrrr"
-        head = (" & ".join(heads[k] for k in keys) + r" & Cells & Nodes & n & "
-                r"Throughput [samples/s] & Efficiency \\" "\n"
-                + "& " * len(keys) + r"ok/planned & & & median [95\,\% CI] & "
-                r"median [95\,\% CI] \\")
+        head = (
+            " & ".join(heads[k] for k in keys) + r" & Cells & Nodes & n & "
+            r"Throughput [samples/s] & Efficiency \\"
+            "\n" + "& " * len(keys) + r"ok/planned & & & median [95\,\% CI] & "
+            r"median [95\,\% CI] \\"
+        )
     else:
-        intro = (f"The per-group summary would have {n_groups} rows (more than {max_rows}, "
-                 f"about two pages), so this table aggregates further: one row per {words} "
-                 f"({len(table)} rows). Groups counts the hardware, framework, model, batch "
-                 "policy and precision groups a row holds; efficiency is the median, minimum and "
-                 "maximum over those groups, each at its largest measured node count.")
+        intro = (
+            f"The per-group summary would have {n_groups} rows (more than {max_rows}, "
+            f"about two pages), so this table aggregates further: one row per {words} "
+            f"({len(table)} rows). Groups counts the hardware, framework, model, batch "
+            "policy and precision groups a row holds; efficiency is the median, minimum and "
+            "maximum over those groups, each at its largest measured node count."
+        )
         spec = "l" * len(keys) + "rrlr"
-        head = (" & ".join(heads[k] for k in keys) + r" & Groups & Cells & Nodes & "
-                r"Efficiency at largest node count \\" "\n"
-                + "& " * len(keys) + r"& ok/planned & & median [min, max] \\")
+        head = (
+            " & ".join(heads[k] for k in keys) + r" & Groups & Cells & Nodes & "
+            r"Efficiency at largest node count \\"
+            "\n" + "& " * len(keys) + r"& ok/planned & & median [min, max] \\"
+        )
     rows = []
     for r in table.itertuples(index=False):
         cols = [tex_escape(getattr(r, k)) for k in keys]
         if level == 0:
             measured = not pd.isna(r.throughput_samples_per_s_median)
-            cols += [f"{r.cells_ok}/{r.cells_planned}", _node_list(r.node_counts),
-                     str(int(r.n_top)) if measured else "--",
-                     _ci(r, "throughput_samples_per_s") if measured else "--",
-                     _ci(r, "scaling_efficiency") if measured else "--"]
+            cols += [
+                f"{r.cells_ok}/{r.cells_planned}",
+                _node_list(r.node_counts),
+                str(int(r.n_top)) if measured else "--",
+                _ci(r, "throughput_samples_per_s") if measured else "--",
+                _ci(r, "scaling_efficiency") if measured else "--",
+            ]
         else:
-            eff = ("--" if pd.isna(r.efficiency_median) else
-                   f"{_fmt(r.efficiency_median)} [{_fmt(r.efficiency_min)}, "
-                   f"{_fmt(r.efficiency_max)}]")
-            cols += [str(r.groups), f"{r.cells_ok}/{r.cells_planned}",
-                     _node_list(r.node_counts), eff]
+            eff = (
+                "--"
+                if pd.isna(r.efficiency_median)
+                else f"{_fmt(r.efficiency_median)} [{_fmt(r.efficiency_min)}, "
+                f"{_fmt(r.efficiency_max)}]"
+            )
+            cols += [
+                str(r.groups),
+                f"{r.cells_ok}/{r.cells_planned}",
+                _node_list(r.node_counts),
+                eff,
+            ]
         rows.append(" & ".join(cols) + _flags(r) + r" \\")
     ncols = len(spec)
     body = "\n".join(rows) if rows else rf"\multicolumn{{{ncols}}}{{c}}{{no planned cells}} \\"
-    foot = (r"\bottomrule" "\n" rf"\multicolumn{{{ncols}}}{{p{{0.9\linewidth}}}}"
-            r"{$^\dagger$ a repetition was measured while other processes kept the host busy "
-            r"(idle probe); $^\ddagger$ a repetition had a straggler rank.}\\" "\n")
+    foot = (
+        r"\bottomrule"
+        "\n"
+        rf"\multicolumn{{{ncols}}}{{p{{0.9\linewidth}}}}"
+        r"{$^\dagger$ a repetition was measured while other processes kept the host busy "
+        r"(idle probe); $^\ddagger$ a repetition had a straggler rank.}\\"
+        "\n"
+    )
     Path(out).write_text(
-        r"\noindent " + intro + "\n\n" r"{\footnotesize\setlength\tabcolsep{3pt}" "\n"
-        + rf"\begin{{longtable}}{{{spec}}}" "\n" r"\toprule" "\n" + head + "\n"
-        + r"\midrule\endhead" "\n" + body + "\n" + foot + r"\end{longtable}}" + "\n")
+        r"\noindent " + intro + "\n\n"
+        r"{\footnotesize\setlength\tabcolsep{3pt}"
+        "\n" + rf"\begin{{longtable}}{{{spec}}}"
+        "\n"
+        r"\toprule"
+        "\n" + head + "\n" + r"\midrule\endhead"
+        "\n" + body + "\n" + foot + r"\end{longtable}}" + "\n"
+    )
     return len(table)
 
 
-MAX_LISTED_CELLS = 60     # rows of the failed/missing and quarantine tables (~2 pages)
+MAX_LISTED_CELLS = 60  # rows of the failed/missing and quarantine tables (~2 pages)
 
 
 def write_status_table(status: pd.DataFrame, out: str) -> None:
@@ -301,42 +412,66 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
         last = (str(r.log_tail).strip().splitlines() or [""])[-1] if not pd.isna(r.log_tail) else ""
         slurm = "" if pd.isna(r.slurm_state) else f"{r.slurm_state} ({r.slurm_exit_code})"
         rank = "" if pd.isna(r.failed_rank) else str(int(r.failed_rank))
-        rows.append(" & ".join(tex_escape(v) for v in (
-            cell, r.status, r.reason if not pd.isna(r.reason) else "", slurm, rank,
-            last[:90])) + r" \\")
+        rows.append(
+            " & ".join(
+                tex_escape(v)
+                for v in (
+                    cell,
+                    r.status,
+                    r.reason if not pd.isna(r.reason) else "",
+                    slurm,
+                    rank,
+                    last[:90],
+                )
+            )
+            + r" \\"
+        )
     Path(out).write_text(
         "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
         "\\begin{longtable}{p{0.26\\linewidth}lp{0.22\\linewidth}p{0.12\\linewidth}r"
         "p{0.22\\linewidth}}\n\\toprule\n"
         "Cell & Status & Reason & Slurm state (exit) & Rank & Last log line \\\\\n"
-        "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n"
-        + _more_rows(ordered.iloc[MAX_LISTED_CELLS:], "status.csv"))
+        "\\midrule\\endhead\n"
+        + "\n".join(rows)
+        + "\n\\bottomrule\n\\end{longtable}}\n"
+        + _more_rows(ordered.iloc[MAX_LISTED_CELLS:], "status.csv")
+    )
 
 
 def _more_rows(rest: pd.DataFrame, table: str) -> str:
     if rest.empty:
         return ""
-    counts = ", ".join(f"{n} {status}" for status, n in rest["status"].value_counts().items()) \
-        if "status" in rest else ""
-    return (f"\\noindent {len(rest)} more not listed{f' ({counts})' if counts else ''}: "
-            f"see \\texttt{{{tex_escape(table)}}}.\n")
+    counts = (
+        ", ".join(f"{n} {status}" for status, n in rest["status"].value_counts().items())
+        if "status" in rest
+        else ""
+    )
+    return (
+        f"\\noindent {len(rest)} more not listed{f' ({counts})' if counts else ''}: "
+        f"see \\texttt{{{tex_escape(table)}}}.\n"
+    )
 
 
 def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
     if quarantine.empty:
         Path(out).write_text("No metrics file was rejected.\n")
         return
-    rows = "\n".join(f"\\texttt{{{tex_escape(r.metrics_path)}}} & {tex_escape(r.reason)} \\\\"
-                     for r in quarantine.head(MAX_LISTED_CELLS).itertuples(index=False))
-    Path(out).write_text("\\begin{longtable}{p{0.45\\linewidth}p{0.5\\linewidth}}\n\\toprule\n"
-                         "Metrics file & Reason \\\\\n\\midrule\n" + rows +
-                         "\n\\bottomrule\n\\end{longtable}\n"
-                         + _more_rows(quarantine.iloc[MAX_LISTED_CELLS:],
-                                      "quarantine.csv"))
+    rows = "\n".join(
+        f"\\texttt{{{tex_escape(r.metrics_path)}}} & {tex_escape(r.reason)} \\\\"
+        for r in quarantine.head(MAX_LISTED_CELLS).itertuples(index=False)
+    )
+    Path(out).write_text(
+        "\\begin{longtable}{p{0.45\\linewidth}p{0.5\\linewidth}}\n\\toprule\n"
+        "Metrics file & Reason \\\\\n\\midrule\n"
+        + rows
+        + "\n\\bottomrule\n\\end{longtable}\n"
+        + _more_rows(quarantine.iloc[MAX_LISTED_CELLS:], "quarantine.csv")
+    )
 
 
-def write_report_inputs(paths: Mapping[str, str], *, config: dict, n_planned: int
-                        ) -> dict[str, pd.DataFrame]:
+def write_report_inputs(
+    paths: Mapping[str, str], *, config: dict, n_planned: int
+) -> dict[str, pd.DataFrame]:
     """The rule report_inputs and the onerror build (dlscale.finalize): the tables at
     paths["cells"], ["scaling"], ["quarantine"], ["status"] (CSV) -> the macros and LaTeX tables
     at paths["macros"], ["cells_table"], ["quarantine_table"], ["status_table"] (the keys of OUT
@@ -355,23 +490,41 @@ def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) ->
     file, caption, hardware, width_in, ci; `attachment`: the cell table's path relative to the
     report's folder, embedded in the PDF (attachfile2)."""
     env = jinja2.Environment(
-        block_start_string="((*", block_end_string="*))",
-        variable_start_string="(((", variable_end_string=")))",
-        comment_start_string="((=", comment_end_string="=))",
+        block_start_string="((*",
+        block_end_string="*))",
+        variable_start_string="(((",
+        variable_end_string=")))",
+        comment_start_string="((=",
+        comment_end_string="=))",
         loader=jinja2.FunctionLoader(
-            lambda name: resources.files("dlscale").joinpath("templates", name).read_text()),
-        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+            lambda name: resources.files("dlscale").joinpath("templates", name).read_text()
+        ),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
     if not re.fullmatch(r"[A-Za-z0-9_./-]+", attachment):
         raise ValueError(f"attachment path must be a plain relative path: {attachment!r}")
-    figs = [{"file": f["file"], "caption": tex_escape(f["caption"]),
-             "hardware": tex_escape(f["hardware"]), "width_in": f"{float(f['width_in']):.3f}",
-             "ci": bool(f.get("ci", True))} for f in figures]
+    figs = [
+        {
+            "file": f["file"],
+            "caption": tex_escape(f["caption"]),
+            "hardware": tex_escape(f["hardware"]),
+            "width_in": f"{float(f['width_in']):.3f}",
+            "ci": bool(f.get("ci", True)),
+        }
+        for f in figures
+    ]
     tex = env.get_template("report.tex.j2").render(
-        title=tex_escape(title), figures=figs, attachment=attachment,
+        title=tex_escape(title),
+        figures=figs,
+        attachment=attachment,
         attachment_name=tex_escape(Path(attachment).name),
         attachment_name_plain=Path(attachment).name,
-        hardware_count=len({f["hardware"] for f in figs}), max_panels=MAX_PANELS,
-        max_series=MAX_SERIES)
+        hardware_count=len({f["hardware"] for f in figs}),
+        max_panels=MAX_PANELS,
+        max_series=MAX_SERIES,
+    )
     Path(out).write_text(tex)
 
 
@@ -388,13 +541,25 @@ def compile_pdf(tex: str, log: str) -> None:
             "latexmk/pdflatex not found: the report PDF needs Debian's TeX Live "
             "(apt-get install latexmk texlive-latex-base texlive-latex-recommended "
             "texlive-fonts-recommended lmodern; scripts/setup.sh does this). Tables "
-            "(results/tables/) and figures (results/figures/) are already built.")
+            "(results/tables/) and figures (results/figures/) are already built."
+        )
     tex_path = Path(tex)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
-        proc = subprocess.run(["latexmk", "-g", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
-                               "-file-line-error", tex_path.name],
-                              cwd=tex_path.parent, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            [
+                "latexmk",
+                "-g",
+                "-pdf",
+                "-interaction=nonstopmode",
+                "-halt-on-error",
+                "-file-line-error",
+                tex_path.name,
+            ],
+            cwd=tex_path.parent,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     if proc.returncode != 0:
         tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-30:])
         raise RuntimeError(f"latexmk failed (exit {proc.returncode}); last lines of {log}:\n{tail}")

@@ -5,6 +5,7 @@ A cell's resources depend on its hardware and node count only, so the workflow c
 once per resource class (one train rule each, rules/train.smk) at parse time: a 10,000-cell
 study evaluates this a few dozen times, not once per resource per job.
 """
+
 from __future__ import annotations
 
 from .matrix import ranks_per_node
@@ -20,7 +21,7 @@ def class_resources(config: dict, hw: dict, nodes: int) -> dict:
         "nodes": nodes,
         "tasks": world,
         "cpus_per_task": hw["cpus_per_rank"],
-        "mem_mb": per_node * hw["mem_mb_per_rank"],      # per node: the ranks of one node
+        "mem_mb": per_node * hw["mem_mb_per_rank"],  # per node: the ranks of one node
         "runtime": retried_runtime(hw["runtime_min"]),
         "slurm_partition": hw["partition"] or "",
         "slurm_extra": slurm_extra(hw, per_node),

@@ -7,6 +7,7 @@ failed   it ran and did not produce a valid metrics file: the reason, the Slurm 
          cell's log
 missing  nothing shows that it ran (not yet run, or excluded from this invocation)
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ import re
 import subprocess
 from pathlib import Path
 
-from .cell import (FAILURE_FILE, PATH_KEY, SLURM_JOB_FILE, SLURM_LOGS, TRAIN_LOG_PATTERN, TRAIN_RULE,
-                   format_key, parse_cell_path, tail_lines)
+from .cell import (
+    FAILURE_FILE,
+    PATH_KEY,
+    SLURM_JOB_FILE,
+    SLURM_LOGS,
+    TRAIN_LOG_PATTERN,
+    TRAIN_RULE,
+    format_key,
+    parse_cell_path,
+    tail_lines,
+)
 
 
 def train_log(cell: dict) -> Path:
@@ -33,8 +43,9 @@ def slurm_log(cell: dict, job: dict) -> Path:
         return _rule_logs(cell) / f"{job['array_job_id']}_{job['array_task_id']}.log"
     # the plugin names a job's log folder by its wildcards (PATH_KEY, in pattern order) joined
     # by _
-    return (_rule_logs(cell) / "_".join(str(cell[k]) for k in PATH_KEY)
-            / f"{job['slurm_job_id']}.log")
+    return (
+        _rule_logs(cell) / "_".join(str(cell[k]) for k in PATH_KEY) / f"{job['slurm_job_id']}.log"
+    )
 
 
 def latest_slurm_job(cell: dict, cell_dir: Path) -> dict | None:
@@ -71,19 +82,29 @@ def slurmstepd_reason(log: Path) -> str | None:
 def slurm_state(job_id: str) -> dict:
     """State and exit code of a job: sacct (accounting) first, else scontrol (MinJobAge)."""
     try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
-                             capture_output=True, text=True, timeout=30)
-        line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        line = (
+            out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+        )
         if line:
             state, code = line.split("|")
             return {"slurm_state": state.split()[0], "slurm_exit_code": code, "source": "sacct"}
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
+        )
         state = re.search(r"\bJobState=(\S+)", out.stdout)
         code = re.search(r"\bExitCode=(\S+)", out.stdout)
         if state:
-            return {"slurm_state": state.group(1), "slurm_exit_code": code.group(1) if code else None,
-                    "source": "scontrol"}
+            return {
+                "slurm_state": state.group(1),
+                "slurm_exit_code": code.group(1) if code else None,
+                "source": "scontrol",
+            }
     except (OSError, subprocess.SubprocessError):
         pass
     return {"slurm_state": None, "slurm_exit_code": None, "source": "unavailable"}
@@ -92,9 +113,18 @@ def slurm_state(job_id: str) -> dict:
 def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
     """The status row of the cell whose metrics path is `path` (relative to the workdir)."""
     cell = parse_cell_path(path)
-    row = {**cell, "status": "ok" if ok else "missing", "reason": "", "failed_rank": None,
-           "exit_code": None, "slurm_job_id": None, "slurm_state": None, "slurm_exit_code": None,
-           "log_tail": "", "metrics_path": str(path)}
+    row = {
+        **cell,
+        "status": "ok" if ok else "missing",
+        "reason": "",
+        "failed_rank": None,
+        "exit_code": None,
+        "slurm_job_id": None,
+        "slurm_state": None,
+        "slurm_exit_code": None,
+        "log_tail": "",
+        "metrics_path": str(path),
+    }
     if ok:
         return row
     if invalid_reason:
@@ -106,9 +136,14 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
         except (OSError, json.JSONDecodeError):
             rec = {"reason": f"unreadable {failure}"}
         tails = rec.get("log_tail") or {}
-        row.update(status="failed", reason=rec.get("reason", ""), failed_rank=rec.get("rank"),
-                   exit_code=rec.get("exit_code"), slurm_job_id=rec.get("slurm_job_id"),
-                   log_tail="\n".join(tails.values()) or rec.get("srun_tail", ""))
+        row.update(
+            status="failed",
+            reason=rec.get("reason", ""),
+            failed_rank=rec.get("rank"),
+            exit_code=rec.get("exit_code"),
+            slurm_job_id=rec.get("slurm_job_id"),
+            log_tail="\n".join(tails.values()) or rec.get("srun_tail", ""),
+        )
     job = latest_slurm_job(cell, Path(path).parent)
     if job:
         row["slurm_job_id"] = job["slurm_job_id"]
@@ -117,9 +152,12 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
         stepd = slurmstepd_reason(slurm_log(cell, job))
         if state["slurm_state"] not in (None, "PENDING", "RUNNING") or stepd:
             slurm_reason = f"Slurm job {job['slurm_job_id']} ended {state['slurm_state']}" + (
-                f": {stepd}" if stepd else "")
-            row.update(status="failed", reason=(row["reason"] + "; " if row["reason"] else "")
-                       + slurm_reason)
+                f": {stepd}" if stepd else ""
+            )
+            row.update(
+                status="failed",
+                reason=(row["reason"] + "; " if row["reason"] else "") + slurm_reason,
+            )
     log = train_log(cell)
     if row["status"] == "missing" and log.exists() and log.stat().st_size:
         row.update(status="failed", reason="the cell's job ran and wrote no metrics")

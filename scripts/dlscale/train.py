@@ -9,6 +9,7 @@ launcher's environment, checks that against the cell's world size and ranks per 
 adapter under the shared timing loop, and writes its own part file (rank_start, step...,
 rank_end) in DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,21 +50,33 @@ def fault_hook(rank: int, rank_dir: str):
         if step != int(f_step):
             return
         if code == "hang":
-            print(f"[dlscale.train] {FAULT_ENV}: rank {rank} hangs before step {step}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[dlscale.train] {FAULT_ENV}: rank {rank} hangs before step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(24 * 3600)
-        print(f"[dlscale.train] {FAULT_ENV}: rank {rank} exits with {code} before step {step}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[dlscale.train] {FAULT_ENV}: rank {rank} exits with {code} before step {step}",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(int(code))
+
     return before_step
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dlscale.train", description="one data-parallel training rank")
-    p.add_argument("--cell", required=True, metavar="FILE",
-                   help="the cell, serialised (dlscale.cell.Cell.to_json)")
-    p.add_argument("--rank-dir", required=True, metavar="DIR",
-                   help="where the rank writes its part file")
+    p.add_argument(
+        "--cell",
+        required=True,
+        metavar="FILE",
+        help="the cell, serialised (dlscale.cell.Cell.to_json)",
+    )
+    p.add_argument(
+        "--rank-dir", required=True, metavar="DIR", help="where the rank writes its part file"
+    )
     return p
 
 
@@ -73,11 +86,13 @@ def preflight(ctx, expect_world: int | None, expect_rpn: int | None) -> None:
     if expect_world is not None and ctx.world_size != expect_world:
         problems.append(f"world size is {ctx.world_size}, the cell needs {expect_world}")
     if expect_rpn is not None and ctx.local_world_size != expect_rpn:
-        problems.append(f"{ctx.local_world_size} rank(s) on node {ctx.node}, "
-                        f"the cell needs {expect_rpn}")
+        problems.append(
+            f"{ctx.local_world_size} rank(s) on node {ctx.node}, the cell needs {expect_rpn}"
+        )
     if problems:
-        raise PreflightError(f"pre-flight check failed on rank {ctx.rank} ({ctx.launcher}): "
-                             + "; ".join(problems))
+        raise PreflightError(
+            f"pre-flight check failed on rank {ctx.rank} ({ctx.launcher}): " + "; ".join(problems)
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,21 +110,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         adapter.setup()
         facts = host_facts()  # load average just before the timed window
-        writer.write(RANK_START, {
-            **facts, **adapter.describe(),
-            "dlscale_version": __version__, "local_rank": ctx.local_rank,
-            "node_index": ctx.node_index, "launcher": ctx.launcher, "device": spec.device,
-            "threads": spec.threads, "per_rank_batch": spec.per_rank_batch, "timer": TIMER,
-            "master": f"{ctx.master_addr}:{ctx.master_port}"})
+        writer.write(
+            RANK_START,
+            {
+                **facts,
+                **adapter.describe(),
+                "dlscale_version": __version__,
+                "local_rank": ctx.local_rank,
+                "node_index": ctx.node_index,
+                "launcher": ctx.launcher,
+                "device": spec.device,
+                "threads": spec.threads,
+                "per_rank_batch": spec.per_rank_batch,
+                "timer": TIMER,
+                "master": f"{ctx.master_addr}:{ctx.master_port}",
+            },
+        )
         run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
         writer.write(IDLE_PROBE, run["idle_probe"])
         for i, seconds in enumerate(run["step_seconds"]):
             writer.write(STEP, {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        writer.write(RANK_END, {
-            **rank_summary(run["step_seconds"], spec.per_rank_batch, peak_rss_mb),
-            "peak_device_memory_mb": adapter.peak_device_memory_mb(),
-            "energy": run["energy"], "breakdown": run["breakdown"], "allreduce": run["allreduce"]})
+        writer.write(
+            RANK_END,
+            {
+                **rank_summary(run["step_seconds"], spec.per_rank_batch, peak_rss_mb),
+                "peak_device_memory_mb": adapter.peak_device_memory_mb(),
+                "energy": run["energy"],
+                "breakdown": run["breakdown"],
+                "allreduce": run["allreduce"],
+            },
+        )
     finally:
         writer.close()
         adapter.teardown()

@@ -3,6 +3,7 @@ study that has already completed once; the test asserts that the victim is recor
 the right reason, that no other cell's files changed (checksums), and that tables, figures and
 a report are still built (results/tiny/partial/ while the study is incomplete).
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,26 +32,44 @@ def study(cluster, tmp_path_factory):
 
 def checksums(work: Path, skip: str = VICTIM) -> dict[str, str]:
     skip_dir = (work / skip).parent
-    return {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in (work / "results" / "tiny" / "runs").rglob("*")
-            if p.is_file() and skip_dir not in p.parents}
+    return {
+        str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (work / "results" / "tiny" / "runs").rglob("*")
+        if p.is_file() and skip_dir not in p.parents
+    }
 
 
 def start(work: Path, *args: str, fault: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     if fault:
         env["DLSCALE_FAULT"] = fault
-    return subprocess.Popen([str(BIN / "snakemake"), VICTIM, "--forcerun", VICTIM, "--profile",
-                             "profiles/slurm", "--retries", "0", *args], cwd=work, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            str(BIN / "snakemake"),
+            VICTIM,
+            "--forcerun",
+            VICTIM,
+            "--profile",
+            "profiles/slurm",
+            "--retries",
+            "0",
+            *args,
+        ],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def victim_job(timeout: float = 120) -> str:
     """Wait until the victim's Slurm job runs and its ranks hang; return the job id."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"],
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True
+        ).stdout
         for line in out.splitlines():
             job, comment = line.split("|", 1)
             if comment.endswith(VICTIM_WILDCARDS):
@@ -63,8 +82,9 @@ def wait_hanging(work: Path, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     logs = (work / VICTIM).parent / ".ranks"
     while time.time() < deadline:
-        if any("hangs before step" in p.read_text(errors="replace")
-               for p in logs.glob("rank*.log")):
+        if any(
+            "hangs before step" in p.read_text(errors="replace") for p in logs.glob("rank*.log")
+        ):
             return
         time.sleep(1)
     raise AssertionError("the injected hang never started")
@@ -119,8 +139,9 @@ def test_time_limit(study):
 
 def test_memory_limit(study):
     before = checksums(study)
-    out = finish(start(study, "--set-resources", "train_cpu_n1:mem_mb=250",
-                        "train_cpu_n2:mem_mb=250"))
+    out = finish(
+        start(study, "--set-resources", "train_cpu_n1:mem_mb=250", "train_cpu_n2:mem_mb=250")
+    )
     row = assert_contained(study, before, out)
     assert row["status"] == "failed" and "out of memory" in row["reason"], row
 
@@ -131,16 +152,25 @@ def test_node_down_while_running(study):
     victim_job()
     wait_hanging(study)
     try:
-        subprocess.run(["scontrol", "update", "NodeName=n2", "State=DOWN",
-                        "Reason=dlscale-fault-test"], check=True)
+        subprocess.run(
+            ["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=dlscale-fault-test"],
+            check=True,
+        )
         out = finish(proc)
     finally:
         subprocess.run(["scontrol", "update", "NodeName=n2", "State=RESUME"], check=False)
     row = assert_contained(study, before, out)
-    assert row["status"] == "failed" and row["slurm_state"] in ("NODE_FAIL", "CANCELLED",
-                                                                   "FAILED"), row
-    assert "n2" in subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"],
-                                  capture_output=True, text=True).stdout
+    assert row["status"] == "failed" and row["slurm_state"] in (
+        "NODE_FAIL",
+        "CANCELLED",
+        "FAILED",
+    ), row
+    assert (
+        "n2"
+        in subprocess.run(
+            ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True
+        ).stdout
+    )
 
 
 def _restart_slurmctld() -> None:
@@ -153,21 +183,33 @@ def _restart_slurmctld() -> None:
         except ProcessLookupError:
             break
     conf = STATE_DIR / "etc" / "slurm.conf"
-    subprocess.run(["slurmctld", "-f", str(conf)], check=True,
-                   env=dict(os.environ, SLURM_CONF=str(conf)))
+    subprocess.run(
+        ["slurmctld", "-f", str(conf)], check=True, env=dict(os.environ, SLURM_CONF=str(conf))
+    )
 
 
 def test_slurmctld_restart_during_a_study(cluster, tmp_path):
     import yaml
+
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     tiny["repetitions"] = 2
     work = copy_workflow(tmp_path, tiny)
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.Popen([str(BIN / "snakemake"), "--profile", "profiles/slurm"], cwd=work,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(BIN / "snakemake"), "--profile", "profiles/slurm"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
-    while time.time() < deadline and not subprocess.run(
-            ["squeue", "-h", "-t", "RUNNING"], capture_output=True, text=True).stdout.strip():
+    while (
+        time.time() < deadline
+        and not subprocess.run(
+            ["squeue", "-h", "-t", "RUNNING"], capture_output=True, text=True
+        ).stdout.strip()
+    ):
         time.sleep(0.5)
     _restart_slurmctld()
     out, _ = proc.communicate(timeout=900)

@@ -1,5 +1,6 @@
 """Every framework through `snakemake --profile profiles/slurm`: a 1-rank cell and a 2-rank cell
 across the 2 nodes of the local cluster each, in one mixed study that ends in the report."""
+
 from __future__ import annotations
 
 import json
@@ -27,21 +28,25 @@ def mixed_study(cluster, tmp_path_factory):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_framework_cell(mixed_study, framework, nodes):
-    path = mixed_study / f"results/frameworks/runs/cpu/{framework}/cnn_small/weak/fp32/n{nodes}/r1/metrics.jsonl"
+    path = (
+        mixed_study
+        / f"results/frameworks/runs/cpu/{framework}/cnn_small/weak/fp32/n{nodes}/r1/metrics.jsonl"
+    )
     records = [json.loads(line) for line in path.read_text().splitlines()]
     start = records[0]["value"]
     assert start["cell"]["framework"] == framework
     assert start["provenance"]["world_size"] == nodes
     assert start["provenance"]["launcher"] == "srun"
     ranks = [r["value"] for r in records if r["event"] == "rank_start"]
-    assert len({r["node"] for r in ranks}) == nodes                  # distinct nodes
-    assert {r["param_count"] for r in ranks} == {391_466}            # the same model everywhere
+    assert len({r["node"] for r in ranks}) == nodes  # distinct nodes
+    assert {r["param_count"] for r in ranks} == {391_466}  # the same model everywhere
     assert {r["per_rank_batch"] for r in ranks} == {8}
     assert records[-1]["value"]["throughput_samples_per_s"] > 0
 
 
 def test_mixed_study_report(mixed_study):
     import pandas as pd
+
     cells = pd.read_csv(mixed_study / "results/frameworks/tables/cells.csv")
     assert sorted(cells["framework"].unique()) == sorted(FRAMEWORKS)
     assert (mixed_study / "results/frameworks/report/report.pdf").stat().st_size > 0

@@ -3,6 +3,7 @@
 The cluster is started with scripts/slurm/cluster-up.sh, as a user would, and stopped at the
 end if this module started it. Under CI=true these tests always run (never skip).
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,7 +50,7 @@ def test_rerunning_one_cell_reruns_that_cell_only(slurm_study):
     job_before = records(slurm_study / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
     proc = snakemake(slurm_study, "--profile", "profiles/slurm", "--forcerun", CELL_N2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (slurm_study / CELL_N1).read_bytes() == before_n1          # untouched
+    assert (slurm_study / CELL_N1).read_bytes() == before_n1  # untouched
     job_after = records(slurm_study / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
     assert job_after != job_before
     assert proc.stderr.count("rule train_cpu_n2:") + proc.stdout.count("rule train_cpu_n2:") == 1
@@ -61,15 +62,27 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
     config["axes"]["model"] = ["cnn_small", "transformer_small"]
     config["per_rank_batch"] = 2
     work = copy_workflow(tmp_path, config)
-    env_fault = "cnn_small/weak/fp32/n2:1:2:3"      # rank 1 of the 2-node cnn cell exits 3
+    env_fault = "cnn_small/weak/fp32/n2:1:2:3"  # rank 1 of the 2-node cnn cell exits 3
     proc = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "snakemake"), "--profile", "profiles/slurm",
-         "--retries", "0"],
-        cwd=work, capture_output=True, text=True, timeout=900,
-        env=dict(os.environ, DLSCALE_FAULT=env_fault,
-                 PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"))
+        [
+            str(ROOT / ".venv" / "bin" / "snakemake"),
+            "--profile",
+            "profiles/slurm",
+            "--retries",
+            "0",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(
+            os.environ,
+            DLSCALE_FAULT=env_fault,
+            PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+        ),
+    )
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0                              # the study reports the failure
+    assert proc.returncode != 0  # the study reports the failure
     assert "Error in rule train_cpu_n2" in out
     log = (work / "results/tiny/logs/train/cpu/pytorch/cnn_small/weak/fp32/n2/r1.log").read_text()
     assert "exits with 3" in log and "cell FAILED" in log
@@ -77,7 +90,9 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
     # every other cell completed
     for model in ("cnn_small", "transformer_small"):
         for nodes in (1, 2):
-            path = work / f"results/tiny/runs/cpu/pytorch/{model}/weak/fp32/n{nodes}/r1/metrics.jsonl"
+            path = (
+                work / f"results/tiny/runs/cpu/pytorch/{model}/weak/fp32/n{nodes}/r1/metrics.jsonl"
+            )
             if model == "cnn_small" and nodes == 2:
                 continue
             assert path.exists(), path
@@ -85,8 +100,12 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
 
 def test_accounting_mode_with_sacct_status(cluster, tmp_path):
     """The same route with accounting (slurmdbd + MariaDB) and the plugin polling sacct."""
-    up = subprocess.run(["bash", str(UP), "--nodes", "2", "--accounting"], capture_output=True,
-                        text=True, timeout=900)
+    up = subprocess.run(
+        ["bash", str(UP), "--nodes", "2", "--accounting"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     try:
         tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
@@ -94,28 +113,43 @@ def test_accounting_mode_with_sacct_status(cluster, tmp_path):
         proc = snakemake(work, "--profile", "profiles/slurm", "--slurm-status-command", "sacct")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         job = records(work / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
-        for _ in range(30):                       # slurmdbd lags the controller by seconds
-            sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,NNodes"],
-                                   capture_output=True, text=True, timeout=60)
+        for _ in range(30):  # slurmdbd lags the controller by seconds
+            sacct = subprocess.run(
+                ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,NNodes"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             if sacct.stdout.split("\n")[0].strip() == "COMPLETED|2":
                 break
             time.sleep(1)
         assert sacct.stdout.split("\n")[0].strip() == "COMPLETED|2", sacct.stdout + sacct.stderr
     finally:
-        back = subprocess.run(["bash", str(UP), "--nodes", "2"], capture_output=True, text=True,
-                              timeout=900)
+        back = subprocess.run(
+            ["bash", str(UP), "--nodes", "2"], capture_output=True, text=True, timeout=900
+        )
         assert back.returncode == 0, back.stderr[-2000:]
 
 
 def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_config):
-    """Two cells per resource class (1 and 2 nodes), arrays on: each class goes to Slurm as one job array,
-    and every array task runs its own cell (not the first one's), with 2-node cells on 2 nodes."""
+    """Two cells per resource class (1 and 2 nodes), arrays on: each class goes to Slurm as one
+    job array, and every array task runs its own cell (not the first one's), with 2-node cells on
+    2 nodes."""
     config = copy.deepcopy(tiny_config)
     config["repetitions"] = 2
     work = copy_workflow(tmp_path, config)
     # the opt-in array settings documented in profiles/slurm/config.yaml
-    proc = snakemake(work, "--profile", "profiles/slurm", "--slurm-array-jobs", "all",
-                     "--slurm-array-limit", "40", "--jobs", "20000")
+    proc = snakemake(
+        work,
+        "--profile",
+        "profiles/slurm",
+        "--slurm-array-jobs",
+        "all",
+        "--slurm-array-limit",
+        "40",
+        "--jobs",
+        "20000",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("Submitted array job") == 2, out[-3000:]
@@ -126,11 +160,13 @@ def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_c
         for rep in (1, 2):
             run = work / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n{nodes}/r{rep}"
             recs = records(run / "metrics.jsonl")
-            assert recs[0]["value"]["cell"]["rep"] == rep          # its own cell
+            assert recs[0]["value"]["cell"]["rep"] == rep  # its own cell
             assert len({r["value"]["node"] for r in recs if r["event"] == "rank_start"}) == nodes
             job = json.loads((run / "slurm_job.json").read_text())
             assert job["array_job_id"] and job["array_task_id"], job
             jobs.add(job["slurm_job_id"])
-            assert (work / f"results/logs/slurm/rule_train_cpu_n{nodes}/"
-                    f"{job['array_job_id']}_{job['array_task_id']}.log").exists()
+            assert (
+                work / f"results/logs/slurm/rule_train_cpu_n{nodes}/"
+                f"{job['array_job_id']}_{job['array_task_id']}.log"
+            ).exists()
     assert len(jobs) == 4

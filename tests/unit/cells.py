@@ -1,4 +1,5 @@
 """A small cell for launcher tests: the dict a study's Cell serialises to (Cell.as_dict)."""
+
 from __future__ import annotations
 
 from dlscale.cell import Cell
@@ -6,10 +7,27 @@ from dlscale.cell import Cell
 
 def cell_dict(**changes) -> dict:
     """A 2-node, 1-rank-per-node CPU cell of cnn_small (weak, fp32, batch 4, 1 + 2 steps)."""
-    fields = {"hardware": "cpu", "framework": "pytorch", "model": "cnn_small", "policy": "weak",
-              "precision": "fp32", "nodes": 2, "rep": 1, "device": "cpu", "ranks_per_node": 1,
-              "per_rank_batch": 4, "global_batch": 8, "cpus_per_rank": 1, "warmup_steps": 1,
-              "steps": 2, "learning_rate": 0.01, "momentum": 0.9, "launcher": "local",
-              "hardware_hash": "h", "environment": "pytorch:e", "study": "t"}
+    fields = {
+        "hardware": "cpu",
+        "framework": "pytorch",
+        "model": "cnn_small",
+        "policy": "weak",
+        "precision": "fp32",
+        "nodes": 2,
+        "rep": 1,
+        "device": "cpu",
+        "ranks_per_node": 1,
+        "per_rank_batch": 4,
+        "global_batch": 8,
+        "cpus_per_rank": 1,
+        "warmup_steps": 1,
+        "steps": 2,
+        "learning_rate": 0.01,
+        "momentum": 0.9,
+        "launcher": "local",
+        "hardware_hash": "h",
+        "environment": "pytorch:e",
+        "study": "t",
+    }
     fields.update(changes)
     return Cell(**fields).as_dict()

@@ -1,5 +1,6 @@
 """A synthetic scaling study of any size, as the collect step would tabulate it (cells.csv,
 scaling.csv, status.csv rows), for the plotting and report tests: no metrics files needed."""
+
 from __future__ import annotations
 
 import itertools
@@ -20,8 +21,15 @@ LARGE = {
     "rep": [1, 2, 3],
 }
 # the demo study's shape (config/config.yaml)
-DEMO = {"hardware": ["cpu"], "framework": ["pytorch"], "model": ["cnn_small", "transformer_small"],
-        "policy": ["weak", "strong"], "precision": ["fp32"], "nodes": [1, 2], "rep": [1, 2]}
+DEMO = {
+    "hardware": ["cpu"],
+    "framework": ["pytorch"],
+    "model": ["cnn_small", "transformer_small"],
+    "policy": ["weak", "strong"],
+    "precision": ["fp32"],
+    "nodes": [1, 2],
+    "rep": [1, 2],
+}
 GROUP = ["hardware", "framework", "model", "policy", "precision"]
 
 
@@ -30,21 +38,39 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     rows = []
     for hw, fw, model, policy, prec, nodes, rep in itertools.product(
-            *(axes[k] for k in [*GROUP, "nodes", "rep"])):
+        *(axes[k] for k in [*GROUP, "nodes", "rep"])
+    ):
         base = 100.0 * (1 + axes["model"].index(model)) * (1 + 0.3 * axes["framework"].index(fw))
         efficiency = 0.95 ** np.log2(nodes) * (0.9 if policy == "strong" else 1.0)
         throughput = base * nodes * efficiency * rng.normal(1.0, 0.03)
         step = 16 / (throughput / nodes)
-        rows.append({"study": "synthetic", "hardware": hw, "framework": fw, "model": model,
-                     "policy": policy, "precision": prec, "nodes": nodes, "rep": rep,
-                     "world_size": nodes, "ranks_per_node": 1, "per_rank_batch": 16,
-                     "global_batch": 16 * nodes, "throughput_samples_per_s": throughput,
-                     "step_seconds_median": step,
-                     "compute_seconds_median": (None if fw == "mxnet" else
-                                                step * (0.9 - 0.05 * np.log2(nodes))),
-                     "comm_fraction": 0.1, "allreduce_busbw_gb_per_s": 1.0,
-                     "joules_per_sample": None, "peak_rss_mb_max": 100.0,
-                     "competing": False, "straggler": False})
+        rows.append(
+            {
+                "study": "synthetic",
+                "hardware": hw,
+                "framework": fw,
+                "model": model,
+                "policy": policy,
+                "precision": prec,
+                "nodes": nodes,
+                "rep": rep,
+                "world_size": nodes,
+                "ranks_per_node": 1,
+                "per_rank_batch": 16,
+                "global_batch": 16 * nodes,
+                "throughput_samples_per_s": throughput,
+                "step_seconds_median": step,
+                "compute_seconds_median": (
+                    None if fw == "mxnet" else step * (0.9 - 0.05 * np.log2(nodes))
+                ),
+                "comm_fraction": 0.1,
+                "allreduce_busbw_gb_per_s": 1.0,
+                "joules_per_sample": None,
+                "peak_rss_mb_max": 100.0,
+                "competing": False,
+                "straggler": False,
+            }
+        )
     return add_speedup(pd.DataFrame(rows))
 
 

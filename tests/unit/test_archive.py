@@ -1,5 +1,6 @@
 """A measured cell is never silently destroyed: kept measurements, adoption of plain files,
 the identity check that stops a run, and the migration from the layout before studies."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +13,7 @@ import pytest
 from dlscale import archive, metrics
 from dlscale.cell import MEASUREMENTS_DIR, Cell
 from dlscale.migrate import migrate
+
 from cells import cell_dict
 from test_metrics import assembled
 
@@ -25,13 +27,16 @@ def test_every_measurement_is_kept_and_metrics_jsonl_is_the_current_one(tmp_path
     first = archive.keep_measurement(out, assembled(), metrics.write_atomic, slurm_job_id="7")
     old = digest(out)
     assert first.name.endswith("-job7") and digest(first / "metrics.jsonl") == old
-    out.unlink()                                   # what Snakemake does before re-running it
+    out.unlink()  # what Snakemake does before re-running it
     second = archive.keep_measurement(out, assembled(wall_seconds=3.0), metrics.write_atomic)
     assert second != first and second.name.endswith(f"-pid{__import__('os').getpid()}")
-    assert digest(first / "metrics.jsonl") == old                  # the earlier one is intact
-    assert out.read_bytes() == (second / "metrics.jsonl").read_bytes() != first.joinpath(
-        "metrics.jsonl").read_bytes()
-    assert out.stat().st_ino == (second / "metrics.jsonl").stat().st_ino     # a hard link
+    assert digest(first / "metrics.jsonl") == old  # the earlier one is intact
+    assert (
+        out.read_bytes()
+        == (second / "metrics.jsonl").read_bytes()
+        != first.joinpath("metrics.jsonl").read_bytes()
+    )
+    assert out.stat().st_ino == (second / "metrics.jsonl").stat().st_ino  # a hard link
     assert archive.earlier_measurements(out) == 1
     assert [p.name for p in archive.measurements(out)] == sorted([first.name, second.name])
 
@@ -45,8 +50,8 @@ def test_a_plain_metrics_file_is_adopted_without_change(tmp_path):
     assert len(kept) == 1 and kept[0].name.endswith("-adopted")
     assert digest(out) == before == digest(kept[0] / "metrics.jsonl")
     out.unlink()
-    assert digest(kept[0] / "metrics.jsonl") == before               # survives the removal
-    assert archive.adopt_unarchived([out]) == []                     # nothing twice
+    assert digest(kept[0] / "metrics.jsonl") == before  # survives the removal
+    assert archive.adopt_unarchived([out]) == []  # nothing twice
 
 
 def write_cell(cell: Cell, **cell_changes) -> Path:
@@ -99,22 +104,24 @@ def legacy_cell(results: Path, study: str, rep: int) -> Path:
 def test_migration_moves_each_cell_to_its_study_and_deletes_nothing(tmp_path):
     results = tmp_path / "results"
     a = legacy_cell(results, "demo", 1)
-    b = legacy_cell(results, "frameworks", 2)          # another study's cell
+    b = legacy_cell(results, "frameworks", 2)  # another study's cell
     (results / "tables").mkdir()
     (results / "tables" / "cells.csv").write_text("old table\n")
     # the new layout already holds a measurement of the demo's cell: it stays the current one
     current = results / "demo" / "runs" / a.relative_to(results / "runs")
-    metrics.write_atomic(current, assembled(cell=Cell.from_dict(cell_dict(study="demo")),
-                                            wall_seconds=9.0))
+    metrics.write_atomic(
+        current, assembled(cell=Cell.from_dict(cell_dict(study="demo")), wall_seconds=9.0)
+    )
     sums = {digest(a), digest(b), digest(current)}
     done = migrate(results, out=io.StringIO())
     assert done["cells"] == 2
     moved_b = results / "frameworks" / "runs" / b.relative_to(results / "runs")
-    assert digest(moved_b) == digest(moved_b.parent / MEASUREMENTS_DIR /
-                                     archive.measurements(moved_b)[0].name / "metrics.jsonl")
-    assert archive.earlier_measurements(current) == 1                # the old demo measurement
+    assert digest(moved_b) == digest(
+        moved_b.parent / MEASUREMENTS_DIR / archive.measurements(moved_b)[0].name / "metrics.jsonl"
+    )
+    assert archive.earlier_measurements(current) == 1  # the old demo measurement
     kept = {digest(p) for p in results.rglob("metrics.jsonl")}
-    assert sums <= kept                                              # every measurement is there
+    assert sums <= kept  # every measurement is there
     assert not (results / "runs").exists() and not (results / "tables").exists()
     assert (Path(done["kept_in"]) / "tables" / "cells.csv").read_text() == "old table\n"
     out = io.StringIO()

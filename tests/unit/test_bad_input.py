@@ -3,6 +3,7 @@
 Configuration and hardware-map values never reach a shell line unchecked: names are closed sets
 (enums) or safe patterns, and the workflow constrains every wildcard to configured values.
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,8 +14,23 @@ import yaml
 from dlscale.config import ConfigError
 from dlscale.matrix import load_study
 
-HOSTILE = ["a;rm -rf ~", "$(id)", "`id`", "../x", "a b", "a'b", 'a"b', "a\nb", "x" * 300,
-           "", "a|b", "a&&b", "a>b", "~/x", "*"]
+HOSTILE = [
+    "a;rm -rf ~",
+    "$(id)",
+    "`id`",
+    "../x",
+    "a b",
+    "a'b",
+    'a"b',
+    "a\nb",
+    "x" * 300,
+    "",
+    "a|b",
+    "a&&b",
+    "a>b",
+    "~/x",
+    "*",
+]
 
 
 def rejected(root, config, hardware=None, tmp_path=None) -> str:
@@ -49,10 +65,16 @@ def test_hostile_exclusion_values(root, base_config, value):
     assert "exclude[0].model" in rejected(root, config)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("partition", "gpu;reboot"), ("partition", "$(id)"), ("gpu_type", "a100 --wrap=id"),
-    ("constraint", "x y"), ("constraint", "`id`"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("partition", "gpu;reboot"),
+        ("partition", "$(id)"),
+        ("gpu_type", "a100 --wrap=id"),
+        ("constraint", "x y"),
+        ("constraint", "`id`"),
+    ],
+)
 def test_hostile_hardware_values(root, base_config, tmp_path, key, value):
     hardware = {"cpu": {"device": "cpu", "max_nodes": 2, key: value}}
     message = rejected(root, base_config, hardware, tmp_path)
@@ -65,21 +87,24 @@ def test_hostile_hardware_keys(root, base_config, tmp_path, name):
     assert "is not a valid name" in message
 
 
-@pytest.mark.parametrize("mutate, fragment", [
-    (lambda c: c["axes"].update(nodes=[-1]), "axes.nodes[0]: -1 must be >= 1"),
-    (lambda c: c["axes"].update(nodes=["2"]), "axes.nodes[0]: '2' must be an integer"),
-    (lambda c: c["axes"].update(nodes=[10 ** 9]), "must be <= 4096"),
-    (lambda c: c["axes"].update(model=["cnn_small", "cnn_small"]), "duplicated values"),
-    (lambda c: c["axes"].update(framework="pytorch"), "must be a list"),
-    (lambda c: c.update(repetitions=2.5), "repetitions: 2.5 must be an integer"),
-    (lambda c: c.update(warmup_steps=-1), "warmup_steps: -1 must be >= 0"),
-    (lambda c: c.update(ranks_per_node=0), "ranks_per_node: 0 must be >= 1"),
-    (lambda c: c.update(straggler_threshold=1.5), "straggler_threshold"),
-    (lambda c: c.update(axes=None), "axes: None must be a mapping"),
-    (lambda c: c.update(exclude={"model": "cnn_small"}), "exclude"),
-    (lambda c: c.update(report={"column_width_in": 0}), "report.column_width_in"),
-    (lambda c: c.update(report={"title": "x" * 500}), "report.title"),
-])
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda c: c["axes"].update(nodes=[-1]), "axes.nodes[0]: -1 must be >= 1"),
+        (lambda c: c["axes"].update(nodes=["2"]), "axes.nodes[0]: '2' must be an integer"),
+        (lambda c: c["axes"].update(nodes=[10**9]), "must be <= 4096"),
+        (lambda c: c["axes"].update(model=["cnn_small", "cnn_small"]), "duplicated values"),
+        (lambda c: c["axes"].update(framework="pytorch"), "must be a list"),
+        (lambda c: c.update(repetitions=2.5), "repetitions: 2.5 must be an integer"),
+        (lambda c: c.update(warmup_steps=-1), "warmup_steps: -1 must be >= 0"),
+        (lambda c: c.update(ranks_per_node=0), "ranks_per_node: 0 must be >= 1"),
+        (lambda c: c.update(straggler_threshold=1.5), "straggler_threshold"),
+        (lambda c: c.update(axes=None), "axes: None must be a mapping"),
+        (lambda c: c.update(exclude={"model": "cnn_small"}), "exclude"),
+        (lambda c: c.update(report={"column_width_in": 0}), "report.column_width_in"),
+        (lambda c: c.update(report={"title": "x" * 500}), "report.title"),
+    ],
+)
 def test_schema_violations(root, base_config, mutate, fragment):
     config = copy.deepcopy(base_config)
     mutate(config)
@@ -98,9 +123,9 @@ def test_cuda_without_gpus(root, base_config, tmp_path):
 
 
 def test_hardware_file_missing_or_not_yaml(root, base_config, tmp_path):
-    assert "file not found" in rejected(root, {**base_config,
-                                               "hardware_file": str(tmp_path / "nope.yaml")})
+    assert "file not found" in rejected(
+        root, {**base_config, "hardware_file": str(tmp_path / "nope.yaml")}
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text("cpu: [unclosed\n")
     assert "not valid YAML" in rejected(root, {**base_config, "hardware_file": str(bad)})
-

@@ -1,4 +1,5 @@
 """Configuration validation and the matrix: every bad input stops early and names its key."""
+
 from __future__ import annotations
 
 import copy
@@ -7,8 +8,8 @@ import json
 import pytest
 
 from dlscale import frameworks, models
-from dlscale.config import AXES, ConfigError, load_schema, load_yaml, validate_config
 from dlscale.cell import CELL_PATTERN
+from dlscale.config import AXES, ConfigError, load_schema, load_yaml, validate_config
 from dlscale.matrix import load_study
 
 
@@ -31,37 +32,63 @@ def with_(config, path, value):
     return out
 
 
-@pytest.mark.parametrize("path, value, expected", [
-    (("axes", "framework"), ["pytorch", "tensorflw"],
-     ["axes.framework[1]", "'tensorflw'", "allowed values: pytorch"]),
-    (("axes", "model"), ["resnet5"],
-     ["axes.model[0]", "'resnet5'", "resnet50", "did you mean 'resnet50'"]),
-    (("axes", "hardware"), ["tpu"], ["axes.hardware[0]", "'tpu'", "not defined in",
-                                     "allowed values: a100, cpu, h100, v100"]),
-    (("axes", "nodes"), [0, 1], ["axes.nodes[0]", "must be >= 1"]),
-    (("axes", "nodes"), [1, 1.5], ["axes.nodes[1]", "1.5", "must be an integer"]),
-    (("axes", "nodes"), [1, 2, 2], ["axes.nodes", "duplicated values [2]"]),
-    (("axes", "nodes"), [], ["axes.nodes", "at least 1"]),
-    (("axes", "nodes"), [1, 4], ["axes.nodes", "exceed max_nodes=2", "'cpu'"]),
-    (("axes", "policy"), ["weak", "both"], ["axes.policy[1]", "allowed values: weak, strong"]),
-    (("axes", "precision"), ["fp16"], ["axes.precision", "'fp16' needs a GPU", "fp32, bf16"]),
-    (("per_rank_batch",), -4, ["per_rank_batch", "-4", "must be >= 1"]),
-    (("per_rank_batch",), 0, ["per_rank_batch", "must be >= 1"]),
-    (("per_rank_batch",), "32", ["per_rank_batch", "'32'", "must be an integer"]),
-    (("per_rank_batch",), 16.5, ["per_rank_batch", "must be an integer"]),
-    (("repetitions",), 0, ["repetitions", "must be >= 1"]),
-    (("steps",), True, ["steps", "must be an integer"]),
-    (("global_batch",), 15, ["global_batch", "15", "not divisible by world size(s) [2]",
-                             "multiple of 2"]),
-    (("exclude",), [{"model": "resnet50"}], ["exclude[0].model", "'resnet50'",
-                                             "allowed values: cnn_small, transformer_small"]),
-    (("exclude",), [{"modle": "cnn_small"}], ["unknown key 'modle'", "did you mean 'model'",
-                                              "exclude[0]"]),
-    (("exclude",), [{}], ["exclude[0]", "at least 1"]),
-    (("exclude",), [{"nodes": 3}], ["exclude[0].nodes", "allowed values: 1, 2"]),
-    (("study",), "a;rm -rf ~", ["study", "not a valid name"]),
-    (("launcher",), "mpirun", ["launcher", "allowed values: local, srun"]),
-])
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (
+            ("axes", "framework"),
+            ["pytorch", "tensorflw"],
+            ["axes.framework[1]", "'tensorflw'", "allowed values: pytorch"],
+        ),
+        (
+            ("axes", "model"),
+            ["resnet5"],
+            ["axes.model[0]", "'resnet5'", "resnet50", "did you mean 'resnet50'"],
+        ),
+        (
+            ("axes", "hardware"),
+            ["tpu"],
+            [
+                "axes.hardware[0]",
+                "'tpu'",
+                "not defined in",
+                "allowed values: a100, cpu, h100, v100",
+            ],
+        ),
+        (("axes", "nodes"), [0, 1], ["axes.nodes[0]", "must be >= 1"]),
+        (("axes", "nodes"), [1, 1.5], ["axes.nodes[1]", "1.5", "must be an integer"]),
+        (("axes", "nodes"), [1, 2, 2], ["axes.nodes", "duplicated values [2]"]),
+        (("axes", "nodes"), [], ["axes.nodes", "at least 1"]),
+        (("axes", "nodes"), [1, 4], ["axes.nodes", "exceed max_nodes=2", "'cpu'"]),
+        (("axes", "policy"), ["weak", "both"], ["axes.policy[1]", "allowed values: weak, strong"]),
+        (("axes", "precision"), ["fp16"], ["axes.precision", "'fp16' needs a GPU", "fp32, bf16"]),
+        (("per_rank_batch",), -4, ["per_rank_batch", "-4", "must be >= 1"]),
+        (("per_rank_batch",), 0, ["per_rank_batch", "must be >= 1"]),
+        (("per_rank_batch",), "32", ["per_rank_batch", "'32'", "must be an integer"]),
+        (("per_rank_batch",), 16.5, ["per_rank_batch", "must be an integer"]),
+        (("repetitions",), 0, ["repetitions", "must be >= 1"]),
+        (("steps",), True, ["steps", "must be an integer"]),
+        (
+            ("global_batch",),
+            15,
+            ["global_batch", "15", "not divisible by world size(s) [2]", "multiple of 2"],
+        ),
+        (
+            ("exclude",),
+            [{"model": "resnet50"}],
+            ["exclude[0].model", "'resnet50'", "allowed values: cnn_small, transformer_small"],
+        ),
+        (
+            ("exclude",),
+            [{"modle": "cnn_small"}],
+            ["unknown key 'modle'", "did you mean 'model'", "exclude[0]"],
+        ),
+        (("exclude",), [{}], ["exclude[0]", "at least 1"]),
+        (("exclude",), [{"nodes": 3}], ["exclude[0].nodes", "allowed values: 1, 2"]),
+        (("study",), "a;rm -rf ~", ["study", "not a valid name"]),
+        (("launcher",), "mpirun", ["launcher", "allowed values: local, srun"]),
+    ],
+)
 def test_bad_input_names_key_and_allowed_values(root, base_config, path, value, expected):
     message = problems_of(root, with_(base_config, path, value))
     for fragment in expected:
@@ -95,12 +122,15 @@ def test_hardware_file_errors_name_the_key(root, base_config, tmp_path):
     assert "cpu.gpus_per_node" in message
 
 
-@pytest.mark.parametrize("exclude, removed", [
-    ([], 0),
-    ([{"model": "transformer_small", "policy": "strong"}], 4),   # 2 nodes x 2 reps
-    ([{"nodes": 2}], 8),
-    ([{"nodes": 2, "policy": "weak"}, {"nodes": 2}], 8),          # overlapping entries
-])
+@pytest.mark.parametrize(
+    "exclude, removed",
+    [
+        ([], 0),
+        ([{"model": "transformer_small", "policy": "strong"}], 4),  # 2 nodes x 2 reps
+        ([{"nodes": 2}], 8),
+        ([{"nodes": 2, "policy": "weak"}, {"nodes": 2}], 8),  # overlapping entries
+    ],
+)
 def test_matrix_size_is_product_minus_exclusions(root, base_config, exclude, removed):
     config = with_(base_config, ("exclude",), exclude)
     s = study(root, config)
@@ -110,15 +140,17 @@ def test_matrix_size_is_product_minus_exclusions(root, base_config, exclude, rem
         product *= len(axes[axis])
     product *= config["repetitions"]
     assert len(s.cells) == product - removed
-    assert len({c.path for c in s.cells}) == len(s.cells)      # one path per cell
+    assert len({c.path for c in s.cells}) == len(s.cells)  # one path per cell
 
 
 def test_cell_path_names_every_axis(root, base_config):
     cell = study(root, base_config).cells[0]
     for field in (*AXES, "rep"):
         assert f"{{{field}}}" in CELL_PATTERN
-    assert cell.path == (f"results/{cell.study}/runs/{cell.hardware}/{cell.framework}/{cell.model}/"
-                         f"{cell.policy}/{cell.precision}/n{cell.nodes}/r{cell.rep}/metrics.jsonl")
+    assert cell.path == (
+        f"results/{cell.study}/runs/{cell.hardware}/{cell.framework}/{cell.model}/"
+        f"{cell.policy}/{cell.precision}/n{cell.nodes}/r{cell.rep}/metrics.jsonl"
+    )
 
 
 def test_batch_policies(root, base_config):
@@ -136,7 +168,7 @@ def test_batch_policies(root, base_config):
 def test_strong_default_global_batch(root, base_config):
     cells = study(root, base_config).cells
     strong = [c for c in cells if c.policy == "strong"]
-    assert {c.global_batch for c in strong} == {16}       # per_rank_batch x ranks at 1 node
+    assert {c.global_batch for c in strong} == {16}  # per_rank_batch x ranks at 1 node
     assert {(c.nodes, c.per_rank_batch) for c in strong} == {(1, 16), (2, 8)}
 
 
@@ -173,7 +205,7 @@ def test_every_key_has_description_and_default(root, name):
     schema = load_schema(root / "config" / "schemas" / name)
     for key, sub in _walk_properties(schema):
         if key.startswith("exclude"):
-            continue   # exclusion entries are free-form partial cells
+            continue  # exclusion entries are free-form partial cells
         assert sub.get("description"), f"{key} lacks a description"
         assert "default" in sub, f"{key} lacks a default"
 

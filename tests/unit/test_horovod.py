@@ -2,6 +2,7 @@
 by scripts/build-horovod.sh), gradient averaging across ranks, and a dead peer failing a rank.
 
 Skipped when .venvs/horovod is missing, unless CI is set (then they must run)."""
+
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 
 from dlscale import launch
 from dlscale.metrics import read_metrics
+
 from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,19 +24,29 @@ PYTHON = ROOT / ".venvs" / "horovod" / "bin" / "python"
 pytestmark = pytest.mark.skipif(
     not PYTHON.exists() and not os.environ.get("CI"),
     reason=f"{PYTHON} is missing: build it with `scripts/setup.sh horovod` (envs/horovod.txt, "
-           "then scripts/build-horovod.sh); set CI=true to require it")
+    "then scripts/build-horovod.sh); set CI=true to require it",
+)
 
 CELL = cell_dict(framework="horovod")
 
 
 def run_cell(tmp_path: Path, cell: dict) -> list[dict]:
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out),
-                        "--git-commit", "",
-                        "--python", str(PYTHON)])
+    code = launch.main(
+        [
+            "--cell-json",
+            json.dumps(cell),
+            "--output",
+            str(out),
+            "--git-commit",
+            "",
+            "--python",
+            str(PYTHON),
+        ]
+    )
     assert code == 0
     assert not (out.parent / ".ranks").exists()
-    return read_metrics(out)            # schema-validated
+    return read_metrics(out)  # schema-validated
 
 
 def test_one_rank_local_launch(tmp_path):
@@ -52,9 +64,9 @@ def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
     assert {r["rank"] for r in records if r["event"] == "rank_end"} == {0, 1}
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
     assert {s["node_index"] for s in starts} == {0, 1}
-    assert len({s["pid"] for s in starts}) == 2                   # two real processes
+    assert len({s["pid"] for s in starts}) == 2  # two real processes
     assert {s["backend"] for s in starts} == {"gloo"}
-    assert {s["param_count"] for s in starts} == {391_466}        # the torch model, by construction
+    assert {s["param_count"] for s in starts} == {391_466}  # the torch model, by construction
     assert all(s["libraries"]["horovod"].startswith("0.28.1") for s in starts)
     assert records[0]["value"]["provenance"]["world_size"] == 2
     assert len([r for r in records if r["event"] == "step"]) == 2 * CELL["steps"]
@@ -99,8 +111,15 @@ def start_ranks(tmp_path: Path, world: int = 2, **extra_env) -> list[subprocess.
     procs = []
     for rank in range(world):
         env = {**launch.local_rank_env(rank, world, 1, port), **extra_env}
-        procs.append(subprocess.Popen([str(PYTHON), "-c", RANK_SCRIPT, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [str(PYTHON), "-c", RANK_SCRIPT, str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -108,17 +127,18 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
     """Different data per rank, one SGD step: the parameters are identical on both ranks and
     equal to the initial ones minus lr x the mean of the two ranks' local gradients."""
     import torch
+
     from dlscale.models.torch import build
 
     procs = start_ranks(tmp_path)
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    assert not torch.equal(r0["x"], r1["x"])                       # different data per rank
+    assert not torch.equal(r0["x"], r1["x"])  # different data per rank
     for name in r0["before"]:
         if "running" in name or "num_batches" in name:
-            continue                          # BN buffers are not synchronised by Horovod
-        assert torch.equal(r0["before"][name], r1["before"][name]), name   # broadcast from rank 0
+            continue  # BN buffers are not synchronised by Horovod
+        assert torch.equal(r0["before"][name], r1["before"][name]), name  # broadcast from rank 0
     grads = []
     for r in (r0, r1):
         model = build("cnn_small")
@@ -147,7 +167,9 @@ def test_a_dead_peer_fails_the_surviving_rank(tmp_path):
 def test_a_stuck_peer_fails_the_waiting_rank_within_the_timeout(tmp_path):
     """Rank 1 stops taking part (alive, never submits its gradients): rank 0's watchdog ends it
     after DLSCALE_COLLECTIVE_TIMEOUT_S instead of waiting forever in Horovod's synchronize()."""
-    procs = start_ranks(tmp_path, HANG_AFTER_SETUP="1", STEPS="3", DLSCALE_COLLECTIVE_TIMEOUT_S="15")
+    procs = start_ranks(
+        tmp_path, HANG_AFTER_SETUP="1", STEPS="3", DLSCALE_COLLECTIVE_TIMEOUT_S="15"
+    )
     try:
         out0 = procs[0].communicate(timeout=300)[0]
     finally:

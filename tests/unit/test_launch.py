@@ -1,4 +1,5 @@
 """Rank discovery, the pre-flight check, and a real 2-rank local launch of one cell."""
+
 from __future__ import annotations
 
 import json
@@ -8,40 +9,70 @@ import pytest
 from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.train import PreflightError, preflight
+
 from cells import cell_dict
 
 
 def test_discover_from_srun(monkeypatch):
-    for k, v in {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-                 "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "n1",
-                 "MASTER_PORT": "21234"}.items():
+    for k, v in {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "21234",
+    }.items():
         monkeypatch.setenv(k, v)
     for k in ("DLSCALE_RANK", "SLURM_NTASKS_PER_NODE"):
         monkeypatch.delenv(k, raising=False)
     ctx = launch.discover()
-    assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.node_index) == \
-        (3, 4, 1, 2, 1)
+    assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.node_index) == (
+        3,
+        4,
+        1,
+        2,
+        1,
+    )
     assert (ctx.master_addr, ctx.master_port, ctx.launcher) == ("n1", 21234, "srun")
 
 
 def test_discover_from_torchrun(monkeypatch):
     for k in ("DLSCALE_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(k, raising=False)
-    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+    for k, v in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+    }.items():
         monkeypatch.setenv(k, v)
     ctx = launch.discover()
     assert (ctx.rank, ctx.world_size, ctx.local_world_size, ctx.launcher) == (1, 2, 2, "torchrun")
 
 
-@pytest.mark.parametrize("spec, node, expected", [("2(x3),1", 2, 2), ("2(x3),1", 3, 1), ("4", 0, 4)])
+@pytest.mark.parametrize(
+    "spec, node, expected", [("2(x3),1", 2, 2), ("2(x3),1", 3, 1), ("4", 0, 4)]
+)
 def test_tasks_per_node_parsing(spec, node, expected):
-    assert launch._tasks_on_this_node({"SLURM_TASKS_PER_NODE": spec,
-                                       "SLURM_NODEID": str(node)}) == expected
+    assert (
+        launch._tasks_on_this_node({"SLURM_TASKS_PER_NODE": spec, "SLURM_NODEID": str(node)})
+        == expected
+    )
 
 
 def test_preflight_rejects_a_wrong_launch():
-    ctx = launch.RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_index=0,
-                             node="n1", master_addr="x", master_port=1, launcher="srun")
+    ctx = launch.RankContext(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_index=0,
+        node="n1",
+        master_addr="x",
+        master_port=1,
+        launcher="srun",
+    )
     preflight(ctx, 1, 1)
     with pytest.raises(PreflightError, match="world size is 1, the cell needs 2"):
         preflight(ctx, 2, 1)
@@ -54,15 +85,14 @@ CELL = cell_dict()
 
 def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out),
-                        "--git-commit", ""])
+    code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out), "--git-commit", ""])
     assert code == 0
     records = read_metrics(out)
     ranks = {r["rank"] for r in records if r["event"] == "rank_end"}
     assert ranks == {0, 1}
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
     assert {s["node_index"] for s in starts} == {0, 1}
-    assert len({s["pid"] for s in starts}) == 2                   # two real processes
+    assert len({s["pid"] for s in starts}) == 2  # two real processes
     assert {s["backend"] for s in starts} == {"gloo"}
     assert records[0]["value"]["provenance"]["world_size"] == 2
     assert not (out.parent / ".ranks").exists()

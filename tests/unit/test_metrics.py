@@ -1,4 +1,5 @@
 """The metrics format: assembled records validate; anything incomplete or foreign is refused."""
+
 from __future__ import annotations
 
 import json
@@ -8,38 +9,86 @@ import pytest
 from dlscale import metrics
 from dlscale.cell import Cell
 from dlscale.metrics import MetricsError
+
 from cells import cell_dict
 
 CELL = cell_dict(per_rank_batch=8, global_batch=16, steps=3)
 
 
 def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
-    start = {"local_rank": 0, "node": node, "node_index": rank, "pid": 100 + rank,
-             "device": "cpu", "device_model": "CPU X", "threads": 1, "loadavg_1m": 0.5,
-             "per_rank_batch": 8, "data_layout": "NCHW", "input_shape": [3, 32, 32],
-             "param_count": 1000, "libraries": {"torch": "2.13.0"}, "python": "3.11.7",
-             "cpu_model": "CPU X", "dlscale_version": "0.1.0", "timer": "time.perf_counter",
-             "sync_method": "none", "backend": "gloo"}
-    recs = [metrics.make_record("rank_start", rank, start),
-            metrics.make_record("idle_probe", rank, {
-                "window_s": 0.5, "busy_cpus": 0.9 if rank == 1 else 0.1, "top_processes": [],
-                "competing": rank == 1, "method": "test"})]
-    recs += [metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
-             for i, s in enumerate(step_seconds)]
-    recs.append(metrics.make_record("rank_end", rank, {
-        **metrics.rank_summary(step_seconds, 8, 100.0), "peak_device_memory_mb": None,
-        "energy": {"available": False, "reason": "test"},
-        "breakdown": {"available": True, "method": "test", "compute_seconds": [s / 2 for s in step_seconds]},
-        "allreduce": {"available": True, "repeats": 2, "sizes": [
-            {"bytes": 1000, "seconds": [0.001, 0.001 * (rank + 1)]}]}}))
+    start = {
+        "local_rank": 0,
+        "node": node,
+        "node_index": rank,
+        "pid": 100 + rank,
+        "device": "cpu",
+        "device_model": "CPU X",
+        "threads": 1,
+        "loadavg_1m": 0.5,
+        "per_rank_batch": 8,
+        "data_layout": "NCHW",
+        "input_shape": [3, 32, 32],
+        "param_count": 1000,
+        "libraries": {"torch": "2.13.0"},
+        "python": "3.11.7",
+        "cpu_model": "CPU X",
+        "dlscale_version": "0.1.0",
+        "timer": "time.perf_counter",
+        "sync_method": "none",
+        "backend": "gloo",
+    }
+    recs = [
+        metrics.make_record("rank_start", rank, start),
+        metrics.make_record(
+            "idle_probe",
+            rank,
+            {
+                "window_s": 0.5,
+                "busy_cpus": 0.9 if rank == 1 else 0.1,
+                "top_processes": [],
+                "competing": rank == 1,
+                "method": "test",
+            },
+        ),
+    ]
+    recs += [
+        metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
+        for i, s in enumerate(step_seconds)
+    ]
+    recs.append(
+        metrics.make_record(
+            "rank_end",
+            rank,
+            {
+                **metrics.rank_summary(step_seconds, 8, 100.0),
+                "peak_device_memory_mb": None,
+                "energy": {"available": False, "reason": "test"},
+                "breakdown": {
+                    "available": True,
+                    "method": "test",
+                    "compute_seconds": [s / 2 for s in step_seconds],
+                },
+                "allreduce": {
+                    "available": True,
+                    "repeats": 2,
+                    "sizes": [{"bytes": 1000, "seconds": [0.001, 0.001 * (rank + 1)]}],
+                },
+            },
+        )
+    )
     return recs
 
 
 def assembled(**overrides):
     ranks = {0: rank_records(0, [0.1, 0.1, 0.1], "n1"), 1: rank_records(1, [0.2, 0.2, 0.2], "n2")}
-    kwargs = dict(cell=Cell.from_dict(CELL), git_commit="deadbeef",
-                  slurm_job_id=None, rank_records=ranks, wall_seconds=2.0,
-                  started=1.0)
+    kwargs = dict(
+        cell=Cell.from_dict(CELL),
+        git_commit="deadbeef",
+        slurm_job_id=None,
+        rank_records=ranks,
+        wall_seconds=2.0,
+        started=1.0,
+    )
     kwargs.update(overrides)
     return metrics.assemble(**kwargs)
 
@@ -64,7 +113,7 @@ def test_assembled_file_validates_and_sums_ranks(tmp_path):
     assert summary["joules_per_sample"] is None and summary["energy_unavailable"] == "test"
     assert back[0]["value"]["provenance"]["hosts"] == ["n1", "n2"]
     assert [r["event"] for r in back].count("step") == 6
-    assert not list(tmp_path.glob(".*.tmp"))          # no temp file left behind
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
 
 
 def test_every_line_has_the_fixed_keys(tmp_path):
@@ -77,17 +126,28 @@ def write_lines(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda rs: rs[:-1], "must start with run_start and end with summary"),       # truncated
-    (lambda rs: [], "empty"),
-    (lambda rs: [{**rs[0], "version": 2}] + rs[1:], "format version 2"),
-    (lambda rs: [r for r in rs if not (r["event"] == "rank_end" and r["rank"] == 1)]
-     , "expected 0..1"),
-    (lambda rs: [{**rs[0], "value": {**rs[0]["value"], "cell": {"nodes": 2}}}] + rs[1:],
-     "required"),
-    (lambda rs: rs[:3] + [{**rs[3], "value": {"step": 0, "seconds": -1.0, "samples": 8}}] + rs[4:],
-     "seconds"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda rs: rs[:-1], "must start with run_start and end with summary"),  # truncated
+        (lambda rs: [], "empty"),
+        (lambda rs: [{**rs[0], "version": 2}] + rs[1:], "format version 2"),
+        (
+            lambda rs: [r for r in rs if not (r["event"] == "rank_end" and r["rank"] == 1)],
+            "expected 0..1",
+        ),
+        (
+            lambda rs: [{**rs[0], "value": {**rs[0]["value"], "cell": {"nodes": 2}}}] + rs[1:],
+            "required",
+        ),
+        (
+            lambda rs: (
+                rs[:3] + [{**rs[3], "value": {"step": 0, "seconds": -1.0, "samples": 8}}] + rs[4:]
+            ),
+            "seconds",
+        ),
+    ],
+)
 def test_invalid_files_are_refused(tmp_path, mutate, message):
     path = tmp_path / "m.jsonl"
     write_lines(path, mutate(assembled()))
@@ -113,20 +173,37 @@ def test_write_atomic_refuses_invalid_and_keeps_the_old_file(tmp_path):
 
 
 def test_missing_rank_file(tmp_path):
-    (tmp_path / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n"
-                                                  for r in rank_records(0, [0.1], "n1")))
+    (tmp_path / "rank0.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rank_records(0, [0.1], "n1"))
+    )
     with pytest.raises(MetricsError, match="rank 1 wrote no metrics"):
         metrics.read_rank_files(tmp_path, 2)
 
 
 # --- the fast read path (issue 7): it may only ever accept what the schema accepts ----------
 
+
 def _reference_valid(rec) -> bool:
     return not list(metrics._validator().iter_errors(rec))
 
 
-BAD_VALUES = [None, True, False, -1, 0, 0.0, 1.5, -0.5, "1", "", [], {}, 1e-400, float("inf"),
-              2 ** 70]
+BAD_VALUES = [
+    None,
+    True,
+    False,
+    -1,
+    0,
+    0.0,
+    1.5,
+    -0.5,
+    "1",
+    "",
+    [],
+    {},
+    1e-400,
+    float("inf"),
+    2**70,
+]
 
 
 def _mutations(rec: dict):
@@ -149,7 +226,7 @@ def _mutations(rec: dict):
 
 def test_fast_path_accepts_real_records_and_nothing_the_schema_rejects():
     records = assembled()
-    assert all(metrics._fast_valid(rec) for rec in records)     # the fast path is taken
+    assert all(metrics._fast_valid(rec) for rec in records)  # the fast path is taken
     tried = accepted = 0
     for rec in records:
         for mutated in _mutations(rec):
@@ -157,21 +234,46 @@ def test_fast_path_accepts_real_records_and_nothing_the_schema_rejects():
             if metrics._fast_valid(mutated):
                 accepted += 1
                 assert _reference_valid(mutated), mutated
-            else:   # rejected by the fast path: the reference validator decides
+            else:  # rejected by the fast path: the reference validator decides
                 assert (metrics._record_error(mutated) is None) == _reference_valid(mutated)
     assert tried > 1000 and 0 < accepted < tried
 
 
-NUMBER_TOKENS = ["0", "1", "8", "-1", "0.0", "0.5", "1.5", "1e-05", "1e-400", "0.00000", "1e+16",
-                 "true", "null", '"1"', "01", "-0.0", "2.5e-7", "1E-2", "0e5", "1e999", "[]",
-                 "0.0001", "0.00001", "00.1"]
+NUMBER_TOKENS = [
+    "0",
+    "1",
+    "8",
+    "-1",
+    "0.0",
+    "0.5",
+    "1.5",
+    "1e-05",
+    "1e-400",
+    "0.00000",
+    "1e+16",
+    "true",
+    "null",
+    '"1"',
+    "01",
+    "-0.0",
+    "2.5e-7",
+    "1E-2",
+    "0e5",
+    "1e999",
+    "[]",
+    "0.0001",
+    "0.00001",
+    "00.1",
+]
 
 
 def test_canonical_step_line_pattern_admits_only_valid_steps():
     steps = [rec for rec in assembled() if rec["event"] == "step"]
     assert all(metrics.STEP_LINE.fullmatch(json.dumps(r, sort_keys=True)) for r in steps)
-    template = ('{"event": "step", "format": "dlscale.metrics", "rank": %s, "time": %s, '
-                '"value": {"samples": %s, "seconds": %s, "step": %s}, "version": 1}')
+    template = (
+        '{"event": "step", "format": "dlscale.metrics", "rank": %s, "time": %s, '
+        '"value": {"samples": %s, "seconds": %s, "step": %s}, "version": 1}'
+    )
     tried = matched = 0
     for slot in range(5):
         for token in NUMBER_TOKENS:
@@ -184,8 +286,13 @@ def test_canonical_step_line_pattern_admits_only_valid_steps():
                 assert _reference_valid(json.loads(line)), line
     # and text-level damage: truncation, a different key order, spaces
     line = json.dumps(steps[0], sort_keys=True)
-    for damaged in (line[:-1], line[1:], json.dumps(steps[0]), line.replace(": ", ":"),
-                    line.replace('"step"', '"stop"', 1)):
+    for damaged in (
+        line[:-1],
+        line[1:],
+        json.dumps(steps[0]),
+        line.replace(": ", ":"),
+        line.replace('"step"', '"stop"', 1),
+    ):
         assert not metrics.STEP_LINE.fullmatch(damaged)
     assert 0 < matched < tried
 

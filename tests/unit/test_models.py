@@ -38,9 +38,17 @@ def test_every_model_has_a_builder_by_convention() -> None:
 
 
 def test_missing_builder_names_the_framework(monkeypatch) -> None:
-    spec = ModelSpec(name="fake", family="vision", input_shape=(3, 8, 8), input_dtype="float32",
-                     num_classes=2, vocab_size=None, description="no builder anywhere",
-                     param_count=1, arch="no_such_arch")
+    spec = ModelSpec(
+        name="fake",
+        family="vision",
+        input_shape=(3, 8, 8),
+        input_dtype="float32",
+        num_classes=2,
+        vocab_size=None,
+        description="no builder anywhere",
+        param_count=1,
+        arch="no_such_arch",
+    )
     monkeypatch.setitem(models.SPECS, "fake", spec)
     with pytest.raises(KeyError) as excinfo:
         build("fake")

@@ -7,6 +7,7 @@ The MXNet code runs in subprocesses of .venvs/mxnet/bin/python (MXNet 1.9.1 need
 the driver environment has numpy 2). Without that environment the tests are skipped, unless
 CI is set: then they must run, and fail.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ import pytest
 from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.models import get_spec, names
+
 from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +30,8 @@ IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 pytestmark = pytest.mark.skipif(
     not MXNET_PY.exists() and not IN_CI,
     reason=f"MXNet environment missing ({MXNET_PY}); build it with scripts/setup.sh "
-           "(envs/mxnet.txt) - with CI set these tests run and fail instead")
+    "(envs/mxnet.txt) - with CI set these tests run and fail instead",
+)
 
 #: The registry's trainable parameter counts (the PyTorch references, dlscale.models.torch).
 TORCH_COUNTS = {n: get_spec(n).param_count for n in names()}
@@ -36,8 +39,14 @@ TORCH_COUNTS = {n: get_spec(n).param_count for n in names()}
 
 def mx_run(code: str, *args: str, timeout: int = 600, env: dict | None = None) -> str:
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
-    proc = subprocess.run([str(MXNET_PY), "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [str(MXNET_PY), "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout
 
@@ -107,8 +116,10 @@ print(json.dumps(out))
 def test_outputs_equal_the_torch_models_given_the_same_weights(tmp_path):
     torch = pytest.importorskip("torch")
     import numpy as np
+
     from dlscale.models import get_spec
     from dlscale.models.torch import build, example_batch
+
     args = []
     for name in TORCH_COUNTS:
         torch.manual_seed(0)
@@ -131,9 +142,18 @@ CELL = cell_dict(framework="mxnet")
 def launch_cell(tmp_path: Path, cell: dict) -> tuple[int, Path]:
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(cell), "--output", str(out),
-                        "--git-commit", "",
-                        "--python", str(MXNET_PY)])
+    code = launch.main(
+        [
+            "--cell-json",
+            json.dumps(cell),
+            "--output",
+            str(out),
+            "--git-commit",
+            "",
+            "--python",
+            str(MXNET_PY),
+        ]
+    )
     return code, out
 
 
@@ -158,7 +178,7 @@ def test_two_rank_local_launch_over_dist_sync(tmp_path):
     assert {r["rank"] for r in records if r["event"] == "rank_end"} == {0, 1}
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
     assert {s["node_index"] for s in starts} == {0, 1}
-    assert len({s["pid"] for s in starts}) == 2                   # two real processes
+    assert len({s["pid"] for s in starts}) == 2  # two real processes
     assert {s["backend"] for s in starts} == {"dist_sync"}
     assert records[0]["value"]["provenance"]["world_size"] == 2
     assert records[-1]["value"]["world_size"] == 2
@@ -166,13 +186,15 @@ def test_two_rank_local_launch_over_dist_sync(tmp_path):
 
 
 def test_bf16_runs_and_fp16_is_refused_on_cpu(tmp_path, capfd):
-    code, out = launch_cell(tmp_path / "bf16", dict(CELL, nodes=1, world_size=1, global_batch=4,
-                                                    precision="bf16"))
+    code, out = launch_cell(
+        tmp_path / "bf16", dict(CELL, nodes=1, world_size=1, global_batch=4, precision="bf16")
+    )
     assert code == 0
     starts = [r["value"] for r in read_metrics(out) if r["event"] == "rank_start"]
     assert starts[0]["autocast"] == "bfloat16"
-    code, out = launch_cell(tmp_path / "fp16", dict(CELL, nodes=1, world_size=1, global_batch=4,
-                                                    precision="fp16"))
+    code, out = launch_cell(
+        tmp_path / "fp16", dict(CELL, nodes=1, world_size=1, global_batch=4, precision="fp16")
+    )
     assert code != 0 and not out.exists()
     assert "fp16 is not supported by MXNet 1.9.1 on CPU" in capfd.readouterr().err
 
@@ -258,17 +280,29 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
     procs = []
     for rank in range(world):
         env = {**launch.local_rank_env(rank, world, 1, port), "DLSCALE_COLLECTIVE_TIMEOUT_S": "120"}
-        procs.append(subprocess.Popen([str(MXNET_PY), "-c", WORKER, str(tmp_path), "cnn_small",
-                                       str(steps)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT))
+        procs.append(
+            subprocess.Popen(
+                [str(MXNET_PY), "-c", WORKER, str(tmp_path), "cnn_small", str(steps)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=ROOT,
+            )
+        )
     for p in procs:
         output, _ = p.communicate(timeout=600)
         assert p.returncode == 0, output[-5000:]
-        assert json.loads(output.strip().splitlines()[-1]) == {"backend": "dist_sync",
-                                                               "kv_workers": 2}
-    report = json.loads(mx_run(REFERENCE, str(tmp_path), "cnn_small", str(steps),
-                               str(world)).strip().splitlines()[-1])
+        assert json.loads(output.strip().splitlines()[-1]) == {
+            "backend": "dist_sync",
+            "kv_workers": 2,
+        }
+    report = json.loads(
+        mx_run(REFERENCE, str(tmp_path), "cnn_small", str(steps), str(world))
+        .strip()
+        .splitlines()[-1]
+    )
     assert report["same_init"] and report["batches_differ"]
     assert report["identical"] == [True] * steps
-    assert all(u > 1e-4 for u in report["max_update"])        # the weights did move
+    assert all(u > 1e-4 for u in report["max_update"])  # the weights did move
     assert all(d <= 1e-6 for d in report["max_diff"]), report

@@ -1,5 +1,6 @@
 """Figures stay readable at scale: a bounded number of files, panels and lines
 (dlscale.plotting)."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,10 +10,17 @@ from collections import Counter
 
 import pytest
 
-from dlscale.layout import (FAMILIES, FIGURE_NAME_PATTERN, MAX_PANELS, MAX_SERIES,
-                            figure_file_bound, figure_layout)
+from dlscale.layout import (
+    FAMILIES,
+    FIGURE_NAME_PATTERN,
+    MAX_PANELS,
+    MAX_SERIES,
+    figure_file_bound,
+    figure_layout,
+)
 from dlscale.plotting import plot_figure
 from dlscale.stats import GROUP
+
 from synthetic_study import DEMO, LARGE, groups, study_tables
 
 COLUMN_IN = 3.5
@@ -32,7 +40,7 @@ def test_file_bound_formula():
 def test_large_layout_is_bounded_and_complete():
     layout = figure_layout(groups(LARGE), COLUMN_IN)
     assert len(layout) == figure_file_bound(groups(LARGE)) == 40
-    assert len({s["file"] for s in layout}) == len(layout)              # names are unique
+    assert len({s["file"] for s in layout}) == len(layout)  # names are unique
     assert Counter(s["family"] for s in layout) == {f: 8 for f in FAMILIES}
     for spec in layout:
         assert 1 <= len(spec["panels"]) <= MAX_PANELS, spec["file"]
@@ -56,15 +64,20 @@ def test_layout_is_deterministic_and_follows_the_axis_order():
 
 
 def test_too_many_series_or_models_split_into_more_files():
-    axes = {"hardware": ["h"], "framework": ["pytorch", "tensorflow", "keras"],
-            "model": [f"m{i}" for i in range(30)], "policy": ["weak"],
-            "precision": ["fp32", "bf16", "fp16"]}
+    axes = {
+        "hardware": ["h"],
+        "framework": ["pytorch", "tensorflow", "keras"],
+        "model": [f"m{i}" for i in range(30)],
+        "policy": ["weak"],
+        "precision": ["fp32", "bf16", "fp16"],
+    }
     g = list(itertools.product(*axes.values()))
     layout = figure_layout(g, COLUMN_IN)
     # 30 models / 12 per file -> 3 model chunks; 9 series / 8 -> 2 series chunks
     assert len(layout) == figure_file_bound(g) == 5 * 3 * 2
-    assert [s["file"] for s in layout if s["family"] == "speedup"] == \
-        [f"h/speedup-{k}.pdf" for k in range(1, 7)]
+    assert [s["file"] for s in layout if s["family"] == "speedup"] == [
+        f"h/speedup-{k}.pdf" for k in range(1, 7)
+    ]
     assert max(len(s["panels"]) for s in layout) == 10 <= MAX_PANELS
     assert sorted({len(s["series"]) for s in layout}) == [4, 5]
 
@@ -72,16 +85,24 @@ def test_too_many_series_or_models_split_into_more_files():
 def test_a_page_with_only_excluded_panels_is_dropped():
     # 13 models (chunks of 7 and 6) x 9 series (chunks of 5 and 4); the second series chunk runs
     # only the last model, so (first model chunk, second series chunk) has nothing to draw
-    series = [(fw, prec) for fw in ("pytorch", "tensorflow", "keras", "horovod")
-              for prec in ("fp32", "bf16")] + [("mxnet", "fp32")]
-    g = [("h", fw, f"m{i}", "weak", prec) for k, (fw, prec) in enumerate(series)
-         for i in range(13) if k < 5 or i == 12]
+    series = [
+        (fw, prec)
+        for fw in ("pytorch", "tensorflow", "keras", "horovod")
+        for prec in ("fp32", "bf16")
+    ] + [("mxnet", "fp32")]
+    g = [
+        ("h", fw, f"m{i}", "weak", prec)
+        for k, (fw, prec) in enumerate(series)
+        for i in range(13)
+        if k < 5 or i == 12
+    ]
     layout = figure_layout(g, COLUMN_IN)
     assert figure_file_bound(g) == 5 * 2 * 2
     assert len(layout) == 5 * 3
     assert all(spec["panels"] for spec in layout)
-    assert [s["file"] for s in layout if s["family"] == "breakdown"] == \
-        [f"h/breakdown-{k}.pdf" for k in (1, 2, 3)]
+    assert [s["file"] for s in layout if s["family"] == "breakdown"] == [
+        f"h/breakdown-{k}.pdf" for k in (1, 2, 3)
+    ]
 
 
 def test_demo_layout_is_one_column_wide_file_per_family():
@@ -93,8 +114,9 @@ def test_demo_layout_is_one_column_wide_file_per_family():
 
 
 def test_every_file_name_matches_the_figure_rule_wildcard():
-    names = [spec["file"] for axes in (LARGE, DEMO)
-             for spec in figure_layout(groups(axes), COLUMN_IN)]
+    names = [
+        spec["file"] for axes in (LARGE, DEMO) for spec in figure_layout(groups(axes), COLUMN_IN)
+    ]
     assert all(re.fullmatch(rf"[^/]+/{FIGURE_NAME_PATTERN}\.pdf", name) for name in names)
     for other in ("cpu/speedup-a.pdf", "cpu/speedups.pdf", "cpu/throughput-1-2.pdf"):
         assert not re.fullmatch(rf"[^/]+/{FIGURE_NAME_PATTERN}\.pdf", other)
@@ -118,7 +140,7 @@ def test_large_study_renders_every_file_within_the_bounds(large, tmp_path):
 def test_missing_data_still_renders(tmp_path):
     _, scaling, _ = study_tables(DEMO)
     layout = figure_layout(groups(DEMO), COLUMN_IN)
-    part = scaling[scaling["model"] == "cnn_small"]                # one model never measured
+    part = scaling[scaling["model"] == "cnn_small"]  # one model never measured
     for spec in layout:
         out = tmp_path / spec["file"]
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
 """The idle probe sees a competing process; provenance facts are filled in."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,7 @@ def test_idle_probe_sees_a_busy_process():
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         import time
+
         time.sleep(0.3)
         probe = host_activity(0.6)
     finally:

@@ -1,4 +1,5 @@
 """The report's cell table is a bounded summary; the full cells.csv is attached (dlscale.report)."""
+
 from __future__ import annotations
 
 import copy
@@ -8,8 +9,15 @@ import pandas as pd
 import pytest
 
 from dlscale.layout import figure_layout
-from dlscale.report import (MAX_SUMMARY_ROWS, SUMMARY_LEVELS, cell_summary, group_summary,
-                            render_tex, write_cell_summary)
+from dlscale.report import (
+    MAX_SUMMARY_ROWS,
+    SUMMARY_LEVELS,
+    cell_summary,
+    group_summary,
+    render_tex,
+    write_cell_summary,
+)
+
 from synthetic_study import DEMO, LARGE, groups, study_tables
 
 
@@ -28,10 +36,10 @@ def test_large_study_summary_is_bounded_and_says_it_aggregated(large, tmp_path):
     out = tmp_path / "cells_table.tex"
     n = write_cell_summary(scaling, status, str(out))
     tex = out.read_text()
-    n_groups = len(groups(LARGE))                                    # 400 groups
+    n_groups = len(groups(LARGE))  # 400 groups
     assert n_groups > MAX_SUMMARY_ROWS
     assert n == len(_rows(tex)) <= MAX_SUMMARY_ROWS
-    assert n == 4 * 5 * 2 * 1                       # one level further: models aggregated
+    assert n == 4 * 5 * 2 * 1  # one level further: models aggregated
     assert f"would have {n_groups} rows" in tex
     assert "one row per hardware, framework, batch policy and precision" in tex
     table, level, _ = cell_summary(scaling, status)
@@ -46,7 +54,7 @@ def test_summary_aggregates_as_far_as_needed(large):
         table, got, _ = cell_summary(scaling, status, max_rows=max_rows)
         assert got == level, max_rows
         assert len(table) == {0: 400, 1: 40, 2: 40, 3: 20, 4: 4}[level]
-        assert list(table.columns[:len(SUMMARY_LEVELS[level][0])]) == SUMMARY_LEVELS[level][0]
+        assert list(table.columns[: len(SUMMARY_LEVELS[level][0])]) == SUMMARY_LEVELS[level][0]
 
 
 def test_small_study_summary_has_one_row_per_group(tmp_path):
@@ -80,32 +88,55 @@ def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
     render_tex(str(out), title="big_study", figures=layout, attachment="../tables/cells.csv")
     tex = out.read_text()
     assert r"\usepackage{attachfile2}" in tex
-    assert re.search(r"\\textattachfile\[[^]]*ucfilespec=cells\.csv[^]]*\]"
-                     r"\{\.\./tables/cells\.csv\}", tex, re.S)
+    assert re.search(
+        r"\\textattachfile\[[^]]*ucfilespec=cells\.csv[^]]*\]"
+        r"\{\.\./tables/cells\.csv\}",
+        tex,
+        re.S,
+    )
     assert r"\dlsCellsCsvRows{} rows" in tex
     assert tex.count(r"\includegraphics") == len(layout) == 40
     assert tex.count(r"\subsection{Hardware") == 4
     assert "big\\_study" in tex and "model0, model1" in tex
     with pytest.raises(ValueError, match="plain relative path"):
-        render_tex(str(out), title="t", figures=copy.deepcopy(layout),
-                   attachment="../tables/cells.csv}\\input{x")
+        render_tex(
+            str(out),
+            title="t",
+            figures=copy.deepcopy(layout),
+            attachment="../tables/cells.csv}\\input{x",
+        )
 
 
 def test_failed_and_missing_table_is_bounded_and_lists_failed_cells_first(tmp_path):
     from dlscale.report import MAX_LISTED_CELLS, write_status_table
+
     rows = []
     for rep in range(1, 201):
         status = "failed" if rep in (7, 150, 199) else "missing"
-        rows.append({"hardware": "cpu", "framework": "pytorch", "model": "m", "policy": "weak",
-                     "precision": "fp32", "nodes": 1, "rep": rep, "status": status,
-                     "reason": "rank 0 exited with code 3" if status == "failed" else "",
-                     "failed_rank": 0 if status == "failed" else None, "exit_code": None,
-                     "slurm_job_id": None, "slurm_state": None, "slurm_exit_code": None,
-                     "log_tail": "", "metrics_path": f"r{rep}"})
+        rows.append(
+            {
+                "hardware": "cpu",
+                "framework": "pytorch",
+                "model": "m",
+                "policy": "weak",
+                "precision": "fp32",
+                "nodes": 1,
+                "rep": rep,
+                "status": status,
+                "reason": "rank 0 exited with code 3" if status == "failed" else "",
+                "failed_rank": 0 if status == "failed" else None,
+                "exit_code": None,
+                "slurm_job_id": None,
+                "slurm_state": None,
+                "slurm_exit_code": None,
+                "log_tail": "",
+                "metrics_path": f"r{rep}",
+            }
+        )
     out = tmp_path / "status_table.tex"
     write_status_table(pd.DataFrame(rows), str(out))
     text = out.read_text()
     listed = [line for line in text.splitlines() if line.startswith("cpu/pytorch/m/")]
     assert len(listed) == MAX_LISTED_CELLS
-    assert sum(" & failed & " in line for line in listed) == 3       # failed cells come first
+    assert sum(" & failed & " in line for line in listed) == 3  # failed cells come first
     assert f"{200 - MAX_LISTED_CELLS} more not listed ({200 - MAX_LISTED_CELLS} missing)" in text

@@ -5,6 +5,7 @@ ranks, and a dead peer failing the surviving rank on its own.
 
 TensorFlow runs in subprocesses of the tensorflow venv; this file runs in the driver venv.
 Skipped when .venvs/tensorflow is missing, unless CI is set (then they must run)."""
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ import pytest
 from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.models import get_spec, names
+
 from cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,24 +39,39 @@ def tf_python() -> Path:
     if not PYTHON.exists():
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {PYTHON} is missing (envs/tensorflow.txt)")
-        pytest.skip(f"{PYTHON} is missing: build it with `python3 -m venv .venvs/tensorflow && "
-                    ".venvs/tensorflow/bin/pip install --upgrade 'pip>=24' && "
-                    ".venvs/tensorflow/bin/pip install -r envs/tensorflow.txt && "
-                    ".venvs/tensorflow/bin/pip install --no-deps -e .` (set CI=true to require it)")
+        pytest.skip(
+            f"{PYTHON} is missing: build it with `python3 -m venv .venvs/tensorflow && "
+            ".venvs/tensorflow/bin/pip install --upgrade 'pip>=24' && "
+            ".venvs/tensorflow/bin/pip install -r envs/tensorflow.txt && "
+            ".venvs/tensorflow/bin/pip install --no-deps -e .` (set CI=true to require it)"
+        )
     return PYTHON
 
 
 def tf_env(legacy: bool = False, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DLSCALE_", "SLURM_", "TF_CONFIG"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DLSCALE_", "SLURM_", "TF_CONFIG"))
+    }
     env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1" if legacy else "0", **extra)
     return env
 
 
-def run_tf(python: Path, code: str, *args: str, legacy: bool = False, timeout: int = 600,
-           cwd: Path | None = None) -> str:
-    proc = subprocess.run([str(python), "-c", textwrap.dedent(code), *args], env=tf_env(legacy),
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+def run_tf(
+    python: Path,
+    code: str,
+    *args: str,
+    legacy: bool = False,
+    timeout: int = 600,
+    cwd: Path | None = None,
+) -> str:
+    proc = subprocess.run(
+        [str(python), "-c", textwrap.dedent(code), *args],
+        env=tf_env(legacy),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -79,6 +96,7 @@ def test_parameter_counts_equal_the_torch_models(tf_python, legacy):
 def test_torch_reference_counts_are_the_constants():
     torch = pytest.importorskip("torch")
     from dlscale.models.torch import build
+
     assert {n: sum(p.numel() for p in build(n).parameters()) for n in names()} == TORCH_PARAMS
     del torch
 
@@ -119,7 +137,8 @@ COMPARE = """
                     layer.out_proj.set_weights([lin(g(p + "self_attn.out_proj.weight")),
                                                 g(p + "self_attn.out_proj.bias")])
                     for ll in ("linear1", "linear2"):
-                        getattr(layer, ll).set_weights([lin(g(p + ll + ".weight")), g(p + ll + ".bias")])
+                        getattr(layer, ll).set_weights([lin(g(p + ll + ".weight")),
+                                                        g(p + ll + ".bias")])
                 elif name == "encoder_norm":
                     layer.set_weights([g("encoder.norm.weight"), g("encoder.norm.bias")])
                 elif name == "head":
@@ -157,6 +176,7 @@ def torch_reference(tmp_path_factory) -> Path:
     """Each PyTorch model (eval mode, random BN statistics), its input and its output."""
     torch = pytest.importorskip("torch")
     from dlscale.models.torch import build, example_batch
+
     out = tmp_path_factory.mktemp("torch_reference")
     torch.manual_seed(0)
     for n in names():
@@ -170,8 +190,11 @@ def torch_reference(tmp_path_factory) -> Path:
                     mod.bias.uniform_(-0.2, 0.2)
             x, _ = example_batch(get_spec(n), 2)
             y = model(x)
-        state = {k: v.numpy() for k, v in model.state_dict().items()
-                 if not k.endswith("num_batches_tracked")}
+        state = {
+            k: v.numpy()
+            for k, v in model.state_dict().items()
+            if not k.endswith("num_batches_tracked")
+        }
         np.savez(out / f"{n}.npz", __x=x.numpy(), __y=y.numpy(), **state)
     return out
 
@@ -188,15 +211,25 @@ def test_models_compute_what_the_torch_models_compute(tf_python, torch_reference
 
 # ----------------------------------------------------------------------------- real launches
 def cell(framework: str, nodes: int, model: str = "cnn_small", precision: str = "fp32") -> dict:
-    return cell_dict(framework=framework, model=model, precision=precision, nodes=nodes,
-                     global_batch=4 * nodes)
+    return cell_dict(
+        framework=framework, model=model, precision=precision, nodes=nodes, global_batch=4 * nodes
+    )
 
 
 def run_cell(tmp_path: Path, python: Path, c: dict) -> list[dict]:
     out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(["--cell-json", json.dumps(c), "--output", str(out),
-                        "--git-commit", "",
-                        "--python", str(python)])
+    code = launch.main(
+        [
+            "--cell-json",
+            json.dumps(c),
+            "--output",
+            str(out),
+            "--git-commit",
+            "",
+            "--python",
+            str(python),
+        ]
+    )
     assert code == 0
     return read_metrics(out)
 
@@ -209,7 +242,9 @@ def test_local_launch_writes_a_valid_metrics_file(tmp_path, tf_python, framework
     assert summary["status"] == "ok" and summary["world_size"] == nodes
     starts = [r for r in records if r["event"] == "rank_start"]
     ends = [r for r in records if r["event"] == "rank_end"]
-    assert sorted(r["rank"] for r in starts) == sorted(r["rank"] for r in ends) == list(range(nodes))
+    assert (
+        sorted(r["rank"] for r in starts) == sorted(r["rank"] for r in ends) == list(range(nodes))
+    )
     assert all(e["value"]["throughput_samples_per_s"] > 0 for e in ends)
     assert len([r for r in records if r["event"] == "step"]) == 2 * nodes
     first = starts[0]["value"]
@@ -222,8 +257,9 @@ def test_local_launch_writes_a_valid_metrics_file(tmp_path, tf_python, framework
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_bf16_uses_the_mixed_bfloat16_policy(tmp_path, tf_python, framework):
-    records = run_cell(tmp_path, tf_python, cell(framework, 1, model="transformer_small",
-                                                 precision="bf16"))
+    records = run_cell(
+        tmp_path, tf_python, cell(framework, 1, model="transformer_small", precision="bf16")
+    )
     start = next(r for r in records if r["event"] == "rank_start")["value"]
     assert start["autocast"] == "bfloat16" and start["data_layout"] == "tokens"
     assert start["param_count"] == TORCH_PARAMS["transformer_small"]
@@ -272,12 +308,15 @@ EXPECT = """
         grads.append([g.numpy() for g in tape.gradient(value, m.trainable_variables)])
     mean = [sum(gs) / world for gs in zip(*grads)]
     w = lambda r, s, i: d[r][f"w{s}_{i}"]
+    pairs = [(r, i) for r in range(world) for i in range(n)]
     print("EXPECT " + json.dumps({
-        "same_init": all(np.array_equal(w(0, 0, i), w(r, 0, i)) for r in range(world) for i in range(n)),
-        "same_after": all(np.array_equal(w(0, 1, i), w(r, 1, i)) for r in range(world) for i in range(n)),
+        "same_init": all(np.array_equal(w(0, 0, i), w(r, 0, i)) for r, i in pairs),
+        "same_after": all(np.array_equal(w(0, 1, i), w(r, 1, i)) for r, i in pairs),
         "different_data": not np.array_equal(d[0]["x"], d[1]["x"]),
-        "err_mean": max(float(np.abs(w(0, 1, i) - (w(0, 0, i) - 0.01 * mean[i])).max()) for i in range(n)),
-        "err_rank0": max(float(np.abs(w(0, 1, i) - (w(0, 0, i) - 0.01 * grads[0][i])).max()) for i in range(n)),
+        "err_mean": max(float(np.abs(w(0, 1, i) - (w(0, 0, i) - 0.01 * mean[i])).max())
+                        for i in range(n)),
+        "err_rank0": max(float(np.abs(w(0, 1, i) - (w(0, 0, i) - 0.01 * grads[0][i])).max())
+                         for i in range(n)),
         "update": max(float(np.abs(0.01 * mean[i]).max()) for i in range(n))}))
 """
 
@@ -292,30 +331,46 @@ def start_ranks(python: Path, argv_of, tmp_path: Path, world: int = 2, **extra: 
     port = _free_port()
     procs = []
     for rank in range(world):
-        env = tf_env(legacy=False, DLSCALE_LAUNCHER="local", DLSCALE_RANK=str(rank),
-                     DLSCALE_WORLD_SIZE=str(world), DLSCALE_LOCAL_RANK="0",
-                     DLSCALE_LOCAL_WORLD_SIZE="1", DLSCALE_NODE_INDEX=str(rank),
-                     MASTER_ADDR="127.0.0.1", DLSCALE_HOSTS=",".join(["127.0.0.1"] * world),
-                     MASTER_PORT=str(port), **extra)
+        env = tf_env(
+            legacy=False,
+            DLSCALE_LAUNCHER="local",
+            DLSCALE_RANK=str(rank),
+            DLSCALE_WORLD_SIZE=str(world),
+            DLSCALE_LOCAL_RANK="0",
+            DLSCALE_LOCAL_WORLD_SIZE="1",
+            DLSCALE_NODE_INDEX=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            DLSCALE_HOSTS=",".join(["127.0.0.1"] * world),
+            MASTER_PORT=str(port),
+            **extra,
+        )
         env.pop("TF_USE_LEGACY_KERAS")  # each adapter chooses its Keras
         log = (tmp_path / f"rank{rank}.log").open("w")
-        procs.append(subprocess.Popen([str(python), *argv_of(rank)], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, cwd=tmp_path))
+        procs.append(
+            subprocess.Popen(
+                [str(python), *argv_of(rank)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+            )
+        )
     return procs
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_gradients_are_averaged_across_ranks(tmp_path, tf_python, framework):
-    procs = start_ranks(tf_python, lambda r: ["-c", textwrap.dedent(RANK), framework,
-                                              str(tmp_path)], tmp_path)
+    procs = start_ranks(
+        tf_python, lambda r: ["-c", textwrap.dedent(RANK), framework, str(tmp_path)], tmp_path
+    )
     codes = [p.wait(timeout=600) for p in procs]
     logs = "\n".join((tmp_path / f"rank{r}.log").read_text()[-2000:] for r in range(2))
     assert codes == [0, 0], logs
     out = run_tf(tf_python, EXPECT, str(tmp_path), legacy=framework == "keras")
     got = json.loads(next(line for line in out.splitlines() if line.startswith("EXPECT "))[7:])
     assert got["different_data"] and got["same_init"] and got["same_after"], got
-    assert got["err_mean"] < 1e-2 * got["update"], got       # p1 = p0 - lr * mean gradient
-    assert got["err_rank0"] > 10 * got["err_mean"], got      # ... and not the local gradient
+    assert got["err_mean"] < 1e-2 * got["update"], got  # p1 = p0 - lr * mean gradient
+    assert got["err_rank0"] > 10 * got["err_mean"], got  # ... and not the local gradient
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -323,11 +378,17 @@ def test_a_dead_peer_fails_the_surviving_rank(tmp_path, tf_python, framework):
     """Rank 1 exits before step 3 (DLSCALE_FAULT); rank 0, with no launcher to stop it, must fail
     on its own within the collective timeout instead of hanging."""
     spec_file = tmp_path / "cell.json"
-    spec_file.write_text(json.dumps(cell_dict(framework=framework, nodes=2, warmup_steps=2,
-                                              steps=3)))
+    spec_file.write_text(
+        json.dumps(cell_dict(framework=framework, nodes=2, warmup_steps=2, steps=3))
+    )
     argv = ["-m", "dlscale.train", "--cell", str(spec_file), "--rank-dir", str(tmp_path / "ranks")]
-    procs = start_ranks(tf_python, lambda r: argv, tmp_path, DLSCALE_FAULT="ranks:1:3:7",
-                        DLSCALE_COLLECTIVE_TIMEOUT_S="60")
+    procs = start_ranks(
+        tf_python,
+        lambda r: argv,
+        tmp_path,
+        DLSCALE_FAULT="ranks:1:3:7",
+        DLSCALE_COLLECTIVE_TIMEOUT_S="60",
+    )
     assert procs[1].wait(timeout=600) == 7
     died = time.monotonic()
     try:
@@ -341,7 +402,9 @@ def test_a_dead_peer_fails_the_surviving_rank(tmp_path, tf_python, framework):
 
 def test_keras_adapter_refuses_keras_3(tf_python):
     """The keras adapter runs legacy Keras 2 only; with Keras 3 already loaded it says so."""
-    out = run_tf(tf_python, """
+    out = run_tf(
+        tf_python,
+        """
         import tensorflow as tf
         tf.keras.layers.Dense  # resolve tf.keras to Keras 3 first
         from dlscale.frameworks import get_adapter
@@ -356,7 +419,8 @@ def test_keras_adapter_refuses_keras_3(tf_python):
             get_adapter("keras")(spec, ctx).setup()
         except RuntimeError as exc:
             print("REFUSED", exc)
-    """)
+    """,
+    )
     assert "REFUSED" in out and "legacy Keras 2" in out
 
 

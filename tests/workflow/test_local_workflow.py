@@ -1,4 +1,5 @@
 """The workflow end to end on the embedded default (local profile), run as a user runs it."""
+
 from __future__ import annotations
 
 import copy
@@ -34,17 +35,22 @@ def test_dry_run_shows_product_minus_exclusions(tmp_path, base_config):
     counts = job_counts(proc.stdout)
     # one train rule per resource class (hardware x nodes); each holds models x policy x reps
     assert {k: v for k, v in counts.items() if k.startswith("train")} == {
-        "train_cpu_n1": 2 * 2 * 2 - 2, "train_cpu_n2": 2 * 2 * 2 - 2}
+        "train_cpu_n1": 2 * 2 * 2 - 2,
+        "train_cpu_n2": 2 * 2 * 2 - 2,
+    }
     assert counts["report_pdf"] == 1 and counts["collect"] == 1
 
 
-@pytest.mark.parametrize("key, value, fragment", [
-    ("axes", {"framework": ["tensorflw"]}, "axes.framework[0]: 'tensorflw' is not allowed"),
-    ("axes", {"nodes": [0, 1]}, "axes.nodes[0]: 0 must be >= 1"),
-    ("per_rank_batch", -1, "per_rank_batch: -1 must be >= 1"),
-    ("global_batch", 3, "global_batch: 3"),
-    ("exclude", [{"model": "resnet50"}], "exclude[0].model"),
-])
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("axes", {"framework": ["tensorflw"]}, "axes.framework[0]: 'tensorflw' is not allowed"),
+        ("axes", {"nodes": [0, 1]}, "axes.nodes[0]: 0 must be >= 1"),
+        ("per_rank_batch", -1, "per_rank_batch: -1 must be >= 1"),
+        ("global_batch", 3, "global_batch: 3"),
+        ("exclude", [{"model": "resnet50"}], "exclude[0].model"),
+    ],
+)
 def test_bad_config_stops_before_any_job(tmp_path, tiny_config, key, value, fragment):
     config = copy.deepcopy(tiny_config)
     if key == "global_batch":
@@ -63,35 +69,53 @@ def test_bad_config_stops_before_any_job(tmp_path, tiny_config, key, value, frag
 
 def test_tiny_study_reaches_the_pdf(finished_study):
     work = finished_study
-    for path in ["results/tiny/tables/ranks.csv", "results/tiny/tables/cells.csv",
-                 "results/tiny/tables/scaling.csv", "results/tiny/report/macros.tex",
-                 "results/tiny/report/report.pdf"] + \
-            [f"results/tiny/figures/cpu/{f}.pdf" for f in ("throughput", "speedup", "efficiency",
-                                                       "frameworks", "breakdown")]:
+    for path in [
+        "results/tiny/tables/ranks.csv",
+        "results/tiny/tables/cells.csv",
+        "results/tiny/tables/scaling.csv",
+        "results/tiny/report/macros.tex",
+        "results/tiny/report/report.pdf",
+    ] + [
+        f"results/tiny/figures/cpu/{f}.pdf"
+        for f in ("throughput", "speedup", "efficiency", "frameworks", "breakdown")
+    ]:
         assert (work / path).stat().st_size > 0, path
     import pandas as pd
+
     ranks = pd.read_csv(work / "results/tiny/tables/ranks.csv")
     assert sorted(ranks.groupby("nodes")["rank"].count().items()) == [(1, 1), (2, 2)]
     cells = pd.read_csv(work / "results/tiny/tables/cells.csv").set_index("nodes")
     assert cells.loc[1, "speedup"] == pytest.approx(1.0)
     assert cells.loc[2, "scaling_efficiency"] == pytest.approx(
-        cells.loc[2, "throughput_samples_per_s"] / cells.loc[1, "throughput_samples_per_s"] / 2)
+        cells.loc[2, "throughput_samples_per_s"] / cells.loc[1, "throughput_samples_per_s"] / 2
+    )
     if shutil.which("pdftotext"):
-        text = subprocess.run(["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
-                              capture_output=True, text=True).stdout
+        text = subprocess.run(
+            ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert "Figure 5" in text and "Cells" in text and "tiny" in text
         assert "95% percentile bootstrap" in text
         assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
     # the full cell table travels inside the PDF
     assert shutil.which("pdfdetach"), "poppler-utils (pdfdetach) is not installed"
-    listing = subprocess.run(["pdfdetach", "-list", str(work / "results/tiny/report/report.pdf")],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["pdfdetach", "-list", str(work / "results/tiny/report/report.pdf")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert listing.splitlines() == ["1 embedded files", "1: cells.csv"], listing
     saved = work / "detached"
     saved.mkdir(exist_ok=True)
-    subprocess.run(["pdfdetach", "-saveall", "-o", str(saved),
-                    str(work / "results/tiny/report/report.pdf")], check=True)
-    assert (saved / "cells.csv").read_bytes() == (work / "results/tiny/tables/cells.csv").read_bytes()
+    subprocess.run(
+        ["pdfdetach", "-saveall", "-o", str(saved), str(work / "results/tiny/report/report.pdf")],
+        check=True,
+    )
+    assert (saved / "cells.csv").read_bytes() == (
+        work / "results/tiny/tables/cells.csv"
+    ).read_bytes()
 
 
 def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
@@ -107,8 +131,7 @@ def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
 
 
 def test_regenerating_figures_touches_no_cell(finished_study):
-    proc = snakemake(finished_study, "--profile", "profiles/local", "-n",
-                     "--forcerun", "figure")
+    proc = snakemake(finished_study, "--profile", "profiles/local", "-n", "--forcerun", "figure")
     counts = job_counts(proc.stdout)
     assert not any(k.startswith("train") for k in counts) and "collect" not in counts
     assert counts["figure"] == 5 and counts["report_pdf"] == 1
@@ -122,32 +145,43 @@ def test_everything_up_to_date_runs_nothing(finished_study):
 
 def test_lint_is_clean(root):
     proc = snakemake(root, "--lint")
-    assert proc.returncode == 0 and "Congratulations" in proc.stdout + proc.stderr, \
+    assert proc.returncode == 0 and "Congratulations" in proc.stdout + proc.stderr, (
         proc.stdout[-3000:] + proc.stderr[-3000:]
+    )
 
 
 def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
     """Without latexmk/pdflatex on PATH the report job fails with a clear message; the tables
     and figures (separate rules) are still built."""
     import os
+
     fakebin = tmp_path / "bin"
     fakebin.mkdir()
-    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):       # everything but TeX
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):  # everything but TeX
         for tool in Path(folder).iterdir():
-            if "tex" not in tool.name and "latex" not in tool.name \
-                    and not (fakebin / tool.name).exists():
+            if (
+                "tex" not in tool.name
+                and "latex" not in tool.name
+                and not (fakebin / tool.name).exists()
+            ):
                 (fakebin / tool.name).symlink_to(tool)
     from conftest import BIN
+
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{fakebin}")
     figures = finished_study / "results/tiny/figures/cpu/throughput.pdf"
     before = figures.stat().st_mtime
-    proc = subprocess.run([str(BIN / "snakemake"), "--profile", "profiles/local", "--forcerun",
-                           "collect"], cwd=finished_study, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "--profile", "profiles/local", "--forcerun", "collect"],
+        cwd=finished_study,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "latexmk/pdflatex not found" in out, out[-3000:]
-    assert figures.stat().st_mtime > before                           # figures rebuilt
+    assert figures.stat().st_mtime > before  # figures rebuilt
     assert (finished_study / "results/tiny/tables/cells.csv").stat().st_size > 0
     # the workflow then restores the report once TeX Live is back
     proc = snakemake(finished_study, "--profile", "profiles/local")
@@ -171,8 +205,11 @@ def measured(work: Path) -> dict[str, str]:
     """Checksum of every metrics file of every study: each cell's current metrics.jsonl and
     every measurement kept in its measurements/ folder."""
     import hashlib
-    return {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in (work / "results").rglob("metrics.jsonl")}
+
+    return {
+        str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (work / "results").rglob("metrics.jsonl")
+    }
 
 
 def kept(checksums: dict[str, str]) -> set[tuple[str, str]]:
@@ -183,11 +220,12 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
     """Issue 20: two studies with the same cells in one checkout, a changed launcher and step
     count that stop the run, an explicit re-measure and a --forcerun that keep the old files."""
     import pandas as pd
+
     work = copy_workflow(tmp_path, tiny_config)
     assert snakemake(work, "--profile", "profiles/local").returncode == 0
     first = measured(work)
     cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
-    assert cell in first and len(first) == 4        # 2 cells: metrics.jsonl + its measurement
+    assert cell in first and len(first) == 4  # 2 cells: metrics.jsonl + its measurement
 
     # a second study with the same axes (other batch and steps): its own folder, its own report
     other = dict(copy.deepcopy(tiny_config), study="tiny-b", per_rank_batch=4, steps=2)
@@ -195,7 +233,7 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
     proc = snakemake(work, "--profile", "profiles/local", "--configfile", "other.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     both = measured(work)
-    assert {k: both[k] for k in first} == first                      # the first study untouched
+    assert {k: both[k] for k in first} == first  # the first study untouched
     for study, batch in (("tiny", 8), ("tiny-b", 4)):
         cells = pd.read_csv(work / f"results/{study}/tables/cells.csv")
         assert set(cells["study"]) == {study} and set(cells["per_rank_batch"]) == {batch}
@@ -212,11 +250,10 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
             assert measured(work) == both
 
     # an explicit re-measure: new measurements, the earlier ones kept beside them
-    proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2",
-                     "remeasure=True")
+    proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2", "remeasure=True")
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = measured(work)
-    assert kept(both) <= kept(after)                                 # every old file, unchanged
+    assert kept(both) <= kept(after)  # every old file, unchanged
     assert len(kept(after)) == len(kept(both)) + 2 and after[cell] != both[cell]
     records = [__import__("json").loads(line) for line in (work / cell).read_text().splitlines()]
     assert records[0]["value"]["cell"]["steps"] == 2
@@ -224,13 +261,16 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
     assert set(cells["earlier_measurements"]) == {1}
 
     # --forcerun of one cell (the documented re-measure of a single cell) keeps the old one too
-    proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2", "--forcerun",
-                     cell)
+    proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2", "--forcerun", cell)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert kept(after) <= kept(measured(work))
     assert len(list((work / cell).parent.glob("measurements/*/metrics.jsonl"))) == 3
     if shutil.which("pdftotext"):
-        text = " ".join(subprocess.run(
-            ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
-            capture_output=True, text=True).stdout.split())
+        text = " ".join(
+            subprocess.run(
+                ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+        )
         assert "3 earlier measurement(s) of 2 re-measured cell(s)" in text, text[-2000:]

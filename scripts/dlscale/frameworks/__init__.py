@@ -1,5 +1,6 @@
 """Framework adapters, found by name. Each adapter module is imported only by the rank that
 uses it, so a framework's environment never needs the other frameworks installed."""
+
 from __future__ import annotations
 
 import importlib
@@ -32,5 +33,7 @@ def get_adapter(name: str):
     try:
         module = ADAPTERS[name]
     except KeyError:
-        raise KeyError(f"unknown framework {name!r}; allowed values: {', '.join(ADAPTERS)}") from None
+        raise KeyError(
+            f"unknown framework {name!r}; allowed values: {', '.join(ADAPTERS)}"
+        ) from None
     return importlib.import_module(module).Adapter

@@ -23,6 +23,7 @@ module holds only what differs:
   - declared capabilities (has_breakdown, has_allreduce_probe, can_compile), which run_timed
     reads before it measures: a missing one is an "available": False record with its reason.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..energy import EnergyMeter
-from ..method import (ALLREDUCE_BYTES, ALLREDUCE_REPEATS, BREAKDOWN_STEPS, COMPETING_BUSY_CPUS,
-                      IDLE_PROBE_SECONDS)
+from ..method import (
+    ALLREDUCE_BYTES,
+    ALLREDUCE_REPEATS,
+    BREAKDOWN_STEPS,
+    COMPETING_BUSY_CPUS,
+    IDLE_PROBE_SECONDS,
+)
 from ..provenance import gpu_activity, host_activity
 
 if TYPE_CHECKING:
@@ -46,7 +52,7 @@ if TYPE_CHECKING:
 # the rank, so a dead or stuck peer fails the cell instead of hanging it.
 COLLECTIVE_TIMEOUT_ENV = "DLSCALE_COLLECTIVE_TIMEOUT_S"
 COLLECTIVE_TIMEOUT_S = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "300"))
-WATCHDOG_EXIT_CODE = 124          # a rank ended by its watchdog (as timeout(1) exits)
+WATCHDOG_EXIT_CODE = 124  # a rank ended by its watchdog (as timeout(1) exits)
 
 DEVICE_NAMES = {"cpu": "CPU", "cuda": "GPU"}
 
@@ -56,6 +62,7 @@ class TrainSpec:
     """What one rank trains: the rank-side subset of a cell (dlscale.cell.Cell). Frozen and
     explicit: an unknown argument is a TypeError, and the optimizer's settings have no default
     here (they come from the config's `optimizer` section, through the cell)."""
+
     framework: str
     model: str
     per_rank_batch: int
@@ -71,16 +78,25 @@ class TrainSpec:
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
         """A cell's rank-side subset: intra-op threads = the rank's CPUs, seed 0."""
-        return cls(framework=cell.framework, model=cell.model,
-                   per_rank_batch=cell.per_rank_batch, warmup_steps=cell.warmup_steps,
-                   steps=cell.steps, precision=cell.precision, device=cell.device,
-                   threads=cell.cpus_per_rank, learning_rate=cell.learning_rate,
-                   momentum=cell.momentum, seed=0)
+        return cls(
+            framework=cell.framework,
+            model=cell.model,
+            per_rank_batch=cell.per_rank_batch,
+            warmup_steps=cell.warmup_steps,
+            steps=cell.steps,
+            precision=cell.precision,
+            device=cell.device,
+            threads=cell.cpus_per_rank,
+            learning_rate=cell.learning_rate,
+            momentum=cell.momentum,
+            seed=0,
+        )
 
 
 @dataclass(frozen=True)
 class RankContext:
     """Who this rank is, discovered from the launcher's environment (dlscale.launch.discover)."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -90,7 +106,7 @@ class RankContext:
     master_addr: str
     master_port: int
     launcher: str
-    hosts: tuple[str, ...] = ()    # address of each node, in node order (rank r is on node r // R)
+    hosts: tuple[str, ...] = ()  # address of each node, in node order (rank r is on node r // R)
 
     def rank_address(self, rank: int, base_port: int) -> str:
         """host:port of a rank for frameworks that need every peer's address (TF_CONFIG):
@@ -105,7 +121,7 @@ class Adapter:
     a subclass implements the contract's methods and declares its capabilities."""
 
     name: str = ""
-    title: str = ""                   # the framework as refusals name it ("TensorFlow")
+    title: str = ""  # the framework as refusals name it ("TensorFlow")
     sync_method: str = "none"
 
     # Precision: precision -> this framework's dtype or mixed-precision policy for it (None:
@@ -116,9 +132,9 @@ class Adapter:
 
     # Capabilities, declared: run_timed reads them before it measures (nothing is found out by
     # calling a method and catching NotImplementedError).
-    breakdown_method: str = ""         # how step_without_allreduce skips the allreduce ("": none)
+    breakdown_method: str = ""  # how step_without_allreduce skips the allreduce ("": none)
     has_allreduce_probe: bool = False  # allreduce(numel) is implemented
-    can_compile: bool = False          # a compiled step (torch.compile, XLA, hybridize): planned
+    can_compile: bool = False  # a compiled step (torch.compile, XLA, hybridize): planned
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
@@ -132,17 +148,18 @@ class Adapter:
         precisions it does run there."""
         spec = self.spec
         device = DEVICE_NAMES.get(spec.device, spec.device)
-        allowed = [p for p in self.precisions
-                   if spec.device == "cuda" or p not in self.cuda_only]
+        allowed = [p for p in self.precisions if spec.device == "cuda" or p not in self.cuda_only]
         if spec.precision in allowed:
             return
         if spec.precision in self.precisions:
             reason = f" ({self.cuda_only[spec.precision]})"
         else:
             reason = ""
-        raise ValueError(f"precision {spec.precision} is not supported by "
-                         f"{self.title or self.name} on {device}{reason}; use one of: "
-                         f"{', '.join(allowed)}")
+        raise ValueError(
+            f"precision {spec.precision} is not supported by "
+            f"{self.title or self.name} on {device}{reason}; use one of: "
+            f"{', '.join(allowed)}"
+        )
 
     @property
     def precision_dtype(self):
@@ -169,16 +186,16 @@ class Adapter:
         return bool(cls.breakdown_method)
 
     # ------------------------------------------------------------------ the contract
-    def setup(self) -> None:          # init the process group, build model, optimizer, data
+    def setup(self) -> None:  # init the process group, build model, optimizer, data
         raise NotImplementedError
 
-    def step(self) -> None:           # one forward + backward + gradient allreduce + update
+    def step(self) -> None:  # one forward + backward + gradient allreduce + update
         raise NotImplementedError
 
-    def sync(self) -> None:           # wait for queued device work
+    def sync(self) -> None:  # wait for queued device work
         raise NotImplementedError
 
-    def barrier(self) -> None:        # all ranks meet
+    def barrier(self) -> None:  # all ranks meet
         raise NotImplementedError
 
     def teardown(self) -> None:
@@ -215,9 +232,17 @@ class Watchdog:
     prints what it waited for, runs `on_fire` (e.g. to kill child processes) and exits with
     `exit_code`; the launcher then fails the cell with that rank's exit code and log."""
 
-    def __init__(self, framework: str, rank: int, *, timeout: float = COLLECTIVE_TIMEOUT_S,
-                 grow: float = 0.0, grow_with: tuple[str, ...] = (), on_fire=None,
-                 exit_code: int = WATCHDOG_EXIT_CODE):
+    def __init__(
+        self,
+        framework: str,
+        rank: int,
+        *,
+        timeout: float = COLLECTIVE_TIMEOUT_S,
+        grow: float = 0.0,
+        grow_with: tuple[str, ...] = (),
+        on_fire=None,
+        exit_code: int = WATCHDOG_EXIT_CODE,
+    ):
         self.framework, self.rank = framework, rank
         self.timeout, self.grow, self.grow_with = timeout, grow, grow_with
         self.on_fire, self.exit_code = on_fire, exit_code
@@ -226,15 +251,19 @@ class Watchdog:
         self._started = 0.0
         self._deadline: float | None = None
         self._lock = threading.Lock()
-        threading.Thread(target=self._run, name=f"dlscale-{framework}-watchdog",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._run, name=f"dlscale-{framework}-watchdog", daemon=True
+        ).start()
 
     @contextlib.contextmanager
     def __call__(self, what: str, seconds: float | None = None):
         with self._lock:
             self._what, self._started = what, time.monotonic()
-            self._deadline = (self._started + (self.timeout if seconds is None else seconds)
-                              + self.grow * self.longest)
+            self._deadline = (
+                self._started
+                + (self.timeout if seconds is None else seconds)
+                + self.grow * self.longest
+            )
         finished = False
         try:
             yield
@@ -253,12 +282,18 @@ class Watchdog:
                 what, bound = self._what, (self._deadline or 0.0) - self._started
                 longest = self.longest
             if late:
-                grown = (f" + {self.grow:g} x the longest step so far, {longest:.1f} s"
-                         if self.grow and longest else "")
-                print(f"[dlscale.frameworks.{self.framework}] rank {self.rank}: {what} did not "
-                      f"finish within {bound:.0f} s ({COLLECTIVE_TIMEOUT_ENV}{grown}): a peer is "
-                      f"dead, hung or stopped taking part; exiting with {self.exit_code}",
-                      file=sys.stderr, flush=True)
+                grown = (
+                    f" + {self.grow:g} x the longest step so far, {longest:.1f} s"
+                    if self.grow and longest
+                    else ""
+                )
+                print(
+                    f"[dlscale.frameworks.{self.framework}] rank {self.rank}: {what} did not "
+                    f"finish within {bound:.0f} s ({COLLECTIVE_TIMEOUT_ENV}{grown}): a peer is "
+                    f"dead, hung or stopped taking part; exiting with {self.exit_code}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 try:
                     if self.on_fire is not None:
                         self.on_fire()
@@ -295,8 +330,13 @@ def run_timed(adapter: Adapter, before_step=None) -> dict:
         times.append(time.perf_counter() - t0)
     energy = meter.stop(samples=spec.per_rank_batch * spec.steps)
     adapter.barrier()
-    return {"step_seconds": times, "idle_probe": probe, "energy": energy,
-            "breakdown": _breakdown(adapter), "allreduce": _allreduce_probe(adapter)}
+    return {
+        "step_seconds": times,
+        "idle_probe": probe,
+        "energy": energy,
+        "breakdown": _breakdown(adapter),
+        "allreduce": _allreduce_probe(adapter),
+    }
 
 
 def _breakdown(adapter: Adapter) -> dict:
@@ -304,7 +344,7 @@ def _breakdown(adapter: Adapter) -> dict:
     if not adapter.has_breakdown(adapter.spec):
         return {"available": False, "reason": f"{adapter.name}: no compute-only step"}
     compute = []
-    adapter.step_without_allreduce()          # untimed: graph frameworks build it on first call
+    adapter.step_without_allreduce()  # untimed: graph frameworks build it on first call
     adapter.sync()
     for _ in range(min(adapter.spec.steps, BREAKDOWN_STEPS)):
         t0 = time.perf_counter()
@@ -324,7 +364,7 @@ def _allreduce_probe(adapter: Adapter) -> dict:
     results = []
     for nbytes in ALLREDUCE_BYTES:
         numel = nbytes // 4
-        adapter.allreduce(numel)                          # warm-up
+        adapter.allreduce(numel)  # warm-up
         samples = []
         for _ in range(ALLREDUCE_REPEATS):
             adapter.barrier()

@@ -22,6 +22,7 @@ config's learning rate and momentum), gradients averaged by allreduce during bac
 are broadcast from rank 0 once. As in plain Horovod, module buffers (BatchNorm running statistics)
 stay per rank (DDP broadcasts them from rank 0 at every forward).
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -33,7 +34,8 @@ import time
 
 import torch
 
-from .base import COLLECTIVE_TIMEOUT_S, Adapter as BaseAdapter, Watchdog
+from .base import COLLECTIVE_TIMEOUT_S, Watchdog
+from .base import Adapter as BaseAdapter
 from .pytorch import TorchModel
 
 
@@ -46,7 +48,7 @@ def _iface_for(addr: str) -> str:
     infos = socket.getaddrinfo(addr, 9, proto=socket.IPPROTO_UDP)
     family, _, _, _, sockaddr = infos[0]
     with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect(sockaddr)         # UDP: no packet is sent, only the route is resolved
+        s.connect(sockaddr)  # UDP: no packet is sent, only the route is resolved
         local = ipaddress.ip_address(s.getsockname()[0].split("%")[0])
     for name, addrs in psutil.net_if_addrs().items():
         for a in addrs:
@@ -86,10 +88,18 @@ def allocation_plan(world_size: int, ranks_per_node: int, labels: list[str]):
     from horovod.runner.common.util.hosts import SlotInfo
 
     nodes = world_size // ranks_per_node
-    return [SlotInfo(hostname=labels[r // ranks_per_node], rank=r,
-                     local_rank=r % ranks_per_node, cross_rank=r // ranks_per_node,
-                     size=world_size, local_size=ranks_per_node, cross_size=nodes)
-            for r in range(world_size)]
+    return [
+        SlotInfo(
+            hostname=labels[r // ranks_per_node],
+            rank=r,
+            local_rank=r % ranks_per_node,
+            cross_rank=r // ranks_per_node,
+            size=world_size,
+            local_size=ranks_per_node,
+            cross_size=nodes,
+        )
+        for r in range(world_size)
+    ]
 
 
 class RendezvousThread:
@@ -103,10 +113,13 @@ class RendezvousThread:
         try:
             self.httpd = RendezvousHTTPServer((addr, port), RendezvousHandler, 0)
         except OSError as exc:
-            raise RuntimeError(f"rank 0 cannot serve Horovod's rendezvous on {self.addr}: {exc}") from exc
+            raise RuntimeError(
+                f"rank 0 cannot serve Horovod's rendezvous on {self.addr}: {exc}"
+            ) from exc
         self.httpd.init(plan)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="hvd-rendezvous",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="hvd-rendezvous", daemon=True
+        )
         self.thread.start()
 
     def stop(self) -> None:
@@ -124,8 +137,10 @@ def _wait_for(addr: str, port: int, timeout: float) -> None:
                 return
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Horovod's rendezvous server {addr}:{port} (rank 0) did not "
-                                   f"answer within {timeout:.0f} s: {exc}") from exc
+                raise RuntimeError(
+                    f"Horovod's rendezvous server {addr}:{port} (rank 0) did not "
+                    f"answer within {timeout:.0f} s: {exc}"
+                ) from exc
             time.sleep(0.2)
 
 
@@ -133,9 +148,11 @@ class Adapter(TorchModel, BaseAdapter):
     name = "horovod"
     title = "Horovod"
     has_allreduce_probe = True
-    breakdown_method = ("the same step with Horovod's gradient allreduce deferred (its "
-                        "backward_passes_per_step accumulation path: the backward hooks submit "
-                        "nothing) and the optimizer update on the local gradients")
+    breakdown_method = (
+        "the same step with Horovod's gradient allreduce deferred (its "
+        "backward_passes_per_step accumulation path: the backward hooks submit "
+        "nothing) and the optimizer update on the local gradients"
+    )
 
     def setup(self) -> None:
         spec, ctx = self.spec, self.ctx
@@ -143,7 +160,7 @@ class Adapter(TorchModel, BaseAdapter):
         torch.set_num_threads(spec.threads)
         try:
             torch.set_num_interop_threads(spec.threads)
-        except RuntimeError:        # already set (inter-op pool started): keep it
+        except RuntimeError:  # already set (inter-op pool started): keep it
             pass
         self.server = None
         self.hvd = None
@@ -155,14 +172,19 @@ class Adapter(TorchModel, BaseAdapter):
         with self.watchdog("hvd.init (rendezvous)", 2 * COLLECTIVE_TIMEOUT_S + 60):
             self._init_horovod()
         import horovod.torch as hvd
+
         self.hvd = hvd
         if hvd.size() != ctx.world_size or hvd.rank() != ctx.rank:
-            raise RuntimeError(f"Horovod sees rank {hvd.rank()} of {hvd.size()}, the launcher "
-                               f"started rank {ctx.rank} of {ctx.world_size}")
+            raise RuntimeError(
+                f"Horovod sees rank {hvd.rank()} of {hvd.size()}, the launcher "
+                f"started rank {ctx.rank} of {ctx.world_size}"
+            )
         if spec.device == "cuda":
             if not hvd.nccl_built():
-                raise RuntimeError("this Horovod build has no GPU operations (built for CPU "
-                                   "with gloo): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL")
+                raise RuntimeError(
+                    "this Horovod build has no GPU operations (built for CPU "
+                    "with gloo): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL"
+                )
             torch.cuda.set_device(ctx.local_rank)
             self.device = torch.device("cuda", ctx.local_rank)
             self.backend = "nccl"
@@ -170,21 +192,25 @@ class Adapter(TorchModel, BaseAdapter):
         else:
             self.device = torch.device("cpu")
             self.backend = "gloo"
-            self.sync_method = ("none (CPU ops are synchronous; DistributedOptimizer.step waits "
-                                "for its allreduce)")
+            self.sync_method = (
+                "none (CPU ops are synchronous; DistributedOptimizer.step waits for its allreduce)"
+            )
         self.model = self.prepare_model()
         optimizer = self.sgd(self.model.parameters())
         with self.watchdog("broadcast_parameters"):
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average)
+            optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average
+        )
 
     def _init_horovod(self) -> None:
         """Set what horovodrun would set, start the rendezvous server on rank 0, hvd.init()."""
         ctx = self.ctx
         rpn = ctx.local_world_size
         if ctx.world_size % rpn:
-            raise RuntimeError(f"world size {ctx.world_size} is not a multiple of {rpn} ranks per node")
+            raise RuntimeError(
+                f"world size {ctx.world_size} is not a multiple of {rpn} ranks per node"
+            )
         nodes = ctx.world_size // rpn
         labels = host_labels(ctx.hosts, nodes)
         port = ctx.master_port
@@ -219,6 +245,7 @@ class Adapter(TorchModel, BaseAdapter):
         else:
             _wait_for(ctx.master_addr, port, COLLECTIVE_TIMEOUT_S)
         import horovod.torch as hvd
+
         hvd.init()
 
     def step(self) -> None:
@@ -231,10 +258,11 @@ class Adapter(TorchModel, BaseAdapter):
 
     def _step(self, allreduce: bool) -> None:
         opt = self.optimizer
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
             loss = self.loss_fn(self.model(self.x), self.y)
-        opt.zero_grad()                 # Horovod's takes no argument; torch's default sets None
+        opt.zero_grad()  # Horovod's takes no argument; torch's default sets None
         if not allreduce:
             # One more backward pass than Horovod allreduces after: the gradient hooks only
             # count it down and record no handle (Horovod 0.28.1's local accumulation path).
@@ -242,13 +270,13 @@ class Adapter(TorchModel, BaseAdapter):
         scaled = self.scaler.scale(loss) if self.scaler is not None else loss
         scaled.backward()
         if allreduce:
-            opt.synchronize()           # wait for the allreduce (average) of every gradient
+            opt.synchronize()  # wait for the allreduce (average) of every gradient
         else:
-            opt._handles.clear()        # the pending no-op entries the hooks left
+            opt._handles.clear()  # the pending no-op entries the hooks left
             opt.set_backward_passes_per_step(opt.backward_passes_per_step - 1)
         with opt.skip_synchronize():
             if self.scaler is not None:
-                self.scaler.step(opt)   # unscale + inf check on the averaged gradients
+                self.scaler.step(opt)  # unscale + inf check on the averaged gradients
                 self.scaler.update()
             else:
                 opt.step()
@@ -259,8 +287,9 @@ class Adapter(TorchModel, BaseAdapter):
 
     def allreduce(self, numel: int) -> None:
         with self.watchdog("an allreduce probe"):
-            self.hvd.allreduce_(self.probe_buffer(numel), op=self.hvd.Sum,
-                                name="dlscale.allreduce_probe")
+            self.hvd.allreduce_(
+                self.probe_buffer(numel), op=self.hvd.Sum, name="dlscale.allreduce_probe"
+            )
             self.sync()
 
     def teardown(self) -> None:

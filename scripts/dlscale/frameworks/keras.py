@@ -27,6 +27,7 @@ per-worker input pipeline). So each step is exactly one step of `fit`'s training
 fit's per-step Python callbacks. The returned loss is fetched to the host, so `step()` returns
 only when the step has run.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,30 +49,38 @@ class _SGD(_SGD_BASE):
 
     skip_aggregation = False
 
-    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False,
-                        **kwargs):
+    def apply_gradients(
+        self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
+    ):
         return super().apply_gradients(
-            grads_and_vars, name=name,
+            grads_and_vars,
+            name=name,
             skip_gradients_aggregation=skip_gradients_aggregation or self.skip_aggregation,
-            **kwargs)
+            **kwargs,
+        )
 
 
 class Adapter(tfa.Adapter):
     name = "keras"
     title = "Keras (tf_keras)"
     legacy_keras = True
-    breakdown_method = ("a second Model.make_train_function() traced with the optimizer's "
-                        "gradient all-reduce skipped (tf_keras skip_gradients_aggregation); "
-                        "fit's per-step all-reduce of its loss metric (scalars) remains")
+    breakdown_method = (
+        "a second Model.make_train_function() traced with the optimizer's "
+        "gradient all-reduce skipped (tf_keras skip_gradients_aggregation); "
+        "fit's per-step all-reduce of its loss metric (scalars) remains"
+    )
 
     def setup(self) -> None:
         self._setup_common()
         spec, strategy, model = self.spec, self.strategy, self.model
         with strategy.scope():
             self.optimizer = _SGD(learning_rate=spec.learning_rate, momentum=spec.momentum)
-            model.compile(optimizer=self.optimizer,
-                          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          steps_per_execution=1, jit_compile=False)
+            model.compile(
+                optimizer=self.optimizer,
+                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                steps_per_execution=1,
+                jit_compile=False,
+            )
         dataset = tf.data.Dataset.from_tensors((self.x, self.y)).repeat()
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -87,7 +96,7 @@ class Adapter(tfa.Adapter):
             # tracing is timed; fit's function stays the model's train_function
             self._local_train_function = model.make_train_function(force=True)
             model.train_function = self.train_function
-            self.optimizer.skip_aggregation = True   # read while the function traces
+            self.optimizer.skip_aggregation = True  # read while the function traces
             try:
                 self._local_train_function.get_concrete_function(self.iterator)
             finally:
@@ -102,7 +111,7 @@ class Adapter(tfa.Adapter):
         self._run(self.train_function)
 
     def step_without_allreduce(self) -> None:
-        if self._local_train_function is None:   # fp16: compile wraps the optimizer in a
+        if self._local_train_function is None:  # fp16: compile wraps the optimizer in a
             # loss-scale one, whose local path is not validated (has_breakdown)
             raise RuntimeError(f"{self.name}: no compute-only step under {self.spec.precision}")
         self._run(self._local_train_function)

@@ -40,6 +40,7 @@ Threads: OMP_NUM_THREADS (intra-op) = spec.threads, set before MXNet is imported
 scheduling threads (inter-op, MXNET_CPU_WORKER_NTHREADS) stay at 1, because each of them runs
 its operators with the full OpenMP team, so more would oversubscribe the rank's CPUs.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,7 +54,8 @@ import time
 
 from ..models import get_spec
 from ..provenance import cpu_model
-from .base import Adapter as BaseAdapter, Watchdog
+from .base import Adapter as BaseAdapter
+from .base import Watchdog
 
 SHUTDOWN_WAIT_S = 60.0
 # A blocking call's deadline: the collective timeout + 4 x the longest step so far.
@@ -64,13 +66,13 @@ PR_SET_PDEATHSIG = 1
 # (mxnet.kvstore_server starts the server/scheduler loop on import when DMLC_ROLE says so).
 _CHILD = (
     "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl({pdeathsig}, signal.SIGKILL)\n"
+    f"ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, signal.SIGKILL)\n"
     "role = os.environ['DMLC_ROLE']\n"
     "if os.getppid() != int(os.environ['DLSCALE_MXNET_PARENT']):\n"
-    "    sys.exit(f'[dlscale.mxnet] parent rank gone before the {{role}} started')\n"
+    "    sys.exit(f'[dlscale.mxnet] parent rank gone before the {role} started')\n"
     "import mxnet  # serves until stopped, then exits\n"
-    "sys.exit(f'[dlscale.mxnet] {{role}}: mxnet returned without serving')\n"
-).format(pdeathsig=PR_SET_PDEATHSIG)
+    "sys.exit(f'[dlscale.mxnet] {role}: mxnet returned without serving')\n"
+)
 
 
 def _ipv4(host: str) -> str:
@@ -101,14 +103,16 @@ class Adapter(BaseAdapter):
     precisions = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # AMP target dtypes
     cuda_only = {"fp16": "no float16 GEMM / FullyConnected kernels"}
     has_allreduce_probe = True
-    breakdown_method = ("the same forward/backward and SGD-momentum update through a second, "
-                        "kvstore-less Gluon Trainer (no push/pull)")
+    breakdown_method = (
+        "the same forward/backward and SGD-momentum update through a second, "
+        "kvstore-less Gluon Trainer (no push/pull)"
+    )
 
     # ------------------------------------------------------------------ ps-lite roles
     def _node_host(self) -> str | None:
         """The address this node's server and workers advertise to the others."""
         if os.environ.get("DLSCALE_MXNET_INTERFACE"):
-            return None                                     # ps-lite uses DMLC_INTERFACE
+            return None  # ps-lite uses DMLC_INTERFACE
         ctx = self.ctx
         hosts = [_ipv4(h) for h in ctx.hosts]
         mine = hosts[ctx.node_index] if ctx.node_index < len(hosts) else _ipv4(ctx.node)
@@ -121,7 +125,7 @@ class Adapter(BaseAdapter):
                 addr = _route_to(h)
                 if addr and not _loopback(addr):
                     return addr
-        return None                                          # ps-lite picks an interface
+        return None  # ps-lite picks an interface
 
     def _ps_env(self) -> dict:
         ctx = self.ctx
@@ -143,8 +147,14 @@ class Adapter(BaseAdapter):
         return env
 
     def _spawn(self, role: str, base_env: dict) -> None:
-        env = dict(os.environ, **base_env, DMLC_ROLE=role, DLSCALE_MXNET_PARENT=str(os.getpid()),
-                   OMP_NUM_THREADS=str(self.spec.threads), MXNET_CPU_WORKER_NTHREADS="1")
+        env = dict(
+            os.environ,
+            **base_env,
+            DMLC_ROLE=role,
+            DLSCALE_MXNET_PARENT=str(os.getpid()),
+            OMP_NUM_THREADS=str(self.spec.threads),
+            MXNET_CPU_WORKER_NTHREADS="1",
+        )
         if role == "scheduler" and self.multi_host and _loopback(base_env["DMLC_PS_ROOT_URI"]):
             # The master's own name resolves to loopback here, but the other nodes reach it by
             # its real address: make ps-lite bind the scheduler on all interfaces.
@@ -158,8 +168,11 @@ class Adapter(BaseAdapter):
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print(f"[dlscale.mxnet] {role} (pid {proc.pid}) still running; killing it",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[dlscale.mxnet] {role} (pid {proc.pid}) still running; killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 proc.kill()
                 proc.wait()
         self.children = []
@@ -183,21 +196,30 @@ class Adapter(BaseAdapter):
         import mxnet as mx
         import numpy
         from mxnet import autograd, gluon
+
         self.mx, self.np, self.autograd = mx, numpy, autograd
-        self.watchdog = Watchdog(self.name, ctx.rank, grow=WATCHDOG_GROWTH,
-                                 grow_with=WATCHDOG_STEPS, on_fire=self._kill_children)
+        self.watchdog = Watchdog(
+            self.name,
+            ctx.rank,
+            grow=WATCHDOG_GROWTH,
+            grow_with=WATCHDOG_STEPS,
+            on_fire=self._kill_children,
+        )
 
         self.autocast = self.precision_dtype
         if spec.device == "cuda":
             if mx.context.num_gpus() == 0:
-                raise RuntimeError("device 'cuda': this MXNet build has no CUDA support or sees "
-                                   "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)")
+                raise RuntimeError(
+                    "device 'cuda': this MXNet build has no CUDA support or sees "
+                    "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)"
+                )
             self.device = mx.gpu(ctx.local_rank)
         else:
             self.device = mx.cpu()
         if self.autocast:
             from mxnet.contrib import amp
-            amp.init(target_dtype=self.autocast)   # before the model is built
+
+            amp.init(target_dtype=self.autocast)  # before the model is built
             self.amp = amp
 
         if ctx.world_size > 1:
@@ -211,8 +233,10 @@ class Adapter(BaseAdapter):
             with self.watchdog("kvstore start-up (ps-lite registration)"):
                 self.kv = mx.kv.create("dist_sync")
             if self.kv.num_workers != ctx.world_size:
-                raise RuntimeError(f"dist_sync kvstore sees {self.kv.num_workers} workers, "
-                                   f"the cell has {ctx.world_size}")
+                raise RuntimeError(
+                    f"dist_sync kvstore sees {self.kv.num_workers} workers, "
+                    f"the cell has {ctx.world_size}"
+                )
             self.backend = "dist_sync"
         else:
             self.kv = mx.kv.create("local")
@@ -221,23 +245,29 @@ class Adapter(BaseAdapter):
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
         from ..models.mxnet import build, example_batch, param_count
-        self.seed()                                      # same initial weights on every rank
+
+        self.seed()  # same initial weights on every rank
         self.net = build(spec.model, ctx=self.device)
         self.param_count = param_count(self.net)
         self.net.hybridize(static_alloc=True, static_shape=True)
         # Different (fixed) data on every rank.
-        self.x, self.y = example_batch(self.model_spec, spec.per_rank_batch, ctx=self.device,
-                                       seed=self.data_seed)
+        self.x, self.y = example_batch(
+            self.model_spec, spec.per_rank_batch, ctx=self.device, seed=self.data_seed
+        )
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.global_batch = spec.per_rank_batch * ctx.world_size
         self.loss_scaling = spec.precision == "fp16"
         self.trainer = gluon.Trainer(
-            self.net.collect_params(), "sgd", self._sgd(), kvstore=self.kv,
+            self.net.collect_params(),
+            "sgd",
+            self._sgd(),
+            kvstore=self.kv,
             # dynamic loss scaling changes the gradient scale every step: update on the workers
-            update_on_kvstore=False if self.loss_scaling else None)
+            update_on_kvstore=False if self.loss_scaling else None,
+        )
         if self.loss_scaling:
             self.amp.init_trainer(self.trainer)
-        self.local_trainer = None          # compute-only breakdown (step_without_allreduce)
+        self.local_trainer = None  # compute-only breakdown (step_without_allreduce)
         self.probe_keys: dict[int, tuple[int, object]] = {}
         mx.nd.waitall()
 
@@ -251,19 +281,19 @@ class Adapter(BaseAdapter):
 
     def _forward_backward(self, trainer) -> None:
         with self.autograd.record():
-            loss = self.loss_fn(self.net(self.x), self.y)       # per-sample losses
+            loss = self.loss_fn(self.net(self.x), self.y)  # per-sample losses
             if self.loss_scaling:
                 with self.amp.scale_loss(loss, trainer) as scaled:
                     self.autograd.backward(scaled)
         if not self.loss_scaling:
-            loss.backward()                                    # gradient of the summed loss
+            loss.backward()  # gradient of the summed loss
 
     def step(self) -> None:
         with self.watchdog("a training step"):
             self._forward_backward(self.trainer)
             # rescale_grad = 1 / global batch: the servers' sum over workers becomes the mean
             self.trainer.step(self.global_batch)
-            self.mx.nd.waitall()                               # pulled weights are in place
+            self.mx.nd.waitall()  # pulled weights are in place
 
     def step_without_allreduce(self) -> None:
         """Forward, backward and the same SGD update applied locally: no kvstore traffic.
@@ -271,8 +301,10 @@ class Adapter(BaseAdapter):
         no_sync), which nothing afterwards depends on."""
         if self.local_trainer is None:
             from mxnet import gluon
+
             self.local_trainer = gluon.Trainer(
-                self.net.collect_params(), "sgd", self._sgd(), kvstore=None)
+                self.net.collect_params(), "sgd", self._sgd(), kvstore=None
+            )
             if self.loss_scaling:
                 self.amp.init_trainer(self.local_trainer)
         with self.watchdog("a compute-only step"):
@@ -289,9 +321,9 @@ class Adapter(BaseAdapter):
         mx = self.mx
         with self.watchdog("an allreduce probe"):
             if numel not in self.probe_keys:
-                key = 1_000_000 + len(self.probe_keys)    # far above the parameters' indices
+                key = 1_000_000 + len(self.probe_keys)  # far above the parameters' indices
                 buf = mx.nd.ones((numel,), dtype="float32", ctx=self.device)
-                self.kv.init(key, buf)                    # collective (rank 0 pushes, barrier)
+                self.kv.init(key, buf)  # collective (rank 0 pushes, barrier)
                 self.probe_keys[numel] = (key, buf)
             key, buf = self.probe_keys[numel]
             self.kv.pushpull(key, buf, out=buf)
@@ -334,7 +366,7 @@ class Adapter(BaseAdapter):
         self.trainer = self.local_trainer = self.kv = None
         self.probe_keys = {}
         self.mx.nd.waitall()
-        handle, kv.handle = kv.handle, None     # KVStore.__del__ then frees NULL: a no-op
+        handle, kv.handle = kv.handle, None  # KVStore.__del__ then frees NULL: a no-op
         self.mx.base.check_call(self.mx.base._LIB.MXKVStoreFree(handle))
         gc.collect()
 

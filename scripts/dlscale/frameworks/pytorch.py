@@ -1,6 +1,7 @@
 """PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, TCP rendezvous at
 MASTER_ADDR:MASTER_PORT; SGD with the config's learning rate and momentum (spec.learning_rate,
 spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S (base.COLLECTIVE_TIMEOUT_S)."""
+
 from __future__ import annotations
 
 import datetime
@@ -11,9 +12,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models import get_spec
-from ..provenance import cpu_model
 from ..models.torch import build, example_batch
-from .base import COLLECTIVE_TIMEOUT_S, Adapter as BaseAdapter
+from ..provenance import cpu_model
+from .base import COLLECTIVE_TIMEOUT_S
+from .base import Adapter as BaseAdapter
 
 
 class TorchModel:
@@ -34,8 +36,11 @@ class TorchModel:
         spec = self.spec
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
-        self.memory_format = (torch.channels_last if self.vision and spec.device == "cuda"
-                              else torch.contiguous_format)
+        self.memory_format = (
+            torch.channels_last
+            if self.vision and spec.device == "cuda"
+            else torch.contiguous_format
+        )
         model = build(spec.model).to(self.device).to(memory_format=self.memory_format)
         self.param_count = sum(p.numel() for p in model.parameters())
         self.loss_fn = torch.nn.CrossEntropyLoss()
@@ -72,13 +77,16 @@ class TorchModel:
             "libraries": {"torch": torch.__version__, "numpy": numpy.__version__, **libraries},
             "backend": self.backend,
             "device_model": device_model,
-            "data_layout": "channels_last" if self.memory_format == torch.channels_last
+            "data_layout": "channels_last"
+            if self.memory_format == torch.channels_last
             else ("NCHW" if self.vision else "tokens"),
             "input_shape": list(self.model_spec.input_shape),
             "param_count": self.param_count,
             "data": "synthetic (one fixed batch per rank, generated on the device)",
             "sync_method": self.sync_method,
-            "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+            "autocast": str(self.autocast_dtype).replace("torch.", "")
+            if self.autocast_dtype
+            else None,
         }
 
 
@@ -86,7 +94,9 @@ class Adapter(TorchModel, BaseAdapter):
     name = "pytorch"
     title = "PyTorch"
     has_allreduce_probe = True
-    breakdown_method = "the same step under DistributedDataParallel.no_sync() (no gradient allreduce)"
+    breakdown_method = (
+        "the same step under DistributedDataParallel.no_sync() (no gradient allreduce)"
+    )
 
     def setup(self) -> None:
         spec, ctx = self.spec, self.ctx
@@ -100,19 +110,27 @@ class Adapter(TorchModel, BaseAdapter):
         else:
             self.device = torch.device("cpu")
             backend = "gloo"
-            self.sync_method = "none (CPU ops are synchronous; DDP backward waits for its allreduce)"
-        dist.init_process_group(backend, init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
-                                rank=ctx.rank, world_size=ctx.world_size,
-                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            self.sync_method = (
+                "none (CPU ops are synchronous; DDP backward waits for its allreduce)"
+            )
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
         self.backend = backend
         model = self.prepare_model()
         self.ddp = DistributedDataParallel(
-            model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None)
+            model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None
+        )
         self.optimizer = self.sgd(self.ddp.parameters())
 
     def step(self) -> None:
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
             loss = self.loss_fn(self.ddp(self.x), self.y)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:

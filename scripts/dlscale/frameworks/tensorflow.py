@@ -30,6 +30,7 @@ gradients applied locally (computed under `strategy.run`, applied in cross-repli
 where Keras' optimizer does not aggregate). Not under fp16 (has_breakdown: the loss-scale
 optimizer's local path is not validated).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,10 @@ import tensorflow as tf  # noqa: E402
 
 from ..models import get_spec  # noqa: E402
 from ..provenance import cpu_model  # noqa: E402
-from .base import COLLECTIVE_TIMEOUT_S, Adapter as BaseAdapter  # noqa: E402
+from .base import COLLECTIVE_TIMEOUT_S  # noqa: E402
+from .base import Adapter as BaseAdapter
 
-AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}   # policy -> compute dtype
+AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}  # policy -> compute dtype
 TEARDOWN_GRACE_S = 1.0
 DATA = "synthetic (one fixed batch per rank, generated on the device)"
 
@@ -65,15 +67,18 @@ def check_keras(legacy: bool, adapter: str) -> None:
         raise RuntimeError(
             f"the {adapter} adapter needs {'legacy Keras 2 (tf_keras)' if legacy else 'Keras 3'} "
             f"as tf.keras, but this process has the other one: set TF_USE_LEGACY_KERAS="
-            f"{'1' if legacy else '0'} (or leave it unset) before TensorFlow is imported")
+            f"{'1' if legacy else '0'} (or leave it unset) before TensorFlow is imported"
+        )
 
 
 def keras_versions() -> dict:
     """The version of the Keras in use, under its distribution's name."""
     if uses_legacy_keras():
         import tf_keras
+
         return {"tf_keras": tf_keras.__version__}
     import keras
+
     return {"keras": keras.__version__}
 
 
@@ -84,8 +89,10 @@ def configure_runtime(spec, ctx) -> None:
     gpus = tf.config.list_physical_devices("GPU")
     if spec.device == "cuda":
         if ctx.local_rank >= len(gpus):
-            raise RuntimeError(f"rank {ctx.rank}: local rank {ctx.local_rank} but only "
-                               f"{len(gpus)} GPU(s) visible to TensorFlow")
+            raise RuntimeError(
+                f"rank {ctx.rank}: local rank {ctx.local_rank} but only "
+                f"{len(gpus)} GPU(s) visible to TensorFlow"
+            )
         tf.config.set_visible_devices(gpus[ctx.local_rank], "GPU")
         tf.config.experimental.set_memory_growth(gpus[ctx.local_rank], True)
     elif gpus:
@@ -95,24 +102,31 @@ def configure_runtime(spec, ctx) -> None:
 def make_strategy(spec, ctx):
     """MWMS over all ranks. Returns (strategy, backend description)."""
     workers = [ctx.rank_address(i, ctx.master_port + 1) for i in range(ctx.world_size)]
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
-                                          "task": {"type": "worker", "index": ctx.rank}})
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": ctx.rank}}
+    )
     impl = tf.distribute.experimental.CommunicationImplementation
     implementation = impl.NCCL if spec.device == "cuda" else impl.RING
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=COLLECTIVE_TIMEOUT_S)
+        implementation=implementation, timeout_seconds=COLLECTIVE_TIMEOUT_S
+    )
     # Bound the start-up wait for the other workers: a private class attribute of MWMS's
     # implementation (default 0 = wait forever); skipped if a TensorFlow release drops it.
     from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
     extended = getattr(cars, "CollectiveAllReduceExtended", None)
     if extended is not None and hasattr(extended, "_check_health_initial_timeout"):
         extended._check_health_initial_timeout = COLLECTIVE_TIMEOUT_S
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if strategy.num_replicas_in_sync != ctx.world_size:
-        raise RuntimeError(f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} "
-                           f"replicas, the cell has {ctx.world_size} ranks")
-    backend = (f"tf.distribute.MultiWorkerMirroredStrategy, {implementation.name} collectives"
-               f"{' over gRPC' if spec.device != 'cuda' else ''}")
+        raise RuntimeError(
+            f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} "
+            f"replicas, the cell has {ctx.world_size} ranks"
+        )
+    backend = (
+        f"tf.distribute.MultiWorkerMirroredStrategy, {implementation.name} collectives"
+        f"{' over gRPC' if spec.device != 'cuda' else ''}"
+    )
     return strategy, backend
 
 
@@ -123,6 +137,7 @@ def set_precision_policy(policy: str | None) -> str | None:
 
 def make_collectives(strategy):
     """(barrier, allreduce) tf.functions through the strategy's collectives."""
+
     @tf.function
     def barrier():
         ones = strategy.run(lambda: tf.ones([], tf.float32))
@@ -133,8 +148,10 @@ def make_collectives(strategy):
         def replica_fn(b):
             b = tf.identity(b)  # placed on the replica's device (all_reduce needs one)
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, b)
+
         out = strategy.run(replica_fn, args=(buf,))
-        return strategy.experimental_local_results(out)[0][:1]   # a depending output, 4 bytes
+        return strategy.experimental_local_results(out)[0][:1]  # a depending output, 4 bytes
+
     return barrier, allreduce
 
 
@@ -166,8 +183,10 @@ class Adapter(BaseAdapter):
     precisions = {"fp32": None, "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}  # policies
     cuda_only = {"fp16": "mixed_float16 on CPU is not a meaningful measurement"}
     has_allreduce_probe = True
-    breakdown_method = ("the same tf.function step with the gradients applied locally (computed "
-                        "under strategy.run, applied in cross-replica context: no all-reduce)")
+    breakdown_method = (
+        "the same tf.function step with the gradients applied locally (computed "
+        "under strategy.run, applied in cross-replica context: no all-reduce)"
+    )
 
     @classmethod
     def has_breakdown(cls, spec) -> bool:
@@ -190,36 +209,41 @@ class Adapter(BaseAdapter):
         self.policy = set_precision_policy(self.precision_dtype)
         self.device_name = "/GPU:0" if spec.device == "cuda" else "/CPU:0"
         if spec.device == "cuda":
-            self.sync_method = ("tf.test.experimental.sync_devices, after the step's loss is "
-                                "fetched to the host")
+            self.sync_method = (
+                "tf.test.experimental.sync_devices, after the step's loss is fetched to the host"
+            )
         else:
-            self.sync_method = ("the step's loss is fetched to the host (CPU ops are synchronous: "
-                                "the gradient all-reduce and the update run before it returns)")
+            self.sync_method = (
+                "the step's loss is fetched to the host (CPU ops are synchronous: "
+                "the gradient all-reduce and the update run before it returns)"
+            )
         self._barrier, self._allreduce = make_collectives(self.strategy)
         self._probe_buf = None
         self.model_spec = get_spec(spec.model)
         from ..models.tf import build, example_batch, param_count
+
         with self.strategy.scope():
             self.model = build(spec.model)
         self.param_count = param_count(self.model)
         with tf.device(self.device_name):
             # one fixed batch per rank, different on every rank, created once on the device
-            self.x, self.y = example_batch(self.model_spec, spec.per_rank_batch,
-                                           seed=spec.seed * 100003 + ctx.rank)
+            self.x, self.y = example_batch(
+                self.model_spec, spec.per_rank_batch, seed=spec.seed * 100003 + ctx.rank
+            )
 
     def setup(self) -> None:
         self._setup_common()
         spec, strategy, model = self.spec, self.strategy, self.model
         with strategy.scope():
-            optimizer = tf.keras.optimizers.SGD(learning_rate=spec.learning_rate,
-                                                momentum=spec.momentum)
+            optimizer = tf.keras.optimizers.SGD(
+                learning_rate=spec.learning_rate, momentum=spec.momentum
+            )
             if spec.precision == "fp16":
                 optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
         self.optimizer = optimizer
         global_batch = spec.per_rank_batch * self.ctx.world_size
         loss_scaled = spec.precision == "fp16"
-        loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                                 reduction="none")
+        loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
         def forward_backward(x, y):
             with tf.GradientTape() as tape:
@@ -295,8 +319,11 @@ class Adapter(BaseAdapter):
     def describe(self) -> dict:
         vision = self.model_spec.family == "vision"
         return {
-            "libraries": {"tensorflow": tf.__version__, **keras_versions(),
-                          "numpy": numpy.__version__},
+            "libraries": {
+                "tensorflow": tf.__version__,
+                **keras_versions(),
+                "numpy": numpy.__version__,
+            },
             "backend": self.backend,
             "device_model": device_model(self.spec),
             "data_layout": "NHWC" if vision else "tokens",

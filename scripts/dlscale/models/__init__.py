@@ -66,26 +66,35 @@ class ModelSpec:
 
 
 #: What every ImageNet-shaped classifier consumes and produces.
-_IMAGENET = dict(family="vision", input_shape=(3, 224, 224), input_dtype="float32",
-                 num_classes=1000, vocab_size=None)
+_IMAGENET = dict(
+    family="vision",
+    input_shape=(3, 224, 224),
+    input_dtype="float32",
+    num_classes=1000,
+    vocab_size=None,
+)
 
 SPECS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec(
-            name="resnet50", **_IMAGENET,
+            name="resnet50",
+            **_IMAGENET,
             description=(
                 "ResNet-50 v1.5 (He et al. 2016; stride on the 3x3 conv), "
                 "ImageNet shape 3x224x224, 1000 classes"
             ),
             param_count=25_557_032,  # torchvision's published count
-            arch="resnet", arch_kwargs={"block": "bottleneck", "layers": (3, 4, 6, 3)},
+            arch="resnet",
+            arch_kwargs={"block": "bottleneck", "layers": (3, 4, 6, 3)},
         ),
         ModelSpec(
-            name="resnet18", **_IMAGENET,
+            name="resnet18",
+            **_IMAGENET,
             description="ResNet-18 (He et al. 2016), ImageNet shape 3x224x224, 1000 classes",
             param_count=11_689_512,  # torchvision's published count
-            arch="resnet", arch_kwargs={"block": "basic", "layers": (2, 2, 2, 2)},
+            arch="resnet",
+            arch_kwargs={"block": "basic", "layers": (2, 2, 2, 2)},
         ),
         ModelSpec(
             name="cnn_small",
@@ -99,7 +108,8 @@ SPECS: dict[str, ModelSpec] = {
                 "global average pool, linear head), CIFAR shape 3x32x32, 10 classes"
             ),
             param_count=391_466,
-            arch="cnn", arch_kwargs={"channels": (32, 64, 128, 256)},
+            arch="cnn",
+            arch_kwargs={"channels": (32, 64, 128, 256)},
         ),
         ModelSpec(
             name="transformer_small",
@@ -114,14 +124,21 @@ SPECS: dict[str, ModelSpec] = {
             ),
             param_count=5_289_986,
             arch="transformer",
-            arch_kwargs={"d_model": 256, "num_layers": 4, "num_heads": 4,
-                         "dim_feedforward": 1024, "dropout": 0.1},
+            arch_kwargs={
+                "d_model": 256,
+                "num_layers": 4,
+                "num_heads": 4,
+                "dim_feedforward": 1024,
+                "dropout": 0.1,
+            },
         ),
         ModelSpec(
-            name="resnet34", **_IMAGENET,
+            name="resnet34",
+            **_IMAGENET,
             description="ResNet-34 (He et al. 2016), ImageNet shape 3x224x224, 1000 classes",
             param_count=21_797_672,  # torchvision's published count
-            arch="resnet", arch_kwargs={"block": "basic", "layers": (3, 4, 6, 3)},
+            arch="resnet",
+            arch_kwargs={"block": "basic", "layers": (3, 4, 6, 3)},
         ),
     )
 }
@@ -141,9 +158,7 @@ def get_spec(name: str) -> ModelSpec:
     try:
         return SPECS[name]
     except KeyError:
-        raise KeyError(
-            f"unknown model {name!r}; allowed: {', '.join(names())}"
-        ) from None
+        raise KeyError(f"unknown model {name!r}; allowed: {', '.join(names())}") from None
 
 
 def supported(package: str) -> list[str]:

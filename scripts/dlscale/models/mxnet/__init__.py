@@ -87,10 +87,12 @@ def example_batch(
     if spec.family == "vision":
         inputs = mx.nd.random.normal(0, 1, shape=shape, dtype="float32", ctx=ctx)
     elif spec.family == "sequence":
-        inputs = mx.nd.random.randint(0, spec.vocab_size, shape=shape, dtype="int32",
-                                      ctx=ctx).astype("float32")
+        inputs = mx.nd.random.randint(
+            0, spec.vocab_size, shape=shape, dtype="int32", ctx=ctx
+        ).astype("float32")
     else:
         raise ValueError(f"unknown model family {spec.family!r} for model {spec.name!r}")
-    labels = mx.nd.random.randint(0, spec.num_classes, shape=(batch_size,), dtype="int32",
-                                  ctx=ctx).astype("float32")
+    labels = mx.nd.random.randint(
+        0, spec.num_classes, shape=(batch_size,), dtype="int32", ctx=ctx
+    ).astype("float32")
     return inputs, labels

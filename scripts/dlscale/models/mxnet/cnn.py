@@ -19,8 +19,13 @@ class SmallCNN(nn.HybridBlock):
     """Four conv3x3(no bias)-BN-ReLU-maxpool blocks, global average pool and a linear head:
     391,466 trainable parameters with 3 input channels and 10 classes."""
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10,
-                 channels: tuple[int, ...] = CHANNELS, **kwargs) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        channels: tuple[int, ...] = CHANNELS,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         with self.name_scope():
             self.features = nn.HybridSequential(prefix="features_")
@@ -28,8 +33,14 @@ class SmallCNN(nn.HybridBlock):
             with self.features.name_scope():
                 for width in channels:
                     self.features.add(
-                        nn.Conv2D(width, kernel_size=3, padding=1, use_bias=False,
-                                  in_channels=prev, weight_initializer=KAIMING_FAN_OUT),
+                        nn.Conv2D(
+                            width,
+                            kernel_size=3,
+                            padding=1,
+                            use_bias=False,
+                            in_channels=prev,
+                            weight_initializer=KAIMING_FAN_OUT,
+                        ),
                         nn.BatchNorm(in_channels=width, momentum=0.9, epsilon=1e-5),
                         nn.Activation("relu"),
                         nn.MaxPool2D(pool_size=2, strides=2),
@@ -45,5 +56,6 @@ class SmallCNN(nn.HybridBlock):
 
 def from_spec(spec: ModelSpec, *, channels: Sequence[int]) -> SmallCNN:
     """The CNN of ``spec`` (the registry's ``arch="cnn"``): one conv block per ``channels``."""
-    return SmallCNN(in_channels=spec.input_shape[0], num_classes=spec.num_classes,
-                    channels=tuple(channels))
+    return SmallCNN(
+        in_channels=spec.input_shape[0], num_classes=spec.num_classes, channels=tuple(channels)
+    )

@@ -19,8 +19,15 @@ __all__ = ["BLOCKS", "BasicBlock", "Bottleneck", "ResNet", "from_spec"]
 
 
 def _conv(out_planes: int, in_planes: int, kernel: int, stride: int = 1) -> nn.Conv2D:
-    return nn.Conv2D(out_planes, kernel_size=kernel, strides=stride, padding=kernel // 2,
-                     use_bias=False, in_channels=in_planes, weight_initializer=KAIMING_FAN_OUT)
+    return nn.Conv2D(
+        out_planes,
+        kernel_size=kernel,
+        strides=stride,
+        padding=kernel // 2,
+        use_bias=False,
+        in_channels=in_planes,
+        weight_initializer=KAIMING_FAN_OUT,
+    )
 
 
 def _bn(channels: int) -> nn.BatchNorm:
@@ -33,8 +40,9 @@ class BasicBlock(nn.HybridBlock):
 
     expansion = 1
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: bool = False,
-                 **kwargs) -> None:
+    def __init__(
+        self, inplanes: int, planes: int, stride: int = 1, downsample: bool = False, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         with self.name_scope():
             self.conv1 = _conv(planes, inplanes, 3, stride)
@@ -58,8 +66,9 @@ class Bottleneck(nn.HybridBlock):
 
     expansion = 4
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: bool = False,
-                 **kwargs) -> None:
+    def __init__(
+        self, inplanes: int, planes: int, stride: int = 1, downsample: bool = False, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         out = planes * self.expansion
         with self.name_scope():
@@ -85,13 +94,21 @@ class Bottleneck(nn.HybridBlock):
 class ResNet(nn.HybridBlock):
     """ImageNet-style ResNet: 7x7 stem, max-pool, four stages, average pool, linear head."""
 
-    def __init__(self, block, layers: list[int], num_classes: int = 1000, in_channels: int = 3,
-                 **kwargs) -> None:
+    def __init__(
+        self, block, layers: list[int], num_classes: int = 1000, in_channels: int = 3, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.inplanes = 64
         with self.name_scope():
-            self.conv1 = nn.Conv2D(64, kernel_size=7, strides=2, padding=3, use_bias=False,
-                                   in_channels=in_channels, weight_initializer=KAIMING_FAN_OUT)
+            self.conv1 = nn.Conv2D(
+                64,
+                kernel_size=7,
+                strides=2,
+                padding=3,
+                use_bias=False,
+                in_channels=in_channels,
+                weight_initializer=KAIMING_FAN_OUT,
+            )
             self.bn1 = _bn(64)
             self.maxpool = nn.MaxPool2D(pool_size=3, strides=2, padding=1)
             self.layer1 = self._make_layer(block, 64, layers[0], 1, "layer1_")
@@ -128,5 +145,10 @@ def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]) -> ResNet:
     parameter names prefixed ``<spec.name>_``."""
     if block not in BLOCKS:
         raise ValueError(f"unknown ResNet block {block!r}; allowed: {', '.join(BLOCKS)}")
-    return ResNet(BLOCKS[block], list(layers), num_classes=spec.num_classes,
-                  in_channels=spec.input_shape[0], prefix=f"{spec.name}_")
+    return ResNet(
+        BLOCKS[block],
+        list(layers),
+        num_classes=spec.num_classes,
+        in_channels=spec.input_shape[0],
+        prefix=f"{spec.name}_",
+    )

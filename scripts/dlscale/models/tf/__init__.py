@@ -17,6 +17,7 @@ Usage::
 A model is built by `dlscale.models.tf.<spec.arch>.from_spec(spec, **spec.arch_kwargs)` (found by
 convention, `dlscale.models.find_builder`); there is no list to extend.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -58,8 +59,9 @@ def example_batch(spec: ModelSpec, batch: int, seed: int = 0) -> tuple[tf.Tensor
     if spec.family == "vision":
         inputs = gen.normal((batch, *input_shape(spec)), dtype=tf.float32)
     elif spec.family == "sequence":
-        inputs = gen.uniform((batch, *spec.input_shape), minval=0, maxval=spec.vocab_size,
-                             dtype=tf.int64)
+        inputs = gen.uniform(
+            (batch, *spec.input_shape), minval=0, maxval=spec.vocab_size, dtype=tf.int64
+        )
     else:
         raise ValueError(f"unknown model family {spec.family!r} for model {spec.name!r}")
     labels = gen.uniform((batch,), minval=0, maxval=spec.num_classes, dtype=tf.int64)

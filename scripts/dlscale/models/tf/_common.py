@@ -4,6 +4,7 @@
 (tf_keras) when TF_USE_LEGACY_KERAS=1 was set before TensorFlow was imported. The builders use
 only layers and initialisers that both provide, so one definition serves both adapters.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,18 +26,27 @@ LN_EPSILON = 1e-5
 
 def kaiming_normal_fan_out():
     """torch.nn.init.kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / fan_out)."""
-    return initializers.VarianceScaling(scale=2.0, mode="fan_out", distribution="untruncated_normal")
+    return initializers.VarianceScaling(
+        scale=2.0, mode="fan_out", distribution="untruncated_normal"
+    )
 
 
-def torch_linear(units: int, fan_in: int, name: str | None = None, zero_bias: bool = False,
-                 kernel_initializer=None):
+def torch_linear(
+    units: int,
+    fan_in: int,
+    name: str | None = None,
+    zero_bias: bool = False,
+    kernel_initializer=None,
+):
     """A Dense layer initialised like torch.nn.Linear: weight and bias U(-1/sqrt(fan_in), +)."""
     bound = 1.0 / math.sqrt(fan_in)
     return layers.Dense(
-        units, name=name,
-        kernel_initializer=kernel_initializer or initializers.VarianceScaling(
-            scale=1.0 / 3.0, mode="fan_in", distribution="uniform"),
-        bias_initializer="zeros" if zero_bias else initializers.RandomUniform(-bound, bound))
+        units,
+        name=name,
+        kernel_initializer=kernel_initializer
+        or initializers.VarianceScaling(scale=1.0 / 3.0, mode="fan_in", distribution="uniform"),
+        bias_initializer="zeros" if zero_bias else initializers.RandomUniform(-bound, bound),
+    )
 
 
 def float32_logits(name: str = "logits_float32"):

@@ -10,14 +10,23 @@ PyTorch's: strided convolutions and the stem max-pool pad explicitly (ZeroPaddin
 because Keras' "same" pads asymmetrically when the stride is 2. Zero padding before the max-pool
 equals PyTorch's -inf padding there, since it follows a ReLU.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from dlscale.models import ModelSpec
 
-from ._common import (BN_EPSILON, BN_MOMENTUM, float32_logits, input_shape, keras,
-                      kaiming_normal_fan_out, layers, torch_linear)
+from ._common import (
+    BN_EPSILON,
+    BN_MOMENTUM,
+    float32_logits,
+    input_shape,
+    kaiming_normal_fan_out,
+    keras,
+    layers,
+    torch_linear,
+)
 
 
 def _conv(x, filters: int, kernel: int, stride: int, name: str):
@@ -28,8 +37,15 @@ def _conv(x, filters: int, kernel: int, stride: int, name: str):
         padding = "valid"
     else:
         padding = "same" if pad else "valid"
-    return layers.Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
-                         kernel_initializer=kaiming_normal_fan_out(), name=name)(x)
+    return layers.Conv2D(
+        filters,
+        kernel,
+        strides=stride,
+        padding=padding,
+        use_bias=False,
+        kernel_initializer=kaiming_normal_fan_out(),
+        name=name,
+    )(x)
 
 
 def _bn(x, name: str):
@@ -40,8 +56,9 @@ def _basic_block(x, inplanes: int, planes: int, stride: int, name: str):
     identity = x
     if stride != 1 or inplanes != planes:
         identity = _bn(_conv(x, planes, 1, stride, f"{name}_downsample_0"), f"{name}_downsample_1")
-    out = layers.ReLU(name=f"{name}_relu1")(_bn(_conv(x, planes, 3, stride, f"{name}_conv1"),
-                                                f"{name}_bn1"))
+    out = layers.ReLU(name=f"{name}_relu1")(
+        _bn(_conv(x, planes, 3, stride, f"{name}_conv1"), f"{name}_bn1")
+    )
     out = _bn(_conv(out, planes, 3, 1, f"{name}_conv2"), f"{name}_bn2")
     return layers.ReLU(name=f"{name}_relu2")(layers.Add(name=f"{name}_add")([out, identity]))
 
@@ -50,19 +67,23 @@ def _bottleneck(x, inplanes: int, planes: int, stride: int, name: str):
     expansion = 4
     identity = x
     if stride != 1 or inplanes != planes * expansion:
-        identity = _bn(_conv(x, planes * expansion, 1, stride, f"{name}_downsample_0"),
-                       f"{name}_downsample_1")
-    out = layers.ReLU(name=f"{name}_relu1")(_bn(_conv(x, planes, 1, 1, f"{name}_conv1"),
-                                                f"{name}_bn1"))
+        identity = _bn(
+            _conv(x, planes * expansion, 1, stride, f"{name}_downsample_0"), f"{name}_downsample_1"
+        )
+    out = layers.ReLU(name=f"{name}_relu1")(
+        _bn(_conv(x, planes, 1, 1, f"{name}_conv1"), f"{name}_bn1")
+    )
     # v1.5: the stride sits on the 3x3 convolution
-    out = layers.ReLU(name=f"{name}_relu2")(_bn(_conv(out, planes, 3, stride, f"{name}_conv2"),
-                                                f"{name}_bn2"))
+    out = layers.ReLU(name=f"{name}_relu2")(
+        _bn(_conv(out, planes, 3, stride, f"{name}_conv2"), f"{name}_bn2")
+    )
     out = _bn(_conv(out, planes * expansion, 1, 1, f"{name}_conv3"), f"{name}_bn3")
     return layers.ReLU(name=f"{name}_relu3")(layers.Add(name=f"{name}_add")([out, identity]))
 
 
-def _resnet(block, expansion: int, blocks_per_stage: list[int], input_shape_hwc, num_classes: int,
-            name: str):
+def _resnet(
+    block, expansion: int, blocks_per_stage: list[int], input_shape_hwc, num_classes: int, name: str
+):
     inputs = keras.Input(shape=input_shape_hwc, name="images")
     x = _conv(inputs, 64, 7, 2, "conv1")
     x = layers.ReLU(name="relu")(_bn(x, "bn1"))
@@ -88,5 +109,6 @@ def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]):
     if block not in BLOCKS:
         raise ValueError(f"unknown ResNet block {block!r}; allowed: {', '.join(BLOCKS)}")
     block_fn, expansion = BLOCKS[block]
-    return _resnet(block_fn, expansion, list(layers), input_shape(spec), spec.num_classes,
-                   spec.name)
+    return _resnet(
+        block_fn, expansion, list(layers), input_shape(spec), spec.num_classes, spec.name
+    )

@@ -58,5 +58,6 @@ class SmallCNN(nn.Module):
 
 def from_spec(spec: ModelSpec, *, channels: Sequence[int]) -> SmallCNN:
     """The CNN of ``spec`` (the registry's ``arch="cnn"``): one conv block per ``channels``."""
-    return SmallCNN(in_channels=spec.input_shape[0], num_classes=spec.num_classes,
-                    channels=tuple(channels))
+    return SmallCNN(
+        in_channels=spec.input_shape[0], num_classes=spec.num_classes, channels=tuple(channels)
+    )

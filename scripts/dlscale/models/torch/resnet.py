@@ -148,7 +148,9 @@ class ResNet(nn.Module):
 
 #: Residual block per ``arch_kwargs["block"]``.
 BLOCKS: dict[str, type[BasicBlock] | type[Bottleneck]] = {
-    "basic": BasicBlock, "bottleneck": Bottleneck}
+    "basic": BasicBlock,
+    "bottleneck": Bottleneck,
+}
 
 
 def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]) -> ResNet:
@@ -156,5 +158,6 @@ def from_spec(spec: ModelSpec, *, block: str, layers: Sequence[int]) -> ResNet:
     ``spec.input_shape[0]`` input channels and ``spec.num_classes`` logits."""
     if block not in BLOCKS:
         raise ValueError(f"unknown ResNet block {block!r}; allowed: {', '.join(BLOCKS)}")
-    return ResNet(BLOCKS[block], list(layers), num_classes=spec.num_classes,
-                  in_channels=spec.input_shape[0])
+    return ResNet(
+        BLOCKS[block], list(layers), num_classes=spec.num_classes, in_channels=spec.input_shape[0]
+    )

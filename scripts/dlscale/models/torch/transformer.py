@@ -77,5 +77,9 @@ def from_spec(spec: ModelSpec, **encoder) -> TransformerClassifier:
     """The classifier of ``spec`` (the registry's ``arch="transformer"``): vocabulary,
     sequence length and classes from the spec, the encoder's sizes (``d_model``, ``num_layers``,
     ``num_heads``, ``dim_feedforward``, ``dropout``) from ``arch_kwargs``."""
-    return TransformerClassifier(vocab_size=spec.vocab_size, seq_len=spec.input_shape[0],
-                                 num_classes=spec.num_classes, **encoder)
+    return TransformerClassifier(
+        vocab_size=spec.vocab_size,
+        seq_len=spec.input_shape[0],
+        num_classes=spec.num_classes,
+        **encoder,
+    )
