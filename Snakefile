@@ -6,9 +6,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
-
-
+# config/config.yaml is read by rules/common.smk (dlscale.matrix.workflow_config), not by a
+# `configfile:` directive: Snakemake's reader would evaluate a `__use_yte__` template.
 include: "rules/common.smk"
 include: "rules/train.smk"
 include: "rules/collect.smk"
@@ -31,6 +30,12 @@ localrules:
 # (results/partial/, failed and missing cells listed); rerunning retries only those cells.
 onerror:
     build_from_existing_cells()
+
+
+# The launcher must match the executor (launcher=srun under the Slurm executor): checked before
+# the first job (rules/common.smk).
+onstart:
+    check_launcher_matches_executor()
 
 
 onsuccess:

@@ -13,10 +13,14 @@ from dlscale.config import ConfigError
 from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
 from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
 from dlscale.cell import CELL_PATTERN, STUDY_DIR, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
-from dlscale.matrix import load_study
+from dlscale.matrix import load_workflow_study
 
+# The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
+# a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
+# `--config study_file=...`, then the rest of --config; every file bounded and strict
+# (dlscale.config.load_config_file). Files given with --configfile are checked the same way.
 try:
-    STUDY = load_study(config, workflow.basedir)
+    STUDY = load_workflow_study(config, workflow.basedir, workflow.overwrite_configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 
@@ -102,12 +106,37 @@ def framework_python(wildcards):
     return str(Path(workflow.basedir) / ".venvs" / env / "bin" / "python")
 
 
+# The launcher must match the executor: a `--config ...` on the command line replaces the
+# profile's whole `config:` list, so `--profile profiles/slurm --config remeasure=True` would
+# drop the profile's launcher=srun and start every multi-node cell as local processes on the
+# submit host. The executor is known only once the run starts (not at parse time), so the check
+# is the `onstart` handler: it stops the run before the first job. A dry run plans with the
+# `dryrun` executor and runs no handler.
+def check_launcher_matches_executor():
+    plugin = workflow.executor_plugin
+    if plugin is None or not workflow.is_main_process:
+        return
+    from dlscale.matrix import launcher_problem
+
+    problem = launcher_problem(
+        plugin.name, STUDY.config["launcher"], in_allocation="SLURM_JOB_ID" in os.environ
+    )
+    if problem:
+        raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
+
+
 def metrics_files():
     return [cell.path for cell in STUDY.cells]
 
 
 def report_title():
     return STUDY.config["report"]["title"] or f"Scaling study: {STUDY.config['study']}"
+
+
+def report_title_param(wildcards):
+    """The title as a params function: Snakemake formats a plain string param as a pattern,
+    so a title with `{word}` would be read as a wildcard."""
+    return report_title()
 
 
 # The template the report is rendered from (inside the installed dlscale package): an input of

@@ -36,7 +36,7 @@ rule report_tex:
     conda:
         "../envs/analysis.yaml"
     params:
-        title=report_title(),
+        title=report_title_param,
         figures=FIGURE_LAYOUT,
         attachment=report_attachment(),
     script:

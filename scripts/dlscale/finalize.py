@@ -45,17 +45,57 @@ def build_from_existing(
         path.parent.mkdir(parents=True, exist_ok=True)
         plot_figure(tables["scaling"], fig, str(path))
     render_tex(out["tex"], title=title, figures=figures, attachment=attachment)
+    pdf_problem = None
     try:
         compile_pdf(out["tex"], log=out["pdf_log"])
     except LatexMissing as exc:
+        pdf_problem = str(exc)
+        print(f"dlscale: {exc}", file=sys.stderr)
+    except RuntimeError as exc:
+        pdf_problem = f"latexmk failed (see {out['pdf_log']})"
         print(f"dlscale: {exc}", file=sys.stderr)
     status = tables["status"]
-    failed = status[status["status"] != "ok"]
     print(
-        f"dlscale: study incomplete: {len(tables['cells'])} of {n_planned} cells measured; "
-        f"{(failed['status'] == 'failed').sum()} failed, {(failed['status'] == 'missing').sum()} "
-        f"missing ({out['status']}). Tables, figures and {out['pdf']} were built "
-        "from the measured cells; rerun the same command to retry only the failed and missing "
-        "cells.",
+        status_message(
+            measured=int((status["status"] == "ok").sum()),
+            failed=int((status["status"] == "failed").sum()),
+            missing=int((status["status"] == "missing").sum()),
+            n_planned=n_planned,
+            out=out,
+            pdf_problem=pdf_problem,
+        ),
         file=sys.stderr,
+    )
+
+
+def status_message(
+    *,
+    measured: int,
+    failed: int,
+    missing: int,
+    n_planned: int,
+    out: dict[str, str],
+    pdf_problem: str | None = None,
+) -> str:
+    """What the end of a failed run says: the cells (measured, failed, missing) apart from the
+    report steps. With every cell measured, the study is complete and only a report step
+    failed; saying "study incomplete" then would send the user to rerun cells."""
+    pdf = (
+        f"{out['pdf']} was not built: {pdf_problem}"
+        if pdf_problem
+        else f"{out['pdf']} was built from them"
+    )
+    if measured == n_planned and not failed and not missing:
+        return (
+            f"dlscale: cells measured: all {n_planned} of {n_planned} (none failed, none "
+            "missing) -- the measurements are complete. Report steps failed: a table, figure "
+            "or report job above stopped the run (see its log). Tables, figures and the report "
+            f"were built from the measured cells into the partial folder; {pdf}. Fix the "
+            "report step and rerun the same command: no cell is measured again."
+        )
+    return (
+        f"dlscale: study incomplete: cells measured: {measured} of {n_planned}; {failed} "
+        f"failed, {missing} missing ({out['status']}). Tables, figures and the report were "
+        f"built from the measured cells; {pdf}. Rerun the same command to retry only the "
+        "failed and missing cells."
     )

@@ -444,9 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     # not a workflow param: a new commit must not make every cell rerun
     parser.add_argument(
         "--git-commit",
-        default=git_commit(Path(__file__).parent),
-        help="the commit of the code that runs (default: that of the checkout "
-        "this dlscale package is in, none outside a git checkout)",
+        default=None,
+        help="the commit of the code that runs (default: that of the project this dlscale "
+        "package is part of, or 'not a git checkout' with a hash of the workflow sources)",
     )
     parser.add_argument(
         "--python", default=sys.executable, help="interpreter of the cell's framework environment"
@@ -456,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         cell = Cell.from_json(args.cell_json)
     except (ValueError, TypeError) as exc:
         parser.error(f"--cell-json: {exc}")
-    return run_cell(cell, args.output, git_commit=args.git_commit or None, python=args.python)
+    commit = args.git_commit or git_commit()
+    return run_cell(cell, args.output, git_commit=commit, python=args.python)
 
 
 if __name__ == "__main__":

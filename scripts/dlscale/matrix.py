@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from math import lcm
 from pathlib import Path
@@ -19,6 +20,7 @@ from .cell import AXES, Cell
 from .config import (
     ConfigError,
     config_hash,
+    load_config_file,
     load_schema,
     load_yaml,
     validate_config,
@@ -122,6 +124,42 @@ def environment_ids(workflow_dir: str | Path) -> dict[str, str]:
     return out
 
 
+def planned_cell_count(config: dict) -> tuple[int, bool]:
+    """(cells, exact): the number of cells a validated config plans, computed without building
+    them. Exact when nothing is excluded or the axes' product is small enough to count;
+    otherwise the product (an upper bound) and False."""
+    axes = config["axes"]
+    product = math.prod(len(axes[a]) for a in AXES)
+    if config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
+        product = sum(
+            not _excluded(dict(zip(AXES, combo)), config["exclude"])
+            for combo in itertools.product(*(axes[a] for a in AXES))
+        )
+        return product * config["repetitions"], True
+    return product * config["repetitions"], not config["exclude"]
+
+
+# Axes products up to this size are counted exactly (exclusions applied) before the cap check.
+_COUNT_EXACTLY_UP_TO = 200_000
+
+
+def cell_count_problem(config: dict) -> str | None:
+    """The refusal of a study larger than `max_cells`, with its count and the limit."""
+    count, exact = planned_cell_count(config)
+    limit = config["max_cells"]
+    if count <= limit:
+        return None
+    axes = config["axes"]
+    sizes = " x ".join(f"{len(axes[a])} {a}" for a in AXES)
+    how = "" if exact else " before `exclude`"
+    return (
+        f"max_cells: the study plans {count:,} cells{how} ({sizes} x "
+        f"{config['repetitions']} repetitions); the limit is {limit:,}. Shrink the axes or "
+        "exclude combinations, or raise max_cells (e.g. --config max_cells=N) if the "
+        "cluster can take it"
+    )
+
+
 def build_matrix(
     config: dict,
     hardware: dict,
@@ -130,6 +168,9 @@ def build_matrix(
 ) -> Study:
     """Expand validated config + hardware into the list of cells (product minus exclusions).
     `environments`: framework -> environment id (environment_ids; default: the name only)."""
+    too_many = cell_count_problem(config)
+    if too_many:
+        raise ConfigError("config", [too_many])
     problems = _semantic_problems(config, hardware, hardware_source)
     if problems:
         raise ConfigError("config", problems)
@@ -181,16 +222,67 @@ def build_matrix(
     )
 
 
+DEFAULT_STUDY_FILE = "config/config.yaml"
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """`over`'s keys replace `base`'s, mappings merged key by key, lists replaced whole
+    (Snakemake's rule for --configfile and --config)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _resolve(workflow_dir: Path, path: str) -> Path:
+    path = Path(path)
+    return path if path.is_absolute() else workflow_dir / path
+
+
+def workflow_config(
+    cli_config: dict, workflow_dir: str | Path, configfiles: list[str | Path] = ()
+) -> dict:
+    """The study's configuration as the workflow sees it, read by dlscale only (bounded, strict
+    YAML, never a template): config/config.yaml, then the `study_file` named on the command
+    line (--config study_file=...), then the rest of the command line's --config. Files given
+    with Snakemake's own --configfile (`configfiles`; Snakemake has read them already) are read
+    again, so duplicate keys, templates and oversized files are refused all the same."""
+    workflow_dir = Path(workflow_dir)
+    for path in configfiles:
+        load_config_file(path, source=f"--configfile {path}")
+    config = load_config_file(workflow_dir / DEFAULT_STUDY_FILE, source=DEFAULT_STUDY_FILE)
+    cli_config = dict(cli_config)
+    study_file = cli_config.get("study_file")
+    if study_file is not None:
+        if not isinstance(study_file, str) or not study_file.strip():
+            raise ConfigError("--config", [f"study_file: {study_file!r} must name a YAML file"])
+        study = load_config_file(_resolve(workflow_dir, study_file), source=study_file)
+        if "study_file" in study:
+            raise ConfigError(study_file, ["study_file: a study file cannot name another one"])
+        config = _merge(config, study)
+    return _merge(config, cli_config)
+
+
+def load_workflow_study(
+    cli_config: dict, workflow_dir: str | Path, configfiles: list[str | Path] = ()
+) -> Study:
+    """What rules/common.smk calls: workflow_config, then load_study."""
+    return load_study(workflow_config(cli_config, workflow_dir, configfiles), workflow_dir)
+
+
 def load_study(config: dict, workflow_dir: str | Path) -> Study:
     """Validate config + hardware map (schemas under config/schemas) and build the matrix."""
     workflow_dir = Path(workflow_dir)
     schemas = workflow_dir / "config" / "schemas"
     config = validate_config(config, load_schema(schemas / "config.schema.json"))
-    hw_path = Path(config["hardware_file"])
-    if not hw_path.is_absolute():
-        hw_path = workflow_dir / hw_path
+    if not config["hardware_file"].strip():
+        raise ConfigError("config", ["hardware_file: the path is empty; name a YAML file"])
+    hw_path = _resolve(workflow_dir, config["hardware_file"])
     hardware = validate_hardware(
-        load_yaml(hw_path),
+        load_yaml(hw_path, source=str(config["hardware_file"])),
         load_schema(schemas / "hardware.schema.json"),
         source=str(config["hardware_file"]),
     )
@@ -200,3 +292,27 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
         hardware_source=str(config["hardware_file"]),
         environments=environment_ids(workflow_dir),
     )
+
+
+# The launcher each Snakemake executor needs (profiles/slurm sets launcher=srun, the default is
+# local); other executors (e.g. a site's own plugin) are not checked.
+EXECUTOR_LAUNCHERS = {"slurm": "srun", "local": "local"}
+
+
+def launcher_problem(executor: str, launcher: str, *, in_allocation: bool) -> str | None:
+    """Why the configured launcher cannot run cells under this Snakemake executor, with the
+    fix; None when they agree."""
+    if executor == "slurm" and launcher != "srun":
+        return (
+            f"Snakemake's executor is 'slurm' but launcher is {launcher!r}: every cell would "
+            "start its ranks as local processes on one node. A --config on the command line "
+            "replaces the profile's whole `config:` list (profiles/slurm sets launcher=srun). "
+            "Add launcher=srun to your --config, e.g. --config launcher=srun remeasure=True"
+        )
+    if executor == "local" and launcher == "srun" and not in_allocation:
+        return (
+            "Snakemake's executor is 'local' but launcher is 'srun', outside any Slurm "
+            "allocation: srun has nothing to start the ranks in. Use --profile profiles/slurm, "
+            "or --config launcher=local (or run inside salloc)"
+        )
+    return None

@@ -374,6 +374,13 @@ def validate_records(
         )
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | Path, records: list[dict]) -> None:
     """Validate, write to a temporary file beside `path`, fsync, then rename into place."""
     path = Path(path)
@@ -381,6 +388,9 @@ def write_atomic(path: str | Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file 0600; a metrics file gets the mode any file of the user gets
+        # (0666 minus the umask), so a group sharing a project directory can read it.
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as fh:
             for rec in records:
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")

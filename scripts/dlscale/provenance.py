@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def cpu_model() -> str:
@@ -21,23 +23,76 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def git_commit(path: str) -> str | None:
-    """The workflow's git commit (with a '+dirty' suffix when the tree has changes), or None."""
+# The project's root: the checkout this package is part of (scripts/dlscale/ -> the root).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_root() -> Path:
+    """PROJECT_ROOT when this package runs from a project checkout (it has a Snakefile), else
+    the working directory (a job runs in the workflow's directory)."""
+    return PROJECT_ROOT if (PROJECT_ROOT / "Snakefile").is_file() else Path.cwd()
+
+
+# What the workflow's behaviour is made of, hashed when the project is not a git checkout.
+SOURCE_PARTS = ("Snakefile", "rules", "scripts", "config/schemas", "envs", "profiles")
+SOURCE_SUFFIXES = (
+    ".py",
+    ".smk",
+    ".json",
+    ".j2",
+    ".txt",
+    ".yaml",
+    ".yml",
+    ".patch",
+    ".sh",
+    ".mplstyle",
+)
+NOT_A_CHECKOUT = "not a git checkout"
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+    )
+
+
+def sources_hash(root: str | Path = PROJECT_ROOT) -> str:
+    """sha256 over the workflow's sources (SOURCE_PARTS: every file with a source suffix, by
+    relative path and content), the first 16 hex digits."""
+    root = Path(root)
+    digest = hashlib.sha256()
+    for part in SOURCE_PARTS:
+        base = root / part
+        files = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
+        for path in files:
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            if path is not base and path.suffix not in SOURCE_SUFFIXES:
+                continue
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def git_commit(path: str | Path | None = None) -> str:
+    """The project's own commit (with '+dirty' when its tracked files have changes), read only
+    when `path` is the top of a git checkout: a project copied into another repository's tree
+    is not that repository's commit. Otherwise `not a git checkout (sources sha256:<hash>)`,
+    a content hash of the workflow sources (sources_hash)."""
+    root = Path(path if path is not None else project_root()).resolve()
     try:
-        head = subprocess.run(
-            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        top = _git(root, "rev-parse", "--show-toplevel")
+        if top.returncode == 0 and Path(top.stdout.strip()).resolve() == root:
+            head = _git(root, "rev-parse", "HEAD")
+            if head.returncode == 0:
+                dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+                return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        pass
+    try:
+        return f"{NOT_A_CHECKOUT} (sources sha256:{sources_hash(root)})"
+    except OSError:
+        return NOT_A_CHECKOUT
 
 
 # Environment variables that shape a run, recorded with every rank; values of names that look

@@ -8,6 +8,8 @@ study evaluates this a few dozen times, not once per resource per job.
 
 from __future__ import annotations
 
+import shlex
+
 from .matrix import ranks_per_node
 
 
@@ -41,18 +43,26 @@ def retried_runtime(minutes: int):
     return runtime
 
 
-def slurm_extra(hw: dict, per_node: int) -> str:
-    """sbatch flags with no resource of their own: GPUs, exclusivity, constraint, tasks per node.
-    Every value is schema-checked against a safe pattern (config/schemas/hardware.schema.json)."""
-    flags = [f"--ntasks-per-node={per_node}"]
+def slurm_extra_args(hw: dict, per_node: int) -> list[str]:
+    """sbatch flags with no resource of their own (GPUs, exclusivity, constraint, tasks per
+    node), one argument each: flag and value joined by `=`, so no value can start a flag."""
+    args = [f"--ntasks-per-node={int(per_node)}"]
     if hw["constraint"]:
-        flags.append(f"--constraint={hw['constraint']}")
+        args.append(f"--constraint={hw['constraint']}")
     if hw["gpus_per_node"]:
         gpu = f"{hw['gpu_type']}:" if hw["gpu_type"] else ""
         if hw["gpu_request"] == "gres":
-            flags.append(f"--gres=gpu:{gpu}{hw['gpus_per_node']}")
+            args.append(f"--gres=gpu:{gpu}{int(hw['gpus_per_node'])}")
         else:
-            flags.append(f"--gpus-per-node={gpu}{hw['gpus_per_node']}")
+            args.append(f"--gpus-per-node={gpu}{int(hw['gpus_per_node'])}")
     if hw["exclusive"]:
-        flags.append("--exclusive")
-    return " ".join(flags)
+        args.append("--exclusive")
+    return args
+
+
+def slurm_extra(hw: dict, per_node: int) -> str:
+    """slurm_extra_args as the one string the Slurm plugin appends to its sbatch command line
+    (which a shell runs): every argument shell-quoted (shlex.join), so a value is one argument
+    whatever it holds (a constraint's `|`, `&`, `*`, `[ ]` included). Values are also checked
+    against safe patterns first (config/schemas/hardware.schema.json)."""
+    return shlex.join(slurm_extra_args(hw, per_node))

@@ -274,3 +274,63 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
             ).stdout.split()
         )
         assert "3 earlier measurement(s) of 2 re-measured cell(s)" in text, text[-2000:]
+
+
+HOSTILE_RUNS = {
+    # a study file that is a YTE template (Python code) is refused, its code never runs
+    "yte-study-file": (
+        {
+            "yte.yaml": '__use_yte__: true\n?if __import__("pathlib").Path("PWNED").touch():\n'
+            "  steps: 5\n"
+        },
+        ["-n", "--config", "study_file=yte.yaml"],
+        "__use_yte__: a study file is plain YAML",
+    ),
+    # --config replaced the profile's launcher: a real run stops before the first job
+    "launcher-without-allocation": (
+        {},
+        ["--config", "launcher=srun"],
+        "executor is 'local' but launcher is 'srun'",
+    ),
+    # a hardware file that is a FIFO never hangs the run
+    "hardware-fifo": ({}, ["-n", "--config", "hardware_file=fifo.yaml"], "is a FIFO"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_RUNS))
+def test_hostile_input_stops_the_workflow_and_touches_nothing(tmp_path, tiny_config, case):
+    """Issue 17, through Snakemake: a clear error, no traceback, no code run, results/ intact."""
+    import hashlib
+    import os
+
+    files, args, fragment = HOSTILE_RUNS[case]
+    work = copy_workflow(tmp_path, tiny_config)
+    for name, text in files.items():
+        (work / name).write_text(text)
+    os.mkfifo(work / "fifo.yaml")
+    kept = work / "results" / "tiny" / "runs" / "kept.jsonl"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"event": "run_start"}\n')
+
+    def checksums():
+        return {
+            str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((work / "results").rglob("*"))
+            if p.is_file()
+        }
+
+    before = checksums()
+    proc = snakemake(work, "--profile", "profiles/local", *args, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and fragment in out, out[-3000:]
+    assert "Traceback (most recent call last)" not in out, out[-3000:]
+    assert not (work / "PWNED").exists()
+    assert checksums() == before
+
+
+def test_title_with_braces_and_specials_plans(tmp_path, tiny_config):
+    """A title with `{word}` is not a wildcard (the report_tex param is a function)."""
+    config = {**tiny_config, "report": {"title": "Study {word}: 100% & é"}}
+    work = copy_workflow(tmp_path, config)
+    proc = snakemake(work, "--profile", "profiles/local", "-n", "--forcerun", "report_tex")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

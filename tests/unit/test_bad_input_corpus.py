@@ -1,0 +1,34 @@
+"""The bad-input corpus (tests/unit/bad_input_corpus.py, issue 17): every case is refused with
+its precise message, within 2 s, without running code from a file and without touching an
+existing results/ folder (checksums before and after)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from bad_input_corpus import CORPUS, make_workspace, reject, results_checksums
+
+WORST_SECONDS = 2.0
+
+
+def test_corpus_is_large_and_names_are_unique():
+    names = [name for name, _, _ in CORPUS]
+    assert len(names) >= 100, len(names)
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("name, setup, expected", CORPUS, ids=[c[0] for c in CORPUS])
+def test_bad_input_is_refused(tmp_path, monkeypatch, name, setup, expected):
+    ws = make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(ws)
+    before = results_checksums(ws)
+    started = time.perf_counter()
+    message = reject(ws, setup)
+    seconds = time.perf_counter() - started
+    assert expected in message, f"{expected!r} not in:\n{message}"
+    assert "Traceback" not in message
+    assert len(message) < 4000, f"message of {len(message)} characters"
+    assert seconds < WORST_SECONDS, f"{name}: refused after {seconds:.2f} s"
+    assert not (ws / "PWNED").exists(), "code from a study file ran"
+    assert results_checksums(ws) == before, "results/ changed"
