@@ -13,6 +13,7 @@ include: "rules/train.smk"
 include: "rules/collect.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
+include: "rules/archive.smk"
 
 
 # Only `train` jobs go to the scheduler; aggregation, figures and the report run where
@@ -24,6 +25,7 @@ localrules:
     report_inputs,
     report_tex,
     report_pdf,
+    study_archive,
 
 
 # A study with failed cells still ends with tables, figures and a report of what exists

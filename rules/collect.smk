@@ -15,6 +15,7 @@ rule collect:
         scaling=OUT["scaling"],
         quarantine=OUT["quarantine"],
         status=OUT["status"],
+        systems=OUT["systems"],
     log:
         f"{LOGS}/collect.log",
     params:
@@ -27,6 +28,7 @@ rule collect:
             scaling_csv=output.scaling,
             quarantine_csv=output.quarantine,
             status_csv=output.status,
+            systems_csv=output.systems,
             straggler_threshold=params.straggler_threshold,
             log=log[0],
         )

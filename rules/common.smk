@@ -14,6 +14,8 @@ from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
 from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
 from dlscale.cell import CELL_PATTERN, STUDY_DIR, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
 from dlscale.matrix import load_workflow_study
+from dlscale.studyarchive import ARCHIVE_DIR as STUDY_ARCHIVE_DIR
+from dlscale.studyarchive import ARCHIVE_LOG as STUDY_ARCHIVE_LOG
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
@@ -151,14 +153,20 @@ OUT = {
     "scaling": f"{RESULTS}/tables/scaling.csv",
     "quarantine": f"{RESULTS}/tables/quarantine.csv",
     "status": f"{RESULTS}/tables/status.csv",
+    "systems": f"{RESULTS}/tables/systems.csv",
     "figures": f"{RESULTS}/figures",
     "macros": f"{RESULTS}/report/macros.tex",
     "cells_table": f"{RESULTS}/report/cells_table.tex",
     "quarantine_table": f"{RESULTS}/report/quarantine_table.tex",
     "status_table": f"{RESULTS}/report/status_table.tex",
+    "systems_table": f"{RESULTS}/report/systems_table.tex",
     "tex": f"{RESULTS}/report/report.tex",
     "pdf": f"{RESULTS}/report/report.pdf",
     "pdf_log": f"{LOGS}/report_pdf.log",
+    # the study's archive (rules/archive.smk; not a final target, asked for by name)
+    "archive": f"{RESULTS}/{STUDY_ARCHIVE_DIR}/{STUDY.config['study']}.tar.gz",
+    "archive_checksum": f"{RESULTS}/{STUDY_ARCHIVE_DIR}/{STUDY.config['study']}.tar.gz.sha256",
+    "archive_log": f"{RESULTS}/{STUDY_ARCHIVE_LOG}",
 }
 
 
@@ -234,6 +242,7 @@ def final_targets():
         OUT["cells"],
         OUT["scaling"],
         OUT["status"],
+        OUT["systems"],
         *figure_files(),
         OUT["pdf"],
     ]

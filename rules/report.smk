@@ -10,11 +10,13 @@ rule report_inputs:
         scaling=OUT["scaling"],
         quarantine=OUT["quarantine"],
         status=OUT["status"],
+        systems=OUT["systems"],
     output:
         macros=OUT["macros"],
         cells_table=OUT["cells_table"],
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
+        systems_table=OUT["systems_table"],
     log:
         f"{LOGS}/report_inputs.log",
     conda:
@@ -50,6 +52,7 @@ rule report_pdf:
         cells_table=OUT["cells_table"],
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
+        systems_table=OUT["systems_table"],
         cells=OUT["cells"],  # attached to the PDF
         figures=figure_files(),
     output:

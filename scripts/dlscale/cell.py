@@ -57,6 +57,27 @@ FAILURE_FILE = "failure.json"  # why the cell failed (dlscale.launch.record_fail
 # array tasks, whose logs are named <array job>_<task>.log rather than by the cell.
 SLURM_JOB_FILE = "slurm_job.json"
 
+# The package lists of the environments a study's ranks ran in: one file per distinct list,
+# named by its sha256 (dlscale.sysprobe.PACKAGES_FILE), in the study's folder (the launcher
+# keeps them; each cell's metrics name theirs by hash).
+ENVIRONMENTS_DIR = "environments"
+# Folders between a study's folder and a cell's metrics file (runs/<axes...>/<rep>).
+_CELL_DEPTH = CELL_PATTERN.count("/") - STUDY_DIR.count("/")
+
+
+def study_dir_of(metrics_path: str | Path) -> Path | None:
+    """The study folder (STUDY_DIR) a cell's metrics path lies in (relative or absolute), or
+    None for a metrics file outside a study's layout."""
+    parts = Path(metrics_path).parts
+    if len(parts) < _CELL_DEPTH + 2:
+        return None
+    try:  # match the pattern from its results/ folder on
+        parse_cell_path(Path(*parts[-(_CELL_DEPTH + 2) :]).as_posix())
+    except ValueError:
+        return None
+    return Path(metrics_path).parents[_CELL_DEPTH - 1]
+
+
 TAIL_LINES = 20  # log lines kept in failure records and the status table
 
 

@@ -6,6 +6,8 @@ scaling.csv  one row per group and node count: median over repetitions, min/max,
 quarantine.csv  metrics files that could not be used, with the reason (never a crash)
 status.csv   every planned cell: ok, failed (reason, rank, exit code, Slurm state, log tail)
              or missing (dlscale.status)
+systems.csv  per hardware entry, system-description field and value: cells and nodes showing it,
+             and the cells whose nodes disagree (dlscale.systems, from the probes' records)
 
 `paths` are the planned cells' metrics paths; absent ones are looked up, never an error, so
 the same call builds the tables of a complete study and of a study with failed cells.
@@ -24,6 +26,7 @@ from .method import IDLE_PROBE, RANK_END, RANK_START
 from .metrics import MetricsError, read_metrics
 from .stats import add_speedup, scaling_summary, stragglers
 from .status import cell_status
+from .systems import cell_systems, probe_seconds, systems_table
 
 CELL_FIELDS = [
     "world_size",
@@ -120,6 +123,7 @@ def cell_rows(
         "slurm_job_id": prov["slurm_job_id"],
         "git_commit": prov["git_commit"],
         "config_hash": start["config_hash"],
+        "probe_seconds_max": max(probe_seconds(records), default=None),
         "metrics_path": path,
         "earlier_measurements": earlier_measurements(Path(path)),
     }
@@ -129,7 +133,14 @@ def cell_rows(
 def collect(
     paths: list[str], straggler_threshold: float = 0.1
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    cells, ranks, quarantine, status, seen = [], [], [], [], {}
+    """ranks, cells, scaling, quarantine and status tables (collect_tables: and systems)."""
+    tables = collect_tables(paths, straggler_threshold)
+    return tuple(tables[k] for k in ("ranks", "cells", "scaling", "quarantine", "status"))
+
+
+def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[str, pd.DataFrame]:
+    """Every table, by name: ranks, cells, scaling, quarantine, status, systems."""
+    cells, ranks, quarantine, status, seen, systems = [], [], [], [], {}, []
     for path in paths:
         if not Path(path).exists():
             status.append(cell_status(str(path), ok=False))
@@ -152,6 +163,7 @@ def collect(
             reason = f"inconsistent records: {exc!r}"
         else:
             seen[key] = path
+            systems.extend(cell_systems(records, "/".join(str(row[k]) for k in KEY)))
             cells.append(row)
             ranks.extend(rank_rows)
             status.append(cell_status(str(path), ok=True))
@@ -176,7 +188,14 @@ def collect(
     ranks_df = pd.DataFrame(ranks)
     quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])
     status_df = pd.DataFrame(status).astype({"failed_rank": "Int64", "exit_code": "Int64"})
-    return ranks_df, cells_df, scaling_summary(cells_df), quarantine_df, status_df
+    return {
+        "ranks": ranks_df,
+        "cells": cells_df,
+        "scaling": scaling_summary(cells_df),
+        "quarantine": quarantine_df,
+        "status": status_df,
+        "systems": systems_table(systems),
+    }
 
 
 def write_tables(
@@ -188,12 +207,24 @@ def write_tables(
     status_csv: str,
     straggler_threshold: float,
     log: str | None = None,
+    systems_csv: str | None = None,
 ) -> None:
     started = time.perf_counter()
-    tables = collect(paths, straggler_threshold)
-    for df, out in zip(tables, (ranks_csv, cells_csv, scaling_csv, quarantine_csv, status_csv)):
+    tables = collect_tables(paths, straggler_threshold)
+    outs = {
+        "ranks": ranks_csv,
+        "cells": cells_csv,
+        "scaling": scaling_csv,
+        "quarantine": quarantine_csv,
+        "status": status_csv,
+        "systems": systems_csv,
+    }
+    for name, out in outs.items():
+        if out is None:
+            continue
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out, index=False)
+        tables[name].to_csv(out, index=False)
+    tables = [tables[k] for k in ("ranks", "cells", "scaling", "quarantine", "status")]
     if log:
         status = tables[4]["status"].value_counts().to_dict() if len(tables[4]) else {}
         Path(log).parent.mkdir(parents=True, exist_ok=True)

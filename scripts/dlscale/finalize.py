@@ -38,6 +38,7 @@ def build_from_existing(
         out["quarantine"],
         out["status"],
         straggler_threshold=config["straggler_threshold"],
+        systems_csv=out["systems"],
     )
     tables = write_report_inputs(out, config=config, n_planned=n_planned)
     for fig in figures:

@@ -33,7 +33,16 @@ from pathlib import Path
 
 from . import metrics
 from .archive import keep_measurement
-from .cell import CELL_SPEC_FILE, FAILURE_FILE, RANK_DIR, SLURM_JOB_FILE, Cell, tail_lines
+from .cell import (
+    CELL_SPEC_FILE,
+    ENVIRONMENTS_DIR,
+    FAILURE_FILE,
+    RANK_DIR,
+    SLURM_JOB_FILE,
+    Cell,
+    study_dir_of,
+    tail_lines,
+)
 from .frameworks.base import RankContext
 from .method import RANK_END
 from .provenance import git_commit
@@ -354,6 +363,22 @@ def record_failure(
     return record
 
 
+def keep_package_lists(rank_dir: Path, environments: Path) -> None:
+    """The nodes' package lists (dlscale.sysprobe.PACKAGES_FILE), once per study: a list is
+    named by its sha256, so one already kept is the same list."""
+    for path in sorted(rank_dir.glob("packages-*.txt")):
+        target = environments / path.name.removeprefix("packages-")
+        if target.exists():
+            continue
+        try:
+            environments.mkdir(parents=True, exist_ok=True)
+            tmp = environments / f".{target.name}.{os.getpid()}.tmp"
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:  # the hash is in the metrics all the same
+            print(f"[dlscale.launch] package list not kept: {exc}", file=sys.stderr)
+
+
 def run_cell(
     cell: Cell, output: Path, *, git_commit: str | None, python: str = sys.executable
 ) -> int:
@@ -426,6 +451,8 @@ def run_cell(
         )
         print(f"[dlscale.launch] cell FAILED: {exc}", file=sys.stderr)
         return 1
+    study_dir = study_dir_of(output)  # a metrics file outside a study keeps them beside it
+    keep_package_lists(rank_dir, (study_dir or output.parent) / ENVIRONMENTS_DIR)
     shutil.rmtree(rank_dir, ignore_errors=True)
     summary = records[-1]["value"]
     print(

@@ -114,6 +114,8 @@ ENV_PREFIXES = (
     "TORCH_",
     "PYTORCH_",
     "OPENBLAS_",
+    "UCX_",
+    "FI_",
 )
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
 REDACTED = "<redacted>"

@@ -29,6 +29,8 @@ from .method import (
     IDLE_PROBE_SECONDS,
 )
 from .stats import CI_METHOD, GROUP
+from .systems import MAX_VALUES as MAX_SYSTEM_VALUES
+from .systems import MLPERF_FIELDS, MLPERF_NOT_COVERED
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}",
@@ -98,6 +100,10 @@ def build_macros(
         "AllreduceSizes": " and ".join(f"{b >> 20}" for b in ALLREDUCE_BYTES),
         "AllreduceRepeats": ALLREDUCE_REPEATS,
         "CompetingBusyCpus": COMPETING_BUSY_CPUS,
+        "MlperfCovered": _join(
+            sorted({f.strip() for v in MLPERF_FIELDS.values() for f in v.split(",")})
+        ),
+        "MlperfNotCovered": _join(MLPERF_NOT_COVERED),
     }
     measured_keys = [
         "GlobalBatchStrong",
@@ -118,6 +124,7 @@ def build_macros(
         "RepsMin",
         "RepsMax",
         "EarlierMeasurements",
+        "ProbeSecondsMax",
     ]
     m.update({k: "n/a" for k in measured_keys})  # a report with no measured cell still builds
     if not cells.empty:
@@ -159,6 +166,8 @@ def build_macros(
             else "not available: "
             + "; ".join(sorted(cells["energy_unavailable"].dropna().unique()))
         )
+        probe = cells["probe_seconds_max"].dropna() if "probe_seconds_max" in cells else []
+        m["ProbeSecondsMax"] = _fmt(probe.max()) if len(probe) else "n/a"
         m["RepsMin"] = int(scaling["n"].min())
         m["RepsMax"] = int(scaling["n"].max())
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
@@ -469,16 +478,70 @@ def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
     )
 
 
+def write_systems_table(systems: pd.DataFrame, out: str) -> None:
+    """The Systems table (dlscale.systems): per hardware entry, one row per field with its
+    values (how many cells show each where they differ), the MLPerf system-description field it
+    fills, and a flag where the nodes of one cell disagree."""
+    if systems.empty:
+        Path(out).write_text("No measured cell recorded a system description.\n")
+        return
+    mark = r"$^\S$"
+    parts = []
+    for hardware, hw in systems.groupby("hardware", sort=True):
+        rows = []
+        for field, f in hw.groupby("field", sort=False):
+            shown = f.head(MAX_SYSTEM_VALUES)
+            several = len(f) > 1
+            values = "; ".join(
+                tex_escape(v) + (f" ({c} cell{'s' if c > 1 else ''})" if several else "")
+                for v, c in zip(shown["value"].astype(str), shown["cells"])
+            )
+            if len(f) > MAX_SYSTEM_VALUES:
+                values += f"; {len(f) - MAX_SYSTEM_VALUES} more values (systems.csv)"
+            differ = int(f["cells_nodes_differ"].iloc[0])
+            if differ:
+                names = str(f["differing_cells"].iloc[0]).split()
+                listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+                values += (
+                    r" \textbf{[nodes differ in "
+                    + f"{differ} cell{'s' if differ > 1 else ''}: {tex_escape(listed)}]}}"
+                )
+            mlperf = tex_escape(f["mlperf_fields"].iloc[0])
+            rows.append(
+                tex_escape(field)
+                + (mark if differ else "")
+                + f" & {values} & \\texttt{{{mlperf}}} \\\\"
+            )
+        flagged = int((hw.groupby("field")["cells_nodes_differ"].first() > 0).sum())
+        parts.append(
+            f"\\subsection*{{Hardware \\texttt{{{tex_escape(hardware)}}}}}\n"
+            + (
+                f"{flagged} field(s) differ between the nodes of one cell ({mark}).\n"
+                if flagged
+                else "The nodes of every cell agree on every field.\n"
+            )
+            + "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
+            "\\begin{longtable}{p{0.2\\linewidth}p{0.5\\linewidth}p{0.24\\linewidth}}\n"
+            "\\toprule\nField & Value & MLPerf system-description field \\\\\n"
+            "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n"
+        )
+    Path(out).write_text("".join(parts))
+
+
 def write_report_inputs(
     paths: Mapping[str, str], *, config: dict, n_planned: int
 ) -> dict[str, pd.DataFrame]:
     """The rule report_inputs and the onerror build (dlscale.finalize): the tables at
     paths["cells"], ["scaling"], ["quarantine"], ["status"] (CSV) -> the macros and LaTeX tables
     at paths["macros"], ["cells_table"], ["quarantine_table"], ["status_table"] (the keys of OUT
-    in rules/common.smk; others are ignored). Returns the tables read, by the same keys."""
+    in rules/common.smk; others are ignored), and paths["systems"] -> ["systems_table"] where
+    given. Returns the tables read, by the same keys."""
     tables = {key: pd.read_csv(paths[key]) for key in ("cells", "scaling", "quarantine", "status")}
     Path(paths["macros"]).parent.mkdir(parents=True, exist_ok=True)
     write_macros(build_macros(config, **tables, n_planned=n_planned), paths["macros"])
+    if "systems" in paths:  # and paths["systems_table"]
+        tables["systems"] = pd.read_csv(paths["systems"], keep_default_na=False)
+        write_systems_table(tables["systems"], paths["systems_table"])
     write_cell_summary(tables["scaling"], tables["status"], paths["cells_table"])
     write_quarantine_table(tables["quarantine"], paths["quarantine_table"])
     write_status_table(tables["status"], paths["status_table"])

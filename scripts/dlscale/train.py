@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 from . import __version__
 from .cell import Cell
@@ -26,6 +27,7 @@ from .launch import discover
 from .method import IDLE_PROBE, RANK_END, RANK_START, STEP, TIMER
 from .metrics import RankWriter, rank_summary
 from .provenance import host_facts
+from .sysprobe import PACKAGES_FILE, cpu_affinity, node_description, package_list
 
 
 class PreflightError(RuntimeError):
@@ -95,6 +97,29 @@ def preflight(ctx, expect_world: int | None, expect_rpn: int | None) -> None:
         )
 
 
+def describe_node(adapter, ctx, rank_dir: str) -> dict:
+    """The node's system description (dlscale.sysprobe), by its local rank 0 only: once per
+    node, after setup and before the timed window (the other ranks wait for it at the first
+    collective of the warm-up). The environment's package list goes beside the part file
+    (PACKAGES_FILE); the launcher keeps one copy per distinct list in the study's folder."""
+    started = time.perf_counter()
+    try:
+        packages = package_list()
+    except Exception:  # the packages section then says why
+        packages = None
+    system = node_description(
+        ask_controller=ctx.rank == 0, packages=packages, build_info=adapter.build_info
+    )
+    if packages is not None and system["packages"].get("available"):
+        name = PACKAGES_FILE.format(sha256=system["packages"]["sha256"])
+        try:
+            (Path(rank_dir) / name).write_text(packages)
+        except OSError as exc:
+            system["packages"]["list_not_kept"] = str(exc)
+    system["probe_seconds"] = round(time.perf_counter() - started, 4)  # the whole cost
+    return system
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -109,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     writer = RankWriter(args.rank_dir, ctx.rank)
     try:
         adapter.setup()
+        system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
         facts = host_facts()  # load average just before the timed window
         writer.write(
             RANK_START,
@@ -124,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 "per_rank_batch": spec.per_rank_batch,
                 "timer": TIMER,
                 "master": f"{ctx.master_addr}:{ctx.master_port}",
+                "cpu_affinity": cpu_affinity(),
+                **({"system": system} if system is not None else {}),
             },
         )
         run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))

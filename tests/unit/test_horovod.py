@@ -56,6 +56,8 @@ def test_one_rank_local_launch(tmp_path):
     assert len(starts) == 1
     assert starts[0]["backend"] == "gloo"
     assert records[0]["value"]["provenance"]["world_size"] == 1
+    build = starts[0]["system"]["framework_build"]  # torch's build and Horovod's flags
+    assert build["framework"] == "torch" and build["horovod"]["gloo_built"] is True
     assert {r["rank"] for r in records if r["event"] == "rank_end"} == {0}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -96,6 +97,16 @@ def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
     assert {s["backend"] for s in starts} == {"gloo"}
     assert records[0]["value"]["provenance"]["world_size"] == 2
     assert not (out.parent / ".ranks").exists()
+    # system probes: every rank its binding, each node's local rank 0 the node's description
+    assert all(s["cpu_affinity"] for s in starts)
+    systems = [s["system"] for s in starts if s["local_rank"] == 0]
+    assert len(systems) == 2 and all("system" not in s for s in starts if s["local_rank"])
+    build = systems[0]["framework_build"]
+    assert build["framework"] == "torch" and "PyTorch built with" in build["build"]
+    assert all(s["probe_seconds"] < 1.0 for s in systems)
+    sha = systems[0]["packages"]["sha256"]  # outside a study: the list is kept beside the cell
+    text = (out.parent / "environments" / f"{sha}.txt").read_text()
+    assert hashlib.sha256(text.encode()).hexdigest() == sha
 
 
 def test_a_failing_rank_fails_the_cell_without_output(tmp_path, capfd):

@@ -169,6 +169,9 @@ def test_one_rank_local_launch(tmp_path):
     assert set(s["libraries"]) == {"mxnet", "numpy"} and s["libraries"]["mxnet"] == "1.9.1"
     assert s["data_layout"] == "NCHW" and s["autocast"] is None
     assert records[-1]["value"]["world_size"] == 1
+    build = s["system"]["framework_build"]  # MXNet's runtime features
+    assert build["available"] and build["framework"] == "mxnet"
+    assert "DIST_KVSTORE" in build["build"]["enabled"] and build["cuda_runtime"] is None
 
 
 def test_two_rank_local_launch_over_dist_sync(tmp_path):

@@ -253,6 +253,9 @@ def test_local_launch_writes_a_valid_metrics_file(tmp_path, tf_python, framework
     assert first["libraries"]["tensorflow"] == "2.21.0"
     assert ("tf_keras" if framework == "keras" else "keras") in first["libraries"]
     assert "MultiWorkerMirroredStrategy" in first["backend"]
+    build = first["system"]["framework_build"]  # TF's build info, by each node's first rank
+    assert build["available"] and build["framework"] == "tensorflow"
+    assert build["version"] == "2.21.0" and "is_cuda_build" in build["build"]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -6,6 +6,7 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,69 @@ def test_everything_up_to_date_runs_nothing(finished_study):
     proc = snakemake(finished_study, "--profile", "profiles/local", "-n")
     assert proc.returncode == 0
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_systems_table_and_the_study_archive(finished_study, tmp_path):
+    """Every node's probes reach the Systems table; the archive target round-trips and its
+    check finds a changed file."""
+    import json
+    import tarfile
+
+    import pandas as pd
+
+    work = finished_study
+    for cell in ("n1", "n2"):
+        path = work / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/{cell}/r1/metrics.jsonl"
+        starts = [
+            json.loads(line)["value"]
+            for line in path.read_text().splitlines()
+            if '"rank_start"' in line
+        ]
+        assert all(s["cpu_affinity"] for s in starts)
+        systems = [s["system"] for s in starts if s["local_rank"] == 0]
+        assert len(systems) == int(cell[1:])  # one per node
+        for system in systems:
+            assert system["probe_seconds"] < 1.0
+            assert all(
+                system[k]["available"] or system[k]["reason"]
+                for k in ("os", "cpu", "memory", "gpu", "network", "slurm", "packages")
+            )
+    (env,) = (work / "results/tiny/environments").glob("*.txt")  # once per study
+    assert env.stem == systems[0]["packages"]["sha256"]
+    table = pd.read_csv(work / "results/tiny/tables/systems.csv", keep_default_na=False)
+    assert {"Operating system", "CPU model", "Accelerators per node", "Allocation"} <= set(
+        table["field"]
+    )
+    assert (table["cells_nodes_differ"] == 0).all()  # one machine: its nodes agree
+    assert table["mlperf_fields"].astype(bool).all()
+    if shutil.which("pdftotext"):
+        text = subprocess.run(
+            ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "Systems" in text and "MLPerf" in text and "host_processor_model_name" in text
+
+    proc = snakemake(work, "study_archive", "--profile", "profiles/local")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    archive = work / "results/tiny/archive/tiny.tar.gz"
+    checksum = (work / "results/tiny/archive/tiny.tar.gz.sha256").read_text().split()[0]
+    verify = [sys.executable, "-m", "dlscale.studyarchive", "verify"]
+    ok = subprocess.run([*verify, str(archive)], capture_output=True, text=True, cwd=work)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        tar.extractall(tmp_path, filter="data")
+    assert "dlscale-tiny/study-config.json" in names
+    assert "dlscale-tiny/profiles/local/config.yaml" in names
+    assert any("/measurements/" in n and n.endswith("/metrics.jsonl") for n in names)
+    assert "dlscale-tiny/results/tiny/report/report.pdf" in names
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1/metrics.jsonl"
+    with open(tmp_path / "dlscale-tiny" / cell, "a") as fh:
+        fh.write("\n")
+    bad = subprocess.run([*verify, str(tmp_path)], capture_output=True, text=True, cwd=work)
+    assert bad.returncode == 1 and f"changed: {cell}" in bad.stdout, bad.stdout
+    assert len(checksum) == 64
 
 
 def test_lint_is_clean(root):

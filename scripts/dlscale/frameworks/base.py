@@ -205,6 +205,13 @@ class Adapter:
         """Library versions, device model, data layout, input shape, parameter count."""
         raise NotImplementedError
 
+    def build_info(self) -> dict:
+        """The framework's own build description, recorded once per node (dlscale.sysprobe):
+        `cuda_runtime`, `cudnn`, `nccl` (None where the build has none) and the framework's
+        description (torch.__config__.show(), TF build info, MXNet runtime features) under
+        `build`. Called after setup(), outside the timed window."""
+        return {"available": False, "reason": f"{self.name} does not describe its build"}
+
     # Where the capabilities above declare them: the breakdown and the bandwidth probe.
     def step_without_allreduce(self) -> None:
         """The same step with the gradient allreduce skipped (compute only); called only when

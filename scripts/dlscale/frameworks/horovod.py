@@ -301,5 +301,19 @@ class Adapter(TorchModel, BaseAdapter):
             self.server.stop()
             self.server = None
 
+    def build_info(self) -> dict:
+        info = super().build_info()
+        hvd = self.hvd
+        if hvd is not None:
+            info["horovod"] = {
+                "version": importlib.metadata.version("horovod"),
+                **{
+                    name: bool(getattr(hvd, name)())
+                    for name in ("gloo_built", "mpi_built", "nccl_built", "cuda_built")
+                    if hasattr(hvd, name)
+                },
+            }
+        return info
+
     def describe(self) -> dict:
         return self.describe_torch({"horovod": importlib.metadata.version("horovod")})

@@ -370,6 +370,21 @@ class Adapter(BaseAdapter):
         self.mx.base.check_call(self.mx.base._LIB.MXKVStoreFree(handle))
         gc.collect()
 
+    def build_info(self) -> dict:
+        import mxnet.runtime  # not imported by `import mxnet`
+
+        features = {f.name: bool(f.enabled) for f in mxnet.runtime.Features().values()}
+        return {
+            "available": True,
+            "framework": "mxnet",
+            "version": self.mx.__version__,
+            # MXNet's runtime features say whether CUDA, cuDNN and NCCL are built in, no versions
+            "cuda_runtime": "built in (version not exposed)" if features.get("CUDA") else None,
+            "cudnn": "built in (version not exposed)" if features.get("CUDNN") else None,
+            "nccl": "built in (version not exposed)" if features.get("NCCL") else None,
+            "build": {"enabled": sorted(k for k, v in features.items() if v)},
+        }
+
     def describe(self) -> dict:
         mx = self.mx
         if self.device.device_type == "gpu":

@@ -68,6 +68,24 @@ class TorchModel:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         return None
 
+    def build_info(self) -> dict:
+        cuda = torch.cuda.is_available()
+        nccl = None
+        if cuda and torch.distributed.is_nccl_available():
+            version = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return {
+            "available": True,
+            "framework": "torch",
+            "version": torch.__version__,
+            "cuda_runtime": torch.version.cuda,
+            "cudnn": str(cudnn) if cudnn else None,
+            "nccl": nccl,
+            "build": torch.__config__.show(),
+            "parallel": torch.__config__.parallel_info(),
+        }
+
     def describe_torch(self, libraries: dict) -> dict:
         if self.device.type == "cuda":
             device_model = torch.cuda.get_device_name(self.device)

@@ -316,6 +316,20 @@ class Adapter(BaseAdapter):
                 # to exit first, so that they do not log lost-leader errors on the way out
                 time.sleep(TEARDOWN_GRACE_S)
 
+    def build_info(self) -> dict:
+        info = {k: str(v) for k, v in tf.sysconfig.get_build_info().items()}
+        return {
+            "available": True,
+            "framework": "tensorflow",
+            "version": tf.__version__,
+            "cuda_runtime": info.get("cuda_version"),
+            "cudnn": info.get("cudnn_version"),
+            "nccl": None,  # TF's build info does not name an NCCL version
+            "build": info,
+            "compiler": tf.version.COMPILER_VERSION,
+            "git_version": tf.version.GIT_VERSION,
+        }
+
     def describe(self) -> dict:
         vision = self.model_spec.family == "vision"
         return {

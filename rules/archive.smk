@@ -1,0 +1,29 @@
+# One archive per study (dlscale.studyarchive): the study and hardware configurations, the
+# profiles, the environment lists, every cell's metrics (all kept measurements) and logs, the
+# tables, figures and report, with a checksum manifest. Not part of `all`; ask for it by name:
+#   snakemake --profile profiles/local study_archive
+# It depends on the study's final targets, so it completes the study first. Check an archive
+# with `python -m dlscale.studyarchive verify results/<study>/archive/<study>.tar.gz`.
+from dlscale.studyarchive import create_logged as create_study_archive
+
+
+rule study_archive:
+    input:
+        final_targets(),
+    output:
+        archive=OUT["archive"],
+        checksum=OUT["archive_checksum"],
+    log:
+        OUT["archive_log"],
+    params:
+        configfiles=list(workflow.configfiles),
+        config=STUDY.config,
+    run:
+        create_study_archive(
+            RESULTS,
+            output.archive,
+            log[0],
+            root=workflow.basedir,
+            configfiles=params.configfiles,
+            resolved_config=params.config,
+        )

@@ -1,0 +1,144 @@
+"""The study archive (dlscale.studyarchive): what it holds, round trip, a changed file found."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from dlscale import studyarchive
+
+CELL = "results/s1/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1"
+
+
+def workflow_tree(root: Path) -> Path:
+    """A workflow folder with one measured study (s1), a second study and Slurm logs."""
+    files = {
+        "config/config.yaml": "study: s1\n",
+        "config/hardware.yaml": "cpu: {}\n",
+        "config/schemas/config.schema.json": "{}\n",
+        "profiles/local/config.yaml": "cores: 1\n",
+        "envs/pytorch.txt": "torch==2.13.0\n",
+        f"{CELL}/measurements/20260101T000000Z-job7/metrics.jsonl": '{"m": 1}\n',
+        f"{CELL}/measurements/20260101T000000Z-job7/rank0.log": "log\n",
+        f"{CELL}/measurements/20250101T000000Z-job3/metrics.jsonl": '{"m": 0}\n',
+        f"{CELL}/metrics.jsonl": '{"m": 1}\n',
+        f"{CELL}/slurm_job.json": json.dumps({"slurm_job_id": "7"}),
+        f"{CELL}/.ranks/rank0.jsonl": "transient\n",
+        "results/s1/environments/abc.txt": "torch==2.13.0\n",
+        "results/s1/tables/cells.csv": "a,b\n1,2\n",
+        "results/s1/report/report.pdf": "%PDF\n",
+        "results/s1/logs/train/x.log": "train\n",
+        "results/s1/logs/study_archive.log": "the archive's own log\n",
+        "results/other/tables/cells.csv": "other study\n",
+        "results/logs/slurm/rule_train_cpu_n1/7.log": "slurm job 7\n",
+        "results/logs/slurm/rule_train_cpu_n1/8.log": "another study's job\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "results/s1"
+
+
+def test_archive_holds_the_study_and_round_trips(tmp_path):
+    study = workflow_tree(tmp_path)
+    archive, checksum = studyarchive.create(
+        study,
+        root=tmp_path,
+        configfiles=[tmp_path / "config/config.yaml"],
+        resolved_config={"study": "s1"},
+    )
+    assert archive == study / "archive" / "s1.tar.gz"
+    assert Path(f"{archive}.sha256").read_text() == f"{checksum}  s1.tar.gz\n"
+    with tarfile.open(archive) as tar:
+        names = {m.name.removeprefix("dlscale-s1/") for m in tar}
+    assert {
+        "MANIFEST.sha256",
+        "ARCHIVE.json",
+        "study-config.json",
+        "config/config.yaml",
+        "config/hardware.yaml",
+        "config/schemas/config.schema.json",
+        "profiles/local/config.yaml",
+        "envs/pytorch.txt",
+        f"{CELL}/metrics.jsonl",
+        f"{CELL}/measurements/20260101T000000Z-job7/metrics.jsonl",
+        f"{CELL}/measurements/20250101T000000Z-job3/metrics.jsonl",  # earlier ones too
+        f"{CELL}/measurements/20260101T000000Z-job7/rank0.log",
+        "results/s1/environments/abc.txt",
+        "results/s1/tables/cells.csv",
+        "results/s1/report/report.pdf",
+        "results/s1/logs/train/x.log",
+        "results/logs/slurm/rule_train_cpu_n1/7.log",  # the study's job only
+    } <= names
+    assert not any(".ranks" in n or "other" in n or n.endswith("8.log") for n in names)
+    assert "results/s1/logs/study_archive.log" not in names
+    assert not any("/archive/" in n for n in names)
+    assert studyarchive.verify(archive) == []
+    # the same files give the same archive, byte for byte
+    again, checksum2 = studyarchive.create(
+        study,
+        root=tmp_path,
+        configfiles=[tmp_path / "config/config.yaml"],
+        resolved_config={"study": "s1"},
+    )
+    assert checksum2 == checksum
+    # extracted, it verifies too (the folder or its parent)
+    out = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    assert studyarchive.verify(out) == [] and studyarchive.verify(out / "dlscale-s1") == []
+    manifest = (out / "dlscale-s1" / "MANIFEST.sha256").read_text()
+    sums = subprocess.run(["sha256sum", "-c", "--quiet", "MANIFEST.sha256"], cwd=out / "dlscale-s1")
+    assert sums.returncode == 0, manifest
+
+
+def test_a_changed_missing_or_added_file_is_found(tmp_path):
+    study = workflow_tree(tmp_path)
+    archive, _ = studyarchive.create(study, root=tmp_path)
+    out = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    top = out / "dlscale-s1"
+    (top / CELL / "metrics.jsonl").write_text('{"m": 2}\n')
+    (top / "results/s1/tables/cells.csv").unlink()
+    (top / "results/s1/extra.txt").write_text("added\n")
+    assert studyarchive.verify(top) == [
+        f"changed: {CELL}/metrics.jsonl",
+        "missing: results/s1/tables/cells.csv",
+        "not in the manifest: results/s1/extra.txt",
+    ]
+    # a tarball rebuilt with one changed member: the manifest no longer matches it
+    forged = tmp_path / "forged.tar.gz"
+    with tarfile.open(forged, "w:gz") as tar:
+        tar.add(top, arcname="dlscale-s1")
+    problems = studyarchive.verify(forged)
+    assert f"changed: {CELL}/metrics.jsonl" in problems
+    # an archive whose bytes are not the ones its checksum file names is reported
+    Path(f"{archive}.sha256").write_text(f"{'0' * 64}  s1.tar.gz\n")
+    assert studyarchive.verify(archive) == ["the archive's checksum differs from s1.tar.gz.sha256"]
+
+
+def test_cli_create_and_verify(tmp_path):
+    study = workflow_tree(tmp_path)
+    run = [sys.executable, "-m", "dlscale.studyarchive"]
+    made = subprocess.run(
+        [*run, "create", str(study), "--root", str(tmp_path)], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    checksum, path = made.stdout.split()
+    assert Path(path).exists() and len(checksum) == 64
+    with tarfile.open(path) as tar:  # config/config.yaml names s1: archived by default
+        assert "dlscale-s1/config/config.yaml" in tar.getnames()
+    ok = subprocess.run([*run, "verify", path], capture_output=True, text=True)
+    assert ok.returncode == 0 and "every file matches" in ok.stdout
+    out = tmp_path / "x"
+    with tarfile.open(path) as tar:
+        tar.extractall(out, filter="data")
+    (out / "dlscale-s1/config/hardware.yaml").write_text("cpu: {changed: 1}\n")
+    bad = subprocess.run([*run, "verify", str(out)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "changed: config/hardware.yaml" in bad.stdout
+    none = subprocess.run([*run, "create", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert none.returncode == 2 and "no such study folder" in none.stderr
