@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
-AXES = ("hardware", "framework", "model", "policy", "precision", "nodes")
+AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "nodes")
 # A cell's key within a study: the axes and the repetition.
 KEY = (*AXES, "rep")
 _INT_KEYS = ("nodes", "rep")
@@ -92,6 +92,7 @@ class Cell:
     model: str
     policy: str
     precision: str
+    mode: str  # eager or compiled (torch.compile, XLA, hybridize)
     nodes: int
     rep: int
     # derived from the config and the hardware entry

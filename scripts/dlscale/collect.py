@@ -50,6 +50,10 @@ def _scaled(value, factor):
     return None if value is None else value * factor
 
 
+# The value of an axis for metrics files written before that axis existed.
+BEFORE_AXIS = {"mode": "eager"}
+
+
 def cell_rows(
     records: list[dict], path: str, straggler_threshold: float
 ) -> tuple[dict, list[dict]]:
@@ -57,7 +61,7 @@ def cell_rows(
     cell, prov = start["cell"], start["provenance"]
     base = {
         "study": start["study"],
-        **{k: cell[k] for k in KEY},
+        **{k: cell.get(k, BEFORE_AXIS.get(k)) for k in KEY},
         **{k: cell[k] for k in CELL_FIELDS},
     }
     ranks = []
@@ -96,6 +100,15 @@ def cell_rows(
         "hosts": " ".join(prov["hosts"]),
         "wall_seconds": summary["wall_seconds"],
         "compute_seconds_median": summary.get("compute_seconds_median"),
+        "compile_seconds": summary.get("compile_seconds"),
+        "timer": rank_start[0].get("timer"),
+        "wrapper": rank_start[0].get("wrapper"),
+        "fast_paths": " ".join(
+            f"{k}={v}"
+            for k, v in sorted((rank_start[0].get("fast_paths") or {}).items())
+            if v is not None
+        )
+        or None,
         "comm_fraction": summary.get("comm_fraction"),
         "allreduce_bytes": _largest(summary, "bytes"),
         "allreduce_busbw_gb_per_s": _scaled(_largest(summary, "busbw_bytes_per_s"), 1e-9),

@@ -59,7 +59,22 @@ MAX_SERIES = 8  # lines (or bars per group) per panel; reference lines (ideal) n
 MAX_COLS = 4  # panel columns; more than 2 make a figure text-wide
 TEXT_COLUMNS = 2  # text width = this many column widths
 
-GroupKey = tuple[str, str, str, str, str]  # hardware, framework, model, policy, precision
+# hardware, framework, model, policy, variant: a series is a framework x variant, the variant
+# the precision and, for compiled cells, the mode ("fp32", "bf16 compiled"; variant()).
+GroupKey = tuple[str, str, str, str, str]
+
+
+def variant(precision: str, mode: str) -> str:
+    """The figure series' second part: the precision, with the mode where it is not eager (so
+    an eager-only study's labels are its precisions)."""
+    return precision if mode == "eager" else f"{precision} {mode}"
+
+
+def with_variant(scaling):
+    """The scaling table with its `variant` column (a pandas DataFrame; see variant())."""
+    out = scaling.copy()
+    out["variant"] = [variant(p, m) for p, m in zip(out["precision"], out["mode"])]
+    return out
 
 
 def _unique(values: Iterable) -> list:

@@ -17,8 +17,10 @@ ALLREDUCE_BYTES = (1 << 20, 16 << 20)  # probe message sizes (float32 buffers)
 ALLREDUCE_REPEATS = 5  # timed repeats per size, after one warm-up
 
 THROUGHPUT_METHOD = (
-    "cell throughput = sum over ranks of per_rank_batch * steps / sum(rank's "
-    "step seconds); never rank 0 x world size"
+    "cell throughput = sum over ranks of per_rank_batch * steps / the rank's timed window "
+    "(wall clock between a device synchronisation before the first timed step and one after "
+    "the last); never rank 0 x world size; compilation and other first-step costs are in the "
+    "warm-up, reported separately (compile_seconds)"
 )
 IDLE_PROBE_METHOD = (
     f"after warm-up all ranks wait {IDLE_PROBE_SECONDS} s while each samples "

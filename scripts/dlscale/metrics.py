@@ -178,15 +178,31 @@ def read_rank_files(rank_dir: str | Path, world_size: int) -> dict[int, list[dic
     return out
 
 
-def rank_summary(step_seconds: list[float], per_rank_batch: int, peak_rss_mb: float) -> dict:
-    total = sum(step_seconds)
+def rank_summary(
+    step_seconds: list[float],
+    per_rank_batch: int,
+    peak_rss_mb: float,
+    window_seconds: float | None = None,
+) -> dict:
+    """A rank's summary: throughput = per_rank_batch x steps / the timed window's wall-clock
+    seconds (THROUGHPUT_METHOD; the sum of step times where no window was measured)."""
+    total = window_seconds if window_seconds is not None else sum(step_seconds)
     return {
         "steps": len(step_seconds),
         "seconds_total": total,
+        "step_seconds_sum": sum(step_seconds),
         "throughput_samples_per_s": per_rank_batch * len(step_seconds) / total,
         "step_seconds_median": statistics.median(step_seconds),
         "peak_rss_mb": peak_rss_mb,
     }
+
+
+def first_step_overhead(first_step: float | None, step_seconds: list[float]) -> float | None:
+    """What the first warm-up step took beyond a steady step: compilation, tracing, graph
+    building, autotuning (never inside throughput)."""
+    if first_step is None or not step_seconds:
+        return None
+    return max(0.0, first_step - statistics.median(step_seconds))
 
 
 def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
@@ -219,6 +235,10 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
         "rank_throughput_median": statistics.median(thr),
         "rank_throughput_max": max(thr),
         "step_seconds_median": statistics.median(steps),
+        "compile_seconds": max(
+            (e["compile_seconds"] for e in ends.values() if e.get("compile_seconds") is not None),
+            default=None,
+        ),
         "peak_rss_mb_max": max(e["peak_rss_mb"] for e in ends.values()),
         "wall_seconds": wall_seconds,
         "competing": any(p["competing"] for p in probes),

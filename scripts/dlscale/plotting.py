@@ -3,8 +3,9 @@
 Layout (which files exist, which panels and series each holds, the bound on both):
 dlscale.layout, computed from the planned cells at parse time.
 
-Points are medians over repetitions, error bars 95 % bootstrap confidence intervals
-(dlscale.stats; none where n = 1), dashed lines ideal scaling. Sizes come from the paper's column
+Points are medians over repetitions, error bars their intervals (dlscale.stats: the 95 %
+order-statistic CI where n >= 6, else the min-max range; none where n = 1; the report's captions
+say which and give n), dashed lines ideal scaling. Sizes come from the paper's column
 width: grids of up to 2 panel columns are one column wide, wider grids (up to MAX_COLS panel
 columns) span the text width, taken as 2 column widths. The style is data (styles/paper.mplstyle).
 """
@@ -22,7 +23,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .layout import FAMILIES, SCALING  # noqa: E402
+from .layout import FAMILIES, SCALING, with_variant  # noqa: E402
 
 REFERENCE_LABELS = {"ideal"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -59,7 +60,8 @@ def _ci_err(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
 
 
 class _Hue:
-    """Colour = framework, marker and line style = precision, over the whole study."""
+    """Colour = framework, marker and line style = variant (precision, and the mode where it is
+    not eager: layout.variant), over the whole study."""
 
     def __init__(self, spec: dict):
         self.colour = dict(
@@ -90,7 +92,7 @@ def _select(scaling: pd.DataFrame, spec: dict, panel: list) -> pd.DataFrame:
         keep &= scaling["policy"] == panel[0]
     part = scaling[keep]
     series = {tuple(s) for s in spec["series"]}
-    return part[[(f, p) in series for f, p in zip(part["framework"], part["precision"])]]
+    return part[[(f, v) in series for f, v in zip(part["framework"], part["variant"])]]
 
 
 def _no_data(ax) -> None:
@@ -170,7 +172,7 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     top = 1.1
     for ax, _, part in _panels(scaling, spec, axes):
         for framework, precision in spec["series"]:
-            line = part[(part["framework"] == framework) & (part["precision"] == precision)]
+            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
             if line.empty:
                 continue
             line = line.sort_values("nodes")
@@ -207,7 +209,7 @@ def _bar_groups(part: pd.DataFrame, series: list, index: str, groups: list):
     indexed by `groups` (one bar group each) and the bars' x positions and width."""
     width = 0.8 / max(1, len(series))
     for i, (framework, precision) in enumerate(series):
-        rows = part[(part["framework"] == framework) & (part["precision"] == precision)]
+        rows = part[(part["framework"] == framework) & (part["variant"] == precision)]
         if rows.empty:
             continue
         x = np.arange(len(groups)) + (i - (len(series) - 1) / 2) * width
@@ -216,7 +218,7 @@ def _bar_groups(part: pd.DataFrame, series: list, index: str, groups: list):
 
 def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     """Frameworks side by side at equal hardware: throughput per model at the largest node
-    count measured on that hardware/policy (median, 95 % CI)."""
+    count measured on that hardware/policy (median and its interval)."""
     panels = spec["panels"]
     fig, axes = _grid(len(panels), 1, spec["width_in"], aspect=0.55)
     hue = _Hue(spec)
@@ -295,6 +297,7 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
 
 def plot_figure(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     """Draw one figure file of the layout; returns {"panels", "series_max"} as drawn."""
+    scaling = with_variant(scaling)
     with plt.style.context(_style()):
         family = spec["family"]
         if family in SCALING:

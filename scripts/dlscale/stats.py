@@ -1,42 +1,98 @@
-"""Scaling statistics: speedup, efficiency and their bootstrap confidence intervals.
+"""Scaling statistics: speedup, efficiency and honest intervals for their medians.
 
 speedup(N)    = median throughput(N) / median throughput(baseline)
 efficiency(N) = speedup(N) / (world_size(N) / world_size(baseline))
 The same formulas hold under both batch policies: under `weak` the work per rank is fixed, under
 `strong` the work per step is fixed, and throughput (samples/s) is the measure in both.
-The baseline is the 1-node cell of the same hardware/framework/model/policy/precision, or the
-smallest node count present when that cell is missing (column `baseline_nodes` says which).
+The baseline is the 1-node cell of the same hardware/framework/model/policy/precision/mode, or
+the smallest node count present when that cell is missing (column `baseline_nodes` says which).
 
-Repetitions (separate jobs) are the independent samples. Confidence intervals are 95 %
-percentile bootstrap intervals over repetitions (`bootstrap_cis`, one batched implementation for
-every row of a study): the cell's and the baseline's repetitions are resampled independently
-BOOTSTRAP_RESAMPLES times with a fixed seed (all groups from one stream, in batches of equal
-size), and the statistic (median throughput, ratio of medians) is recomputed on each resample; a
-row's throughput and speedup intervals share the row's resamples, and the baseline row's speedup
-is 1 by definition (same resamples on both sides). With a single repetition on both sides there
-is no interval (NaN), and tables and figures say n.
+Repetitions (separate jobs) are the independent samples. The interval of a median is the
+nonparametric order-statistic confidence interval (Hoefler & Belli, SC'15, rule 5): the sorted
+repetitions' ranks (l, n+1-l) with the largest l for which P(x(l) <= median <= x(n+1-l)), from
+the binomial distribution (scipy.stats.binom), is at least CI_LEVEL. That needs n >= 6 for 95 %;
+with 2 to 5 repetitions the interval is the min-max RANGE (labelled as such, never called a CI),
+with one there is none. A ratio of medians (speedup) takes the conservative quotient of the two
+medians' intervals, [low(x) / high(base), high(x) / low(base)], labelled by the weaker of the
+two; a baseline row's speedup is exactly 1. Column `interval` (throughput) and
+`speedup_interval` say which kind each row has: ci, range, none or exact (`median_interval`,
+`ratio_interval`: the one implementation, used by the tables, the figures and the report).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from typing import NamedTuple
+from functools import cache
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binom
 
 from .cell import AXES
 
 # A scaling group: every axis but the node count (speedup and efficiency compare the node counts
 # of one group; a cell's key, dlscale.cell.KEY, adds the node count and the repetition).
 GROUP = [axis for axis in AXES if axis != "nodes"]
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
+# Interval kinds, weakest first.
+NONE, RANGE, CI, EXACT = "none", "range", "ci", "exact"
+_STRENGTH = {NONE: 0, RANGE: 1, CI: 2, EXACT: 3}
+
+
+@cache
+def order_statistic_ranks(n: int, level: float = CI_LEVEL) -> tuple[int, int] | None:
+    """1-based ranks (l, n + 1 - l) of the sorted sample that bracket the median with
+    probability >= level: the largest l with 2 * P(Binomial(n, 1/2) <= l - 1) <= 1 - level.
+    None when even (1, n) does not reach the level (n < 6 for 95 %)."""
+    alpha = (1 - level) / 2
+    k = int(binom.ppf(alpha, n, 0.5))  # smallest k with P(B <= k) >= alpha
+    if binom.cdf(k, n, 0.5) > alpha + 1e-12:
+        k -= 1
+    if k < 0:
+        return None
+    return k + 1, n - k
+
+
+def ci_coverage(n: int, ranks: tuple[int, int]) -> float:
+    """P(x(l) <= median <= x(u)) for a continuous distribution: 1 - 2 P(B <= l - 1)."""
+    return float(1 - 2 * binom.cdf(ranks[0] - 1, n, 0.5))
+
+
+def median_interval(values, level: float = CI_LEVEL) -> tuple[float, float, str]:
+    """(low, high, kind) for the median of `values`: the order-statistic CI (kind "ci") where
+    n allows, the min-max range ("range") for 2 <= n below that, nothing ("none") for n <= 1."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    if n < 2:
+        return np.nan, np.nan, NONE
+    ranks = order_statistic_ranks(n, level)
+    if ranks is None:
+        return float(x[0]), float(x[-1]), RANGE
+    return float(x[ranks[0] - 1]), float(x[ranks[1] - 1]), CI
+
+
+def ratio_interval(
+    x: tuple[float, float, str], base: tuple[float, float, str]
+) -> tuple[float, float, str]:
+    """Conservative interval of median(x) / median(base) from the two medians' intervals
+    (median_interval results): [low_x / high_base, high_x / low_base], of the weaker kind."""
+    kind = min(x[2], base[2], key=_STRENGTH.__getitem__)
+    if kind == NONE:
+        return np.nan, np.nan, NONE
+    return x[0] / base[1], x[1] / base[0], kind
+
+
+def interval_label(kind: str, n: int) -> str:
+    """How a table or figure names an interval of this kind."""
+    return {CI: f"{CI_LEVEL:.0%} CI", RANGE: "range", NONE: "no interval", EXACT: "exact"}[
+        kind
+    ] + f" (n={n})"
+
+
 CI_METHOD = (
-    f"{CI_LEVEL:.0%} percentile bootstrap over repetitions "
-    f"(B={BOOTSTRAP_RESAMPLES}, seed {BOOTSTRAP_SEED})"
+    f"median over repetitions; interval: {CI_LEVEL:.0%} nonparametric order-statistic CI "
+    f"(binomial, n >= {min(n for n in range(2, 50) if order_statistic_ranks(n))}), "
+    "min-max range for fewer repetitions, none for one"
 )
 
 
@@ -65,80 +121,6 @@ def add_speedup(cells: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-_BATCH_DRAWS = 4_000_000  # resampled values per batch (32 MB of indices)
-
-
-def bootstrap_medians(
-    samples: list[np.ndarray], rng: np.random.Generator, resamples: int = BOOTSTRAP_RESAMPLES
-) -> list[np.ndarray]:
-    """For each array, the medians of `resamples` resamples (with replacement) of it. Arrays of
-    equal length are resampled together in one numpy call (a large study has thousands)."""
-    out: list[np.ndarray] = [np.empty(0)] * len(samples)
-    by_length: dict[int, list[int]] = {}
-    for i, values in enumerate(samples):
-        by_length.setdefault(len(values), []).append(i)
-    for n, members in sorted(by_length.items()):
-        step = max(1, _BATCH_DRAWS // (resamples * n))
-        for start in range(0, len(members), step):
-            chunk = members[start : start + step]
-            values = np.stack([np.asarray(samples[i], dtype=float) for i in chunk])
-            idx = rng.integers(0, n, size=(len(chunk), resamples, n))
-            drawn = np.take_along_axis(np.broadcast_to(values[:, None, :], idx.shape), idx, axis=2)
-            for i, medians in zip(chunk, np.median(drawn, axis=2)):
-                out[i] = medians
-    return out
-
-
-class Intervals(NamedTuple):
-    """Interval bounds per sample (arrays aligned with the samples; NaN: no interval)."""
-
-    median_low: np.ndarray
-    median_high: np.ndarray
-    ratio_low: np.ndarray
-    ratio_high: np.ndarray
-
-
-def bootstrap_cis(
-    xs: Sequence[np.ndarray],
-    rng: np.random.Generator,
-    bases: Sequence[np.ndarray] = (),
-    base_of: Sequence[int] = (),
-    own_base: Sequence[bool] = (),
-) -> Intervals:
-    """CI_LEVEL percentile bootstrap intervals of many samples at once: the one implementation
-    (scaling_summary calls it once for every row of a study).
-
-    xs[i]: the repetitions of row i; bases[base_of[i]]: those of its baseline; own_base[i]: row i
-    is its own baseline. Every x and every base is resampled once (bootstrap_medians, xs first,
-    then bases, from `rng`). Median interval of x: percentiles of its resample medians, NaN where
-    x has fewer than two values. Ratio interval of median(x) / median(base): percentiles of the
-    ratio of the same resample medians of x to those of its base (1 where x is its own baseline),
-    NaN where neither side has two values, and everywhere without bases."""
-    xs, bases = list(xs), list(bases)
-    tail = (1 - CI_LEVEL) / 2 * 100
-    medians = bootstrap_medians(xs + bases, rng)
-    x_medians = np.reshape(medians[: len(xs)], (len(xs), BOOTSTRAP_RESAMPLES))
-    n = np.array([len(x) for x in xs], dtype=int)
-    median_low, median_high = np.where(
-        n < 2, np.nan, np.percentile(x_medians, [tail, 100 - tail], axis=1)
-    )
-    if not bases:
-        return Intervals(
-            median_low, median_high, np.full(len(xs), np.nan), np.full(len(xs), np.nan)
-        )
-    base_medians = np.stack(medians[len(xs) :])[list(base_of)]
-    own = np.asarray(own_base, dtype=bool)
-    if own.any():
-        base_medians[own] = x_medians[own]
-    n_base = np.array([len(bases[b]) for b in base_of], dtype=int)
-    ratio_low, ratio_high = np.where(
-        (n < 2) & (n_base < 2),
-        np.nan,
-        np.percentile(x_medians / base_medians, [tail, 100 - tail], axis=1),
-    )
-    return Intervals(median_low, median_high, ratio_low, ratio_high)
-
-
 # Per-cell measures summarised by their median over repetitions (no interval).
 MEDIAN_ONLY = [
     "step_seconds_median",
@@ -154,12 +136,11 @@ SUMMARY_KEYS = GROUP + ["nodes", "world_size", "per_rank_batch", "global_batch",
 
 
 def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per group x node count: point estimates, bootstrap CIs, min/max and n.
-    Vectorised over groups (a 10,000-cell study has thousands): per-row statistics come from one
-    groupby, intervals from one bootstrap_cis call."""
+    """One row per group x node count: point estimates, intervals (median_interval,
+    ratio_interval) with their kind, min/max and n. Per-row statistics come from one groupby."""
     columns = (
         SUMMARY_KEYS
-        + ["n", "n_baseline", "competing_reps", "straggler_reps"]
+        + ["n", "n_baseline", "interval", "speedup_interval", "competing_reps", "straggler_reps"]
         + [
             f"{m}_{s}"
             for m in ("throughput_samples_per_s", "speedup", "scaling_efficiency")
@@ -197,28 +178,30 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     base_rows = {key: idx[is_base[idx]] for key, idx in data.groupby(GROUP).indices.items()}
     row_keys, row_idx = zip(*sorted(data.groupby(SUMMARY_KEYS).indices.items()))
     assert list(row_keys) == list(out[SUMMARY_KEYS].itertuples(index=False, name=None))
-    groups = list(base_rows)
-    bases = [values[base_rows[g]] for g in groups]
-    where = {g: i for i, g in enumerate(groups)}
-    group_of = [where[key] for key in out[GROUP].itertuples(index=False, name=None)]
-    base_idx = [base_rows[groups[g]] for g in group_of]
+    base_idx = [base_rows[key] for key in out[GROUP].itertuples(index=False, name=None)]
     out["n_baseline"] = [len(b) for b in base_idx]
-    base_median = np.array([np.median(b) for b in bases])[group_of]
+    base_median = np.array([np.median(values[b]) for b in base_idx])
     scale = out["world_size"].to_numpy(dtype=float) / np.array([world[b[0]] for b in base_idx])
     speedup = out[f"{thr}_median"].to_numpy() / base_median
     out["speedup_median"] = speedup
     out["scaling_efficiency_median"] = speedup / scale
-    ci = bootstrap_cis(
-        [values[idx] for idx in row_idx],
-        np.random.default_rng(BOOTSTRAP_SEED),
-        bases=bases,
-        base_of=group_of,
-        own_base=[np.array_equal(idx, b) for idx, b in zip(row_idx, base_idx)],
-    )
-    out[f"{thr}_ci_low"], out[f"{thr}_ci_high"] = ci.median_low, ci.median_high
-    out["speedup_ci_low"], out["speedup_ci_high"] = ci.ratio_low, ci.ratio_high
-    out["scaling_efficiency_ci_low"] = ci.ratio_low / scale
-    out["scaling_efficiency_ci_high"] = ci.ratio_high / scale
+    base_cache: dict[bytes, tuple] = {}
+    rows, ratios = [], []
+    for idx, b in zip(row_idx, base_idx):
+        own = median_interval(values[idx])
+        rows.append(own)
+        if np.array_equal(idx, b):
+            ratios.append((1.0, 1.0, EXACT))
+            continue
+        key = b.tobytes()
+        if key not in base_cache:
+            base_cache[key] = median_interval(values[b])
+        ratios.append(ratio_interval(own, base_cache[key]))
+    out[f"{thr}_ci_low"], out[f"{thr}_ci_high"], out["interval"] = map(list, zip(*rows))
+    ratio_low, ratio_high, out["speedup_interval"] = map(np.array, zip(*ratios))
+    out["speedup_ci_low"], out["speedup_ci_high"] = ratio_low, ratio_high
+    out["scaling_efficiency_ci_low"] = ratio_low.astype(float) / scale
+    out["scaling_efficiency_ci_high"] = ratio_high.astype(float) / scale
     out = out.astype({"competing_reps": int, "straggler_reps": int})
     return out[columns]
 

@@ -24,8 +24,8 @@ from .cell import Cell
 from .frameworks import get_adapter
 from .frameworks.base import TrainSpec, run_timed
 from .launch import discover
-from .method import IDLE_PROBE, RANK_END, RANK_START, STEP, TIMER
-from .metrics import RankWriter, rank_summary
+from .method import IDLE_PROBE, RANK_END, RANK_START, STEP
+from .metrics import RankWriter, first_step_overhead, rank_summary
 from .provenance import host_facts
 from .sysprobe import PACKAGES_FILE, cpu_affinity, node_description, package_list
 
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 **facts,
                 **adapter.describe(),
+                **adapter.execution(),
                 "dlscale_version": __version__,
                 "local_rank": ctx.local_rank,
                 "node_index": ctx.node_index,
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 "device": spec.device,
                 "threads": spec.threads,
                 "per_rank_batch": spec.per_rank_batch,
-                "timer": TIMER,
+                "timer": adapter.step_timer().method,
                 "master": f"{ctx.master_addr}:{ctx.master_port}",
                 "cpu_affinity": cpu_affinity(),
                 **({"system": system} if system is not None else {}),
@@ -162,7 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         writer.write(
             RANK_END,
             {
-                **rank_summary(run["step_seconds"], spec.per_rank_batch, peak_rss_mb),
+                **rank_summary(
+                    run["step_seconds"], spec.per_rank_batch, peak_rss_mb, run["window_seconds"]
+                ),
+                "first_step_seconds": run["first_step_seconds"],
+                "compile_seconds": first_step_overhead(
+                    run["first_step_seconds"], run["step_seconds"]
+                ),
+                "mode": cell.mode,
                 "peak_device_memory_mb": adapter.peak_device_memory_mb(),
                 "energy": run["energy"],
                 "breakdown": run["breakdown"],

@@ -30,7 +30,8 @@ def mixed_study(cluster, tmp_path_factory):
 def test_framework_cell(mixed_study, framework, nodes):
     path = (
         mixed_study
-        / f"results/frameworks/runs/cpu/{framework}/cnn_small/weak/fp32/n{nodes}/r1/metrics.jsonl"
+        / f"results/frameworks/runs/cpu/{framework}/cnn_small/weak/fp32/eager/n{nodes}/r1"
+        / "metrics.jsonl"
     )
     records = [json.loads(line) for line in path.read_text().splitlines()]
     start = records[0]["value"]

@@ -20,8 +20,8 @@ from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
-CELL_N1 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1/metrics.jsonl"
-CELL_N2 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+CELL_N1 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1/metrics.jsonl"
+CELL_N2 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
     config["axes"]["model"] = ["cnn_small", "transformer_small"]
     config["per_rank_batch"] = 2
     work = copy_workflow(tmp_path, config)
-    env_fault = "cnn_small/weak/fp32/n2:1:2:3"  # rank 1 of the 2-node cnn cell exits 3
+    env_fault = "cnn_small/weak/fp32/eager/n2:1:2:3"  # rank 1 of the 2-node cnn cell exits 3
     proc = subprocess.run(
         [
             str(ROOT / ".venv" / "bin" / "snakemake"),
@@ -84,14 +84,17 @@ def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0  # the study reports the failure
     assert "Error in rule train_cpu_n2" in out
-    log = (work / "results/tiny/logs/train/cpu/pytorch/cnn_small/weak/fp32/n2/r1.log").read_text()
+    log = (
+        work / "results/tiny/logs/train/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1.log"
+    ).read_text()
     assert "exits with 3" in log and "cell FAILED" in log
     assert not (work / CELL_N2).exists()
     # every other cell completed
     for model in ("cnn_small", "transformer_small"):
         for nodes in (1, 2):
             path = (
-                work / f"results/tiny/runs/cpu/pytorch/{model}/weak/fp32/n{nodes}/r1/metrics.jsonl"
+                work
+                / f"results/tiny/runs/cpu/pytorch/{model}/weak/fp32/eager/n{nodes}/r1/metrics.jsonl"
             )
             if model == "cnn_small" and nodes == 2:
                 continue
@@ -158,7 +161,7 @@ def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_c
     jobs = set()
     for nodes in (1, 2):
         for rep in (1, 2):
-            run = work / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n{nodes}/r{rep}"
+            run = work / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n{nodes}/r{rep}"
             recs = records(run / "metrics.jsonl")
             assert recs[0]["value"]["cell"]["rep"] == rep  # its own cell
             assert len({r["value"]["node"] for r in recs if r["event"] == "rank_start"}) == nodes

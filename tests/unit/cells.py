@@ -13,6 +13,7 @@ def cell_dict(**changes) -> dict:
         "model": "cnn_small",
         "policy": "weak",
         "precision": "fp32",
+        "mode": "eager",
         "nodes": 2,
         "rep": 1,
         "device": "cpu",

@@ -8,7 +8,8 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from dlscale.stats import add_speedup, scaling_summary
+from dlscale.layout import variant
+from dlscale.stats import GROUP, add_speedup, scaling_summary
 
 # 4 hardware x 5 frameworks x 10 models x 2 policies x 8 node counts x 3 repetitions = 9,600 cells
 LARGE = {
@@ -17,6 +18,7 @@ LARGE = {
     "model": [f"model{i}" for i in range(10)],
     "policy": ["weak", "strong"],
     "precision": ["fp32"],
+    "mode": ["eager"],
     "nodes": [1, 2, 4, 8, 16, 32, 64, 128],
     "rep": [1, 2, 3],
 }
@@ -27,17 +29,17 @@ DEMO = {
     "model": ["cnn_small", "transformer_small"],
     "policy": ["weak", "strong"],
     "precision": ["fp32"],
+    "mode": ["eager"],
     "nodes": [1, 2],
     "rep": [1, 2],
 }
-GROUP = ["hardware", "framework", "model", "policy", "precision"]
 
 
 def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
     """One row per cell with the cells.csv columns the statistics and figures read."""
     rng = np.random.default_rng(seed)
     rows = []
-    for hw, fw, model, policy, prec, nodes, rep in itertools.product(
+    for hw, fw, model, policy, prec, mode, nodes, rep in itertools.product(
         *(axes[k] for k in [*GROUP, "nodes", "rep"])
     ):
         base = 100.0 * (1 + axes["model"].index(model)) * (1 + 0.3 * axes["framework"].index(fw))
@@ -52,6 +54,7 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 "model": model,
                 "policy": policy,
                 "precision": prec,
+                "mode": mode,
                 "nodes": nodes,
                 "rep": rep,
                 "world_size": nodes,
@@ -82,4 +85,8 @@ def study_tables(axes: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 
 def groups(axes: dict) -> list[tuple]:
-    return list(itertools.product(*(axes[k] for k in GROUP)))
+    """The figure layout's groups (dlscale.layout.GroupKey) of a study with these axes."""
+    return [
+        (hw, fw, model, policy, variant(prec, mode))
+        for hw, fw, model, policy, prec, mode in itertools.product(*(axes[k] for k in GROUP))
+    ]

@@ -80,8 +80,8 @@ def with_(config, path, value):
         ),
         (
             ("exclude",),
-            [{"modle": "cnn_small"}],
-            ["unknown key 'modle'", "did you mean 'model'", "exclude[0]"],
+            [{"modell": "cnn_small"}],
+            ["unknown key 'modell'", "did you mean 'model'", "exclude[0]"],
         ),
         (("exclude",), [{}], ["exclude[0]", "at least 1"]),
         (("exclude",), [{"nodes": 3}], ["exclude[0].nodes", "allowed values: 1, 2"]),
@@ -149,7 +149,7 @@ def test_cell_path_names_every_axis(root, base_config):
         assert f"{{{field}}}" in CELL_PATTERN
     assert cell.path == (
         f"results/{cell.study}/runs/{cell.hardware}/{cell.framework}/{cell.model}/"
-        f"{cell.policy}/{cell.precision}/n{cell.nodes}/r{cell.rep}/metrics.jsonl"
+        f"{cell.policy}/{cell.precision}/{cell.mode}/n{cell.nodes}/r{cell.rep}/metrics.jsonl"
     )
 
 

@@ -17,6 +17,7 @@ from dlscale.layout import (
     MAX_SERIES,
     figure_file_bound,
     figure_layout,
+    variant,
 )
 from dlscale.plotting import plot_figure
 from dlscale.stats import GROUP
@@ -124,7 +125,11 @@ def test_every_file_name_matches_the_figure_rule_wildcard():
 
 def test_large_study_renders_every_file_within_the_bounds(large, tmp_path):
     _, scaling, _ = large
-    layout = figure_layout(scaling[GROUP].itertuples(index=False, name=None), COLUMN_IN)
+    keys = [
+        (*row[:4], variant(*row[4:]))
+        for row in scaling[GROUP].drop_duplicates().itertuples(index=False, name=None)
+    ]
+    layout = figure_layout(keys, COLUMN_IN)
     assert len(layout) == figure_file_bound(groups(LARGE))
     for spec in layout:
         out = tmp_path / spec["file"]

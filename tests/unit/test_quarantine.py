@@ -13,14 +13,15 @@ from dlscale.provenance import REDACTED, environment
 
 from test_metrics import CELL, assembled
 
-GOOD = "results/t/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+GOOD = "results/t/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
 
 
 def cell_path(**changes) -> str:
     cell = {**CELL, **changes}
     return (
         f"results/{cell['study']}/runs/{cell['hardware']}/{cell['framework']}/{cell['model']}/"
-        f"{cell['policy']}/{cell['precision']}/n{cell['nodes']}/r{cell['rep']}/metrics.jsonl"
+        f"{cell['policy']}/{cell['precision']}/{cell['mode']}/n{cell['nodes']}/r{cell['rep']}"
+        "/metrics.jsonl"
     )
 
 

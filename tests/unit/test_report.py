@@ -41,7 +41,7 @@ def test_large_study_summary_is_bounded_and_says_it_aggregated(large, tmp_path):
     assert n == len(_rows(tex)) <= MAX_SUMMARY_ROWS
     assert n == 4 * 5 * 2 * 1  # one level further: models aggregated
     assert f"would have {n_groups} rows" in tex
-    assert "one row per hardware, framework, batch policy and precision" in tex
+    assert "one row per hardware, framework, batch policy, precision and mode" in tex
     table, level, _ = cell_summary(scaling, status)
     assert level == 1 and table["cells_ok"].sum() == table["cells_planned"].sum() == len(cells)
     assert (table["groups"] == 10).all()
@@ -79,7 +79,9 @@ def test_a_group_with_no_measured_cell_still_has_its_row(tmp_path):
     status.loc[status["model"] == "transformer_small", "status"] = "failed"
     out = tmp_path / "cells_table.tex"
     assert write_cell_summary(scaling, status, str(out)) == 4
-    assert re.search(r"transformer\\_small & weak & fp32 & 0/4 & -- & -- & --", out.read_text())
+    assert re.search(
+        r"transformer\\_small & weak & fp32 & eager & 0/4 & -- & -- & --", out.read_text()
+    )
 
 
 def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
@@ -120,6 +122,7 @@ def test_failed_and_missing_table_is_bounded_and_lists_failed_cells_first(tmp_pa
                 "model": "m",
                 "policy": "weak",
                 "precision": "fp32",
+                "mode": "eager",
                 "nodes": 1,
                 "rep": rep,
                 "status": status,

@@ -143,10 +143,11 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
         "model": "cnn_small",
         "policy": "weak",
         "precision": "fp32",
+        "mode": "eager",
         "nodes": 2,
         "rep": 3,
     }
-    run_dir = Path("results/demo/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r3")
+    run_dir = Path("results/demo/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r3")
     run_dir.mkdir(parents=True)
     (run_dir / SLURM_JOB_FILE).write_text(
         json.dumps({"slurm_job_id": "512", "array_job_id": "500", "array_task_id": "12"})
@@ -156,7 +157,9 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
     assert status.slurm_log(cell, job) == Path("results/logs/slurm/rule_train_cpu_n2/500_12.log")
     # a single job that never reached the launcher: the newest log in the cell's folder
     (run_dir / SLURM_JOB_FILE).unlink()
-    folder = Path("results/logs/slurm/rule_train_cpu_n2/demo_cpu_pytorch_cnn_small_weak_fp32_2_3")
+    folder = Path(
+        "results/logs/slurm/rule_train_cpu_n2/demo_cpu_pytorch_cnn_small_weak_fp32_eager_2_3"
+    )
     folder.mkdir(parents=True)
     for job_id in ("90", "105"):
         (folder / f"{job_id}.log").write_text("")

@@ -7,19 +7,19 @@ import pandas as pd
 import pytest
 
 from dlscale.metrics import bus_bandwidth
-from dlscale.stats import BOOTSTRAP_SEED, add_speedup, bootstrap_cis, scaling_summary, stragglers
-
-
-def median_ci(x, rng):
-    """The interval of one sample's median, from the batched function scaling_summary calls."""
-    ci = bootstrap_cis([x], rng)
-    return ci.median_low[0], ci.median_high[0]
-
-
-def ratio_ci(x, base, rng):
-    """The interval of median(x) / median(base), from the same batched function."""
-    ci = bootstrap_cis([x], rng, bases=[base], base_of=[0])
-    return ci.ratio_low[0], ci.ratio_high[0]
+from dlscale.stats import (
+    CI,
+    EXACT,
+    NONE,
+    RANGE,
+    add_speedup,
+    ci_coverage,
+    median_interval,
+    order_statistic_ranks,
+    ratio_interval,
+    scaling_summary,
+    stragglers,
+)
 
 
 def cells(rows):
@@ -28,6 +28,7 @@ def cells(rows):
         "framework": "pytorch",
         "model": "m",
         "precision": "fp32",
+        "mode": "eager",
         "per_rank_batch": 8,
     }
     out = []
@@ -105,42 +106,36 @@ def test_summary_median_min_max_and_n():
     assert row["speedup_median"] == pytest.approx(1.7)  # ratio of medians
     assert row["scaling_efficiency_median"] == pytest.approx(0.85)
     assert row["n_baseline"] == 2
-    # constant baseline: the speedup interval is the throughput interval / 100
-    assert 1.5 <= row["speedup_ci_low"] <= 1.7 <= row["speedup_ci_high"] <= 1.9
+    # 3 repetitions: the interval is the min-max range, and says so; the baseline (2 equal
+    # repetitions, range [100, 100]) divides it
+    assert row["interval"] == RANGE and row["speedup_interval"] == RANGE
+    assert (row["throughput_samples_per_s_ci_low"], row["throughput_samples_per_s_ci_high"]) == (
+        150.0,
+        190.0,
+    )
+    assert row["speedup_ci_low"] == pytest.approx(1.5)
+    assert row["speedup_ci_high"] == pytest.approx(1.9)
     assert row["scaling_efficiency_ci_low"] == pytest.approx(row["speedup_ci_low"] / 2)
 
 
-def test_summary_intervals_are_those_of_bootstrap_cis():
-    """scaling_summary runs the tested bootstrap: its intervals are bootstrap_cis's on the rows'
-    repetitions (same stream); the baseline row is its own baseline (speedup 1 on every
-    resample) and shares its resamples with the other rows' speedups."""
-    df = scaling_summary(
-        add_speedup(
-            cells(
-                [
-                    ("weak", 1, 1, 1, 90.0),
-                    ("weak", 1, 2, 1, 100.0),
-                    ("weak", 1, 3, 1, 115.0),
-                    ("weak", 2, 1, 2, 150.0),
-                    ("weak", 2, 2, 2, 170.0),
-                    ("weak", 2, 3, 2, 190.0),
-                ]
-            )
-        )
-    ).set_index("nodes")
-    base, two = np.array([90.0, 100.0, 115.0]), np.array([150.0, 170.0, 190.0])
-    ci = bootstrap_cis(
-        [base, two],
-        np.random.default_rng(BOOTSTRAP_SEED),
-        bases=[base],
-        base_of=[0, 0],
-        own_base=[True, False],
-    )
-    assert df["throughput_samples_per_s_ci_low"].tolist() == ci.median_low.tolist()
-    assert df["throughput_samples_per_s_ci_high"].tolist() == ci.median_high.tolist()
-    assert df["speedup_ci_low"].tolist() == ci.ratio_low.tolist()
+def test_summary_intervals_are_those_of_median_interval_and_ratio_interval():
+    """scaling_summary runs the tested functions: its intervals are median_interval's on the
+    rows' repetitions and ratio_interval's against the baseline's; the baseline row's speedup is
+    exactly 1."""
+    base = [90.0, 95.0, 100.0, 105.0, 110.0, 115.0]  # n = 6: a 95 % CI (ranks 1 and 6)
+    two = [150.0, 160.0, 170.0, 180.0, 190.0, 200.0, 210.0]
+    rows = [("weak", 1, i + 1, 1, v) for i, v in enumerate(base)]
+    rows += [("weak", 2, i + 1, 2, v) for i, v in enumerate(two)]
+    df = scaling_summary(add_speedup(cells(rows))).set_index("nodes")
+    own, b = median_interval(two), median_interval(base)
+    assert own == (150.0, 210.0, CI) and b == (90.0, 115.0, CI)
+    low, high, kind = ratio_interval(own, b)
+    assert (low, high, kind) == (150.0 / 115.0, 210.0 / 90.0, CI)
+    assert df.loc[2, "speedup_ci_low"] == low and df.loc[2, "speedup_ci_high"] == high
+    assert df.loc[2, "scaling_efficiency_ci_high"] == pytest.approx(high / 2)
+    assert df.loc[2, "interval"] == CI and df.loc[2, "speedup_interval"] == CI
     assert df.loc[1, "speedup_ci_low"] == df.loc[1, "speedup_ci_high"] == 1.0
-    assert df.loc[2, "scaling_efficiency_ci_high"] == pytest.approx(ci.ratio_high[1] / 2)
+    assert df.loc[1, "speedup_interval"] == EXACT
 
 
 def test_empty_tables_keep_their_columns():
@@ -164,23 +159,49 @@ def test_empty_tables_keep_their_columns():
 
 
 def test_single_repetitions_have_no_interval():
-    rng = np.random.default_rng(0)
-    assert all(np.isnan(v) for v in median_ci(np.array([5.0]), rng))
-    assert all(np.isnan(v) for v in ratio_ci(np.array([5.0]), np.array([2.0]), rng))
+    assert median_interval([5.0])[2] == NONE and np.isnan(median_interval([5.0])[0])
+    assert ratio_interval(median_interval([5.0]), median_interval([2.0, 3.0]))[2] == NONE
 
 
-def test_bootstrap_interval_covers_the_true_median_about_95_percent():
-    """Coverage on constructed samples with a known answer: normal(100, 10), n=30, the true
-    median is 100; a 95 % interval must cover it in roughly 95 % of 400 independent studies
-    (the percentile bootstrap of a median runs a little below nominal at this n)."""
+@pytest.mark.parametrize(
+    "n, ranks, coverage",
+    [  # known answers: coverage = 1 - 2 P(Binomial(n, 1/2) <= l - 1)
+        (5, None, None),  # (1, 5) covers only 1 - 2/32 = 0.9375 < 0.95
+        (6, (1, 6), 1 - 2 / 64),
+        (8, (1, 8), 1 - 2 / 256),
+        (9, (2, 8), 1 - 2 * 10 / 512),
+        (10, (2, 9), 1 - 2 * 11 / 1024),
+        (12, (3, 10), 1 - 2 * 79 / 4096),
+    ],
+)
+def test_order_statistic_ranks_known_answers(n, ranks, coverage):
+    assert order_statistic_ranks(n) == ranks
+    if ranks:
+        assert ci_coverage(n, ranks) == pytest.approx(coverage)
+        assert ci_coverage(n, ranks) >= 0.95
+        # one step narrower would fall below the level
+        narrower = (ranks[0] + 1, ranks[1] - 1)
+        assert narrower[0] > narrower[1] or ci_coverage(n, narrower) < 0.95
+
+
+def test_fewer_than_six_repetitions_give_a_range_not_a_ci():
+    assert median_interval([3.0, 1.0]) == (1.0, 3.0, RANGE)
+    assert median_interval([5.0, 1.0, 4.0, 2.0, 3.0]) == (1.0, 5.0, RANGE)
+    assert median_interval([6.0, 1.0, 4.0, 2.0, 3.0, 5.0]) == (1.0, 6.0, CI)
+    assert median_interval(list(range(10, 0, -1))) == (2.0, 9.0, CI)
+
+
+def test_order_statistic_interval_covers_the_true_median_at_least_95_percent():
+    """Coverage on constructed samples with a known answer: exponential(1) (skewed), n = 10,
+    true median ln 2; the exact method's coverage is 0.9785, so over 1,000 studies it must be
+    at least 0.95 (and below 1: the interval is not trivially wide)."""
     rng = np.random.default_rng(12345)
-    covered = 0
-    trials = 400
+    trials, covered = 1000, 0
     for _ in range(trials):
-        sample = rng.normal(100.0, 10.0, size=30)
-        low, high = median_ci(sample, rng)
-        covered += low <= 100.0 <= high
-    assert 0.88 <= covered / trials <= 0.99
+        low, high, kind = median_interval(rng.exponential(1.0, size=10))
+        assert kind == CI
+        covered += low <= np.log(2) <= high
+    assert 0.95 <= covered / trials < 1.0
 
 
 def test_ratio_interval_covers_the_true_ratio():
@@ -189,9 +210,9 @@ def test_ratio_interval_covers_the_true_ratio():
     for _ in range(200):
         x = rng.normal(300.0, 15.0, size=25)
         b = rng.normal(100.0, 5.0, size=25)
-        low, high = ratio_ci(x, b, rng)
+        low, high, _ = ratio_interval(median_interval(x), median_interval(b))
         covered += low <= 3.0 <= high
-    assert 0.88 <= covered / 200 <= 1.0
+    assert covered / 200 >= 0.95
 
 
 @pytest.mark.parametrize("n, factor", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])

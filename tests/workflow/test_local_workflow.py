@@ -97,7 +97,7 @@ def test_tiny_study_reaches_the_pdf(finished_study):
             text=True,
         ).stdout
         assert "Figure 5" in text and "Cells" in text and "tiny" in text
-        assert "95% percentile bootstrap" in text
+        assert "95% nonparametric order-statistic CI" in text
         assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
     # the full cell table travels inside the PDF
     assert shutil.which("pdfdetach"), "poppler-utils (pdfdetach) is not installed"
@@ -121,7 +121,7 @@ def test_tiny_study_reaches_the_pdf(finished_study):
 
 def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
     work = finished_study
-    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
     proc = snakemake(work, "--profile", "profiles/local", "-n", "--forcerun", cell)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
@@ -288,7 +288,7 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
     work = copy_workflow(tmp_path, tiny_config)
     assert snakemake(work, "--profile", "profiles/local").returncode == 0
     first = measured(work)
-    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n2/r1/metrics.jsonl"
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
     assert cell in first and len(first) == 4  # 2 cells: metrics.jsonl + its measurement
 
     # a second study with the same axes (other batch and steps): its own folder, its own report

@@ -41,6 +41,7 @@ from ..method import (
     BREAKDOWN_STEPS,
     COMPETING_BUSY_CPUS,
     IDLE_PROBE_SECONDS,
+    TIMER,
 )
 from ..provenance import gpu_activity, host_activity
 
@@ -73,6 +74,7 @@ class TrainSpec:
     threads: int
     learning_rate: float
     momentum: float
+    mode: str = "eager"  # or "compiled" (the cell's mode axis)
     seed: int = 0
 
     @classmethod
@@ -89,6 +91,7 @@ class TrainSpec:
             threads=cell.cpus_per_rank,
             learning_rate=cell.learning_rate,
             momentum=cell.momentum,
+            mode=cell.mode,
             seed=0,
         )
 
@@ -134,13 +137,16 @@ class Adapter:
     # calling a method and catching NotImplementedError).
     breakdown_method: str = ""  # how step_without_allreduce skips the allreduce ("": none)
     has_allreduce_probe: bool = False  # allreduce(numel) is implemented
-    can_compile: bool = False  # a compiled step (torch.compile, XLA, hybridize): planned
+    # How mode "compiled" compiles the step ("": this framework has no compiled mode, and a
+    # compiled cell is refused when the adapter is made).
+    compile_method: str = ""
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
             raise TypeError("Adapter(spec: TrainSpec, ctx: RankContext)")
         self.spec, self.ctx = spec, ctx
         self.check_precision()
+        self.check_mode()
 
     # ------------------------------------------------------------------ shared by every framework
     def check_precision(self) -> None:
@@ -160,6 +166,60 @@ class Adapter:
             f"{self.title or self.name} on {device}{reason}; use one of: "
             f"{', '.join(allowed)}"
         )
+
+    @classmethod
+    def can_compile(cls) -> bool:
+        return bool(cls.compile_method)
+
+    def check_mode(self) -> None:
+        """Refuse a mode this framework does not have, naming the modes it has."""
+        modes = ["eager", "compiled"] if self.can_compile() else ["eager"]
+        if self.spec.mode not in modes:
+            raise ValueError(
+                f"mode {self.spec.mode} is not supported by {self.title or self.name}; "
+                f"use one of: {', '.join(modes)}"
+            )
+        reason = self.compiled and self.cannot_compile_here()
+        if reason:
+            raise ValueError(
+                f"mode compiled is not supported by {self.title or self.name} here: {reason}; "
+                "use mode eager for this cell (exclude it: {mode: compiled, ...})"
+            )
+
+    def cannot_compile_here(self) -> str | None:
+        """Why this cell's step cannot be compiled although the framework can compile (None:
+        it can)."""
+        return None
+
+    @property
+    def compiled(self) -> bool:
+        return self.spec.mode == "compiled"
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether there is anything to keep in sync: above one rank. At world size 1 every
+        adapter runs the best single-device program (no data-parallel wrapper, no allreduce,
+        no process group), the speedup baseline of Hoefler & Belli (SC'15)."""
+        return self.ctx.world_size > 1
+
+    def execution(self) -> dict:
+        """How the step runs, recorded in every rank's metrics: mode and how it compiles, the
+        data-parallel wrapper, and the fast paths in force (fast_paths)."""
+        return {
+            "mode": self.spec.mode,
+            "compile_method": self.compile_method if self.compiled else None,
+            "wrapper": self.wrapper(),
+            "fast_paths": self.fast_paths(),
+        }
+
+    def wrapper(self) -> str:
+        """The data-parallel wrapper the step runs under (none at world size 1)."""
+        return "none (world size 1)"
+
+    def fast_paths(self) -> dict:
+        """The framework's performance switches as they are in this rank (cuDNN autotuning,
+        TF32, memory format, fused/foreach optimizer, XLA, ...)."""
+        return {}
 
     @property
     def precision_dtype(self):
@@ -222,6 +282,10 @@ class Adapter:
         """Blocking allreduce (sum) of a float32 buffer of `numel` elements over all ranks;
         called only when has_allreduce_probe."""
         raise NotImplementedError
+
+    def step_timer(self) -> StepTimer:
+        """How the timed window's steps are timed (device events where the framework has them)."""
+        return StepTimer(self)
 
     def peak_device_memory_mb(self) -> float | None:
         return None
@@ -308,17 +372,48 @@ class Watchdog:
                     os._exit(self.exit_code)
 
 
+class StepTimer:
+    """Per-step times of the timed window. The default (host) timer reads time.perf_counter
+    around each step and its device synchronisation (Adapter.sync): exact on CPUs, where the
+    step runs synchronously and sync does nothing, and on frameworks whose step already waits
+    for its result (TensorFlow, Keras and MXNet fetch the loss). Adapters with device events
+    (PyTorch and Horovod on CUDA: TorchModel.step_timer) replace it with a timer that records
+    events around each step and synchronises only once, at the end of the window."""
+
+    method = TIMER + " around each step and its device synchronisation"
+    syncs_per_step = True
+
+    def __init__(self, adapter: Adapter):
+        self.adapter, self.times, self._t0 = adapter, [], 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self.adapter.sync()
+        self.times.append(time.perf_counter() - self._t0)
+
+    def step_seconds(self) -> list[float]:
+        return self.times
+
+
 def run_timed(adapter: Adapter, before_step=None) -> dict:
-    """Warm up, probe the host while idle, time each step with device synchronisation, then
-    (outside the timed window) a compute-only breakdown and an allreduce bandwidth probe.
-    `before_step(i)`, if given, runs before every step outside the timer (fault injection).
-    Returns {"step_seconds", "idle_probe", "energy", "breakdown", "allreduce"}."""
+    """Warm up (the first step timed on its own: compilation, tracing, autotuning), probe the
+    host while idle, run the timed window, then (outside it) a compute-only breakdown and an
+    allreduce bandwidth probe. The window is timed by wall clock between two device
+    synchronisations (throughput = samples / window); per-step times come from the adapter's
+    step timer (StepTimer, or device events). `before_step(i)`, if given, runs before every step
+    (fault injection). Returns {"step_seconds", "window_seconds", "first_step_seconds",
+    "warmup_seconds", "timer", "idle_probe", "energy", "breakdown", "allreduce"}."""
     spec = adapter.spec
+    warmup = []
     for i in range(spec.warmup_steps):
         if before_step:
             before_step(i)
+        t0 = time.perf_counter()
         adapter.step()
-    adapter.sync()
+        adapter.sync()
+        warmup.append(time.perf_counter() - t0)
     adapter.barrier()
     probe = host_activity(IDLE_PROBE_SECONDS)
     if adapter.spec.device == "cuda":
@@ -326,28 +421,50 @@ def run_timed(adapter: Adapter, before_step=None) -> dict:
     probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
     meter = EnergyMeter(spec.device, adapter.ctx.local_rank)
     adapter.barrier()
-    times = []
+    timer = adapter.step_timer()
     meter.start()
+    adapter.sync()
+    window_start = time.perf_counter()
     for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
         if before_step:
             before_step(i)
-        t0 = time.perf_counter()
+        timer.start()
         adapter.step()
-        adapter.sync()
-        times.append(time.perf_counter() - t0)
+        timer.stop()
+    adapter.sync()
+    window = time.perf_counter() - window_start
     energy = meter.stop(samples=spec.per_rank_batch * spec.steps)
+    times = timer.step_seconds()
     adapter.barrier()
     return {
         "step_seconds": times,
+        "window_seconds": window,
+        "first_step_seconds": warmup[0] if warmup else None,
+        "warmup_seconds": warmup,
+        "timer": timer.method,
         "idle_probe": probe,
         "energy": energy,
-        "breakdown": _breakdown(adapter),
+        "breakdown": _breakdown(adapter, times),
         "allreduce": _allreduce_probe(adapter),
     }
 
 
-def _breakdown(adapter: Adapter) -> dict:
-    """Compute-only step times (allreduce skipped); communication = step - compute."""
+SINGLE_RANK_BREAKDOWN = (
+    "world size 1: the step has no gradient allreduce (no data-parallel wrapper), so "
+    "communication is zero by construction; compute = the timed steps"
+)
+
+
+def _breakdown(adapter: Adapter, step_seconds: list[float]) -> dict:
+    """Compute-only step times (allreduce skipped); communication = step - compute. At world
+    size 1 there is nothing to skip: compute is the timed step itself (communication 0)."""
+    if adapter.ctx.world_size == 1:
+        return {
+            "available": True,
+            "method": SINGLE_RANK_BREAKDOWN,
+            "compute_seconds": list(step_seconds),
+            "single_rank": True,
+        }
     if not adapter.has_breakdown(adapter.spec):
         return {"available": False, "reason": f"{adapter.name}: no compute-only step"}
     compute = []

@@ -168,6 +168,11 @@ class Adapter(TorchModel, BaseAdapter):
         # fails the next collective at once: its connections close); this ends a rank whose
         # step, barrier or probe waits on a peer that stopped taking part
         self.watchdog = Watchdog(self.name, ctx.rank)
+        if not self.data_parallel:
+            # world size 1: the plain PyTorch loop, without Horovod (no rendezvous, no
+            # DistributedOptimizer, no allreduce): the best single-device program
+            self._setup_single_device()
+            return
         # the rendezvous has its own timeout (HOROVOD_GLOO_TIMEOUT_SECONDS); this is a backstop
         with self.watchdog("hvd.init (rendezvous)", 2 * COLLECTIVE_TIMEOUT_S + 60):
             self._init_horovod()
@@ -196,12 +201,31 @@ class Adapter(TorchModel, BaseAdapter):
                 "none (CPU ops are synchronous; DistributedOptimizer.step waits for its allreduce)"
             )
         self.model = self.prepare_model()
+        self.forward = self.compile_forward(self.model)
         optimizer = self.sgd(self.model.parameters())
         with self.watchdog("broadcast_parameters"):
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average
         )
+
+    def _setup_single_device(self) -> None:
+        if self.spec.device == "cuda":
+            torch.cuda.set_device(self.ctx.local_rank)
+            self.device = torch.device("cuda", self.ctx.local_rank)
+            self.sync_method = "torch.cuda.synchronize"
+        else:
+            self.device = torch.device("cpu")
+            self.sync_method = "none (CPU ops are synchronous)"
+        self.backend = "none (world size 1)"
+        self.model = self.prepare_model()
+        self.forward = self.compile_forward(self.model)
+        self.optimizer = self.sgd(self.model.parameters())
+
+    def wrapper(self) -> str:
+        if self.data_parallel:
+            return "horovod.torch.DistributedOptimizer (average), parameters broadcast from rank 0"
+        return super().wrapper()
 
     def _init_horovod(self) -> None:
         """Set what horovodrun would set, start the rendezvous server on rank 0, hvd.init()."""
@@ -249,6 +273,9 @@ class Adapter(TorchModel, BaseAdapter):
         hvd.init()
 
     def step(self) -> None:
+        if not self.data_parallel:
+            self.train_step(self.forward, self.optimizer)
+            return
         with self.watchdog("a training step"):
             self._step(allreduce=True)
 
@@ -261,7 +288,7 @@ class Adapter(TorchModel, BaseAdapter):
         with torch.autocast(
             self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         ):
-            loss = self.loss_fn(self.model(self.x), self.y)
+            loss = self.loss_fn(self.forward(self.x), self.y)
         opt.zero_grad()  # Horovod's takes no argument; torch's default sets None
         if not allreduce:
             # One more backward pass than Horovod allreduces after: the gradient hooks only
@@ -282,6 +309,8 @@ class Adapter(TorchModel, BaseAdapter):
                 opt.step()
 
     def barrier(self) -> None:
+        if not self.data_parallel:
+            return
         with self.watchdog("a barrier"):
             self.hvd.barrier()
 

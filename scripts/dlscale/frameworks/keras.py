@@ -64,6 +64,18 @@ class Adapter(tfa.Adapter):
     name = "keras"
     title = "Keras (tf_keras)"
     legacy_keras = True
+    compile_method = "XLA: Model.compile(jit_compile=True), fit's train function compiled"
+
+    def cannot_compile_here(self) -> str | None:
+        # fit's train function holds the gradient all-reduce, which XLA compiles only for
+        # NCCL collectives (TensorFlow: "Only compiling NCCL/auto collective is supported")
+        if self.data_parallel and self.spec.device != "cuda":
+            return (
+                "XLA compiles fit's gradient all-reduce only as NCCL collectives (GPUs); "
+                "on CPUs MultiWorkerMirroredStrategy uses RING collectives"
+            )
+        return None
+
     breakdown_method = (
         "a second Model.make_train_function() traced with the optimizer's "
         "gradient all-reduce skipped (tf_keras skip_gradients_aggregation); "
@@ -79,7 +91,7 @@ class Adapter(tfa.Adapter):
                 optimizer=self.optimizer,
                 loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 steps_per_execution=1,
-                jit_compile=False,
+                jit_compile=self.compiled,
             )
         dataset = tf.data.Dataset.from_tensors((self.x, self.y)).repeat()
         options = tf.data.Options()

@@ -19,7 +19,12 @@ batch, the dist_sync server adds the pushes of all workers and runs SGD (the con
 and momentum: spec.learning_rate, spec.momentum) with rescale_grad = 1 / global batch
 (Trainer.step(global_batch)); every worker then pulls the new weights. That is SGD with momentum on
 the mean gradient over the global batch, as DDP. Initial weights are broadcast from kvstore rank 0
-at the first step. A single rank uses the 'local' kvstore (same push/update/pull path, no servers).
+at the first step. A single rank has no kvstore at all (Trainer(kvstore=None): the update runs in
+the worker, nothing is pushed or pulled): the best single-device program.
+
+Modes: "eager" runs the Gluon network imperatively; "compiled" hybridizes it
+(hybridize(static_alloc=True, static_shape=True): one cached static graph, built in the first
+warm-up step).
 
 Bounded collectives: ps-lite has no timeouts, so the base's watchdog (base.Watchdog) fails the
 rank (exit 124, after killing the rank's scheduler/server children) when one blocking call
@@ -239,8 +244,8 @@ class Adapter(BaseAdapter):
                 )
             self.backend = "dist_sync"
         else:
-            self.kv = mx.kv.create("local")
-            self.backend = "local"
+            self.kv = None  # world size 1: no kvstore, the update runs here
+            self.backend = "none (world size 1)"
 
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
@@ -249,7 +254,8 @@ class Adapter(BaseAdapter):
         self.seed()  # same initial weights on every rank
         self.net = build(spec.model, ctx=self.device)
         self.param_count = param_count(self.net)
-        self.net.hybridize(static_alloc=True, static_shape=True)
+        if self.compiled:
+            self.net.hybridize(static_alloc=True, static_shape=True)
         # Different (fixed) data on every rank.
         self.x, self.y = example_batch(
             self.model_spec, spec.per_rank_batch, ctx=self.device, seed=self.data_seed
@@ -336,6 +342,21 @@ class Adapter(BaseAdapter):
         if self.backend == "dist_sync":
             with self.watchdog("a barrier"):
                 self.kv._barrier()
+
+    compile_method = "Gluon hybridize(static_alloc=True, static_shape=True): a cached static graph"
+
+    def wrapper(self) -> str:
+        if self.data_parallel:
+            return "gluon.Trainer on the dist_sync kvstore (update on the servers)"
+        return super().wrapper()
+
+    def fast_paths(self) -> dict:
+        return {
+            "hybridized": self.compiled,
+            "cudnn_autotune": os.environ.get("MXNET_CUDNN_AUTOTUNE_DEFAULT", "1 (default)")
+            if self.spec.device == "cuda"
+            else None,
+        }
 
     def teardown(self) -> None:
         failing = sys.exc_info()[0] is not None

@@ -1,6 +1,14 @@
 """PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, TCP rendezvous at
 MASTER_ADDR:MASTER_PORT; SGD with the config's learning rate and momentum (spec.learning_rate,
-spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S (base.COLLECTIVE_TIMEOUT_S)."""
+spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S (base.COLLECTIVE_TIMEOUT_S).
+
+At world size 1 the step is the plain model (no process group, no DDP wrapper, no gradient
+hooks): the best single-device program. Mode "compiled" runs the forward through
+torch.compile (inductor); the first warm-up step pays the compilation (compile_seconds). On
+CUDA: cuDNN autotuning on (fixed shapes), TF32 as PyTorch's defaults, channels_last for vision
+models, the optimizer's foreach implementation (PyTorch's default on CUDA); each is recorded
+(fast_paths). Steps are timed with CUDA events, one synchronisation per window
+(CudaEventTimer)."""
 
 from __future__ import annotations
 
@@ -14,8 +22,29 @@ from torch.nn.parallel import DistributedDataParallel
 from ..models import get_spec
 from ..models.torch import build, example_batch
 from ..provenance import cpu_model
-from .base import COLLECTIVE_TIMEOUT_S
+from .base import COLLECTIVE_TIMEOUT_S, StepTimer
 from .base import Adapter as BaseAdapter
+
+
+class CudaEventTimer(StepTimer):
+    """Per-step times from CUDA events recorded around each step, read after the window's one
+    synchronisation: no host synchronisation inside the timed window."""
+
+    method = "CUDA events around each step (torch.cuda.Event), one synchronisation per window"
+    syncs_per_step = False
+
+    def start(self) -> None:
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._start.record()
+
+    def stop(self) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.times.append((self._start, end))
+
+    def step_seconds(self) -> list[float]:
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in self.times]
 
 
 class TorchModel:
@@ -32,8 +61,59 @@ class TorchModel:
     def sgd(self, parameters) -> torch.optim.SGD:
         return torch.optim.SGD(parameters, lr=self.spec.learning_rate, momentum=self.spec.momentum)
 
+    compile_method = "torch.compile (inductor, default mode) of the model's forward"
+
+    def step_timer(self) -> StepTimer:
+        if self.device.type == "cuda":
+            return CudaEventTimer(self)
+        return StepTimer(self)
+
+    def compile_forward(self, module: torch.nn.Module):
+        """The callable a step runs the model through: the module itself, or torch.compile of
+        it in mode "compiled" (compiled lazily, in the first warm-up step)."""
+        if not self.compiled:
+            return module
+        try:
+            return torch.compile(module)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure is this cell's error
+            raise RuntimeError(
+                f"{self.title}: torch.compile failed for model {self.spec.model}: {exc}"
+            ) from exc
+
+    def train_step(self, forward, optimizer) -> None:
+        """One step of the plain training loop: forward under autocast, loss, backward (scaled
+        for fp16), optimizer update."""
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            loss = self.loss_fn(forward(self.x), self.y)
+        optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+
+    def fast_paths(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if cuda else None,
+            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32) if cuda else None,
+            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32) if cuda else None,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "memory_format": "channels_last"
+            if self.memory_format == torch.channels_last
+            else "contiguous",
+            "optimizer": "SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)",
+            "compiled": self.compiled,
+        }
+
     def prepare_model(self) -> torch.nn.Module:
         spec = self.spec
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: autotune convolutions once
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
         self.memory_format = (
@@ -131,36 +211,34 @@ class Adapter(TorchModel, BaseAdapter):
             self.sync_method = (
                 "none (CPU ops are synchronous; DDP backward waits for its allreduce)"
             )
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-        )
-        self.backend = backend
+        self.backend = backend if self.data_parallel else "none (world size 1)"
+        if self.data_parallel:
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+            )
         model = self.prepare_model()
-        self.ddp = DistributedDataParallel(
-            model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None
-        )
-        self.optimizer = self.sgd(self.ddp.parameters())
+        if self.data_parallel:
+            model = DistributedDataParallel(
+                model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None
+            )
+        self.module = model
+        self.forward = self.compile_forward(model)
+        self.optimizer = self.sgd(model.parameters())
+
+    def wrapper(self) -> str:
+        if self.data_parallel:
+            return "torch.nn.parallel.DistributedDataParallel"
+        return super().wrapper()
 
     def step(self) -> None:
-        with torch.autocast(
-            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-        ):
-            loss = self.loss_fn(self.ddp(self.x), self.y)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
+        self.train_step(self.forward, self.optimizer)
 
     def step_without_allreduce(self) -> None:
-        with self.ddp.no_sync():
+        with self.module.no_sync():
             self.step()
 
     def allreduce(self, numel: int) -> None:
@@ -168,6 +246,8 @@ class Adapter(TorchModel, BaseAdapter):
         self.sync()
 
     def barrier(self) -> None:
+        if not self.data_parallel:
+            return
         if self.device.type == "cuda":
             dist.barrier(device_ids=[self.device.index])
         else:

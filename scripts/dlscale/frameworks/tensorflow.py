@@ -188,6 +188,25 @@ class Adapter(BaseAdapter):
         "under strategy.run, applied in cross-replica context: no all-reduce)"
     )
 
+    compile_method = (
+        "XLA: the forward and backward pass as a tf.function(jit_compile=True) inside the "
+        "step (the gradient all-reduce and the update stay outside it)"
+    )
+
+    def wrapper(self) -> str:
+        if self.data_parallel:
+            return "tf.distribute.MultiWorkerMirroredStrategy"
+        return "none (world size 1: TensorFlow's default strategy)"
+
+    def fast_paths(self) -> dict:
+        return {
+            "xla": self.compiled,
+            "tf32": bool(tf.config.experimental.is_tensor_float_32_execution_enabled())
+            if self.spec.device == "cuda"
+            else None,
+            "data_layout": "NHWC",
+        }
+
     @classmethod
     def has_breakdown(cls, spec) -> bool:
         # not under fp16: the loss-scale optimizer's local path is not validated
@@ -205,7 +224,10 @@ class Adapter(BaseAdapter):
         # the same: MWMS broadcasts variables' initial values (so, under Keras 3, are the
         # dropout layers' seed states, which are variables too).
         self.seed()
-        self.strategy, self.backend = make_strategy(spec, ctx)
+        if self.data_parallel:
+            self.strategy, self.backend = make_strategy(spec, ctx)
+        else:  # world size 1: TensorFlow's default strategy, no cluster, no all-reduce
+            self.strategy, self.backend = tf.distribute.get_strategy(), "none (world size 1)"
         self.policy = set_precision_policy(self.precision_dtype)
         self.device_name = "/GPU:0" if spec.device == "cuda" else "/CPU:0"
         if spec.device == "cuda":
@@ -253,6 +275,9 @@ class Adapter(BaseAdapter):
                 scaled = optimizer.scale_loss(loss) if loss_scaled else loss
             return loss, tape.gradient(scaled, model.trainable_variables)
 
+        if self.compiled:  # XLA for the forward and backward pass (not the update's all-reduce)
+            forward_backward = tf.function(forward_backward, jit_compile=True)
+
         def replica_step(x, y):
             loss, grads = forward_backward(x, y)
             # in replica context Keras' optimizer sums the gradients over all replicas first
@@ -299,6 +324,8 @@ class Adapter(BaseAdapter):
             tf.test.experimental.sync_devices()
 
     def barrier(self) -> None:
+        if not self.data_parallel:
+            return
         total = float(self._barrier().numpy())
         if round(total) != self.ctx.world_size:
             raise RuntimeError(f"barrier all-reduce gave {total}, expected {self.ctx.world_size}")

@@ -1,0 +1,224 @@
+"""Measurement fidelity: the project's cell (dlscale.launch, one rank) against a plain training
+loop written here, side by side, on a GPU where there is one and on the CPU otherwise.
+
+    .venv/bin/python benchmarks/gpu_fidelity.py [--device cuda|cpu] [--repeats 5]
+        [--cases resnet50:bf16:256,resnet50:fp32:32,resnet50:fp32:256,transformer_small:bf16:64]
+        [--modes eager,compiled] [--warmup 10] [--steps 50]
+
+For every case (model:precision:per-rank batch) and mode, the two sides alternate (the harness
+first in odd repetitions, the plain loop first in even ones), `--repeats` times each:
+  - harness: a one-rank cell through `python -m dlscale.launch` (a fresh process, as in a
+    study), its throughput as the metrics file reports it (samples over the timed window);
+  - plain: a fresh process running the loop below: the same model builder
+    (dlscale.models.torch.build), the same synthetic batch, SGD with the config's defaults,
+    autocast for bf16/fp16, channels_last for vision models on CUDA, torch.compile in mode
+    compiled, cudnn.benchmark on CUDA, the same warm-up, then wall clock between two device
+    synchronisations around the timed steps. No DDP (one rank), no per-step host sync.
+Both sides: the same model construction, warm-up and timed window. Prints per case and mode
+the medians, min-max ranges and the harness/plain ratio of medians (with the ratio range from
+the min and max of the two sides), n each. Targets (issue 13, one H100): ratio >= 0.99 for
+ResNet-50 bf16 b256 and >= 0.97 for fp32 b32, eager and compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+PLAIN = r"""
+import json, sys, time, torch
+from dlscale.models import get_spec
+from dlscale.models.torch import build, example_batch
+model_name, precision, batch, device, mode, warmup, steps, lr, momentum = sys.argv[1:10]
+batch, warmup, steps = int(batch), int(warmup), int(steps)
+torch.manual_seed(0)
+dev = torch.device(device)
+spec = get_spec(model_name)
+vision = spec.family == "vision"
+fmt = torch.channels_last if vision and dev.type == "cuda" else torch.contiguous_format
+if dev.type == "cuda":
+    torch.backends.cudnn.benchmark = True
+model = build(model_name).to(dev).to(memory_format=fmt)
+x, y = example_batch(spec, batch, device=dev)
+if vision:
+    x = x.contiguous(memory_format=fmt)
+opt = torch.optim.SGD(model.parameters(), lr=float(lr), momentum=float(momentum))
+loss_fn = torch.nn.CrossEntropyLoss()
+dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+forward = torch.compile(model) if mode == "compiled" else model
+def sync():
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+def step():
+    with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
+        loss = loss_fn(forward(x), y)
+    opt.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+    else:
+        loss.backward(); opt.step()
+for _ in range(warmup):
+    step()
+sync()
+t0 = time.perf_counter()
+for _ in range(steps):
+    step()
+sync()
+print(json.dumps({"throughput": batch * steps / (time.perf_counter() - t0)}))
+"""
+
+
+def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> float:
+    """One one-rank cell through the launcher, as a study runs it; its reported throughput."""
+    from dlscale.cell import Cell
+
+    model, precision, batch = case
+    cell = Cell(
+        hardware="bench",
+        framework="pytorch",
+        model=model,
+        policy="weak",
+        precision=precision,
+        mode=mode,
+        nodes=1,
+        rep=1,
+        device=device,
+        ranks_per_node=1,
+        per_rank_batch=batch,
+        global_batch=batch,
+        cpus_per_rank=a.threads,
+        warmup_steps=a.warmup,
+        steps=a.steps,
+        learning_rate=0.01,
+        momentum=0.9,
+        launcher="local",
+        hardware_hash="bench",
+        environment="bench",
+        study="fidelity",
+    )
+    out = work / f"{model}-{precision}-{batch}-{mode}" / "metrics.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.glob("measurements/*/metrics.jsonl"):
+        old.unlink()  # a benchmark keeps nothing
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "dlscale.launch",
+            "--cell-json",
+            cell.to_json(),
+            "--output",
+            str(out),
+            "--git-commit",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+    )
+    if proc.returncode:
+        raise SystemExit(f"harness {case} {mode} failed:\n{proc.stderr[-3000:]}")
+    summary = json.loads(out.read_text().splitlines()[-1])["value"]
+    out.unlink()
+    return summary["throughput_samples_per_s"]
+
+
+def plain(case: tuple, device: str, mode: str, a, python: str) -> float:
+    model, precision, batch = case
+    proc = subprocess.run(
+        [
+            python,
+            "-c",
+            PLAIN,
+            model,
+            precision,
+            str(batch),
+            device,
+            mode,
+            str(a.warmup),
+            str(a.steps),
+            "0.01",
+            "0.9",
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(a.threads),
+    )
+    if proc.returncode:
+        raise SystemExit(f"plain {case} {mode} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["throughput"]
+
+
+def child_env(threads: int | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--cases", default=None, help="model:precision:batch,...")
+    p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per side (CPU runs)")
+    p.add_argument("--python", default=sys.executable)
+    a = p.parse_args()
+    import torch
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    default_cases = (
+        "resnet50:bf16:256,resnet50:fp32:32,resnet50:fp32:256,transformer_small:bf16:64"
+        if device == "cuda"
+        else "cnn_small:fp32:32,cnn_small:fp32:8,transformer_small:fp32:8"
+    )
+    cases = [
+        (m, pr, int(b))
+        for m, pr, b in (c.split(":") for c in (a.cases or default_cases).split(","))
+    ]
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {a.threads} thread(s)"
+    print(
+        f"device: {name}; torch {torch.__version__}; warmup {a.warmup}, steps {a.steps}, "
+        f"repeats {a.repeats}; sides alternate"
+    )
+    print(
+        f"{'case':<28} {'mode':<9} {'harness median (range)':>28} "
+        f"{'plain median (range)':>28} {'harness/plain':>22}"
+    )
+    with tempfile.TemporaryDirectory(prefix="dlscale-fidelity-") as tmp:
+        for case in cases:
+            for mode in a.modes.split(","):
+                h, q = [], []
+                for r in range(a.repeats):
+                    sides = [("h", harness), ("p", plain)]
+                    for tag, fn in sides if r % 2 == 0 else sides[::-1]:
+                        if tag == "h":
+                            h.append(fn(case, device, mode, a, a.python, Path(tmp)))
+                        else:
+                            q.append(fn(case, device, mode, a, a.python))
+                hm, qm = statistics.median(h), statistics.median(q)
+                label = ":".join(map(str, case))
+                print(
+                    f"{label:<28} {mode:<9} {hm:>12,.1f} ({min(h):,.1f}-{max(h):,.1f}) "
+                    f"{qm:>12,.1f} ({min(q):,.1f}-{max(q):,.1f}) "
+                    f"{hm / qm:>8.3f} ({min(h) / max(q):.2f}-{max(h) / min(q):.2f}) "
+                    f"n={len(h)}/{len(q)}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The execution-mode axis and the single-device baseline, through real launches on the CPU:
+world size 1 runs without a data-parallel wrapper (communication exactly 0), mode "compiled"
+compiles (torch.compile, XLA, hybridize) with the compilation outside throughput, and a
+framework that cannot compile a cell says so."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dlscale import launch
+from dlscale.metrics import read_metrics
+
+from cells import cell_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHONS = {
+    "pytorch": ROOT / ".venv" / "bin" / "python",
+    "tensorflow": ROOT / ".venvs" / "tensorflow" / "bin" / "python",
+    "keras": ROOT / ".venvs" / "tensorflow" / "bin" / "python",
+    "mxnet": ROOT / ".venvs" / "mxnet" / "bin" / "python",
+    "horovod": ROOT / ".venvs" / "horovod" / "bin" / "python",
+}
+
+
+def python_of(framework: str) -> Path:
+    python = PYTHONS[framework]
+    if not python.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but {python} is missing (bash scripts/setup.sh)")
+        pytest.skip(f"{python} is missing: build it with bash scripts/setup.sh")
+    return python
+
+
+def launch_cell(tmp_path: Path, **changes) -> tuple[int, Path]:
+    cell = cell_dict(**{"warmup_steps": 2, "steps": 3, **changes})
+    cell["global_batch"] = cell["per_rank_batch"] * cell["world_size"]
+    out = tmp_path / "cell" / "metrics.jsonl"
+    code = launch.main(
+        ["--cell-json", json.dumps(cell), "--output", str(out), "--git-commit", ""]
+        + ["--python", str(python_of(cell["framework"]))]
+    )
+    return code, out
+
+
+def records_of(out: Path) -> tuple[dict, list[dict], list[dict], dict]:
+    records = read_metrics(out)
+    starts = [r["value"] for r in records if r["event"] == "rank_start"]
+    ends = [r["value"] for r in records if r["event"] == "rank_end"]
+    return records[0]["value"], starts, ends, records[-1]["value"]
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "horovod", "tensorflow", "mxnet"])
+def test_world_size_one_is_the_plain_single_device_program(tmp_path, framework):
+    code, out = launch_cell(tmp_path, framework=framework, nodes=1)
+    assert code == 0
+    run_start, (start,), (end,), summary = records_of(out)
+    assert start["wrapper"].startswith("none (world size 1")
+    assert start["backend"] == "none (world size 1)"
+    assert end["breakdown"]["single_rank"] is True
+    assert summary["comm_fraction"] == 0.0  # by construction, not a measured difference
+    assert end["allreduce"]["available"] is False
+    # throughput over the timed window's wall clock, which holds the steps
+    assert end["throughput_samples_per_s"] == pytest.approx(4 * 3 / end["seconds_total"])
+    assert end["seconds_total"] >= end["step_seconds_sum"]
+    assert start["mode"] == "eager" and start["compile_method"] is None
+    assert run_start["cell"]["mode"] == "eager"
+
+
+@pytest.mark.parametrize(
+    "framework, nodes, flag",
+    [("pytorch", 1, "compiled"), ("tensorflow", 2, "xla"), ("mxnet", 2, "hybridized")],
+)
+def test_compiled_mode_compiles_outside_the_timed_window(tmp_path, framework, nodes, flag):
+    code, out = launch_cell(tmp_path, framework=framework, nodes=nodes, mode="compiled")
+    assert code == 0
+    run_start, starts, ends, summary = records_of(out)
+    assert run_start["cell"]["mode"] == "compiled"
+    assert all(s["mode"] == "compiled" and s["compile_method"] for s in starts)
+    assert all(s["fast_paths"][flag] is True for s in starts)
+    for end in ends:
+        # the first warm-up step paid the compilation: far longer than a timed step, and
+        # reported as compile_seconds, not in throughput
+        assert end["first_step_seconds"] > 3 * end["step_seconds_median"]
+        assert end["compile_seconds"] == pytest.approx(
+            end["first_step_seconds"] - end["step_seconds_median"]
+        )
+        assert end["seconds_total"] < end["first_step_seconds"] or framework == "mxnet"
+    assert summary["compile_seconds"] == max(e["compile_seconds"] for e in ends)
+
+
+def test_a_cell_the_framework_cannot_compile_fails_with_the_reason(tmp_path, capfd):
+    code, out = launch_cell(tmp_path, framework="keras", nodes=2, mode="compiled")
+    assert code != 0 and not out.exists()
+    err = capfd.readouterr().err
+    assert "mode compiled is not supported by Keras (tf_keras) here" in err
+    assert "NCCL collectives" in err and "use mode eager for this cell" in err
