@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-MEASURED_CELL = "results/demo/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1"
+MEASURED_CELL = "results/demo/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1"
 
 
 def make_workspace(ws: Path) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dlscale import studyarchive
 
-CELL = "results/s1/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1"
+CELL = "results/s1/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1"
 
 
 def workflow_tree(root: Path) -> Path:

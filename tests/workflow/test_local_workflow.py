@@ -199,7 +199,7 @@ def test_systems_table_and_the_study_archive(finished_study, tmp_path):
     assert "dlscale-tiny/profiles/local/config.yaml" in names
     assert any("/measurements/" in n and n.endswith("/metrics.jsonl") for n in names)
     assert "dlscale-tiny/results/tiny/report/report.pdf" in names
-    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/n1/r1/metrics.jsonl"
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1/metrics.jsonl"
     with open(tmp_path / "dlscale-tiny" / cell, "a") as fh:
         fh.write("\n")
     bad = subprocess.run([*verify, str(tmp_path)], capture_output=True, text=True, cwd=work)
