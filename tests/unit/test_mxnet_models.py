@@ -165,7 +165,9 @@ def test_one_rank_local_launch(tmp_path):
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
     assert len(starts) == 1
     s = starts[0]
-    assert s["backend"] == "local" and s["param_count"] == TORCH_COUNTS["cnn_small"]
+    # world size 1: no kvstore at all, the update runs in the worker (issue 13)
+    assert s["backend"] == "none (world size 1)"
+    assert s["param_count"] == TORCH_COUNTS["cnn_small"]
     assert set(s["libraries"]) == {"mxnet", "numpy"} and s["libraries"]["mxnet"] == "1.9.1"
     assert s["data_layout"] == "NCHW" and s["autocast"] is None
     assert records[-1]["value"]["world_size"] == 1

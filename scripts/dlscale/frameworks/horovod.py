@@ -333,6 +333,8 @@ class Adapter(TorchModel, BaseAdapter):
     def build_info(self) -> dict:
         info = super().build_info()
         hvd = self.hvd
+        if hvd is None:  # world size 1 runs without Horovod; its build flags need no init
+            import horovod.torch as hvd
         if hvd is not None:
             info["horovod"] = {
                 "version": importlib.metadata.version("horovod"),
