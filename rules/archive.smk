@@ -16,7 +16,8 @@ rule study_archive:
     log:
         OUT["archive_log"],
     params:
-        configfiles=list(workflow.configfiles),
+        # every study file the run read: --configfile ones and the --config study_file
+        configfiles=[*workflow.configfiles, *filter(None, [STUDY.config.get("study_file")])],
         config=STUDY.config,
     run:
         create_study_archive(
