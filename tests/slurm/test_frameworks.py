@@ -43,6 +43,18 @@ def test_framework_cell(mixed_study, framework, nodes):
     assert {r["param_count"] for r in ranks} == {391_466}  # the same model everywhere
     assert {r["per_rank_batch"] for r in ranks} == {8}
     assert records[-1]["value"]["throughput_samples_per_s"] > 0
+    # issue 21: every rank records its CPU binding; each node's first rank describes its node,
+    # every section present or explained, the job's allocation from scontrol
+    assert all(r["cpu_affinity"] for r in ranks)
+    systems = [r["system"] for r in ranks if "system" in r]
+    assert len(systems) == nodes
+    for system in systems:
+        for section in ("os", "cpu", "memory", "gpu", "network", "slurm", "packages"):
+            assert system[section]["available"] or system[section]["reason"], section
+        assert system["framework_build"]["available"], system["framework_build"]
+        assert system["slurm"]["version"] and system["probe_seconds"] < 5
+    job = systems[0]["slurm"]["job"]  # rank 0 asks the controller once per cell
+    assert job["available"] and job["NumNodes"] == str(nodes), job
 
 
 def test_mixed_study_report(mixed_study):
