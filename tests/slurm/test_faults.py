@@ -21,7 +21,7 @@ from conftest import BIN, ROOT, copy_workflow, tiny_study
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
 VICTIM = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
-VICTIM_WILDCARDS = "cpu_pytorch_cnn_small_weak_fp32_2_1"
+VICTIM_WILDCARDS = "cpu_pytorch_cnn_small_weak_fp32_eager_2_1"
 STATE_DIR = Path(os.environ.get("DLSCALE_SLURM_DIR", "/var/tmp/dlscale-slurm"))
 
 
