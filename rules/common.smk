@@ -208,7 +208,10 @@ def remove_partial_outputs():
 from dlscale.layout import FIGURE_NAME_PATTERN, figure_layout, variant
 
 FIGURE_LAYOUT = figure_layout(
-    [(c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode)) for c in STUDY.cells],
+    [
+        (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode))
+        for c in STUDY.cells
+    ],
     column_width_in=STUDY.config["report"]["column_width_in"],
 )
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
