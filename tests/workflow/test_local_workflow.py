@@ -154,7 +154,10 @@ def test_systems_table_and_the_study_archive(finished_study, tmp_path):
 
     work = finished_study
     for cell in ("n1", "n2"):
-        path = work / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/{cell}/r1/metrics.jsonl"
+        path = (
+            work
+            / f"results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/{cell}/r1/metrics.jsonl"
+        )
         starts = [
             json.loads(line)["value"]
             for line in path.read_text().splitlines()
