@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from dlscale import launch
 from dlscale.cell import Cell
 
 
@@ -32,3 +36,13 @@ def cell_dict(**changes) -> dict:
     }
     fields.update(changes)
     return Cell(**fields).as_dict()
+
+
+def launch_cell(tmp_path: Path, cell: dict, python=None) -> tuple[int, Path]:
+    """Run a cell through the launcher as a study does (its metrics under tmp_path/cell);
+    `python`: the interpreter of the cell's framework environment. Returns (exit code, path)."""
+    out = tmp_path / "cell" / "metrics.jsonl"
+    argv = ["--cell-json", json.dumps(cell), "--output", str(out), "--git-commit", ""]
+    if python is not None:
+        argv += ["--python", str(python)]
+    return launch.main(argv), out

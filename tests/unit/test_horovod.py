@@ -5,7 +5,6 @@ Skipped when .venvs/horovod is missing, unless CI is set (then they must run).""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import textwrap
@@ -16,7 +15,7 @@ import pytest
 from dlscale import launch
 from dlscale.metrics import read_metrics
 
-from cells import cell_dict
+from cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venvs" / "horovod" / "bin" / "python"
@@ -31,19 +30,7 @@ CELL = cell_dict(framework="horovod")
 
 
 def run_cell(tmp_path: Path, cell: dict) -> list[dict]:
-    out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(
-        [
-            "--cell-json",
-            json.dumps(cell),
-            "--output",
-            str(out),
-            "--git-commit",
-            "",
-            "--python",
-            str(PYTHON),
-        ]
-    )
+    code, out = launch_cell(tmp_path, cell, PYTHON)
     assert code == 0
     assert not (out.parent / ".ranks").exists()
     return read_metrics(out)  # schema-validated

@@ -5,16 +5,14 @@ framework that cannot compile a cell says so."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from dlscale import launch
 from dlscale.metrics import read_metrics
 
-from cells import cell_dict
+from cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = {
@@ -35,15 +33,10 @@ def python_of(framework: str) -> Path:
     return python
 
 
-def launch_cell(tmp_path: Path, **changes) -> tuple[int, Path]:
+def launch_changed_cell(tmp_path: Path, **changes) -> tuple[int, Path]:
     cell = cell_dict(**{"warmup_steps": 2, "steps": 3, **changes})
     cell["global_batch"] = cell["per_rank_batch"] * cell["world_size"]
-    out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(
-        ["--cell-json", json.dumps(cell), "--output", str(out), "--git-commit", ""]
-        + ["--python", str(python_of(cell["framework"]))]
-    )
-    return code, out
+    return launch_cell(tmp_path, cell, python_of(cell["framework"]))
 
 
 def records_of(out: Path) -> tuple[dict, list[dict], list[dict], dict]:
@@ -55,7 +48,7 @@ def records_of(out: Path) -> tuple[dict, list[dict], list[dict], dict]:
 
 @pytest.mark.parametrize("framework", ["pytorch", "horovod", "tensorflow", "mxnet"])
 def test_world_size_one_is_the_plain_single_device_program(tmp_path, framework):
-    code, out = launch_cell(tmp_path, framework=framework, nodes=1)
+    code, out = launch_changed_cell(tmp_path, framework=framework, nodes=1)
     assert code == 0
     run_start, (start,), (end,), summary = records_of(out)
     assert start["wrapper"].startswith("none (world size 1")
@@ -75,7 +68,7 @@ def test_world_size_one_is_the_plain_single_device_program(tmp_path, framework):
     [("pytorch", 1, "compiled"), ("tensorflow", 2, "xla"), ("mxnet", 2, "hybridized")],
 )
 def test_compiled_mode_compiles_outside_the_timed_window(tmp_path, framework, nodes, flag):
-    code, out = launch_cell(tmp_path, framework=framework, nodes=nodes, mode="compiled")
+    code, out = launch_changed_cell(tmp_path, framework=framework, nodes=nodes, mode="compiled")
     assert code == 0
     run_start, starts, ends, summary = records_of(out)
     assert run_start["cell"]["mode"] == "compiled"
@@ -93,7 +86,7 @@ def test_compiled_mode_compiles_outside_the_timed_window(tmp_path, framework, no
 
 
 def test_a_cell_the_framework_cannot_compile_fails_with_the_reason(tmp_path, capfd):
-    code, out = launch_cell(tmp_path, framework="keras", nodes=2, mode="compiled")
+    code, out = launch_changed_cell(tmp_path, framework="keras", nodes=2, mode="compiled")
     assert code != 0 and not out.exists()
     err = capfd.readouterr().err
     assert "mode compiled is not supported by Keras (tf_keras) here" in err

@@ -21,7 +21,7 @@ from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.models import get_spec, names
 
-from cells import cell_dict
+from cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 MXNET_PY = ROOT / ".venvs" / "mxnet" / "bin" / "python"
@@ -139,27 +139,14 @@ def test_outputs_equal_the_torch_models_given_the_same_weights(tmp_path):
 CELL = cell_dict(framework="mxnet")
 
 
-def launch_cell(tmp_path: Path, cell: dict) -> tuple[int, Path]:
+def launch_mxnet_cell(tmp_path: Path, cell: dict) -> tuple[int, Path]:
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
-    out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(
-        [
-            "--cell-json",
-            json.dumps(cell),
-            "--output",
-            str(out),
-            "--git-commit",
-            "",
-            "--python",
-            str(MXNET_PY),
-        ]
-    )
-    return code, out
+    return launch_cell(tmp_path, cell, MXNET_PY)
 
 
 def test_one_rank_local_launch(tmp_path):
     cell = dict(CELL, nodes=1, world_size=1, global_batch=4)
-    code, out = launch_cell(tmp_path, cell)
+    code, out = launch_mxnet_cell(tmp_path, cell)
     assert code == 0
     records = read_metrics(out)
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
@@ -177,7 +164,7 @@ def test_one_rank_local_launch(tmp_path):
 
 
 def test_two_rank_local_launch_over_dist_sync(tmp_path):
-    code, out = launch_cell(tmp_path, CELL)
+    code, out = launch_mxnet_cell(tmp_path, CELL)
     assert code == 0
     records = read_metrics(out)
     assert {r["rank"] for r in records if r["event"] == "rank_end"} == {0, 1}
@@ -191,13 +178,13 @@ def test_two_rank_local_launch_over_dist_sync(tmp_path):
 
 
 def test_bf16_runs_and_fp16_is_refused_on_cpu(tmp_path, capfd):
-    code, out = launch_cell(
+    code, out = launch_mxnet_cell(
         tmp_path / "bf16", dict(CELL, nodes=1, world_size=1, global_batch=4, precision="bf16")
     )
     assert code == 0
     starts = [r["value"] for r in read_metrics(out) if r["event"] == "rank_start"]
     assert starts[0]["autocast"] == "bfloat16"
-    code, out = launch_cell(
+    code, out = launch_mxnet_cell(
         tmp_path / "fp16", dict(CELL, nodes=1, world_size=1, global_batch=4, precision="fp16")
     )
     assert code != 0 and not out.exists()

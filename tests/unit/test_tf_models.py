@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlscale import launch
 from dlscale.metrics import read_metrics
 from dlscale.models import get_spec, names
 
-from cells import cell_dict
+from cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venvs" / "tensorflow" / "bin" / "python"
@@ -217,19 +216,7 @@ def cell(framework: str, nodes: int, model: str = "cnn_small", precision: str = 
 
 
 def run_cell(tmp_path: Path, python: Path, c: dict) -> list[dict]:
-    out = tmp_path / "cell" / "metrics.jsonl"
-    code = launch.main(
-        [
-            "--cell-json",
-            json.dumps(c),
-            "--output",
-            str(out),
-            "--git-commit",
-            "",
-            "--python",
-            str(python),
-        ]
-    )
+    code, out = launch_cell(tmp_path, c, python)
     assert code == 0
     return read_metrics(out)
 
