@@ -493,10 +493,15 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
         device, gpus = entry.get("device"), entry.get("gpus_per_node", 0)
         if device == "cuda" and not gpus:
             problems.append(f"{key}.gpus_per_node: device 'cuda' needs gpus_per_node >= 1")
-        if device == "cpu" and gpus:
+        if device == "cpu" and gpus and entry.get("gpus_allocated_only") is not True:
             problems.append(
                 f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
-                "set device: cuda or gpus_per_node: 0"
+                "set device: cuda, gpus_per_node: 0, or gpus_allocated_only: true "
+                "(allocate the GPUs, compute on the CPU)"
+            )
+        if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
+            problems.append(
+                f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
             )
     if problems:
         raise ConfigError(source, problems)
