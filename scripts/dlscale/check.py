@@ -468,8 +468,9 @@ def write_verdicts(
     return table
 
 
-def check_table(table: pd.DataFrame, out=sys.stdout, *, all_rows: bool = False) -> int:
+def check_table(table: pd.DataFrame, out=None, *, all_rows: bool = False) -> int:
     """Print the verdicts; 1 when any is FAIL, else 0."""
+    out = out or sys.stdout
     print(format_verdicts(table, all_rows=all_rows), file=out)
     failed = counts(table)[FAIL]
     if failed:
@@ -551,11 +552,12 @@ def bless(
     force: bool = False,
     dry_run: bool = False,
     schema: str | Path | None = None,
-    out=sys.stdout,
+    out=None,
 ) -> int:
     """Record a study's current results as the references of `system`: print every entry it
     adds or replaces, refuse to replace an existing one without `force`, write nothing with
     `dry_run`. Returns an exit code (0 written or nothing to do, 2 refused)."""
+    out = out or sys.stdout
     scaling_csv = Path(results_dir) / "tables" / "scaling.csv"
     if not scaling_csv.is_file():
         print(f"dlscale bless: {scaling_csv} not found (run the study first)", file=out)
