@@ -42,7 +42,7 @@ localrules:
 # A `check` that found FAIL verdicts fails the run on purpose with the study complete: no
 # partial build then (rules/check.smk).
 onerror:
-    if not check_found_failures():
+    if not failed_since(CHECK_LOG, CHECK_PARSED_AT):
         build_from_existing_cells()
 
 

@@ -11,17 +11,11 @@
 #   compares this study (B) with another study's results folder (A) cell by cell.
 import time
 
-from dlscale.check import load_references
-from dlscale.htmlreport import table_caption, table_category, table_labels
+from dlscale.check import enforce_verdicts, failed_since, load_references
 from dlscale.check import schema_path as references_schema_path
+from dlscale.htmlreport import table_caption, table_category, table_labels
 
-
-def _references_path():
-    path = Path(STUDY.config["references_file"])
-    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
-
-
-REFERENCES_PATH = _references_path()
+REFERENCES_PATH = str(Path(workflow.basedir) / STUDY.config["references_file"])
 REFERENCES_SCHEMA = str(references_schema_path(workflow.basedir))
 # Validated before any job, like the other configuration files: every problem at once.
 try:
@@ -29,19 +23,10 @@ try:
 except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 
+# A `check` job that found FAIL verdicts writes them to its log; the onerror handler (Snakefile)
+# reads it to tell a failed check (every cell and table in place) from a failed study.
 CHECK_LOG = f"{LOGS}/check.log"
-_PARSED_AT = time.time()
-
-
-def check_found_failures():
-    """True when this run's `check` job found FAIL verdicts (its log, written during this run):
-    the run then failed on purpose, with every cell and table in place, so the onerror handler
-    builds no partial report."""
-    try:
-        log = Path(CHECK_LOG)
-        return log.stat().st_mtime >= _PARSED_AT and "FAIL verdict" in log.read_text()
-    except OSError:
-        return False
+CHECK_PARSED_AT = time.time()
 
 
 rule verdicts:
@@ -73,10 +58,8 @@ rule check:
         verdicts=OUT["verdicts"],
     log:
         CHECK_LOG,
-    params:
-        python=sys.executable,
-    shell:
-        "{params.python:q} -m dlscale.check --verdicts {input.verdicts:q} 2>&1 | tee {log:q}"
+    run:
+        enforce_verdicts(input.verdicts, log[0])
 
 
 rule compare:

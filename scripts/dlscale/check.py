@@ -64,6 +64,7 @@ NOT_MEASURED_BY_DLSCALE = {
 
 PASS, FAIL, NO_REFERENCE, NOT_MEASURED = "PASS", "FAIL", "no-reference", "not-measured"
 VERDICTS = (FAIL, NOT_MEASURED, PASS, NO_REFERENCE)  # the order of the tables
+FAILED_MARK = "FAIL verdict(s)"  # what a failed check prints (and its log holds)
 POINT = [*GROUP, "nodes"]
 COLUMNS = [
     *POINT,
@@ -474,8 +475,34 @@ def check_table(table: pd.DataFrame, out=None, *, all_rows: bool = False) -> int
     print(format_verdicts(table, all_rows=all_rows), file=out)
     failed = counts(table)[FAIL]
     if failed:
-        print(f"dlscale check: {failed} FAIL verdict(s)", file=out)
+        print(f"dlscale check: {failed} {FAILED_MARK}", file=out)
     return 1 if failed else 0
+
+
+def enforce_verdicts(verdicts_csv: str, log: str) -> None:
+    """The check rule: print the verdicts (and write them to `log`); raise on any FAIL so the
+    run exits non-zero."""
+    import io
+
+    buffer = io.StringIO()
+    code = check_table(pd.read_csv(verdicts_csv), buffer)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    Path(log).write_text(buffer.getvalue())
+    print(buffer.getvalue(), end="")
+    if code:
+        raise RuntimeError(
+            f"dlscale check: {counts(pd.read_csv(verdicts_csv))[FAIL]} {FAILED_MARK} "
+            f"(table: {verdicts_csv})"
+        )
+
+
+def failed_since(log: str, since: float) -> bool:
+    """True when a check job wrote FAIL verdicts to `log` after `since` (the onerror handler:
+    a failed check leaves a complete study, so no partial build)."""
+    try:
+        return Path(log).stat().st_mtime >= since and FAILED_MARK in Path(log).read_text()
+    except OSError:
+        return False
 
 
 # ---- bless: the current results become the references of one system ----------------------------
