@@ -407,7 +407,7 @@ def write_verdicts_tex(
             " & ".join(
                 [
                     verdict,
-                    tex_escape(f"{r.hardware}/{r.cell}"),
+                    tex_escape(f"{r.hardware}/{r.cell}").replace("/", r"/\allowbreak{}"),
                     tex_escape(r.metric),
                     tex_escape(_num(r.measured)),
                     tex_escape(_num(r.reference)),

@@ -77,7 +77,7 @@ COLUMNS = [
 def _values(part: pd.DataFrame, column: str) -> str:
     if column not in part:
         return ""
-    return " | ".join(sorted({str(v) for v in part[column].dropna()}))
+    return "; ".join(sorted({str(v) for v in part[column].dropna()}))
 
 
 def compare_cells(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD):
@@ -158,8 +158,8 @@ def provenance_differences(
             rows.append({"field": column, "a": va, "b": vb})
     if sys_a is not None and sys_b is not None:
         for field in SYSTEM_FIELDS:
-            va = " | ".join(sorted(set(sys_a.loc[sys_a["field"] == field, "value"].astype(str))))
-            vb = " | ".join(sorted(set(sys_b.loc[sys_b["field"] == field, "value"].astype(str))))
+            va = "; ".join(sorted(set(sys_a.loc[sys_a["field"] == field, "value"].astype(str))))
+            vb = "; ".join(sorted(set(sys_b.loc[sys_b["field"] == field, "value"].astype(str))))
             if va != vb:
                 rows.append({"field": field, "a": va, "b": vb})
     return pd.DataFrame(rows, columns=["field", "a", "b"])
@@ -265,7 +265,8 @@ def latex_summary(
     flagged = table[table["beyond_noise"]]
     if not flagged.empty:
         rows = "\n".join(
-            f"{e(r.hardware)}/{e(r.cell)} & {_f(r.median_a)} & {_f(r.median_b)} & "
+            e(f"{r.hardware}/{r.cell}").replace("/", r"/\allowbreak{}")
+            + f" & {_f(r.median_a)} & {_f(r.median_b)} & "
             f"{_f(r.ratio, 3)} & {e(_interval(r))} & {e(r.difference)} & "
             f"{e(r.provenance_differs or '--')} \\\\"
             for r in flagged.head(MAX_SUMMARY_ROWS).itertuples(index=False)
