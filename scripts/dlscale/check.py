@@ -716,15 +716,19 @@ def main(argv: list[str] | None = None) -> int:
             if not (tables / "scaling.csv").is_file():
                 print(f"dlscale check: {tables / 'scaling.csv'} not found", file=sys.stderr)
                 return 2
-            table = verdicts(
-                pd.read_csv(tables / "scaling.csv"),
-                pd.read_csv(tables / "status.csv")
-                if (tables / "status.csv").is_file()
-                else pd.DataFrame(),
-                load_references(a.references),
-            )
+            scaling = pd.read_csv(tables / "scaling.csv")
+            status_csv = tables / "status.csv"
+            status = pd.read_csv(status_csv) if status_csv.is_file() else pd.DataFrame()
+            refs = load_references(a.references)
+            table = verdicts(scaling, status, refs)
             if a.out:
                 table.to_csv(a.out, index=False)
+            unused = unused_references(refs, table, set(scaling["hardware"]))
+            if unused:  # a stale pattern is worth knowing, never a failure
+                print(
+                    f"{len(unused)} reference(s) for these systems matched no cell: "
+                    + "; ".join(unused)
+                )
     except ConfigError as exc:
         print(f"dlscale check: {exc}", file=sys.stderr)
         return 2
