@@ -588,3 +588,17 @@ def test_compare_itself_within_noise_and_a_slower_framework_flagged(
     assert "| libraries |" in out  # provenance differences beside the ratios
     for name in ("summary.md", "summary.tex", "ratios.pdf"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_bad_references_stop_before_any_job(tmp_path, tiny_config):
+    """config/references.yaml is validated with the other configuration: every problem named."""
+    work = copy_workflow(tmp_path, tiny_config)
+    (work / "config/references.yaml").write_text(
+        "references:\n  cpu:\n    '*/n2':\n"
+        "      throughput_samples_per_s: {value: 10, lower: 0.1, upper: 0.1, unit: ms}\n"
+    )
+    proc = snakemake(work, "--profile", "profiles/local", "-n")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "config/references.yaml" in out and "No job was started" in out, out[-3000:]
+    assert "lower: 0.1 must be <= 0" in out and "'samples/s' was expected" in out, out[-3000:]
