@@ -19,7 +19,9 @@ request (1 node, 1 task, 1 CPU, the cell's memory and time limit):
 
 Per run: wall time; the cells' own work (their launchers' wall_seconds, from the metrics); the
 overhead per cell, (wall - work / 2) / N, since the 2-node cluster runs two 1-node cells at
-once; and the tail, from the last metrics file written to the command's exit. Printed: each
+once; the tail, from the last metrics file written to the command's exit; and the in-job
+extra, the median of each cell's Slurm job length minus its launcher's wall_seconds (what runs
+around the ranks inside the allocation). Printed: each
 run, then medians over the rounds and the dlscale / sbatch ratios.
 """
 
@@ -61,7 +63,39 @@ def cells_work(paths: list[Path]) -> float:
     return total
 
 
-def summarize(wall: float, start: float, end: float, paths: list[Path], cells: int) -> dict:
+def job_times(job_id: str) -> tuple[float, float] | None:
+    """(start, end) of a finished job as slurmctld reports it (whole seconds; the local cluster
+    keeps finished jobs for MinJobAge = 600 s)."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
+    ).stdout
+    fields = dict(t.partition("=")[::2] for t in out.split() if "=" in t)
+    try:
+        return tuple(
+            time.mktime(time.strptime(fields[k], "%Y-%m-%dT%H:%M:%S"))
+            for k in ("StartTime", "EndTime")
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def in_job_extra(paths: list[Path], jobs: list[str]) -> float | None:
+    """Median over cells of (job length - the launcher's wall_seconds): what the job runs around
+    the cell's ranks (dlscale: the plugin's batch snakemake, its job step's snakemake and the
+    launcher's start; sbatch: the launcher's start)."""
+    extra = []
+    for path, job in zip(paths, jobs, strict=True):
+        times = job_times(job)
+        if times is None:
+            continue
+        last = json.loads(path.read_text().splitlines()[-1])
+        extra.append(times[1] - times[0] - last["value"]["wall_seconds"])
+    return statistics.median(extra) if extra else None
+
+
+def summarize(
+    wall: float, start: float, end: float, paths: list[Path], cells: int, jobs: list[str]
+) -> dict:
     if len(paths) != cells:
         raise SystemExit(f"{len(paths)} metrics files, expected {cells}")
     work = cells_work(paths)
@@ -71,6 +105,7 @@ def summarize(wall: float, start: float, end: float, paths: list[Path], cells: i
         "work_s": work,
         "overhead_per_cell_s": (wall - work / SLOTS) / cells,
         "tail_s": end - last,
+        "in_job_extra_s": in_job_extra(paths, jobs),
     }
 
 
@@ -97,7 +132,9 @@ def run_dlscale(work: Path, log: Path, cells: int, train_only: bool, profile: st
     end = time.time()
     if run.rc != 0:
         raise SystemExit(f"dlscale run failed (exit {run.rc}); log {log}:\n{run.tail()}")
-    return summarize(run.wall_s, start, end, cell_files(work), cells)
+    paths = cell_files(work)
+    jobs = [json.loads((p.parent / "slurm_job.json").read_text())["slurm_job_id"] for p in paths]
+    return summarize(run.wall_s, start, end, paths, cells, jobs)
 
 
 def planned_cells(work: Path):
@@ -167,7 +204,7 @@ def run_sbatch_loop(work: Path, log: Path, cells: int) -> dict:
                 break
             time.sleep(1.0)
     wall = time.perf_counter() - t0
-    return summarize(wall, start, time.time(), cell_files(work), cells)
+    return summarize(wall, start, time.time(), cell_files(work), cells, jobs)
 
 
 def main() -> None:
@@ -213,7 +250,7 @@ def main() -> None:
             print(
                 f"  round {k + 1} {name:8s} wall {r['wall_s']:6.1f} s, cells' work "
                 f"{r['work_s']:6.1f} s, overhead {r['overhead_per_cell_s']:5.2f} s/cell, "
-                f"tail {r['tail_s']:5.1f} s",
+                f"tail {r['tail_s']:5.1f} s, in-job extra {r['in_job_extra_s']:.1f} s",
                 flush=True,
             )
     med = {
@@ -225,7 +262,7 @@ def main() -> None:
         print(
             f"{name:8s} median of {a.rounds}: wall {m['wall_s']:.1f} s, overhead "
             f"{m['overhead_per_cell_s']:.2f} s/cell (range {min(spread):.2f}-{max(spread):.2f}), "
-            f"tail {m['tail_s']:.1f} s"
+            f"tail {m['tail_s']:.1f} s, in-job extra {m['in_job_extra_s']:.1f} s per cell"
         )
     s = med["sbatch"]
     for name in [v for v in med if v != "sbatch"]:
