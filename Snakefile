@@ -11,6 +11,7 @@ min_version("9.0")
 include: "rules/common.smk"
 include: "rules/train.smk"
 include: "rules/collect.smk"
+include: "rules/plan.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
 include: "rules/archive.smk"
@@ -21,6 +22,8 @@ include: "rules/archive.smk"
 localrules:
     all,
     collect,
+    scaling_model,
+    plan,
     figure,
     report_inputs,
     report_tex,

@@ -247,5 +247,7 @@ def final_targets():
         OUT["status"],
         OUT["systems"],
         *figure_files(),
+        OUT["plan"],  # rules/plan.smk
+        OUT["plan_figure"],
         OUT["pdf"],
     ]

@@ -8,6 +8,7 @@
 rule figure:
     input:
         scaling=OUT["scaling"],
+        predictions=OUT["predictions"],  # dashed predicted extensions (rules/plan.smk)
     output:
         pdf=f"{OUT['figures']}/{{hardware}}/{{figure}}.pdf",
     log:

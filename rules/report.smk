@@ -55,6 +55,9 @@ rule report_pdf:
         systems_table=OUT["systems_table"],
         cells=OUT["cells"],  # attached to the PDF
         figures=figure_files(),
+        plan_macros=OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
+        plan_tables=OUT["plan_tables"],
+        plan_figure=OUT["plan_figure"],
     output:
         pdf=OUT["pdf"],
     log:

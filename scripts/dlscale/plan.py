@@ -23,10 +23,11 @@ nodes, less time, so fewer node-hours and less energy), so the program holds onl
 Out: the plan (per job its choice, predicted time and its interval, node-hours, charged
 node-hours, energy), the alternatives it beat (per job the best option of every other
 framework x partition and why it lost), the constraints (used, limit, tight, binding: the
-first objective improves when the constraint is dropped). An infeasible budget or deadline
+objective improves when the constraint is dropped). An infeasible budget or deadline
 names the smallest one that would be feasible.
 
-    python -m dlscale.plan results/demo [--config config/config.yaml] [--budget-node-hours B]
+    python -m dlscale.plan results/demo [--study-file F] [--job MODEL:SAMPLES] [--objective O]
+        [--budget-node-hours B] [--budget-kwh E] [--deadline-hours D] [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,8 +182,8 @@ def _program(
     `drop`: a constraint name to leave out (binding test)."""
     prob = pulp.LpProblem("dlscale_plan", pulp.LpMinimize)
     # variables
-    x = [pulp.LpVariable(f"x{i}", cat="Binary") for i in range(len(opts))]
-    makespan = pulp.LpVariable("makespan", lowBound=0)
+    x = [prob.add_variable(f"x{i}", cat=pulp.LpBinary) for i in range(len(opts))]
+    makespan = prob.add_variable("makespan", lowBound=0)
     hours = opts["hours"].to_numpy(float)
     charged = opts["charged_node_hours"].to_numpy(float)
     energy = opts["energy_kwh"].to_numpy(float)
@@ -219,7 +221,11 @@ def _program(
 
 
 def _solve(prob) -> bool:
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
+    # PuLP's bundled CBC (PULP_CBC_CMD; PuLP 3.3 marks it deprecated in favour of a separately
+    # installed CBC, which this project does not require)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
     return pulp.LpStatus[status] == "Optimal"
 
 
@@ -418,9 +424,21 @@ def _alternatives(all_opts, plan, objective, limits) -> pd.DataFrame:
     )
 
 
+def _better(a: dict, b: dict, order) -> bool:
+    """Whether objective values `a` are lexicographically better than `b` (beyond 1e-6)."""
+    for name in order:
+        if a[name] < b[name] * (1 - 1e-6) - 1e-12:
+            return True
+        if a[name] > b[name] * (1 + 1e-6) + 1e-12:
+            return False
+    return False
+
+
 def _constraints(opts, plan, n_jobs, capacity, limits, objective, values) -> pd.DataFrame:
-    """Every capacity, budget and deadline: used, limit, tight, and binding (dropping it
-    improves the first objective)."""
+    """Every capacity, budget and deadline: used, limit, tight (used = limit), and binding:
+    dropping it improves the objective (the first, or a later one at an equal first; ORDER).
+    In an integer program a constraint can bind without being tight (a budget that rules out
+    the faster partition while the plan it leaves costs less)."""
     first = ORDER[objective][0]
     rows = []
     used_nodes = plan.groupby("hardware")["nodes"].sum()
@@ -443,18 +461,16 @@ def _constraints(opts, plan, n_jobs, capacity, limits, objective, values) -> pd.
         cands.append(("deadline_hours", float(plan["hours"].max()), limits["deadline_hours"]))
     for name, used, limit in cands:
         tight = used >= limit * (1 - 1e-6)
-        without = values[first]
-        if tight:
-            relaxed = solve(opts, n_jobs, capacity, limits, objective, drop=name)
-            without = relaxed[1][first] if relaxed else without
+        relaxed = solve(opts, n_jobs, capacity, limits, objective, drop=name)
+        without = relaxed[1] if relaxed else values
         rows.append(
             {
                 "constraint": name,
                 "used": used,
                 "limit": limit,
                 "tight": tight,
-                "binding": bool(without < values[first] * (1 - 1e-6)),
-                f"{first}_without": without,
+                "binding": _better(without, values, ORDER[objective]),
+                f"{first}_without": without[first],
             }
         )
     return pd.DataFrame(rows)
@@ -588,3 +604,207 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---- the report's Recommendations section (macros and tables, never typed numbers) ------------
+
+
+def _hours(h: float) -> str:
+    from .report import _fmt
+
+    return _fmt(h) if pd.notna(h) else "--"
+
+
+def recommendation_macros(result, fits: pd.DataFrame, plan_config: dict) -> dict[str, str]:
+    """The numbers of the Recommendations section, as dls... macros (dlscale.report)."""
+    from .report import _fmt, _macro_name, tex_escape
+    from .scalemodel import MIN_NODE_COUNTS_LOO, MODEL_METHOD
+
+    validated = fits[fits["loo_status"] == "validated"] if len(fits) else fits
+    m = {
+        "ModelMethod": MODEL_METHOD,
+        "ModelSeries": len(fits),
+        "ModelValidated": len(validated),
+        "ModelTooShort": len(fits) - len(validated),
+        "ModelMinNodeCounts": MIN_NODE_COUNTS_LOO,
+        "ModelKinds": ", ".join(
+            f"{k} ({n})" for k, n in fits["model_kind"].value_counts().sort_index().items()
+        )
+        if len(fits)
+        else "none",
+        "LooMedianError": f"{validated['loo_median_error'].median():.1%}"
+        if len(validated)
+        else "n/a",
+        "LooMaxError": f"{validated['loo_max_error'].max():.1%}" if len(validated) else "n/a",
+        "MaxExtrapolation": _fmt(plan_config["max_extrapolation"]),
+        "PlanObjective": {
+            MIN_TIME: "the shortest time to train all jobs (makespan)",
+            MIN_NODE_HOURS: "the fewest charged node-hours",
+        }[plan_config["objective"]],
+        "PlanLimits": "; ".join(
+            f"{k.replace('_', ' ')} {_fmt(v)}"
+            for k in ("budget_node_hours", "budget_kwh", "deadline_hours")
+            if (v := plan_config.get(k)) is not None
+        )
+        or "no budget or deadline",
+    }
+    if isinstance(result, Exception):
+        m.update(
+            PlanOutcome=f"No plan: {result}",
+            PlanJobs=len(plan_config.get("jobs") or []),
+            PlanMakespanHours="n/a",
+            PlanChargedNodeHours="n/a",
+            PlanSolveSeconds="n/a",
+            PlanBinding="n/a",
+            PlanExtrapolated="n/a",
+        )
+    else:
+        binding = (
+            result.constraints[result.constraints["binding"]]
+            if len(result.constraints)
+            else result.constraints
+        )
+        m.update(
+            PlanOutcome="The plan below is the exact optimum of the integer program",
+            PlanJobs=len(result.plan),
+            PlanMakespanHours=_hours(result.plan["hours"].max()),
+            PlanChargedNodeHours=_hours(result.plan["charged_node_hours"].sum()),
+            PlanSolveSeconds=f"{result.solve_seconds:.2f}",
+            PlanBinding=", ".join(binding["constraint"]) if len(binding) else "none",
+            PlanExtrapolated=int(result.plan["extrapolated"].astype(bool).sum()),
+        )
+    return {_macro_name(k): tex_escape(v) for k, v in m.items()}
+
+
+def _longtable(spec: str, head: str, rows: list[str], empty: str) -> str:
+    if not rows:
+        return empty + "\n"
+    return (
+        "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
+        f"\\begin{{longtable}}{{{spec}}}\n\\toprule\n{head} \\\\\n\\midrule\\endhead\n"
+        + "\n".join(rows)
+        + "\n\\bottomrule\n\\end{longtable}}\n"
+    )
+
+
+def recommendation_tables(result, fits: pd.DataFrame, max_rows: int = 40) -> str:
+    """The plan, constraints, alternatives (at most max_rows) and model-fit tables in LaTeX."""
+    from .report import _fmt, tex_escape
+
+    e = tex_escape
+    parts = []
+    if not isinstance(result, Exception):
+        rows = [
+            " & ".join(
+                [
+                    e(r.job),
+                    e(r.framework),
+                    e(r.hardware),
+                    e(r.policy),
+                    str(int(r.nodes)) + ("$^*$" if r.extrapolated else ""),
+                    _hours(r.hours),
+                    f"{_hours(r.hours_low)}--{_hours(r.hours_high)}"
+                    if r.interval != "none"
+                    else "--",
+                    e(r.interval),
+                    _hours(r.node_hours),
+                    _hours(r.charged_node_hours),
+                    _hours(r.energy_kwh),
+                ]
+            )
+            + r" \\"
+            for r in result.plan.itertuples(index=False)
+        ]
+        parts.append(
+            "\\subsection*{Plan}\n"
+            + _longtable(
+                "lllllrlrrrr",
+                "Job & Framework & Partition & Policy & Nodes & Time (h) & Interval & Kind & "
+                "Node-h & Charged & kWh",
+                rows,
+                "No job.",
+            )
+            + "\\noindent $^*$ beyond the series' largest measured node count (extrapolated).\n"
+        )
+        rows = [
+            f"{e(r.constraint)} & {_fmt(r.used)} & {_fmt(r.limit)} & "
+            f"{'yes' if r.tight else 'no'} & {'yes' if r.binding else 'no'} \\\\"
+            for r in result.constraints.itertuples(index=False)
+        ]
+        parts.append(
+            "\\subsection*{Constraints}\n"
+            + _longtable("lrrll", "Constraint & Used & Limit & Tight & Binding", rows, "None.")
+        )
+        alt = result.alternatives.head(max_rows)
+        rows = [
+            f"{e(r.job)} & {e(r.framework)} & {e(r.hardware)} & {e(r.policy)} & {int(r.nodes)} "
+            f"& {_hours(r.hours)} & {_hours(r.charged_node_hours)} & {e(r.lost_because)} \\\\"
+            for r in alt.itertuples(index=False)
+        ]
+        more = len(result.alternatives) - len(alt)
+        parts.append(
+            "\\subsection*{Alternatives the plan beat}\n"
+            + _longtable(
+                "lllllrrp{0.3\\linewidth}",
+                "Job & Framework & Partition & Policy & Nodes & Time (h) & Charged & Lost because",
+                rows,
+                "No alternative: every job had one option.",
+            )
+            + (f"\\noindent {more} more in \\texttt{{plan/alternatives.csv}}.\n" if more else "")
+        )
+    rows = []
+    for r in fits.itertuples(index=False):
+        err = (
+            f"{r.loo_median_error:.1%} / {r.loo_max_error:.1%}"
+            if r.loo_status == "validated"
+            else e(r.loo_status)
+        )
+        rows.append(
+            f"{e(r.framework)} & {e(r.model)} & {e(r.hardware)} & {e(r.policy)} & "
+            f"{e(r.precision)} {e(r.mode)} & {e(r.node_counts)} & {int(r.reps_min)} & "
+            f"{e(r.model_kind)} & {e(err)} \\\\"
+        )
+    parts.append(
+        "\\subsection*{Scaling model per series}\n"
+        + _longtable(
+            "llllllrlp{0.28\\linewidth}",
+            "Framework & Model & HW & Policy & Variant & Nodes & n & Model & "
+            "LOO error median / max",
+            rows,
+            "No measured series.",
+        )
+    )
+    return "".join(parts)
+
+
+def write_recommendations(
+    result, fits: pd.DataFrame, plan_config: dict, macros_out: str, tables_out: str
+) -> None:
+    from .report import write_macros
+
+    Path(macros_out).parent.mkdir(parents=True, exist_ok=True)
+    write_macros(recommendation_macros(result, fits, plan_config), macros_out)
+    Path(tables_out).write_text(recommendation_tables(result, fits))
+
+
+def run_plan_rule(
+    predictions_csv: str,
+    fits_csv: str,
+    plan_config: dict,
+    hardware: dict,
+    models: list[str],
+    out: dict,
+    width_in: float = 3.5,
+) -> None:
+    """The rule `plan`: plan.csv, alternatives.csv, constraints.csv, the figure and the
+    report's Recommendations inputs; an infeasible plan is written as its message (the
+    workflow goes on: the report says why there is no plan)."""
+    preds = pd.read_csv(predictions_csv)
+    fits = pd.read_csv(fits_csv)
+    try:
+        result = plan_from_config(preds, plan_config, hardware, models)
+    except PlanError as exc:
+        result = exc
+    write_plan(result, str(Path(out["plan"]).parent))
+    plot_plan(result, out["plan_figure"], width_in)
+    write_recommendations(result, fits, plan_config, out["plan_macros"], out["plan_tables"])

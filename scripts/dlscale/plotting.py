@@ -402,8 +402,9 @@ def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
                 linestyle="none",
                 label="chosen",
             )
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            nodes = sorted(int(n) for n in mine["nodes"].unique())
+            _nodes_axis(ax, [n for n in nodes if n & (n - 1) == 0])  # powers of two
             ax.set_title(str(chosen["job"]))
         _label_outer(axes, len(jobs), "Predicted time (h)", "Nodes")
         _finish(fig, axes, out)

@@ -340,6 +340,25 @@ def predict(series: Series, nodes, model: ScalingModel | None = None) -> pd.Data
     )
 
 
+PREDICTION_COLUMNS = [
+    *GROUP,
+    "nodes",
+    "world_size",
+    "per_rank_batch",
+    "model_kind",
+    "measured",
+    "extrapolated",
+    "measured_max_nodes",
+    *[
+        f"{m}_{s}"
+        for m in ("throughput_samples_per_s", "speedup", "scaling_efficiency")
+        for s in ("pred", "low", "high")
+    ],
+    "interval",
+    "n_min",
+]
+
+
 def model_tables(
     cells: pd.DataFrame,
     predict_nodes: list[int] | None = None,
@@ -383,7 +402,9 @@ def model_tables(
         if c not in fits_df:
             fits_df[c] = pd.Series(dtype=object)
     fits_df = fits_df.reindex(columns=list(dict.fromkeys([*fit_cols, *fits_df.columns])))
-    pred_df = pd.concat(preds, ignore_index=True) if preds else pd.DataFrame()
+    pred_df = (
+        pd.concat(preds, ignore_index=True) if preds else pd.DataFrame(columns=PREDICTION_COLUMNS)
+    )
     return fits_df, pred_df
 
 
