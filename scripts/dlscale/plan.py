@@ -49,7 +49,7 @@ from .stats import GROUP
 MIN_TIME, MIN_NODE_HOURS = "min_time", "min_node_hours"
 OBJECTIVES = (MIN_TIME, MIN_NODE_HOURS)
 DEFAULT_SAMPLES = 1_000_000
-_REL = 1e-9  # relative slack when an earlier objective is fixed at its optimum
+_REL = 1e-7  # relative slack when an earlier objective is fixed at its optimum
 
 
 class PlanError(ValueError):
@@ -247,13 +247,27 @@ def solve(
     None when infeasible."""
     fixed: dict = {}
     chosen = None
-    for name in ORDER[objective]:
-        prob, x, terms = _program(opts, n_jobs, capacity, limits, name, fixed, drop)
+    for stage, name in enumerate(ORDER[objective]):
+        prob, x, _ = _program(opts, n_jobs, capacity, limits, name, fixed, drop)
         if not _solve(prob):
-            return None
-        fixed[name] = pulp.value(terms[name])
+            if stage == 0:
+                return None
+            break  # defensive: the earlier stage's plan is optimal for the earlier objectives
         chosen = [i for i, v in enumerate(x) if v.value() > 0.5]
-    return chosen, fixed
+        # the values from the chosen rows, exactly: CBC's solution file rounds continuous
+        # values (the makespan) to a few digits, too coarse to fix an objective with
+        fixed = objective_values(opts.iloc[chosen])
+        fixed = {k: fixed[k] for k in ORDER[objective][: stage + 1]}
+    return chosen, objective_values(opts.iloc[chosen])
+
+
+def objective_values(rows: pd.DataFrame) -> dict:
+    """makespan, sum_hours and charged_node_hours of a plan's rows (one per job)."""
+    return {
+        "makespan": float(rows["hours"].max()),
+        "sum_hours": float(rows["hours"].sum()),
+        "charged_node_hours": float(rows["charged_node_hours"].sum()),
+    }
 
 
 # ---- the plan -----------------------------------------------------------------------------------

@@ -46,6 +46,9 @@ from scipy.optimize import OptimizeWarning, curve_fit, nnls
 from .stats import GROUP, NONE, bootstrap_interval
 
 COMMUNICATION, USL, AMDAHL = "communication", "usl", "amdahl"
+# Bootstrap resamples per series (each refits the model): enough for a 95 % percentile interval
+# (its bounds are the ~5th and ~195th of 199 sorted refits) at a few ms per refit.
+MODEL_RESAMPLES = 199
 MIN_NODE_COUNTS_LOO = 3  # leaving one out must leave two: enough for Amdahl or alpha + beta
 GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients (mixed precision keeps float32 parameters)
 # Node counts predicted beyond the largest measured one: at most this factor (plan and figures).
@@ -112,19 +115,27 @@ def _amdahl(p, lam, sigma):
     return lam * p / (1 + sigma * (p - 1))
 
 
-def _fit_empirical(pts: dict) -> ScalingModel:
+def _fit_empirical(pts: dict, start: ScalingModel | None = None) -> ScalingModel:
     p, x = pts["p"], pts["throughput"]
     if len(p) < 2:
         raise NotIdentifiable("one node count: nothing to fit")
     lam0 = float(x[np.argmin(p)] / p.min())
+    k0 = start.params if start is not None and start.kind in (USL, AMDAHL) else {}
+    # a start from the full data's fit (bootstrap resamples) converges in fewer steps
+    lam0, sigma0, kappa0 = k0.get("lam", lam0), k0.get("sigma", 0.01), k0.get("kappa", 1e-4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OptimizeWarning)
         if len(p) >= 3:
             (lam, sigma, kappa), _ = curve_fit(
-                _usl, p, x, p0=(lam0, 0.01, 1e-4), bounds=(0, np.inf), maxfev=5000
+                _usl,
+                p,
+                x,
+                p0=(lam0, sigma0, max(kappa0, 1e-9)),
+                bounds=(0, np.inf),
+                maxfev=5000,
             )
             return ScalingModel(USL, {"lam": lam, "sigma": sigma, "kappa": kappa})
-        (lam, sigma), _ = curve_fit(_amdahl, p, x, p0=(lam0, 0.01), bounds=(0, np.inf))
+        (lam, sigma), _ = curve_fit(_amdahl, p, x, p0=(lam0, sigma0), bounds=(0, np.inf))
     return ScalingModel(AMDAHL, {"lam": lam, "sigma": sigma, "kappa": 0.0})
 
 
@@ -167,14 +178,14 @@ def _fit_communication(pts: dict, grad_bytes: float) -> ScalingModel:
     )
 
 
-def fit(pts: dict, grad_bytes: float) -> ScalingModel:
+def fit(pts: dict, grad_bytes: float, start: ScalingModel | None = None) -> ScalingModel:
     """The model of one series from its per-node-count points (arrays p, b, throughput,
     compute, busbw: medians over repetitions): communication-aware where identifiable, else
     USL or Amdahl."""
     try:
         return _fit_communication(pts, grad_bytes)
     except NotIdentifiable:
-        return _fit_empirical(pts)
+        return _fit_empirical(pts, start)
 
 
 # ---- series from the cells table -------------------------------------------------------------
@@ -303,14 +314,16 @@ def predict(series: Series, nodes, model: ScalingModel | None = None) -> pd.Data
     def statistic(*idx):
         pts = series.points(list(idx))
         try:
-            m = fit(pts, series.grad_bytes)
+            m = fit(pts, series.grad_bytes, start=model)
         except (NotIdentifiable, RuntimeError, ValueError):
             return np.full(2 * len(nodes), np.nan)
         x = m.throughput(p, b)
         return np.concatenate([x, x / pts["throughput"][0]])
 
     x = model.throughput(p, b)
-    low, high, kind = bootstrap_interval([np.arange(len(r)) for r in series.reps], statistic)
+    low, high, kind = bootstrap_interval(
+        [np.arange(len(r)) for r in series.reps], statistic, n_resamples=MODEL_RESAMPLES
+    )
     half = len(nodes)
     speedup = x / np.median(base)
     scale = p / base_p
