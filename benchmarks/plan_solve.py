@@ -82,8 +82,9 @@ def main() -> None:
     started = time.perf_counter()
     cells = synthetic_cells(args.frameworks)
     _, preds = sm.model_tables(cells, plan_nodes={hw: 64 for hw in PARTITIONS})
+    n_series = cells.groupby(["hardware", "framework", "model"]).ngroups
     print(
-        f"predictions: {len(preds)} rows for {cells.groupby(['hardware', 'framework', 'model']).ngroups}"
+        f"predictions: {len(preds)} rows for {n_series}"
         f" series, nodes {preds['nodes'].min()}..{preds['nodes'].max()} "
         f"(fitted in {time.perf_counter() - started:.1f} s, not part of the solve)"
     )
