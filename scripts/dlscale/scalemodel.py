@@ -7,11 +7,12 @@ effective step time is tau(p) = p * b(p) / throughput(p) (the cell's summed thro
 
 Communication-aware model (kind "communication"), from what a cell measures:
 
-    tau(p) = t_compute(b) + alpha * log2(p) + beta * G * (p - 1) / p
+    tau(p) = t_compute(b, p) + alpha * log2(p) + beta * G * (p - 1) / p
 
-t_compute(b) = c0 + c1 * b is fitted (non-negative least squares) to the compute-only step times
-of the breakdown (`compute_seconds_median`; c1 only where the series has several per-rank
-batches, i.e. strong scaling); G is the gradient size in bytes (the model's parameter count x 4:
+t_compute = c0 + c1 * b + c2 * log2(p) is fitted (non-negative least squares) to the compute-only
+step times of the breakdown (`compute_seconds_median`; c1 only where the series has several
+per-rank batches, i.e. strong scaling; c2, the ranks' contention for a shared host such as the
+local profile's simulated nodes, only where the node counts leave a degree of freedom); G is the gradient size in bytes (the model's parameter count x 4:
 float32 gradients); alpha (latency per tree level) and beta (seconds per byte of ring traffic)
 are fitted, non-negative, to the communication times tau - t_compute at p > 1. With a single
 p > 1 they are not both identifiable from the step times: beta is then taken from the allreduce
@@ -86,6 +87,7 @@ class ScalingModel:
             tau = (
                 k["c0"]
                 + k["c1"] * b
+                + k.get("c2", 0.0) * np.log2(p)
                 + k["alpha"] * np.log2(p)
                 + k["beta"] * k["gradient_bytes"] * (p - 1) / p
             )
@@ -96,7 +98,8 @@ class ScalingModel:
         k = self.params
         if self.kind == COMMUNICATION:
             return (
-                f"c0={k['c0']:.3g}s c1={k['c1']:.3g}s/sample alpha={k['alpha']:.3g}s "
+                f"c0={k['c0']:.3g}s c1={k['c1']:.3g}s/sample c2={k.get('c2', 0.0):.3g}s "
+                f"alpha={k['alpha']:.3g}s "
                 f"beta={k['beta']:.3g}s/B ({k['beta_from']})"
             )
         extra = f" kappa={k['kappa']:.3g}" if self.kind == USL else ""
@@ -144,11 +147,16 @@ def _fit_communication(pts: dict, grad_bytes: float) -> ScalingModel:
     if np.isnan(compute).any() or not np.isfinite(grad_bytes):
         raise NotIdentifiable("no compute-only step time")
     tau = p * b / pts["throughput"]
-    design = (
-        np.column_stack([np.ones_like(b), b]) if len(np.unique(b)) > 1 else np.ones((len(b), 1))
-    )
-    coef, _ = nnls(design, compute)
-    c0, c1 = (coef[0], coef[1]) if len(coef) == 2 else (coef[0], 0.0)
+    # t_compute = c0 + c1 b + c2 log2 p: a column only where the points identify it (b varies
+    # under strong scaling; log2 p is the ranks' contention for a shared host, e.g. the local
+    # profile's simulated nodes, and fits to ~0 where ranks do not share)
+    columns = {"c0": np.ones_like(b)}
+    if len(np.unique(b)) > 1:
+        columns["c1"] = b
+    if len(np.unique(p)) > len(columns):
+        columns["c2"] = np.log2(p)
+    coef, _ = nnls(np.column_stack(list(columns.values())), compute)
+    c = {"c0": 0.0, "c1": 0.0, "c2": 0.0, **dict(zip(columns, map(float, coef)))}
     multi = p > 1
     comm = tau[multi] - compute[multi]
     if len(np.unique(p[multi])) >= 2:
@@ -168,8 +176,7 @@ def _fit_communication(pts: dict, grad_bytes: float) -> ScalingModel:
     return ScalingModel(
         COMMUNICATION,
         {
-            "c0": float(c0),
-            "c1": float(c1),
+            **c,
             "alpha": float(alpha),
             "beta": float(beta),
             "gradient_bytes": grad_bytes,

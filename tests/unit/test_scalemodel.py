@@ -14,8 +14,8 @@ MODEL = "cnn_small"
 G = sm.gradient_bytes(MODEL)
 
 
-def tau(p, b):
-    return C0 + C1 * b + ALPHA * np.log2(p) + BETA * G * (p - 1) / p
+def tau(p, b, c2=0.0):
+    return C0 + C1 * b + c2 * np.log2(p) + ALPHA * np.log2(p) + BETA * G * (p - 1) / p
 
 
 def cells(
@@ -26,6 +26,7 @@ def cells(
     compute=True,
     busbw=True,
     seed=0,
+    contention=0.0,
 ):
     """Cells of one series whose step time is tau(p, b) (times 1 + noise), compute-only step
     C0 + C1 b and bus bandwidth 2 / BETA (the ring allreduce's busbw)."""
@@ -34,7 +35,7 @@ def cells(
     for n in nodes:
         for r in range(reps):
             b = 16 if policy == "weak" else 64 / n
-            t = tau(n, b) * (1 + noise * rng.standard_normal())
+            t = tau(n, b, contention) * (1 + noise * rng.standard_normal())
             rows.append(
                 {
                     "hardware": "cpu",
@@ -50,7 +51,9 @@ def cells(
                     "per_rank_batch": b,
                     "global_batch": b * n,
                     "throughput_samples_per_s": n * b / t,
-                    "compute_seconds_median": C0 + C1 * b if compute else np.nan,
+                    "compute_seconds_median": C0 + C1 * b + contention * np.log2(n)
+                    if compute
+                    else np.nan,
                     "allreduce_busbw_gb_per_s": 2 / BETA / 1e9 if (busbw and n > 1) else np.nan,
                 }
             )
@@ -71,6 +74,15 @@ def test_known_alpha_beta_are_recovered(policy):
     loo = sm.leave_one_out(series)
     assert loo["loo_status"] == "validated" and loo["loo_folds"] == 4
     assert loo["loo_max_error"] < 1e-6
+
+
+def test_host_contention_in_the_compute_step_is_separated_from_communication():
+    (series,) = sm.series_of(cells(contention=0.01))
+    model = sm.fit(series.points(), series.grad_bytes)
+    assert model.params["c2"] == pytest.approx(0.01, rel=1e-6)
+    assert model.params["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+    assert model.params["beta"] == pytest.approx(BETA, rel=1e-6)
+    assert model.throughput(64, 16) == pytest.approx(64 * 16 / tau(64, 16, 0.01), rel=1e-6)
 
 
 def test_one_node_count_above_one_takes_beta_from_the_bandwidth_probe():
