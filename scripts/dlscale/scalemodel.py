@@ -13,7 +13,8 @@ t_compute = c0 + c1 * b + c2 * log2(p) is fitted (non-negative least squares) to
 step times of the breakdown (`compute_seconds_median`; c1 only where the series has several
 per-rank batches, i.e. strong scaling; c2, the ranks' contention for a shared host such as the
 local profile's simulated nodes, only where the node counts leave a degree of freedom); G is
-the gradient size in bytes (the model's parameter count x 4: float32 gradients); alpha (latency per tree level) and beta (seconds per byte of ring traffic)
+the gradient size in bytes (the model's parameter count x 4: float32 gradients); alpha (latency
+per tree level) and beta (seconds per byte of ring traffic)
 are fitted, non-negative, to the communication times tau - t_compute at p > 1. With a single
 p > 1 they are not both identifiable from the step times: beta is then taken from the allreduce
 probe's bus bandwidth (ring allreduce of G bytes takes G * 2(p-1)/p / busbw, so beta = 2 / busbw)
