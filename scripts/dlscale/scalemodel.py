@@ -57,9 +57,10 @@ GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients (mixed precision keeps float32
 DEFAULT_MAX_EXTRAPOLATION = 8
 
 MODEL_METHOD = (
-    "per series, tau(p) = t_compute + alpha log2 p + beta G (p-1)/p fitted to the compute-only "
-    "step, gradient bytes and allreduce bandwidth where measured; else the Universal "
-    "Scalability Law (3+ node counts) or Amdahl's law (2); intervals: bootstrap over "
+    "per series, step time tau(p) = t_compute + alpha log2 p + beta G (p-1)/p with t_compute = "
+    "c0 + c1 b + c2 log2 p (b: per-rank batch, c2: contention for a shared host), fitted to the "
+    "compute-only step, gradient bytes G and allreduce bandwidth where measured; else the "
+    "Universal Scalability Law (3+ node counts) or Amdahl's law (2); intervals: bootstrap over "
     "repetitions (measurement noise only)"
 )
 
