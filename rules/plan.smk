@@ -3,8 +3,9 @@
 # then the plan for the `plan:` jobs on the hardware file's partitions (dlscale.plan, PuLP/CBC).
 # Both read only the cell table: `snakemake --forcerun scaling_model` replans without any cell;
 # `python -m dlscale.plan results/<study>` plans from an existing results folder by hand.
-from dlscale.plan import partitions_from_hardware, run_plan_rule
-from dlscale.scalemodel import write_model_tables
+# (the fitting and solving modules are imported in the jobs, not at every parse: scipy.optimize
+# and pulp stay out of each Slurm job's snakemake start-up)
+from dlscale.plan import partitions_from_hardware
 
 OUT.update(
     {
@@ -36,6 +37,8 @@ rule scaling_model:
         max_extrapolation=PLAN_CONFIG["max_extrapolation"],
         plan_nodes=PLAN_NODES,
     run:
+        from dlscale.scalemodel import write_model_tables
+
         write_model_tables(
             input.cells,
             output.fits,
@@ -65,6 +68,8 @@ rule plan:
         models=STUDY.config["axes"]["model"],
         width_in=STUDY.config["report"]["column_width_in"],
     run:
+        from dlscale.plan import run_plan_rule
+
         run_plan_rule(
             input.predictions,
             input.fits,

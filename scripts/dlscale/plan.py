@@ -41,7 +41,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pulp
 
 from .config import PLANNING_KEYS  # noqa: F401 (the hardware keys read here)
 from .stats import GROUP
@@ -180,6 +179,8 @@ def _program(
     """Variables, objective, constraints. `limits`: budget_node_hours, budget_kwh,
     deadline_hours (None: absent); `fixed`: earlier objectives' optima (lexicographic);
     `drop`: a constraint name to leave out (binding test)."""
+    import pulp  # here, not at import: the workflow imports this module at every parse
+
     prob = pulp.LpProblem("dlscale_plan", pulp.LpMinimize)
     # variables
     x = [prob.add_variable(f"x{i}", cat=pulp.LpBinary) for i in range(len(opts))]
@@ -221,6 +222,8 @@ def _program(
 
 
 def _solve(prob) -> bool:
+    import pulp
+
     # PuLP's bundled CBC (PULP_CBC_CMD; PuLP 3.3 marks it deprecated in favour of a separately
     # installed CBC, which this project does not require)
     with warnings.catch_warnings():
@@ -345,6 +348,8 @@ def _smallest_feasible(opts, n_jobs, capacity, limits, objective) -> str:
 
 
 def _min_energy(opts, n_jobs, capacity, limits) -> float | None:
+    import pulp
+
     prob, x, _ = _program(opts, n_jobs, capacity, limits, "sum_hours", {})
     energy = opts["energy_kwh"].to_numpy(float)
     prob.setObjective(pulp.lpSum(energy[i] * x[i] for i in range(len(x))))
