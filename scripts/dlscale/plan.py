@@ -98,6 +98,10 @@ def jobs_from_config(plan: dict, models: list[str]) -> list[dict]:
         if samples is None:
             raise PlanError(f"plan.jobs[{i}]: give samples, or epochs and samples_per_epoch")
         out.append({**job, "name": job.get("name") or f"job{i + 1}", "samples": float(samples)})
+    names = [job["name"] for job in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PlanError(f"plan.jobs: job names must differ; given more than once: {twice}")
     return out
 
 
@@ -579,9 +583,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is not None:
             plan_config[key] = getattr(args, key)
     if args.job:
-        plan_config["jobs"] = [
-            {"model": j.split(":")[0], "samples": float(j.split(":")[1])} for j in args.job
-        ]
+        plan_config["jobs"] = []
+        for j in args.job:
+            model, _, samples = j.partition(":")
+            try:
+                plan_config["jobs"].append({"model": model, "samples": float(samples)})
+            except ValueError:
+                parser.error(f"--job {j!r}: give MODEL:SAMPLES, e.g. resnet50:1.28e8")
     cells = pd.read_csv(Path(args.results) / "tables" / "cells.csv")
     plan_nodes = {p.name: p.nodes_available for p in partitions_from_hardware(hardware)}
     _, preds = model_tables(
@@ -706,8 +714,11 @@ def _longtable(spec: str, head: str, rows: list[str], empty: str) -> str:
     )
 
 
-def recommendation_tables(result, fits: pd.DataFrame, max_rows: int = 40) -> str:
-    """The plan, constraints, alternatives (at most max_rows) and model-fit tables in LaTeX."""
+def recommendation_tables(
+    result, fits: pd.DataFrame, max_rows: int = 40, max_fit_rows: int = 60
+) -> str:
+    """The plan, constraints, alternatives (at most max_rows) and model-fit (at most
+    max_fit_rows, about two pages) tables in LaTeX."""
     from .report import _fmt, tex_escape
 
     e = tex_escape
@@ -772,7 +783,8 @@ def recommendation_tables(result, fits: pd.DataFrame, max_rows: int = 40) -> str
             + (f"\\noindent {more} more in \\texttt{{plan/alternatives.csv}}.\n" if more else "")
         )
     rows = []
-    for r in fits.itertuples(index=False):
+    shown = fits.head(max_fit_rows)
+    for r in shown.itertuples(index=False):
         err = (
             f"{r.loo_median_error:.1%} / {r.loo_max_error:.1%}"
             if r.loo_status == "validated"
@@ -791,6 +803,12 @@ def recommendation_tables(result, fits: pd.DataFrame, max_rows: int = 40) -> str
             "LOO error median / max",
             rows,
             "No measured series.",
+        )
+        + (
+            f"\\noindent {len(fits) - len(shown)} more series in "
+            "\\texttt{tables/model\\_fit.csv}.\n"
+            if len(fits) > len(shown)
+            else ""
         )
     )
     return "".join(parts)

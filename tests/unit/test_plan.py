@@ -201,3 +201,26 @@ def test_command_line_plans_from_an_existing_results_folder(tmp_path, root, caps
     assert "solved in" in capsys.readouterr().out
     rc = pl.main([str(results), "--workflow-dir", str(root), "--budget-node-hours", "1e-6"])
     assert rc == 2 and "smallest feasible budget_node_hours" in capsys.readouterr().err
+
+
+def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
+    from test_scalemodel import cells
+
+    from dlscale.scalemodel import model_tables
+
+    fits, _ = model_tables(cells(nodes=(1, 2, 4), reps=2, noise=0.01))
+    config = {"objective": pl.MIN_TIME, "budget_node_hours": 3.0, "max_extrapolation": 8}
+    result = pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_node_hours=3)
+    pl.write_recommendations(result, fits, config, tmp_path / "m.tex", tmp_path / "t.tex")
+    macros = (tmp_path / "m.tex").read_text()
+    assert r"\newcommand{\dlsPlanBinding}{budget\_node\_hours}" in macros
+    assert r"\newcommand{\dlsModelValidated}{1}" in macros
+    assert r"\newcommand{\dlsPlanLimits}{budget node hours 3}" in macros
+    tables = (tmp_path / "t.tex").read_text()
+    assert "cheap" in tables and "Alternatives the plan beat" in tables
+    many = pd.concat([fits] * 70, ignore_index=True)
+    assert "10 more series" in pl.recommendation_tables(result, many)
+    failed = pl.recommendation_macros(pl.PlanError("budget too small"), fits, config)
+    assert failed["dlsPlanOutcome"] == "No plan: budget too small"
+    with pytest.raises(pl.PlanError, match="given more than once"):
+        pl.jobs_from_config({"jobs": [{"name": "a", "model": "m", "samples": 1}] * 2}, ["m"])
