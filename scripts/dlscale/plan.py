@@ -131,6 +131,8 @@ def options(
             if allowed:
                 sel = sel[sel[axis].isin([allowed] if isinstance(allowed, str) else allowed)]
         sel = sel[sel["nodes"] <= sel["hardware"].map(lambda h: parts[h].nodes_available)]
+        rate = sel["throughput_samples_per_s_pred"].to_numpy(float)
+        sel = sel[np.isfinite(rate) & (rate > 0)]  # a model that predicts nothing there
         if sel.empty:
             continue
         x = sel["throughput_samples_per_s_pred"].to_numpy(float)
