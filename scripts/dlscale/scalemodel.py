@@ -22,8 +22,9 @@ and alpha from the rest. At p = 1 both terms vanish (the plain program has no al
 
 Where that is not identifiable (no compute-only step, or no bandwidth with one p > 1), an
 empirical law of throughput: the Universal Scalability Law X(p) = lam p / (1 + sigma (p-1) +
-kappa p (p-1)) with 3 or more node counts, Amdahl's law (kappa = 0) with 2 (scipy's curve_fit,
-parameters >= 0). One node count fits nothing.
+kappa p (p-1)) with 3 or more node counts, Amdahl's law (kappa = 0) with 2 (parameters >= 0;
+non-negative least squares on the law's linear inverse, relative residuals; _fit_empirical).
+One node count fits nothing.
 
 Uncertainty: the repetitions of each node count are resampled on their own and the model refitted
 (dlscale.stats.bootstrap_interval: a percentile CI where every node count has n >= 6, the min-max
@@ -121,9 +122,26 @@ def _amdahl(p, lam, sigma):
 
 
 def _fit_empirical(pts: dict, start: ScalingModel | None = None) -> ScalingModel:
+    """USL (3+ node counts) or Amdahl (2). The USL is linear in its inverse: p / X(p) =
+    a + b (p - 1) + c p (p - 1) with lam = 1/a, sigma = b/a, kappa = c/a, so it is fitted by
+    non-negative least squares on the relative residuals (rows divided by p / X): exact, fast
+    enough for the bootstrap's refits, and weighted like the relative errors it is judged by.
+    scipy's curve_fit is the fallback where the intercept a comes out 0."""
     p, x = pts["p"], pts["throughput"]
     if len(p) < 2:
         raise NotIdentifiable("one node count: nothing to fit")
+    y = p / x
+    columns = [np.ones_like(p), p - 1] + ([p * (p - 1)] if len(p) >= 3 else [])
+    coef, _ = nnls(np.column_stack(columns) / y[:, None], np.ones_like(y))
+    kind = USL if len(p) >= 3 else AMDAHL
+    if coef[0] > 0:
+        a, b = coef[0], coef[1]
+        c = coef[2] if len(coef) == 3 else 0.0
+        return ScalingModel(kind, {"lam": 1 / a, "sigma": b / a, "kappa": c / a})
+    return _curve_fit_empirical(p, x, start)
+
+
+def _curve_fit_empirical(p, x, start: ScalingModel | None) -> ScalingModel:
     lam0 = float(x[np.argmin(p)] / p.min())
     k0 = start.params if start is not None and start.kind in (USL, AMDAHL) else {}
     # a start from the full data's fit (bootstrap resamples) converges in fewer steps
