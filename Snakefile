@@ -6,6 +6,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# Snakemake's own report (`snakemake --profile profiles/local --report results/report.zip`):
+# figures, tables, per-cell status and provenance, verdicts and the PDF, captions in report/.
+report: "report/workflow.rst"
+
+
 # config/config.yaml is read by rules/common.smk (dlscale.matrix.workflow_config), not by a
 # `configfile:` directive: Snakemake's reader would evaluate a `__use_yte__` template.
 include: "rules/common.smk"
@@ -15,6 +20,7 @@ include: "rules/plan.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
 include: "rules/archive.smk"
+include: "rules/check.smk"
 
 
 # Only `train` jobs go to the scheduler; aggregation, figures and the report run where
@@ -29,12 +35,18 @@ localrules:
     report_tex,
     report_pdf,
     study_archive,
+    verdicts,
+    check,
+    compare,
 
 
 # A study with failed cells still ends with tables, figures and a report of what exists
 # (results/partial/, failed and missing cells listed); rerunning retries only those cells.
+# A `check` that found FAIL verdicts fails the run on purpose with the study complete: no
+# partial build then (rules/check.smk).
 onerror:
-    build_from_existing_cells()
+    if not failed_since(CHECK_LOG, CHECK_PARSED_AT):
+        build_from_existing_cells()
 
 
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before

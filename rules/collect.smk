@@ -4,18 +4,49 @@
 # number of cells (10,000 cells: tens of seconds before the first file is read; issue 7).
 # It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
 from dlscale.collect import write_tables
+from dlscale.htmlreport import table_caption, table_category, table_labels
 
 
 rule collect:
     input:
         metrics=metrics_files(),
     output:
-        ranks=OUT["ranks"],
-        cells=OUT["cells"],
-        scaling=OUT["scaling"],
-        quarantine=OUT["quarantine"],
-        status=OUT["status"],
-        systems=OUT["systems"],
+        ranks=report(
+            OUT["ranks"],
+            caption=table_caption("ranks"),
+            category=table_category("ranks"),
+            labels=table_labels("ranks"),
+        ),
+        cells=report(
+            OUT["cells"],
+            caption=table_caption("cells"),
+            category=table_category("cells"),
+            labels=table_labels("cells"),
+        ),
+        scaling=report(
+            OUT["scaling"],
+            caption=table_caption("scaling"),
+            category=table_category("scaling"),
+            labels=table_labels("scaling"),
+        ),
+        quarantine=report(
+            OUT["quarantine"],
+            caption=table_caption("quarantine"),
+            category=table_category("quarantine"),
+            labels=table_labels("quarantine"),
+        ),
+        status=report(
+            OUT["status"],
+            caption=table_caption("status"),
+            category=table_category("status"),
+            labels=table_labels("status"),
+        ),
+        systems=report(
+            OUT["systems"],
+            caption=table_caption("systems"),
+            category=table_category("systems"),
+            labels=table_labels("systems"),
+        ),
     log:
         f"{LOGS}/collect.log",
     params:

@@ -160,6 +160,9 @@ OUT = {
     "quarantine_table": f"{RESULTS}/report/quarantine_table.tex",
     "status_table": f"{RESULTS}/report/status_table.tex",
     "systems_table": f"{RESULTS}/report/systems_table.tex",
+    # the regression check against config/references.yaml (rules/check.smk)
+    "verdicts": f"{RESULTS}/tables/verdicts.csv",
+    "verdicts_table": f"{RESULTS}/report/verdicts_table.tex",
     "tex": f"{RESULTS}/report/report.tex",
     "pdf": f"{RESULTS}/report/report.pdf",
     "pdf_log": f"{LOGS}/report_pdf.log",
@@ -246,6 +249,7 @@ def final_targets():
         OUT["scaling"],
         OUT["status"],
         OUT["systems"],
+        OUT["verdicts"],
         *figure_files(),
         OUT["plan"],  # rules/plan.smk
         OUT["plan_figure"],

@@ -3,6 +3,9 @@
 # file (the list is FIGURE_LAYOUT in common.smk; params.spec says what the file holds). It reads
 # only the scaling table, so figures regenerate without touching any cell:
 # `snakemake --profile profiles/local --forcerun figure`.
+# In Snakemake's report (`--report`) each file is filed under its family and hardware and
+# labelled by the axis values it shows (dlscale.htmlreport); its caption is the layout's.
+from dlscale.htmlreport import figure_category, figure_labels, figure_subcategory
 
 
 rule figure:
@@ -10,7 +13,13 @@ rule figure:
         scaling=OUT["scaling"],
         predictions=OUT["predictions"],  # dashed predicted extensions (rules/plan.smk)
     output:
-        pdf=f"{OUT['figures']}/{{hardware}}/{{figure}}.pdf",
+        pdf=report(
+            f"{OUT['figures']}/{{hardware}}/{{figure}}.pdf",
+            caption="../report/figure.rst",
+            category=figure_category,
+            subcategory=figure_subcategory,
+            labels=figure_labels,
+        ),
     log:
         f"{LOGS}/figures/{{hardware}}/{{figure}}.log",
     wildcard_constraints:

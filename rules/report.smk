@@ -53,13 +53,19 @@ rule report_pdf:
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
         systems_table=OUT["systems_table"],
+        verdicts_table=OUT["verdicts_table"],  # rules/check.smk
         cells=OUT["cells"],  # attached to the PDF
         figures=figure_files(),
         plan_macros=OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
         plan_tables=OUT["plan_tables"],
         plan_figure=OUT["plan_figure"],
     output:
-        pdf=OUT["pdf"],
+        pdf=report(
+            OUT["pdf"],
+            caption="../report/pdf.rst",
+            category="Report",
+            labels={"file": "report.pdf"},
+        ),
     log:
         OUT["pdf_log"],
     conda:

@@ -12,7 +12,7 @@
 from dlscale.resources import class_resources
 
 for _hardware, _nodes in STUDY.resource_classes():
-    _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
+    _threads, _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
 
     rule:
         name:
@@ -26,18 +26,13 @@ for _hardware, _nodes in STUDY.resource_classes():
             nodes=str(_nodes),
         conda:
             "../envs/{framework}.yaml"
-        threads: _resources["threads"]
+        threads: _threads
+        # the Slurm plugin's resource names (dlscale.resources.class_resources): nodes, tasks,
+        # cpus_per_task, mem_mb, runtime, slurm_partition, slurm_extra, and constraint, gres,
+        # tasks_per_gpu when the hardware entry asks for them (options the plugin owns and
+        # refuses in slurm_extra); dlscale_cell=1 for the profiles' cell limit
         resources:
-            nodes=_resources["nodes"],
-            tasks=_resources["tasks"],
-            cpus_per_task=_resources["cpus_per_task"],
-            mem_mb=_resources["mem_mb"],
-            runtime=_resources["runtime"],
-            slurm_partition=_resources["slurm_partition"],
-            slurm_extra=_resources["slurm_extra"],
-            # every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
-            # local profile sets N=1 so no cell is measured while another one runs
-            dlscale_cell=1,
+            **_resources,
         params:
             # everything the cell's measurement depends on (its launcher included): a change
             # re-measures the cell only when the user asks (rules/common.smk, dlscale.archive)

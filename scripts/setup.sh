@@ -54,10 +54,18 @@ for env in "${ENVS[@]}"; do
   req=envs/$env.txt
   [ -f "$req" ] || { log "unknown environment '$env' (no $req); allowed: tensorflow mxnet horovod none"; exit 2; }
   target=$ROOT/.venvs/$env
-  inputs=("$req" pyproject.toml)
+  inputs=("$req")
   [ "$env" = horovod ] && inputs+=(scripts/build-horovod.sh envs/patches/*.patch)
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
+  package=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [ -x "$target/bin/python" ] && [ "$(cat "$target/.dlscale-setup" 2>/dev/null)" = "$want" ]; then
+    # the requirements are built; a pyproject change (entry points, metadata) only needs the
+    # editable dlscale package reinstalled, not the environment rebuilt
+    if [ "$(cat "$target/.dlscale-package" 2>/dev/null)" != "$package" ]; then
+      log ".venvs/$env: reinstalling the dlscale package (pyproject.toml changed)"
+      "$target/bin/python" -m pip install -q --no-deps -e .
+      echo "$package" > "$target/.dlscale-package"
+    fi
     log ".venvs/$env is up to date"
     continue
   fi
@@ -70,5 +78,6 @@ for env in "${ENVS[@]}"; do
   "$target/bin/python" -m pip install -q --no-deps -e .
   if [ "$env" = horovod ]; then bash scripts/build-horovod.sh "$target"; fi
   echo "$want" > "$target/.dlscale-setup"
+  echo "$package" > "$target/.dlscale-package"
   log ".venvs/$env ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
 done

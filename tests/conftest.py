@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-WORKFLOW_PARTS = ["Snakefile", "rules", "config", "profiles", "scripts", "envs"]
+WORKFLOW_PARTS = ["Snakefile", "rules", "config", "profiles", "scripts", "envs", "report"]
 UP = ROOT / "scripts" / "slurm" / "cluster-up.sh"
 DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
 

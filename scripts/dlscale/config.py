@@ -493,10 +493,15 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
         device, gpus = entry.get("device"), entry.get("gpus_per_node", 0)
         if device == "cuda" and not gpus:
             problems.append(f"{key}.gpus_per_node: device 'cuda' needs gpus_per_node >= 1")
-        if device == "cpu" and gpus:
+        if device == "cpu" and gpus and entry.get("gpus_allocated_only") is not True:
             problems.append(
                 f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
-                "set device: cuda or gpus_per_node: 0"
+                "set device: cuda, gpus_per_node: 0, or gpus_allocated_only: true "
+                "(allocate the GPUs, compute on the CPU)"
+            )
+        if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
+            problems.append(
+                f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
             )
     if problems:
         raise ConfigError(source, problems)
@@ -520,7 +525,7 @@ def config_hash(config: dict, hardware: dict) -> str:
     measured = {
         k: v
         for k, v in config.items()
-        if k not in ("report", "remeasure", "max_cells", "study_file", "plan")
+        if k not in ("report", "remeasure", "max_cells", "study_file", "references_file", "plan")
     }
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

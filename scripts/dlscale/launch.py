@@ -290,6 +290,9 @@ def wait_all(procs) -> tuple[int, int] | None:
 
 
 def record_slurm_job(output: Path) -> None:
+    """slurm_job.json beside the cell's metrics (kept with its measurement): the job measuring
+    the cell and what Slurm allocated it (partition, nodes, TRES, GRES per node and GPU indices,
+    as `scontrol show job -d` reports them), and the GPUs the job's environment names."""
     if "SLURM_JOB_ID" not in os.environ:
         return
     job = {
@@ -298,8 +301,61 @@ def record_slurm_job(output: Path) -> None:
         "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
         "host": socket.gethostname(),
         "time": time.time(),
+        "allocation": slurm_allocation(os.environ["SLURM_JOB_ID"]),
+        "gpus": {
+            k.lower(): os.environ[k]
+            for k in ("SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")
+            if k in os.environ
+        },
     }
     _write_beside(output, SLURM_JOB_FILE, job)
+
+
+ALLOCATION_FIELDS = (
+    "Partition",
+    "NodeList",
+    "NumNodes",
+    "NumTasks",
+    "TRES",
+    "TresPerNode",
+    "JOB_GRES",
+)
+
+
+def slurm_allocation(job_id: str) -> dict | None:
+    """The job's allocation from `scontrol show job -d -o` (None when Slurm cannot say): the
+    fields in ALLOCATION_FIELDS, and per node its CPUs, memory and GRES with their indices
+    (`Nodes=n1 CPU_IDs=0 Mem=1500 GRES=gpu:fake:1(IDX:0)`)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-d", "-o", str(job_id)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return parse_allocation(out.stdout)
+
+
+def parse_allocation(text: str) -> dict:
+    found: dict = {"per_node": []}
+    node: dict | None = None
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if not sep:
+            continue
+        if key == "Nodes":  # a per-node entry of -d starts with Nodes=
+            node = {"nodes": value}
+            found["per_node"].append(node)
+        elif node is not None and key in ("CPU_IDs", "Mem", "GRES"):
+            node[key.lower()] = value
+        elif key in ALLOCATION_FIELDS:
+            found[key.lower()] = value
+            node = None
+    return found
 
 
 def _write_beside(output: Path, name: str, record: dict) -> None:

@@ -5,8 +5,9 @@
 
 `create` writes one gzipped tarball (default results/<study>/archive/<study>.tar.gz) holding,
 under one top folder `dlscale-<study>/`:
-- the study's configuration files (the --configfile files, config/hardware.yaml, the config
-  schemas) and, from the workflow, the resolved configuration (`study-config.json`);
+- the study's configuration files (the --configfile files, config/hardware.yaml, the regression
+  references config/references.yaml, the config schemas) and, from the workflow, the resolved
+  configuration (`study-config.json`);
 - the profiles (profiles/) and the environment lists (envs/);
 - the whole study folder results/<study>/: every cell's metrics with every kept measurement
   (measurements/<time>-<job>/: metrics, the ranks' logs, the Slurm job), the launchers' logs,
@@ -48,7 +49,7 @@ RESOLVED_CONFIG = "study-config.json"
 ARCHIVE_DIR = "archive"  # in the study folder: where `create` writes by default (never archived)
 ARCHIVE_LOG = "logs/study_archive.log"  # the workflow rule's own log (never archived)
 # Beside the study: what makes it reproducible (relative to the workflow's root).
-SHARED = ("config/hardware.yaml", "config/schemas", "profiles", "envs")
+SHARED = ("config/hardware.yaml", "config/references.yaml", "config/schemas", "profiles", "envs")
 _CHUNK = 1 << 20
 
 

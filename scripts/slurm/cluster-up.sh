@@ -3,8 +3,8 @@
 # tests and demos (Debian 12, slurm-wlm 22.05, no systemd required).
 #
 # Usage: cluster-up.sh [--nodes N] [--cpus-per-node C] [--mem-per-node MB]
-#                      [--accounting] [--oversubscribe] [--no-node-hostnames]
-#                      [--no-system-conf]
+#                      [--gpus-per-node G] [--accounting] [--oversubscribe]
+#                      [--no-node-hostnames] [--no-system-conf]
 #
 # All state (config, spool, logs, pid files, munge key, MariaDB data) lives in
 # ${DLSCALE_SLURM_DIR:-/var/tmp/dlscale-slurm}.  See README.md next to this file.
@@ -18,6 +18,8 @@ STATE_DIR=${DLSCALE_SLURM_DIR:-/var/tmp/dlscale-slurm}
 NODES=2
 CPUS=1
 MEM=4000
+GPUS=2                     # fake GPUs per node (GRES gpu:fake:G, device files that are /dev/null)
+GPU_TYPE=fake
 ACCOUNTING=0
 OVERSUBSCRIBE=0
 NODE_HOSTNAMES=auto        # auto | no
@@ -40,6 +42,10 @@ Options:
   --nodes N            number of nodes (default 2)
   --cpus-per-node C    CPUs per node (default 1)
   --mem-per-node MB    RealMemory per node in MB (default 4000)
+  --gpus-per-node G    fake GPUs per node, GRES gpu:$GPU_TYPE:G (default 2; 0: none).
+                       Slurm allocates them like real GPUs (SLURM_JOB_GPUS,
+                       CUDA_VISIBLE_DEVICES); their device files are /dev/null
+                       clones, so nothing can compute on them
   --accounting         also run MariaDB + slurmdbd (sacct works)
   --oversubscribe      allow N*C to exceed nproc ($(nproc 2>/dev/null || echo '?') here)
   --no-node-hostnames  do not give each node its own UTS hostname (nX);
@@ -65,6 +71,8 @@ while [[ $# -gt 0 ]]; do
         --cpus-per-node=*) CPUS=${1#*=}; shift ;;
         --mem-per-node) need_arg "$@"; MEM=$2; shift 2 ;;
         --mem-per-node=*) MEM=${1#*=}; shift ;;
+        --gpus-per-node) need_arg "$@"; GPUS=$2; shift 2 ;;
+        --gpus-per-node=*) GPUS=${1#*=}; shift ;;
         --accounting) ACCOUNTING=1; shift ;;
         --oversubscribe) OVERSUBSCRIBE=1; shift ;;
         --no-node-hostnames) NODE_HOSTNAMES=no; shift ;;
@@ -78,6 +86,7 @@ is_posint() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
 is_posint "$NODES" || die "--nodes must be a positive integer (got '$NODES')"
 is_posint "$CPUS" || die "--cpus-per-node must be a positive integer (got '$CPUS')"
 is_posint "$MEM" || die "--mem-per-node must be a positive integer in MB (got '$MEM')"
+[[ $GPUS =~ ^[0-9]+$ ]] && (( GPUS <= 16 )) || die "--gpus-per-node must be 0..16 (got '$GPUS')"
 (( NODES <= 64 )) || die "--nodes $NODES is too many for one machine (max 64)"
 [[ $(id -u) -eq 0 ]] || die "must run as root (starts slurmctld/slurmd/munged, writes /etc/slurm)"
 
@@ -97,6 +106,8 @@ ETC_CONF=/etc/slurm/slurm.conf
 
 CONF_DIR=$STATE_DIR/etc
 CONF=$CONF_DIR/slurm.conf
+GRES_CONF=$CONF_DIR/gres.conf    # slurmd reads gres.conf beside slurm.conf
+DEV_DIR=$STATE_DIR/dev           # the fake GPUs' device files
 DBD_CONF=$CONF_DIR/slurmdbd.conf
 HOSTS_FILE=$CONF_DIR/hosts
 RUN_DIR=$STATE_DIR/run
@@ -194,7 +205,7 @@ fi
 gen_slurm_conf() {
     cat <<EOF
 $MARKER
-# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES
+# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES
 # state dir: $STATE_DIR
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST(127.0.0.1)
@@ -251,9 +262,16 @@ EOF
     else
         echo "AccountingStorageType=accounting_storage/none"
     fi
+    local gres=""
+    if (( GPUS )); then
+        echo "GresTypes=gpu"
+        # with accounting, jobs' TRES count their GPUs (sacct); slurmctld refuses it without
+        if (( ACCOUNTING )); then echo "AccountingStorageTRES=gres/gpu"; fi
+        gres=" Gres=gpu:$GPU_TYPE:$GPUS"
+    fi
     cat <<EOF
 # nodes: one slurmd per node on this machine (multiple-slurmd build)
-NodeName=$NODE_RANGE NodeHostname=$NODE_HOSTNAME NodeAddr=127.0.0.1 Port=$PORT_RANGE CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+NodeName=$NODE_RANGE NodeHostname=$NODE_HOSTNAME NodeAddr=127.0.0.1 Port=$PORT_RANGE CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN
 PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 }
@@ -278,11 +296,24 @@ StorageLoc=slurm_acct_db
 EOF
 }
 
+# Fake GPUs: GPU GRES with counts and device files but no hardware (AutoDetect=off). Each
+# file is a character device with /dev/null's numbers, so Slurm indexes and binds them like
+# GPUs (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES) while any read or write goes nowhere.
+gen_gres_conf() {
+    echo "$MARKER"
+    echo "AutoDetect=off"
+    if (( GPUS )); then
+        echo "NodeName=$NODE_RANGE Name=gpu Type=$GPU_TYPE File=$DEV_DIR/fakegpu[0-$((GPUS - 1))]"
+    fi
+}
+
 NEW_CONF=$(gen_slurm_conf)
+NEW_GRES_CONF=$(gen_gres_conf)
 
 # ------------------------------------------------------------ fast path ---
 all_up() {
     [[ -f $CONF ]] && [[ $(cat "$CONF") == "$NEW_CONF" ]] || return 1
+    [[ -f $GRES_CONF ]] && [[ $(cat "$GRES_CONF") == "$NEW_GRES_CONF" ]] || return 1
     pid_alive "$RUN_DIR/slurmctld.pid" slurmctld || return 1
     local n
     for n in $(node_list); do pid_alive "$RUN_DIR/slurmd-$n.pid" slurmd || return 1; done
@@ -303,7 +334,7 @@ all_up() {
 print_env() {
     cat <<EOF
 
-Slurm cluster '$CLUSTER' is up: $NODES node(s) $NODE_RANGE, $CPUS CPU(s) and ${MEM} MB each, partition 'cpu'$( ((ACCOUNTING)) && echo ', accounting ON (sacct works)' || echo ', accounting OFF (use squeue/scontrol, not sacct)').
+Slurm cluster '$CLUSTER' is up: $NODES node(s) $NODE_RANGE, $CPUS CPU(s) and ${MEM} MB each, $( ((GPUS)) && echo "$GPUS fake GPUs (gres gpu:$GPU_TYPE) ")partition 'cpu'$( ((ACCOUNTING)) && echo ', accounting ON (sacct works)' || echo ', accounting OFF (use squeue/scontrol, not sacct)').
 Use it with:
   export SLURM_CONF=$CONF
   sinfo; srun -N$NODES -n$NODES hostname
@@ -438,6 +469,13 @@ chmod 644 "$HOSTS_FILE"
 printf '%s\n' "$NEW_CONF" >"$CONF.tmp"
 mv -f "$CONF.tmp" "$CONF"
 chmod 644 "$CONF"
+printf '%s\n' "$NEW_GRES_CONF" >"$GRES_CONF.tmp"
+mv -f "$GRES_CONF.tmp" "$GRES_CONF"
+chmod 644 "$GRES_CONF"
+mkdir -p "$DEV_DIR"
+for ((i = 0; i < GPUS; i++)); do
+    [[ -c $DEV_DIR/fakegpu$i ]] || mknod -m 666 "$DEV_DIR/fakegpu$i" c 1 3
+done
 if (( SYSTEM_CONF )); then
     mkdir -p /etc/slurm
     ln -sfn "$CONF" "$ETC_CONF"

@@ -173,3 +173,57 @@ def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_c
                 f"{job['array_job_id']}_{job['array_task_id']}.log"
             ).exists()
     assert len(jobs) == 4
+
+
+def fake_gpu_study(tmp_path, tiny_config, gpus_per_node: int):
+    """The tiny study's 2-node cell on hardware that asks for GPUs as GRES (gpu:fake:N per node)
+    on the local cluster's fake GPUs (cluster-up.sh: 2 per node, device files that are
+    /dev/null). The ranks compute on the CPU (gpus_allocated_only): nothing can run on a fake
+    GPU, but Slurm allocates, counts and binds them as it would real ones."""
+    config = copy.deepcopy(tiny_config)
+    config["axes"].update(hardware=["fakegpu"], nodes=[2])
+    work = copy_workflow(tmp_path, config)
+    hardware = yaml.safe_load((work / "config" / "hardware.yaml").read_text())
+    hardware["fakegpu"] = dict(
+        hardware["cpu"],
+        description="the local cluster's fake GPUs",
+        gpus_per_node=gpus_per_node,
+        gpus_allocated_only=True,
+        gpu_request="gres",
+        gpu_type="fake",
+    )
+    (work / "config" / "hardware.yaml").write_text(yaml.safe_dump(hardware))
+    return work
+
+
+def test_a_gpu_request_is_accepted_allocated_and_runs(cluster, tmp_path, tiny_config):
+    work = fake_gpu_study(tmp_path, tiny_config, gpus_per_node=1)
+    proc = snakemake(work, "--profile", "profiles/slurm")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]  # the plugin accepted the request
+    run = work / "results/tiny/runs/fakegpu/pytorch/cnn_small/weak/fp32/eager/n2/r1"
+    job = json.loads((run / "slurm_job.json").read_text())
+    # what Slurm allocated (scontrol show job -d, recorded by the launcher): one GPU per node
+    alloc = job["allocation"]
+    assert alloc["trespernode"] == "gres:gpu:fake:1", alloc
+    assert alloc["job_gres"] == "gpu:fake:2" and alloc["numnodes"] == "2", alloc
+    assert [n["gres"] for n in alloc["per_node"]] == ["gpu:fake:1(IDX:0)"], alloc
+    # and what each rank saw: one bound GPU (recorded with its environment in the metrics)
+    starts = [r["value"] for r in records(run / "metrics.jsonl") if r["event"] == "rank_start"]
+    assert len({s["node"] for s in starts}) == 2
+    for start in starts:
+        assert start["environment"]["CUDA_VISIBLE_DEVICES"] == "0", start["environment"]
+        assert start["environment"]["SLURM_GPUS_ON_NODE"] == "1"
+    # the measurement folder keeps the allocation with the metrics
+    kept = list(run.glob("measurements/*/slurm_job.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["allocation"] == alloc
+
+
+def test_a_gpu_request_the_cluster_cannot_satisfy_fails_clearly(cluster, tmp_path, tiny_config):
+    work = fake_gpu_study(tmp_path, tiny_config, gpus_per_node=4)  # the nodes have 2
+    proc = snakemake(work, "--profile", "profiles/slurm", "--retries", "0", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Requested node configuration is not available" in out, out[-3000:]
+    assert "gres=gpu:fake:4" in out  # the job's resources are printed beside the refusal
+    assert not list((work / "results").glob("tiny/runs/**/metrics.jsonl"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
+import pytest
 import yaml
 
 from dlscale import launch, status
@@ -36,33 +38,84 @@ def test_every_cell_of_a_class_needs_exactly_the_class_resources():
     classes = study.resource_classes()
     assert classes == [("cpu", 1), ("cpu", 2), ("h100", 1), ("h100", 2)]
     for hardware, nodes in classes:
-        res = class_resources(study.config, study.hardware[hardware], nodes)
+        threads, res = class_resources(study.config, study.hardware[hardware], nodes)
         cells = [c for c in study.cells if (c.hardware, c.nodes) == (hardware, nodes)]
         assert cells
         for cell in cells:  # what a job array may assume: one set of resources per rule
             assert res["tasks"] == cell.world_size and res["nodes"] == cell.nodes
             assert res["cpus_per_task"] == cell.cpus_per_rank
-            assert res["threads"] == cell.world_size * cell.cpus_per_rank
+            assert threads == cell.world_size * cell.cpus_per_rank
             assert f"--ntasks-per-node={cell.ranks_per_node}" in res["slurm_extra"]
         assert "mpi" not in res  # see dlscale.resources: it breaks job arrays
 
 
 def test_gpu_class_resources_and_retry_runtime():
     study = _study(hardware=["h100"], nodes=[2])
-    res = class_resources(study.config, study.hardware["h100"], 2)
+    _, res = class_resources(study.config, study.hardware["h100"], 2)
     hw = HARDWARE["h100"]
     assert res["tasks"] == 2 * hw["gpus_per_node"]
     assert res["mem_mb"] == hw["gpus_per_node"] * hw["mem_mb_per_rank"]
     assert res["slurm_partition"] == hw["partition"]
-    assert (
-        f"h100:{hw['gpus_per_node']}" in res["slurm_extra"] and "--exclusive" in res["slurm_extra"]
-    )
+    assert res["constraint"] == hw["constraint"]
+    assert shlex.split(res["slurm_extra"]) == [
+        f"--ntasks-per-node={hw['gpus_per_node']}",
+        f"--gpus-per-node=h100:{hw['gpus_per_node']}",
+        "--exclusive",
+    ]
     assert [res["runtime"](None, attempt) for attempt in (1, 2, 3)] == [
         hw["runtime_min"],
         2 * hw["runtime_min"],
         4 * hw["runtime_min"],
     ]
     assert TRAIN_RULE.format(hardware="h100", nodes=2) == "train_h100_n2"
+
+
+def _submit(res: dict, threads: int) -> str:
+    """The sbatch command line the Slurm executor plugin builds for a job with `res`, from the
+    plugin's own functions (submit string, GRES string, slurm_extra check)."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    resources = Resources({k: (v(None, 1) if callable(v) else v) for k, v in res.items()})
+    job = SimpleNamespace(resources=resources, threads=threads)
+    validate_slurm_extra(job)  # raises WorkflowError for options the plugin owns
+    params = dict(
+        run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=""
+    )
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+@pytest.mark.parametrize("hardware", ["cpu", "v100", "a100", "h100"])
+def test_every_shipped_hardware_entry_passes_the_plugins_checks(hardware):
+    """The plugin (2.8) refuses --gres, --gpus, --constraint, --ntasks, --mem ... in
+    slurm_extra; every shipped entry's request must pass its check and mean what the entry
+    says: nodes x ranks per node tasks, the node's GPUs per node, the constraint once."""
+    study = _study(hardware=[hardware], nodes=[2])
+    hw = study.hardware[hardware]
+    threads, res = class_resources(study.config, hw, 2)
+    argv = shlex.split(_submit(res, threads))
+    per_node = res["tasks"] // 2
+    assert "--nodes=2" in argv and f"--ntasks-per-node={per_node}" in argv
+    assert not any(a.startswith("--ntasks-per-gpu") for a in argv)  # would multiply the ranks
+    assert f"--cpus-per-task={hw['cpus_per_rank']}" in argv
+    gpu_args = [a for a in argv if a.startswith(("--gres", "--gpus"))]
+    if not hw["gpus_per_node"]:
+        assert gpu_args == [] and f"--ntasks={res['tasks']}" in argv
+    elif hw["gpu_request"] == "gres":
+        assert gpu_args == [f"--gres=gpu:{hw['gpu_type']}:{hw['gpus_per_node']}"]
+    else:
+        assert gpu_args == [f"--gpus-per-node={hw['gpu_type']}:{hw['gpus_per_node']}"]
+    if hw["constraint"]:
+        assert argv[argv.index("-C") + 1] == hw["constraint"]
+    else:
+        assert "-C" not in argv
+    assert ("--exclusive" in argv) == hw["exclusive"]
 
 
 def _fake_srun(tmp_path, monkeypatch):
@@ -164,3 +217,43 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
     for job_id in ("90", "105"):
         (folder / f"{job_id}.log").write_text("")
     assert status.latest_slurm_job(cell, run_dir) == {"slurm_job_id": "105"}
+
+
+def test_the_allocation_is_read_from_scontrol_show_job():
+    from dlscale.launch import parse_allocation
+
+    text = (
+        "JobId=192 JobName=wrap Partition=cpu NumNodes=2 NumCPUs=2 NumTasks=2 "
+        "TRES=cpu=2,mem=8000M,node=2,billing=2 Socks/Node=* JOB_GRES=gpu:fake:2 "
+        "Nodes=n1 CPU_IDs=0 Mem=1500 GRES=gpu:fake:1(IDX:0) "
+        "Nodes=n2 CPU_IDs=0 Mem=1500 GRES=gpu:fake:1(IDX:1) "
+        "MinCPUsNode=1 NodeList=n[1-2] TresPerNode=gres:gpu:fake:1\n"
+    )
+    assert parse_allocation(text) == {
+        "partition": "cpu",
+        "numnodes": "2",
+        "numtasks": "2",
+        "tres": "cpu=2,mem=8000M,node=2,billing=2",
+        "job_gres": "gpu:fake:2",
+        "nodelist": "n[1-2]",
+        "trespernode": "gres:gpu:fake:1",
+        "per_node": [
+            {"nodes": "n1", "cpu_ids": "0", "mem": "1500", "gres": "gpu:fake:1(IDX:0)"},
+            {"nodes": "n2", "cpu_ids": "0", "mem": "1500", "gres": "gpu:fake:1(IDX:1)"},
+        ],
+    }
+
+
+def test_a_cpu_entry_with_gpus_needs_gpus_allocated_only():
+    from dlscale.config import ConfigError, load_schema, validate_hardware
+
+    schema = load_schema(ROOT / "config" / "schemas" / "hardware.schema.json")
+    entry = dict(device="cpu", gpus_per_node=2, gpu_type="fake")
+    with pytest.raises(ConfigError, match="gpus_allocated_only: true"):
+        validate_hardware({"fakegpu": entry}, schema)
+    ok = validate_hardware({"fakegpu": dict(entry, gpus_allocated_only=True)}, schema)
+    assert ok["fakegpu"]["gpus_allocated_only"] is True
+    with pytest.raises(ConfigError, match="only for device 'cpu'"):
+        validate_hardware(
+            {"g": dict(device="cuda", gpus_per_node=1, gpus_allocated_only=True)}, schema
+        )

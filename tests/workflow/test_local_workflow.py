@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -145,6 +146,7 @@ def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
         "plan": 1,
         "figure": 5,
         "report_inputs": 1,
+        "verdicts": 1,
         "report_pdf": 1,
         "all": 1,
     }
@@ -421,3 +423,196 @@ def test_title_with_braces_and_specials_plans(tmp_path, tiny_config):
     work = copy_workflow(tmp_path, config)
     proc = snakemake(work, "--profile", "profiles/local", "-n", "--forcerun", "report_tex")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+# ---- issue 18: Snakemake's report, regression verdicts, study comparison -----------------------
+
+
+def test_snakemake_report_holds_every_figure_and_table_of_the_pdf(finished_study):
+    import zipfile
+
+    work = finished_study
+    proc = snakemake(work, "--profile", "profiles/local", "--report", "results/report.zip")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    study = work / "results/tiny"
+    tex = (study / "report/report.tex").read_text()
+    figures = re.findall(r"\\includegraphics\[[^]]*\]\{\.\./figures/([^}]+)\}", tex)
+    assert len(figures) == 5
+    # the PDF's tables come from these (cells.csv is attached to it; verdicts: Regression check)
+    tables = ["cells", "scaling", "status", "quarantine", "systems", "verdicts", "ranks"]
+    wanted = {
+        **{f"figures/{f}": study / "figures" / f for f in figures},
+        **{f"tables/{t}.csv": study / "tables" / f"{t}.csv" for t in tables},
+        "report/report.pdf": study / "report/report.pdf",
+    }
+    with zipfile.ZipFile(work / "results/report.zip") as z:
+        data = {n: z.read(n) for n in z.namelist() if "/data/raw/" in n}
+        html = z.read("report/report.html").decode()
+    by_name = {}
+    for name, content in data.items():
+        by_name.setdefault(name.rsplit("/", 1)[1], []).append(content)
+    for what, path in wanted.items():
+        assert path.read_bytes() in by_name.get(path.name, []), f"{what} is not in the report"
+    assert len(data) == len(wanted)
+    for text in (
+        "throughput figures",  # category: figure family, subcategory: hardware
+        "hardware cpu",
+        "cnn_small",  # a label: the axis values a figure shows
+        "Regression check",
+        "Per-cell status",  # captions from report/
+        "Training throughput (samples/s summed over all ranks)",  # the layout's caption
+    ):
+        assert text in html, text
+
+
+def _cli(capsys, main, *args) -> tuple[int, str]:
+    """A dlscale command line run in this process (no interpreter start): exit code, stdout."""
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().out
+
+
+def _slower(metrics_path: Path, factor: float) -> None:
+    """A measured cell's metrics with every throughput scaled (its ranks' and its own)."""
+    import json
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    for rec in records:
+        if rec["event"] in ("rank_end", "summary"):
+            value = rec["value"]
+            for key in list(value):
+                if key.startswith("throughput") or key.startswith("rank_throughput"):
+                    value[key] *= factor
+    metrics_path.unlink()  # a hard link to its measurement: never edit that one
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_check_passes_on_the_study_and_fails_on_a_doctored_copy(finished_study, tmp_path, capsys):
+    """References blessed from the study (+-5 %): the study passes (exit 0); a copy whose n2
+    cell is 10 % slower fails exactly there (exit 1). Then the workflow's check target: exit 1
+    on a FAIL, with no partial build."""
+    import pandas as pd
+    import yaml
+
+    from dlscale.check import main as check
+    from dlscale.collect import write_tables
+
+    work = finished_study
+    study = work / "results/tiny"
+    references = tmp_path / "references.yaml"
+    references.write_text("# test references\nreferences: {}\n")
+    code, out = _cli(capsys, check, "bless", study, "--system", "cpu", "--references", references)
+    assert code == 0, out
+    assert out.count("\n+ cpu: pytorch/cnn_small/weak/fp32/eager/") == 3, out
+
+    code, out = _cli(capsys, check, study, "--references", references)
+    assert code == 0, out
+    assert "verdicts: 3 PASS, 0 FAIL, 0 not-measured, 0 no-reference" in out
+
+    doctored = tmp_path / "doctored"
+    shutil.copytree(study, doctored / "results/tiny", symlinks=True)
+    slow = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
+    _slower(doctored / slow, 0.9)
+    t = "results/tiny/tables"
+    cwd = Path.cwd()
+    os.chdir(doctored)  # cells are read by their paths relative to the study's checkout
+    try:
+        write_tables(
+            [slow, slow.replace("/n2/", "/n1/")],
+            *(f"{t}/{n}.csv" for n in ("ranks", "cells", "scaling", "quarantine", "status")),
+            straggler_threshold=0.1,
+        )
+    finally:
+        os.chdir(cwd)
+    code, out = _cli(capsys, check, doctored / "results/tiny", "--references", references)
+    assert code == 1, out
+    assert "verdicts: 1 PASS, 2 FAIL" in out and "2 FAIL verdict(s)" in out
+    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 2 and all("eager/n2" in line for line in fails), out
+    assert all("-5.0 %" in line for line in fails)  # 10 % below a -5 % bound: margin -5 %
+
+    # the workflow's check target with a reference 10 % above the measured n1 cell
+    shipped = (work / "config/references.yaml").read_text()
+    data = yaml.safe_load(references.read_text())
+    cell = data["references"]["cpu"]["pytorch/cnn_small/weak/fp32/eager/n1"]
+    cell["throughput_samples_per_s"]["value"] *= 1.1  # measured: 9 % below it
+    try:
+        (work / "config/references.yaml").write_text(yaml.safe_dump(data))
+        proc = snakemake(work, "--profile", "profiles/local", "check")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-3000:]
+        assert "1 FAIL verdict(s)" in out and "eager/n1" in out
+        assert not (work / "results/tiny/partial").exists()  # a complete study: no partial build
+        verdicts = pd.read_csv(work / "results/tiny/tables/verdicts.csv")
+        assert sorted(verdicts["verdict"]) == ["FAIL", "PASS", "PASS"]
+    finally:
+        (work / "config/references.yaml").write_text(shipped)
+
+
+def test_compare_itself_within_noise_and_a_slower_framework_flagged(
+    finished_study, tmp_path, capsys
+):
+    """The compare rule on the study against itself: every ratio 1, within noise. The CLI on
+    copies of its tables with a second framework, one framework 20 % slower in B and one cell in
+    A only: exactly the slower framework's cells are flagged; the lone cell is listed."""
+    import pandas as pd
+
+    from dlscale.compare import main as compare
+
+    work = finished_study
+    proc = snakemake(work, "--profile", "profiles/local", "results/tiny/compare/tiny/summary.md")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    own = pd.read_csv(work / "results/tiny/compare/tiny/compare.csv")
+    assert len(own) == 2 and (own["side"] == "both").all()
+    assert (own["ratio"] == 1.0).all() and not own["beyond_noise"].any()
+    assert set(own["difference"]) == {"within noise"}
+    assert (work / "results/tiny/compare/tiny/ratios.pdf").stat().st_size > 0
+    summary = (work / "results/tiny/compare/tiny/summary.md").read_text()
+    assert "0 slower and 0 faster beyond noise, 2 within noise" in summary
+
+    cells = pd.read_csv(work / "results/tiny/tables/cells.csv")
+    # a second framework: the same real cells under another name (the tiny study has one)
+    two = pd.concat([cells, cells.assign(framework="horovod")], ignore_index=True)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        (folder / "tables").mkdir(parents=True)
+        shutil.copy(work / "results/tiny/tables/systems.csv", folder / "tables")
+    slower = two["framework"] == "pytorch"
+    b_cells = two.copy()
+    b_cells.loc[slower, "throughput_samples_per_s"] *= 0.8
+    b_cells.loc[slower, "libraries"] = "numpy=2 torch=9.9"  # an upgrade, printed beside
+    two.drop(index=3).to_csv(a / "tables/cells.csv", index=False)  # horovod n2 only in B
+    b_cells.to_csv(b / "tables/cells.csv", index=False)
+    code, out = _cli(capsys, compare, a, b, "--out", tmp_path / "out")
+    assert code == 0, out
+    table = pd.read_csv(tmp_path / "out/compare.csv")
+    flagged = table[table["beyond_noise"]]
+    assert sorted(flagged["cell"]) == [
+        "pytorch/cnn_small/weak/fp32/eager/n1",
+        "pytorch/cnn_small/weak/fp32/eager/n2",
+    ]
+    assert flagged["ratio"].tolist() == pytest.approx([0.8, 0.8])
+    assert set(flagged["difference"]) == {"slower"}
+    assert set(flagged["provenance_differs"]) == {"libraries"}
+    assert table.loc[table["side"] == "only in B", "cell"].tolist() == [
+        "horovod/cnn_small/weak/fp32/eager/n2"
+    ]
+    assert "2 slower and 0 faster beyond noise, 1 within noise" in out
+    assert "only in B: cpu/horovod/cnn_small/weak/fp32/eager/n2" in out
+    assert "| libraries |" in out  # provenance differences beside the ratios
+    for name in ("summary.md", "summary.tex", "ratios.pdf"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_bad_references_stop_before_any_job(tmp_path, tiny_config):
+    """config/references.yaml is validated with the other configuration: every problem named."""
+    work = copy_workflow(tmp_path, tiny_config)
+    (work / "config/references.yaml").write_text(
+        "references:\n  cpu:\n    '*/n2':\n"
+        "      throughput_samples_per_s: {value: 10, lower: 0.1, upper: 0.1, unit: ms}\n"
+    )
+    proc = snakemake(work, "--profile", "profiles/local", "-n")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "config/references.yaml" in out and "No job was started" in out, out[-3000:]
+    assert "lower: 0.1 must be <= 0" in out and "'samples/s' was expected" in out, out[-3000:]

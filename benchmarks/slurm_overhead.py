@@ -1,0 +1,241 @@
+"""Per-cell overhead of the Slurm route: N trivial cells through dlscale's profile against the
+same N cells through a plain `sbatch` + `squeue` polling loop written here, interleaved, on the
+project's local cluster.
+
+    bash scripts/slurm/cluster-up.sh --nodes 2
+    .venv/bin/python benchmarks/slurm_overhead.py [--cells 20] [--rounds 3]
+
+The cells: pytorch cnn_small on `cpu`, 1 node, 1 rank, weak and strong, N / 2 repetitions each,
+1 warm-up and 1 timed step (well under a second of training; a cell's launcher, rank start-up
+included, takes a few seconds). Both routes run exactly the same cells with the same command
+(`python -m dlscale.launch --cell-json ... --output ...`, launcher srun) and the same Slurm
+request (1 node, 1 task, 1 CPU, the cell's memory and time limit):
+
+  dlscale   `snakemake --profile profiles/slurm` to the finished report (as a user runs it);
+            `--train-only` variant: the cells' metrics files only (no tables, figures, report)
+  poll10    (--old-polling) dlscale with the status polling intervals before issue 14
+  sbatch    one `sbatch --wrap` per cell, all submitted at once, then `squeue` every second
+            until none is left (what a user would write by hand)
+
+Per run: wall time; the cells' own work (their launchers' wall_seconds, from the metrics); the
+overhead per cell, (wall - work / 2) / N, since the 2-node cluster runs two 1-node cells at
+once; and the tail, from the last metrics file written to the command's exit. Printed: each
+run, then medians over the rounds and the dlscale / sbatch ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from submission import cluster_ready, study_config  # noqa: E402
+
+from _common import REPO, child_env, copy_workflow, default_venvs, run_child  # noqa: E402
+
+SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
+SLOTS = 2  # the local cluster runs two 1-node cells at once
+
+
+def cell_files(work: Path) -> list[Path]:
+    """The cells' metrics files that exist (each links to its one measurement)."""
+    return [work / p for p in planned_outputs(work) if (work / p).exists()]
+
+
+def cells_work(paths: list[Path]) -> float:
+    """The cells' own work: each launcher's wall_seconds (its last record, the cell summary)."""
+    total = 0.0
+    for path in paths:
+        last = json.loads(path.read_text().splitlines()[-1])
+        total += last["value"]["wall_seconds"]
+    return total
+
+
+def summarize(wall: float, start: float, end: float, paths: list[Path], cells: int) -> dict:
+    if len(paths) != cells:
+        raise SystemExit(f"{len(paths)} metrics files, expected {cells}")
+    work = cells_work(paths)
+    last = max(p.stat().st_mtime for p in paths)
+    return {
+        "wall_s": wall,
+        "work_s": work,
+        "overhead_per_cell_s": (wall - work / SLOTS) / cells,
+        "tail_s": end - last,
+    }
+
+
+def polling_profile(work: Path, init_s: int, between_s: int) -> str:
+    """profiles/slurm with other status polling intervals (the profile's before issue 14:
+    10 s and Snakemake's default 10 s)."""
+    profile = yaml.safe_load((work / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["slurm-init-seconds-before-status-checks"] = init_s
+    profile["seconds-between-status-checks"] = between_s
+    dest = work / "profiles" / f"slurm-poll{init_s}"
+    dest.mkdir(exist_ok=True)
+    (dest / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return str(dest.relative_to(work))
+
+
+def run_dlscale(work: Path, log: Path, cells: int, train_only: bool, profile: str) -> dict:
+    for path in ("results", ".snakemake"):
+        shutil.rmtree(work / path, ignore_errors=True)
+    args = [str(SNAKEMAKE), "--profile", profile]
+    if train_only:
+        args += [str(p) for p in planned_outputs(work)]
+    start = time.time()
+    run = run_child(args, work, child_env(work, SNAKEMAKE), log)
+    end = time.time()
+    if run.rc != 0:
+        raise SystemExit(f"dlscale run failed (exit {run.rc}); log {log}:\n{run.tail()}")
+    return summarize(run.wall_s, start, end, cell_files(work), cells)
+
+
+def planned_cells(work: Path):
+    """The study's cells as the workflow plans them (launcher srun, as the profile sets it)."""
+    sys.path.insert(0, str(work / "scripts"))
+    from dlscale.matrix import load_workflow_study
+
+    return load_workflow_study({"launcher": "srun"}, work).cells
+
+
+def planned_outputs(work: Path) -> list[Path]:
+    return [Path(c.path) for c in planned_cells(work)]
+
+
+def run_sbatch_loop(work: Path, log: Path, cells: int) -> dict:
+    """The baseline: every cell's launcher submitted with its own sbatch, squeue every second."""
+    shutil.rmtree(work / "results", ignore_errors=True)
+    planned = planned_cells(work)
+    hw = yaml.safe_load((work / "config" / "hardware.yaml").read_text())["cpu"]
+    python = str(REPO / ".venv" / "bin" / "python")
+    env = child_env(work, SNAKEMAKE)
+    start = time.time()
+    t0 = time.perf_counter()
+    jobs = []
+    with log.open("w") as out:
+        for cell in planned:
+            output = work / cell.path
+            output.parent.mkdir(parents=True, exist_ok=True)
+            launch = shlex.join(
+                [
+                    python,
+                    "-m",
+                    "dlscale.launch",
+                    "--cell-json",
+                    cell.to_json(),
+                    "--output",
+                    str(output),
+                ]
+            )
+            proc = subprocess.run(
+                [
+                    "sbatch",
+                    "--parsable",
+                    "--nodes=1",
+                    "--ntasks=1",
+                    "--cpus-per-task=1",
+                    f"--mem={hw['mem_mb_per_rank']}",
+                    f"--time={hw['runtime_min']}",
+                    f"--output={output.parent / 'sbatch.log'}",
+                    f"--wrap={launch}",
+                ],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            jobs.append(proc.stdout.strip().split(";")[0])
+            out.write(f"submitted {jobs[-1]}\n")
+        while True:
+            queued = subprocess.run(
+                ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i"],
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            if not queued:
+                break
+            time.sleep(1.0)
+    wall = time.perf_counter() - t0
+    return summarize(wall, start, time.time(), cell_files(work), cells)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cells", type=int, default=20, help="an even number, at most 200")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--train-only", action="store_true", help="dlscale to the metrics files only")
+    p.add_argument(
+        "--old-polling",
+        action="store_true",
+        help="also run dlscale with the polling intervals before issue 14 (10 s, 10 s)",
+    )
+    p.add_argument("--workdir", type=Path, default=None)
+    a = p.parse_args()
+    if a.cells % 2 or not 2 <= a.cells <= 200:
+        raise SystemExit("--cells: an even number from 2 to 200")
+    cluster_ready()
+    root = a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-overhead-", dir="/var/tmp"))
+    shutil.rmtree(root / "workflow", ignore_errors=True)
+    work = copy_workflow(REPO, root / "workflow", default_venvs(REPO))
+    config = study_config(a.cells)
+    config.update(warmup_steps=1, steps=1)
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    print(
+        f"{a.cells} trivial cells (pytorch cnn_small, cpu, 1 node, 1 timed step) on the local "
+        f"cluster, {a.rounds} round(s), dlscale to the "
+        f"{'metrics' if a.train_only else 'report'}; work in {work}",
+        flush=True,
+    )
+    variants = {
+        "dlscale": lambda log: run_dlscale(work, log, a.cells, a.train_only, "profiles/slurm"),
+        "sbatch": lambda log: run_sbatch_loop(work, log, a.cells),
+    }
+    if a.old_polling:
+        old = polling_profile(work, 10, 10)
+        variants["poll10"] = lambda log: run_dlscale(work, log, a.cells, a.train_only, old)
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    for k in range(a.rounds):
+        order = list(variants)[k % len(variants) :] + list(variants)[: k % len(variants)]
+        for name in order:
+            r = variants[name](root / f"{name}-{k + 1}.log")
+            results[name].append(r)
+            print(
+                f"  round {k + 1} {name:8s} wall {r['wall_s']:6.1f} s, cells' work "
+                f"{r['work_s']:6.1f} s, overhead {r['overhead_per_cell_s']:5.2f} s/cell, "
+                f"tail {r['tail_s']:5.1f} s",
+                flush=True,
+            )
+    med = {
+        name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        for name, runs in results.items()
+    }
+    for name, m in med.items():
+        spread = [r["overhead_per_cell_s"] for r in results[name]]
+        print(
+            f"{name:8s} median of {a.rounds}: wall {m['wall_s']:.1f} s, overhead "
+            f"{m['overhead_per_cell_s']:.2f} s/cell (range {min(spread):.2f}-{max(spread):.2f}), "
+            f"tail {m['tail_s']:.1f} s"
+        )
+    s = med["sbatch"]
+    for name in [v for v in med if v != "sbatch"]:
+        d = med[name]
+        print(
+            f"ratio {name} / sbatch: overhead per cell "
+            f"{d['overhead_per_cell_s'] / s['overhead_per_cell_s']:.2f}, wall "
+            f"{d['wall_s'] / s['wall_s']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+# Regression references and verdicts (dlscale.check) and the comparison of two studies
+# (dlscale.compare).
+#
+# verdicts: the study's scaling table against config/references.yaml (the study's
+#   `references_file`) -> tables/verdicts.csv and the report's Regression check section. A final
+#   target: it never fails on a FAIL verdict, so the report shows it.
+# check: asked for by name (`snakemake --profile profiles/local check`): prints the verdicts and
+#   exits 1 on any FAIL (cron, CI). `python -m dlscale.check results/<study>` does the same from a
+#   results folder; `python -m dlscale.check bless ...` records references.
+# compare: `snakemake --profile profiles/local results/<study>/compare/<other study>/summary.md`
+#   compares this study (B) with another study's results folder (A) cell by cell.
+import time
+
+from dlscale.check import enforce_verdicts, failed_since, load_references
+from dlscale.check import schema_path as references_schema_path
+from dlscale.htmlreport import table_caption, table_category, table_labels
+
+REFERENCES_PATH = str(Path(workflow.basedir) / STUDY.config["references_file"])
+REFERENCES_SCHEMA = str(references_schema_path(workflow.basedir))
+# Validated before any job, like the other configuration files: every problem at once.
+try:
+    load_references(REFERENCES_PATH, REFERENCES_SCHEMA)
+except ConfigError as exc:
+    raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
+
+# A `check` job that found FAIL verdicts writes them to its log; the onerror handler (Snakefile)
+# reads it to tell a failed check (every cell and table in place) from a failed study.
+CHECK_LOG = f"{LOGS}/check.log"
+CHECK_PARSED_AT = time.time()
+
+
+rule verdicts:
+    input:
+        scaling=OUT["scaling"],
+        status=OUT["status"],
+        references=REFERENCES_PATH,
+    output:
+        verdicts=report(
+            OUT["verdicts"],
+            caption=table_caption("verdicts"),
+            category=table_category("verdicts"),
+            labels=table_labels("verdicts"),
+        ),
+        table=OUT["verdicts_table"],
+    log:
+        f"{LOGS}/verdicts.log",
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        schema=REFERENCES_SCHEMA,
+        name=STUDY.config["references_file"],
+    script:
+        "../scripts/verdicts.py"
+
+
+rule check:
+    input:
+        verdicts=OUT["verdicts"],
+    log:
+        CHECK_LOG,
+    run:
+        enforce_verdicts(input.verdicts, log[0])
+
+
+rule compare:
+    input:
+        cells=OUT["cells"],
+        systems=OUT["systems"],
+        baseline_cells=f"{STUDY_DIR.format(study='{baseline}')}/tables/cells.csv",
+        baseline_systems=f"{STUDY_DIR.format(study='{baseline}')}/tables/systems.csv",
+    output:
+        table=f"{RESULTS}/compare/{{baseline}}/compare.csv",
+        summary=f"{RESULTS}/compare/{{baseline}}/summary.md",
+        tex=f"{RESULTS}/compare/{{baseline}}/summary.tex",
+        figure=f"{RESULTS}/compare/{{baseline}}/ratios.pdf",
+    log:
+        f"{LOGS}/compare/{{baseline}}.log",
+    wildcard_constraints:
+        baseline=r"[A-Za-z0-9_.-]+",
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/compare.py"
