@@ -16,6 +16,7 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/train.smk"
 include: "rules/collect.smk"
+include: "rules/plan.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
 include: "rules/archive.smk"
@@ -27,6 +28,8 @@ include: "rules/check.smk"
 localrules:
     all,
     collect,
+    scaling_model,
+    plan,
     figure,
     report_inputs,
     report_tex,

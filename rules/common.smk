@@ -251,5 +251,7 @@ def final_targets():
         OUT["systems"],
         OUT["verdicts"],
         *figure_files(),
+        OUT["plan"],  # rules/plan.smk
+        OUT["plan_figure"],
         OUT["pdf"],
     ]

@@ -11,6 +11,7 @@ from dlscale.htmlreport import figure_category, figure_labels, figure_subcategor
 rule figure:
     input:
         scaling=OUT["scaling"],
+        predictions=OUT["predictions"],  # dashed predicted extensions (rules/plan.smk)
     output:
         pdf=report(
             f"{OUT['figures']}/{{hardware}}/{{figure}}.pdf",

@@ -56,6 +56,9 @@ rule report_pdf:
         verdicts_table=OUT["verdicts_table"],  # rules/check.smk
         cells=OUT["cells"],  # attached to the PDF
         figures=figure_files(),
+        plan_macros=OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
+        plan_tables=OUT["plan_tables"],
+        plan_figure=OUT["plan_figure"],
     output:
         pdf=report(
             OUT["pdf"],

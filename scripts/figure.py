@@ -9,4 +9,7 @@ plot_figure(
     pd.read_csv(snakemake.input.scaling),  # noqa: F821 (injected by Snakemake)
     spec=snakemake.params.spec,  # noqa: F821
     out=snakemake.output.pdf,  # noqa: F821
+    predictions=pd.read_csv(snakemake.input.predictions)  # noqa: F821
+    if "predictions" in snakemake.input.keys()  # noqa: F821
+    else None,
 )

@@ -508,15 +508,24 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
     return apply_defaults(schema, hardware)
 
 
+# Hardware keys only the planner reads (dlscale.plan): they change no measurement, so neither
+# the config hash nor a cell's hardware hash includes them.
+PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w")
+
+
 def config_hash(config: dict, hardware: dict) -> str:
     """Short, stable hash of the validated config and the hardware entries it uses."""
-    used = {k: hardware[k] for k in config["axes"]["hardware"] if k in hardware}
+    used = {
+        k: {f: v for f, v in hardware[k].items() if f not in PLANNING_KEYS}
+        for k in config["axes"]["hardware"]
+        if k in hardware
+    }
     # Presentation settings and the flags of one run do not change what is measured; the
     # launcher does (local processes on one host or srun over the allocation's nodes).
     measured = {
         k: v
         for k, v in config.items()
-        if k not in ("report", "remeasure", "max_cells", "study_file", "references_file")
+        if k not in ("report", "remeasure", "max_cells", "study_file", "references_file", "plan")
     }
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

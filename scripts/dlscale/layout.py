@@ -36,13 +36,18 @@ SCALING = {
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
 FAMILIES = [*SCALING, "frameworks", "breakdown"]
+# The scaling model's extensions (dlscale.scalemodel), drawn in the series' colour.
+PREDICTED = (
+    " Coloured dashes beyond the last measured node count: predicted by the scaling model, "
+    "shaded by its interval (Recommendations)."
+)
 FAMILY_CAPTIONS = {
     "throughput": "Training throughput (samples/s summed over all ranks) against node count; "
-    "one panel per model and batch policy.",
+    "one panel per model and batch policy." + PREDICTED,
     "speedup": "Speedup against the smallest node count of each group; dashed: ideal; one panel "
-    "per model and batch policy.",
+    "per model and batch policy." + PREDICTED,
     "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal; one "
-    "panel per model and batch policy.",
+    "panel per model and batch policy." + PREDICTED,
     "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count; "
     "one panel per batch policy.",
     "breakdown": "Median step time split into compute (solid: the same step without gradient "

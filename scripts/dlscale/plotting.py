@@ -25,7 +25,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from .layout import FAMILIES, SCALING, with_variant  # noqa: E402
 
-REFERENCE_LABELS = {"ideal"}
+REFERENCE_LABELS = {"ideal", "predicted"}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 LINESTYLES = ["-", "--", ":", "-."]
 
@@ -163,7 +163,41 @@ def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
             ax.set_xlabel(xlabel)
 
 
-def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour) -> list:
+    """The series' predicted extension (dlscale.scalemodel): dashed from its largest measured
+    node count, its bootstrap interval shaded; returns the node counts drawn."""
+    if preds is None or preds.empty:
+        return []
+    keep = np.ones(len(preds), dtype=bool)
+    for c in ("hardware", "framework", "model", "policy", "variant"):
+        keep &= (preds[c] == line[c].iloc[0]).to_numpy()
+    ext = preds[keep & preds["extrapolated"].astype(bool).to_numpy()].sort_values("nodes")
+    if ext.empty:
+        return []
+    last = line.iloc[-1]
+    x = [last["nodes"], *ext["nodes"]]
+    ax.plot(
+        x,
+        [last[f"{column}_median"], *ext[f"{column}_pred"]],
+        linestyle=(0, (4, 2)),
+        color=colour,
+        linewidth=0.9,
+        label="predicted",
+    )
+    ax.fill_between(
+        ext["nodes"],
+        ext[f"{column}_low"],
+        ext[f"{column}_high"],
+        color=colour,
+        alpha=0.15,
+        linewidth=0,
+    )
+    return list(ext["nodes"])
+
+
+def plot_scaling(
+    scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
+) -> dict:
     family = spec["family"]
     column, ylabel = SCALING[family]
     panels = spec["panels"]
@@ -171,6 +205,7 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     hue = _Hue(spec)
     top = 1.1
     for ax, _, part in _panels(scaling, spec, axes):
+        predicted: list = []
         for framework, precision in spec["series"]:
             line = part[(part["framework"] == framework) & (part["variant"] == precision)]
             if line.empty:
@@ -186,7 +221,8 @@ def plot_scaling(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
                 color=hue.colour[framework],
                 label=hue.label(framework, precision),
             )
-        nodes = sorted(part["nodes"].unique())
+            predicted += _predicted(ax, line, predictions, column, hue.colour[framework])
+        nodes = sorted({*part["nodes"].unique(), *predicted})
         if family in ("speedup", "efficiency"):
             base = part["baseline_nodes"].min()
             ideal = [n / base if family == "speedup" else 1.0 for n in nodes]
@@ -295,15 +331,84 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     return _finish(fig, axes, out, extra)
 
 
-def plot_figure(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
-    """Draw one figure file of the layout; returns {"panels", "series_max"} as drawn."""
+def plot_figure(
+    scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
+) -> dict:
+    """Draw one figure file of the layout; returns {"panels", "series_max"} as drawn.
+    `predictions` (dlscale.scalemodel): scaling families get dashed predicted extensions."""
     scaling = with_variant(scaling)
+    if predictions is not None and not predictions.empty:
+        predictions = with_variant(predictions)
     with plt.style.context(_style()):
         family = spec["family"]
         if family in SCALING:
-            return plot_scaling(scaling, spec, out)
+            return plot_scaling(scaling, spec, out, predictions)
         if family == "frameworks":
             return plot_frameworks(scaling, spec, out)
         if family == "breakdown":
             return plot_breakdown(scaling, spec, out)
         raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")
+
+
+def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
+    """The planner's figure (dlscale.plan): per job, predicted time-to-train against nodes for
+    each framework x partition option (dashed beyond the measured node counts), the chosen
+    option starred; a failed plan draws its message."""
+    with plt.style.context(_style()):
+        if isinstance(result, Exception):
+            fig, ax = plt.subplots(figsize=(width_in, 1.2))
+            ax.axis("off")
+            ax.text(
+                0.5,
+                0.5,
+                "no plan:\n" + str(result)[:160],
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=6,
+            )
+            fig.savefig(out)
+            plt.close(fig)
+            return
+        opts, plan = result.options, result.plan
+        jobs = list(plan["job"])
+        fig, axes = _grid(len(jobs), grid_columns_for(len(jobs)), width_in)
+        colours = dict(
+            zip(
+                sorted(opts["hardware"].unique()),
+                sns.color_palette("colorblind", opts["hardware"].nunique()),
+            )
+        )
+        for ax, (_, chosen) in zip(axes.flat, plan.iterrows()):
+            mine = opts[opts["job"] == chosen["job"]]
+            for (hw, fw), grp in mine.groupby(["hardware", "framework"], sort=True):
+                grp = grp.sort_values("nodes")
+                meas = grp[~grp["extrapolated"].astype(bool)]
+                ax.plot(meas["nodes"], meas["hours"], color=colours[hw], label=f"{hw} {fw}")
+                ax.plot(
+                    grp["nodes"],
+                    grp["hours"],
+                    color=colours[hw],
+                    linestyle=(0, (4, 2)),
+                    linewidth=0.8,
+                    label="predicted",
+                )
+            ax.plot(
+                [chosen["nodes"]],
+                [chosen["hours"]],
+                marker="*",
+                markersize=9,
+                color="black",
+                linestyle="none",
+                label="chosen",
+            )
+            ax.set_yscale("log")
+            nodes = sorted(int(n) for n in mine["nodes"].unique())
+            _nodes_axis(ax, [n for n in nodes if n & (n - 1) == 0])  # powers of two
+            ax.set_title(str(chosen["job"]))
+        _label_outer(axes, len(jobs), "Predicted time (h)", "Nodes")
+        _finish(fig, axes, out)
+
+
+def grid_columns_for(n_panels: int) -> int:
+    return 1 if n_panels <= 1 else 2

@@ -82,6 +82,40 @@ def ratio_interval(
     return x[0] / base[1], x[1] / base[0], kind
 
 
+BOOTSTRAP_RESAMPLES = 999
+
+
+def bootstrap_interval(
+    samples, statistic, level: float = CI_LEVEL, n_resamples: int = BOOTSTRAP_RESAMPLES
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """(low, high, kind) of a vector `statistic(*samples)` over independent samples (e.g. the
+    repetitions of each node count), by scipy.stats.bootstrap (each sample resampled on its
+    own). The kind follows median_interval's rule for the smallest sample: a percentile CI
+    ("ci") where every sample has the n an order-statistic CI needs, the min-max over the
+    resamples ("range") for 2 <= n below that, nothing ("none") when a sample has one value."""
+    from scipy.stats import bootstrap
+
+    samples = [np.asarray(s) for s in samples]
+    n = min((len(s) for s in samples), default=0)
+    if n < 2:
+        shape = np.shape(statistic(*samples))
+        return np.full(shape, np.nan), np.full(shape, np.nan), NONE
+    res = bootstrap(
+        samples,
+        statistic,
+        vectorized=False,
+        paired=False,
+        n_resamples=n_resamples,
+        confidence_level=level,
+        method="percentile",
+        random_state=np.random.default_rng(0),
+    )
+    if order_statistic_ranks(n, level) is None:
+        dist = res.bootstrap_distribution
+        return np.nanmin(dist, axis=-1), np.nanmax(dist, axis=-1), RANGE
+    return res.confidence_interval.low, res.confidence_interval.high, CI
+
+
 def interval_label(kind: str, n: int) -> str:
     """How a table or figure names an interval of this kind."""
     return {CI: f"{CI_LEVEL:.0%} CI", RANGE: "range", NONE: "no interval", EXACT: "exact"}[

@@ -77,6 +77,10 @@ def test_tiny_study_reaches_the_pdf(finished_study):
         "results/tiny/tables/scaling.csv",
         "results/tiny/report/macros.tex",
         "results/tiny/report/report.pdf",
+        "results/tiny/tables/model_fit.csv",
+        "results/tiny/tables/predictions.csv",
+        "results/tiny/plan/plan.csv",
+        "results/tiny/plan/plan.pdf",
     ] + [
         f"results/tiny/figures/cpu/{f}.pdf"
         for f in ("throughput", "speedup", "efficiency", "frameworks", "breakdown")
@@ -100,6 +104,14 @@ def test_tiny_study_reaches_the_pdf(finished_study):
         assert "Figure 5" in text and "Cells" in text and "tiny" in text
         assert "95% nonparametric order-statistic CI" in text
         assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
+        # the planner's section: numbers from its macros; a 2-node-count series is not validated
+        words = " ".join(text.split())
+        assert "Recommendations" in words and "too short to validate" in words
+        assert "The plan below is the exact optimum" in words and "predicted" in words
+    plan = pd.read_csv(work / "results/tiny/plan/plan.csv")
+    assert list(plan["job"]) == ["cnn_small"] and plan.loc[0, "hardware"] == "cpu"
+    preds = pd.read_csv(work / "results/tiny/tables/predictions.csv")
+    assert preds["extrapolated"].any() and set(preds["nodes"]) >= {1, 2, 4, 8, 16}
     # the full cell table travels inside the PDF
     assert shutil.which("pdfdetach"), "poppler-utils (pdfdetach) is not installed"
     listing = subprocess.run(
@@ -130,6 +142,8 @@ def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
     # one figure rule: a job per figure file (5 families on the demo's one hardware key)
     assert counts == {
         "collect": 1,
+        "scaling_model": 1,
+        "plan": 1,
         "figure": 5,
         "report_inputs": 1,
         "verdicts": 1,

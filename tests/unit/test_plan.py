@@ -1,0 +1,226 @@
+"""The planner on constructed predictions whose optimum is known by hand, and checked against
+brute-force enumeration (dlscale.plan)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlscale import plan as pl
+
+HOUR = 3600.0
+
+
+def predictions(rates: dict, max_nodes: int = 2, model: str = "m") -> pd.DataFrame:
+    """Predicted throughput `rate(n)` for every (hardware, framework) in `rates`, n = 1..max."""
+    rows = []
+    for (hw, fw), rate in rates.items():
+        for n in range(1, max_nodes + 1):
+            x = rate(n)
+            rows.append(
+                {
+                    "hardware": hw,
+                    "framework": fw,
+                    "model": model,
+                    "policy": "weak",
+                    "precision": "fp32",
+                    "mode": "eager",
+                    "nodes": n,
+                    "world_size": n,
+                    "throughput_samples_per_s_pred": x,
+                    "throughput_samples_per_s_low": 0.9 * x,
+                    "throughput_samples_per_s_high": 1.1 * x,
+                    "interval": "range",
+                    "model_kind": "usl",
+                    "measured": n <= 2,
+                    "extrapolated": n > 2,
+                    "measured_max_nodes": 2,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# fast: 100 samples/s per node at 4 per node-hour; cheap: 25 per node at 0.5 per node-hour
+FAST_CHEAP = predictions({("fast", "pt"): lambda n: 100 * n, ("cheap", "pt"): lambda n: 25 * n})
+PARTS = [pl.Partition("fast", 2, 4.0, 500.0), pl.Partition("cheap", 2, 0.5, 200.0)]
+JOB = [{"name": "a", "model": "m", "samples": 100 * HOUR}]  # 1 node-hour on fast
+
+
+def choice(result) -> list[tuple]:
+    return [(r.job, r.hardware, int(r.nodes)) for r in result.plan.itertuples()]
+
+
+def test_min_time_takes_the_fastest_partition():
+    result = pl.make_plan(FAST_CHEAP, JOB, PARTS)
+    assert choice(result) == [("a", "fast", 2)]
+    assert result.plan.loc[0, "hours"] == pytest.approx(0.5)
+    assert result.plan.loc[0, "charged_node_hours"] == pytest.approx(4.0)
+    assert result.plan.loc[0, "energy_kwh"] == pytest.approx(2 * 0.5 * 0.5)
+    assert (result.plan.loc[0, "hours_low"], result.plan.loc[0, "hours_high"]) == pytest.approx(
+        (0.5 / 1.1, 0.5 / 0.9)
+    )
+    lost = result.alternatives.set_index("hardware")["lost_because"]
+    assert lost["cheap"] == "slower"
+
+
+def test_cheapest_partition_is_not_the_fastest():
+    # fewest node-hours within 2 h: cheap, 2 nodes (2 h, 2 charged) beats fast (4 charged)
+    result = pl.make_plan(FAST_CHEAP, JOB, PARTS, objective=pl.MIN_NODE_HOURS, deadline_hours=2)
+    assert choice(result) == [("a", "cheap", 2)]
+    assert result.plan.loc[0, "charged_node_hours"] == pytest.approx(2.0)
+    # a budget below fast's 4 charged node-hours: the fastest plan within it is cheap's
+    result = pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_node_hours=3)
+    assert choice(result) == [("a", "cheap", 2)]
+    binding = result.constraints.set_index("constraint")["binding"]
+    assert binding["budget_node_hours"] and not binding["capacity_fast"]
+    # an energy budget: fast 0.5 kWh (any n), cheap 0.8 kWh
+    assert choice(pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_kwh=0.6)) == [("a", "fast", 2)]
+    # a tighter deadline rules cheap out
+    result = pl.make_plan(FAST_CHEAP, JOB, PARTS, objective=pl.MIN_NODE_HOURS, deadline_hours=1.5)
+    assert [c[1] for c in choice(result)] == ["fast"]
+
+
+def test_shared_capacity_forces_the_second_job_elsewhere():
+    preds = predictions({("fast", "pt"): lambda n: 100 * n, ("slow", "pt"): lambda n: 50 * n})
+    parts = [pl.Partition("fast", 2), pl.Partition("slow", 2)]
+    jobs = [
+        {"name": "big", "model": "m", "samples": 100 * HOUR},  # fast 2: 0.5 h
+        {"name": "small", "model": "m", "samples": 75 * HOUR},  # fast 2: 0.375 h, slow 2: 0.75 h
+    ]
+    result = pl.make_plan(preds, jobs, parts)
+    # alone each would take fast x 2; together: big on fast x 2, small on slow x 2 (0.75 h)
+    # beats both on fast x 1 (1 h) and small on fast, big on slow (1 h)
+    assert choice(result) == [("big", "fast", 2), ("small", "slow", 2)]
+    assert result.objectives["makespan"] == pytest.approx(0.75)
+    binding = result.constraints.set_index("constraint")["binding"]
+    assert binding["capacity_fast"]
+    lost = result.alternatives[result.alternatives["job"] == "small"].iloc[0]
+    assert lost["hardware"] == "fast" and "capacity" in lost["lost_because"]
+
+
+def test_infeasible_budget_names_the_smallest_feasible_one():
+    with pytest.raises(pl.PlanError, match=r"smallest feasible budget_node_hours is 2 "):
+        pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_node_hours=1)
+    with pytest.raises(pl.PlanError, match=r"smallest feasible deadline_hours is 0.5 "):
+        pl.make_plan(FAST_CHEAP, JOB, PARTS, objective=pl.MIN_NODE_HOURS, deadline_hours=0.1)
+    with pytest.raises(pl.PlanError, match=r"smallest feasible budget_kwh is 0.5 "):
+        pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_kwh=0.1)
+    five = [{**JOB[0], "name": f"j{i}"} for i in range(5)]  # 5 jobs, 4 nodes in all
+    with pytest.raises(pl.PlanError, match="more nodes than the partitions offer"):
+        pl.make_plan(FAST_CHEAP, five, PARTS)
+    with pytest.raises(pl.PlanError, match="no measured series of model 'other'"):
+        pl.make_plan(FAST_CHEAP, [{"name": "x", "model": "other", "samples": 1}], PARTS)
+    with pytest.raises(pl.PlanError, match="convergence cells"):
+        pl.jobs_from_config({"jobs": [{"model": "m", "target_accuracy": 0.9}]}, ["m"])
+
+
+def brute_force(opts: pd.DataFrame, n_jobs: int, capacity: dict, limits: dict, objective: str):
+    """The lexicographic optimum over every combination of one option per job."""
+    per_job = [opts[opts["job_index"] == j].to_dict("records") for j in range(n_jobs)]
+    best = None
+    for combo in itertools.product(*per_job):
+        used: dict = {}
+        for o in combo:
+            used[o["hardware"]] = used.get(o["hardware"], 0) + o["nodes"]
+        if any(used[h] > capacity[h] for h in used):
+            continue
+        values = {
+            "makespan": max(o["hours"] for o in combo),
+            "sum_hours": sum(o["hours"] for o in combo),
+            "charged_node_hours": sum(o["charged_node_hours"] for o in combo),
+        }
+        energy = sum(o["energy_kwh"] for o in combo)
+        if limits.get("budget_node_hours") is not None and (
+            values["charged_node_hours"] > limits["budget_node_hours"] * (1 + 1e-9)
+        ):
+            continue
+        if limits.get("budget_kwh") is not None and energy > limits["budget_kwh"] * (1 + 1e-9):
+            continue
+        if limits.get("deadline_hours") is not None and (
+            values["makespan"] > limits["deadline_hours"] * (1 + 1e-9)
+        ):
+            continue
+        key = tuple(values[k] for k in pl.ORDER[objective])
+        if best is None or key < best:
+            best = key
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_plan_is_the_exact_optimum_by_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    hws = ["p", "q", "r"]
+    rates = {}
+    for hw in hws:
+        for fw in ("f1", "f2"):
+            lam, sigma = rng.uniform(10, 100), rng.uniform(0, 0.3)
+            rates[(hw, fw)] = lambda n, lam=lam, sigma=sigma: lam * n / (1 + sigma * (n - 1))
+    preds = predictions(rates, max_nodes=3)
+    parts = [
+        pl.Partition(h, int(rng.integers(2, 5)), float(rng.uniform(0.5, 4)), 300.0) for h in hws
+    ]
+    jobs = [
+        {"name": f"j{j}", "model": "m", "samples": float(rng.uniform(1, 5)) * 100 * HOUR}
+        for j in range(3)
+    ]
+    capacity = {p.name: p.nodes_available for p in parts}
+    opts_all = pl.options(preds, jobs, parts)
+    loose = brute_force(opts_all, 3, capacity, {}, pl.MIN_TIME)
+    cases = [
+        (pl.MIN_TIME, {}),
+        (pl.MIN_TIME, {"budget_node_hours": float(rng.uniform(3, 12))}),
+        (pl.MIN_NODE_HOURS, {"deadline_hours": loose[0] * float(rng.uniform(1.0, 2.5))}),
+    ]
+    for objective, limits in cases:
+        expected = brute_force(opts_all, 3, capacity, limits, objective)
+        try:
+            result = pl.make_plan(preds, jobs, parts, objective=objective, **limits)
+        except pl.PlanError:
+            assert expected is None, (objective, limits)
+            continue
+        got = tuple(result.objectives[k] for k in pl.ORDER[objective])
+        assert got == pytest.approx(expected, rel=1e-6), (objective, limits)
+
+
+def test_command_line_plans_from_an_existing_results_folder(tmp_path, root, capsys):
+    from test_scalemodel import cells
+
+    results = tmp_path / "results" / "demo"
+    (results / "tables").mkdir(parents=True)
+    cells(nodes=(1, 2), reps=2, noise=0.02).to_csv(results / "tables" / "cells.csv", index=False)
+    out = tmp_path / "plan"
+    rc = pl.main(
+        [str(results), "--workflow-dir", str(root), "--job", "cnn_small:1e6", "--out", str(out)]
+    )
+    assert rc == 0, capsys.readouterr().err
+    plan = pd.read_csv(out / "plan.csv")
+    assert list(plan["hardware"]) == ["cpu"] and plan.loc[0, "nodes"] in (1, 2)
+    assert "solved in" in capsys.readouterr().out
+    rc = pl.main([str(results), "--workflow-dir", str(root), "--budget-node-hours", "1e-6"])
+    assert rc == 2 and "smallest feasible budget_node_hours" in capsys.readouterr().err
+
+
+def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
+    from test_scalemodel import cells
+
+    from dlscale.scalemodel import model_tables
+
+    fits, _ = model_tables(cells(nodes=(1, 2, 4), reps=2, noise=0.01))
+    config = {"objective": pl.MIN_TIME, "budget_node_hours": 3.0, "max_extrapolation": 8}
+    result = pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_node_hours=3)
+    pl.write_recommendations(result, fits, config, tmp_path / "m.tex", tmp_path / "t.tex")
+    macros = (tmp_path / "m.tex").read_text()
+    assert r"\newcommand{\dlsPlanBinding}{budget\_node\_hours}" in macros
+    assert r"\newcommand{\dlsModelValidated}{1}" in macros
+    assert r"\newcommand{\dlsPlanLimits}{budget node hours 3}" in macros
+    tables = (tmp_path / "t.tex").read_text()
+    assert "cheap" in tables and "Alternatives the plan beat" in tables
+    many = pd.concat([fits] * 70, ignore_index=True)
+    assert "10 more series" in pl.recommendation_tables(result, many)
+    failed = pl.recommendation_macros(pl.PlanError("budget too small"), fits, config)
+    assert failed["dlsPlanOutcome"] == "No plan: budget too small"
+    with pytest.raises(pl.PlanError, match="given more than once"):
+        pl.jobs_from_config({"jobs": [{"name": "a", "model": "m", "samples": 1}] * 2}, ["m"])

@@ -1,0 +1,144 @@
+"""The scaling model on cells generated from known parameters (dlscale.scalemodel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlscale import scalemodel as sm
+from dlscale.stats import CI, NONE, RANGE, bootstrap_interval
+
+ALPHA, BETA, C0, C1 = 2e-3, 1 / 5e8, 0.05, 0.002  # s, s/byte, s, s/sample
+MODEL = "cnn_small"
+G = sm.gradient_bytes(MODEL)
+
+
+def tau(p, b, c2=0.0):
+    return C0 + C1 * b + c2 * np.log2(p) + ALPHA * np.log2(p) + BETA * G * (p - 1) / p
+
+
+def cells(
+    nodes=(1, 2, 4, 8),
+    reps=3,
+    policy="weak",
+    noise=0.0,
+    compute=True,
+    busbw=True,
+    seed=0,
+    contention=0.0,
+):
+    """Cells of one series whose step time is tau(p, b) (times 1 + noise), compute-only step
+    C0 + C1 b and bus bandwidth 2 / BETA (the ring allreduce's busbw)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in nodes:
+        for r in range(reps):
+            b = 16 if policy == "weak" else 64 / n
+            t = tau(n, b, contention) * (1 + noise * rng.standard_normal())
+            rows.append(
+                {
+                    "hardware": "cpu",
+                    "framework": "pytorch",
+                    "model": MODEL,
+                    "policy": policy,
+                    "precision": "fp32",
+                    "mode": "eager",
+                    "nodes": n,
+                    "rep": r + 1,
+                    "ranks_per_node": 1,
+                    "world_size": n,
+                    "per_rank_batch": b,
+                    "global_batch": b * n,
+                    "throughput_samples_per_s": n * b / t,
+                    "compute_seconds_median": C0 + C1 * b + contention * np.log2(n)
+                    if compute
+                    else np.nan,
+                    "allreduce_busbw_gb_per_s": 2 / BETA / 1e9 if (busbw and n > 1) else np.nan,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("policy", ["weak", "strong"])
+def test_known_alpha_beta_are_recovered(policy):
+    (series,) = sm.series_of(cells(policy=policy))
+    model = sm.fit(series.points(), series.grad_bytes)
+    assert model.kind == sm.COMMUNICATION and model.params["beta_from"] == "fitted"
+    assert model.params["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+    assert model.params["beta"] == pytest.approx(BETA, rel=1e-6)
+    assert model.params["c0"] + model.params["c1"] * 16 == pytest.approx(C0 + C1 * 16)
+    # extrapolation to 64 nodes is exact on data the model generated
+    b64 = 16 if policy == "weak" else 1
+    assert model.throughput(64, b64) == pytest.approx(64 * b64 / tau(64, b64), rel=1e-6)
+    loo = sm.leave_one_out(series)
+    assert loo["loo_status"] == "validated" and loo["loo_folds"] == 4
+    assert loo["loo_max_error"] < 1e-6
+
+
+def test_host_contention_in_the_compute_step_is_separated_from_communication():
+    (series,) = sm.series_of(cells(contention=0.01))
+    model = sm.fit(series.points(), series.grad_bytes)
+    assert model.params["c2"] == pytest.approx(0.01, rel=1e-6)
+    assert model.params["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+    assert model.params["beta"] == pytest.approx(BETA, rel=1e-6)
+    assert model.throughput(64, 16) == pytest.approx(64 * 16 / tau(64, 16, 0.01), rel=1e-6)
+
+
+def test_one_node_count_above_one_takes_beta_from_the_bandwidth_probe():
+    (series,) = sm.series_of(cells(nodes=(1, 4)))
+    model = sm.fit(series.points(), series.grad_bytes)
+    assert model.params["beta_from"] == "allreduce probe"
+    assert model.params["beta"] == pytest.approx(BETA)
+    assert model.params["alpha"] == pytest.approx(ALPHA)
+    assert sm.leave_one_out(series)["loo_status"].startswith("too short to validate (2 node")
+
+
+def test_without_compute_only_step_an_empirical_law():
+    (two,) = sm.series_of(cells(nodes=(1, 2), compute=False))
+    assert sm.fit(two.points(), two.grad_bytes).kind == sm.AMDAHL
+    (four,) = sm.series_of(cells(compute=False))
+    model = sm.fit(four.points(), four.grad_bytes)
+    assert model.kind == sm.USL
+    # USL data are fitted exactly
+    lam, sigma, kappa = 100.0, 0.05, 0.001
+    usl = sm.ScalingModel(sm.USL, {"lam": lam, "sigma": sigma, "kappa": kappa})
+    p = np.array([1.0, 2, 4, 8, 16])
+    pts = {"p": p, "b": np.full(5, 16.0), "throughput": usl.throughput(p, 16)}
+    pts["compute"] = pts["busbw"] = np.full(5, np.nan)
+    fitted = sm.fit(pts, G)
+    assert fitted.params["sigma"] == pytest.approx(sigma, rel=1e-4)
+    assert fitted.params["kappa"] == pytest.approx(kappa, rel=1e-4)
+
+
+def test_intervals_are_honest_for_n():
+    fits, preds = sm.model_tables(cells(reps=1))
+    assert set(preds["interval"]) == {NONE} and preds["throughput_samples_per_s_low"].isna().all()
+    fits, preds = sm.model_tables(cells(reps=2, noise=0.05))
+    assert set(preds["interval"]) == {RANGE}
+    ok = preds.dropna(subset=["throughput_samples_per_s_low"])
+    assert (ok["throughput_samples_per_s_low"] <= ok["throughput_samples_per_s_high"]).all()
+
+
+def test_predictions_extend_with_intervals_and_flags():
+    fits, preds = sm.model_tables(cells(reps=2, noise=0.02), plan_nodes={"cpu": 64})
+    assert fits.loc[0, "loo_status"] == "validated" and fits.loc[0, "loo_median_error"] < 0.1
+    assert preds["nodes"].max() == 64 and len(preds) == 64  # 1..64 (8 x the largest, 8)
+    top = preds[preds["nodes"] == 64].iloc[0]
+    assert top["extrapolated"] and not top["measured"]
+    assert top["throughput_samples_per_s_low"] <= top["throughput_samples_per_s_pred"]
+    assert top["throughput_samples_per_s_pred"] <= top["throughput_samples_per_s_high"]
+    # at most max_extrapolation x the largest measured node count
+    _, capped = sm.model_tables(cells(nodes=(1, 2, 4)), max_extrapolation=4)
+    assert capped["nodes"].max() == 16 and list(capped["nodes"]) == [1, 2, 4, 8, 16]
+
+
+def test_bootstrap_interval_kinds_follow_n():
+    def stat(*samples):
+        return np.array([np.median(samples[0])])
+
+    assert bootstrap_interval([np.arange(1.0)], stat)[2] == NONE
+    low, high, kind = bootstrap_interval([np.arange(3.0)], stat)
+    assert kind == RANGE and (low[0], high[0]) == (0.0, 2.0)
+    low, high, kind = bootstrap_interval([np.arange(20.0)], stat, n_resamples=500)
+    assert kind == CI and low[0] < 9.5 < high[0]
