@@ -512,14 +512,23 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
 # the config hash nor a cell's hardware hash includes them.
 PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w")
 
+# Hardware keys added after studies were measured, hashed only away from their default: at the
+# default they ask exactly what an entry without them asked, so existing cells stay measured.
+LATER_DEFAULTS = {"gpus_allocated_only": False}
+
+
+def hashed_hardware(entry: dict) -> dict:
+    """The part of a hardware entry that a measurement depends on (config and cell hashes)."""
+    return {
+        k: v
+        for k, v in entry.items()
+        if k not in PLANNING_KEYS and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
+    }
+
 
 def config_hash(config: dict, hardware: dict) -> str:
     """Short, stable hash of the validated config and the hardware entries it uses."""
-    used = {
-        k: {f: v for f, v in hardware[k].items() if f not in PLANNING_KEYS}
-        for k in config["axes"]["hardware"]
-        if k in hardware
-    }
+    used = {k: hashed_hardware(hardware[k]) for k in config["axes"]["hardware"] if k in hardware}
     # Presentation settings and the flags of one run do not change what is measured; the
     # launcher does (local processes on one host or srun over the allocation's nodes).
     measured = {

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from .cell import AXES, Cell
 from .config import (
-    PLANNING_KEYS,
     ConfigError,
     config_hash,
+    hashed_hardware,
     load_config_file,
     load_schema,
     load_yaml,
@@ -177,12 +177,10 @@ def build_matrix(
         raise ConfigError("config", problems)
     axes = config["axes"]
     environments = environments or {f: f"{e or 'pytorch'}:unknown" for f, e in ENVIRONMENTS.items()}
-    # the planner's site facts (PLANNING_KEYS) change no measurement: left out, so adding or
-    # editing them keeps every measured cell current
-    hardware_hashes = {
-        key: _short_hash({k: v for k, v in hardware[key].items() if k not in PLANNING_KEYS})
-        for key in axes["hardware"]
-    }
+    # the planner's site facts (PLANNING_KEYS) change no measurement, and keys added later count
+    # only away from their default (LATER_DEFAULTS): left out, so adding or editing them keeps
+    # every measured cell current (dlscale.config.hashed_hardware)
+    hardware_hashes = {key: _short_hash(hashed_hardware(hardware[key])) for key in axes["hardware"]}
     fixed = {
         "warmup_steps": config["warmup_steps"],
         "steps": config["steps"],

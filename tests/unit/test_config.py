@@ -228,3 +228,14 @@ def test_defaults_fill_an_empty_config(root):
     s = study(root, {})
     assert s.config["axes"]["framework"] == ["pytorch"] and s.config["steps"] == 20
     json.dumps(s.config)
+
+
+def test_a_later_hardware_key_at_its_default_keeps_measured_cells_current():
+    """gpus_allocated_only (issue 14) at its default asks what an entry without it asked: the
+    cells' hardware hash and the config hash stay those measured before the key existed."""
+    from dlscale.config import hashed_hardware
+
+    entry = {"device": "cpu", "partition": None, "cpus_per_rank": 1}
+    assert hashed_hardware(dict(entry, gpus_allocated_only=False)) == entry
+    assert hashed_hardware(dict(entry, gpus_allocated_only=True)) != entry
+    assert hashed_hardware(dict(entry, node_hour_cost=2.0)) == entry  # planning only
