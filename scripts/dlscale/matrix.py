@@ -42,7 +42,8 @@ class Study:
 
     def resource_classes(self) -> list[tuple[str, int]]:
         """The (hardware, nodes) pairs of the study. Every Slurm resource of a cell derives from
-        these two (dlscale.resources, rules/train.smk), so the cells of one pair can share a job array."""
+        these two (dlscale.resources, rules/train.smk), so the cells of one pair can share a job
+        array."""
         return sorted({(c.hardware, c.nodes) for c in self.cells})
 
     def axis_values(self) -> dict[str, list]:

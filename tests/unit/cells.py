@@ -46,3 +46,24 @@ def launch_cell(tmp_path: Path, cell: dict, python=None) -> tuple[int, Path]:
     if python is not None:
         argv += ["--python", str(python)]
     return launch.main(argv), out
+
+
+def plugin_sbatch(res: dict, threads: int) -> str:
+    """The sbatch command line the Slurm executor plugin builds for a job with `res`, from the
+    plugin's own functions (submit string, GRES string, slurm_extra check)."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    resources = Resources({k: (v(None, 1) if callable(v) else v) for k, v in res.items()})
+    job = SimpleNamespace(resources=resources, threads=threads)
+    validate_slurm_extra(job)  # raises WorkflowError for options the plugin owns
+    params = dict(
+        run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=""
+    )
+    return get_submit_command(job, params) + set_gres_string(job)

@@ -15,7 +15,9 @@ from dlscale.matrix import launcher_problem
 from dlscale.metrics import current_umask
 from dlscale.provenance import NOT_A_CHECKOUT, git_commit, sources_hash
 from dlscale.report import tex_escape
-from dlscale.resources import slurm_extra, slurm_extra_args
+from dlscale.resources import class_resources, slurm_extra_args
+
+from cells import plugin_sbatch
 
 HW = {
     "device": "cuda",
@@ -24,6 +26,10 @@ HW = {
     "gpu_type": "a100",
     "constraint": None,
     "exclusive": True,
+    "partition": "gpu-a100",
+    "cpus_per_rank": 8,
+    "mem_mb_per_rank": 4000,
+    "runtime_min": 30,
 }
 
 
@@ -31,23 +37,29 @@ HW = {
     "constraint",
     ["a|b", "a&b", "[rack1|rack2]*2", "gpu&(a|b)", "x;reboot", "$(id)", "a --wrap=id", "a'b\nc"],
 )
-def test_slurm_extra_is_one_argument_per_flag(constraint):
+@pytest.mark.parametrize("gpu_request", ["gres", "gpus"])
+def test_a_constraint_is_one_argument_of_the_plugins_sbatch(constraint, gpu_request):
     """Whatever a constraint holds (the schema refuses the last four before this point), the
-    shell that runs sbatch sees it as one argument, never as a command or another flag."""
-    hw = {**HW, "constraint": constraint}
-    args = shlex.split(slurm_extra(hw, 4))
-    assert args == slurm_extra_args(hw, 4)
-    assert args == [
-        "--ntasks-per-node=4",
-        f"--constraint={constraint}",
-        "--gres=gpu:a100:4",
-        "--exclusive",
-    ]
+    shell that runs the Slurm plugin's sbatch line sees it as one argument, never as a command
+    or another flag: it is the plugin's `constraint` resource (which the plugin quotes), and the
+    flags dlscale adds itself (slurm_extra) are quoted one by one."""
+    hw = {**HW, "constraint": constraint, "gpu_request": gpu_request}
+    threads, res = class_resources({"ranks_per_node": 1}, hw, 2)
+    assert shlex.split(res["slurm_extra"]) == slurm_extra_args(hw, 4)
+    line = plugin_sbatch(res, threads)
+    argv = shlex.split(line)
+    assert argv[argv.index("-C") + 1] == constraint
+    assert argv.count("-C") == 1 and not any(a.startswith("--wrap") for a in argv)
+    gpus = "--gres=gpu:a100:4" if gpu_request == "gres" else "--gpus-per-node=a100:4"
+    assert gpus in argv and "--exclusive" in argv and "--ntasks-per-node=4" in argv
+    # the shell that runs the line gets the same arguments (printf prints one per line)
     out = subprocess.run(
-        f"printf '%s\\n' {slurm_extra(hw, 4)}", shell=True, capture_output=True, text=True
+        f"printf '%s\\n' {line.removeprefix('sbatch ')}",
+        shell=True,
+        capture_output=True,
+        text=True,
     )
-    assert out.stdout.count("\n") == 4 + constraint.count("\n")
-    assert f"--constraint={constraint}\n" in out.stdout
+    assert out.stdout.split("\n")[:-1] == "\n".join(argv[1:]).split("\n")
 
 
 def test_launcher_must_match_executor():

@@ -16,7 +16,7 @@ from dlscale.cell import SLURM_JOB_FILE, TRAIN_RULE, Cell
 from dlscale.matrix import build_matrix
 from dlscale.resources import class_resources
 
-from cells import cell_dict
+from cells import cell_dict, plugin_sbatch
 
 ROOT = Path(__file__).resolve().parents[2]
 HARDWARE = yaml.safe_load((ROOT / "config" / "hardware.yaml").read_text())
@@ -70,27 +70,6 @@ def test_gpu_class_resources_and_retry_runtime():
     assert TRAIN_RULE.format(hardware="h100", nodes=2) == "train_h100_n2"
 
 
-def _submit(res: dict, threads: int) -> str:
-    """The sbatch command line the Slurm executor plugin builds for a job with `res`, from the
-    plugin's own functions (submit string, GRES string, slurm_extra check)."""
-    from types import SimpleNamespace
-
-    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
-    from snakemake_executor_plugin_slurm.utils import set_gres_string
-    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
-
-    class Resources(dict):
-        __getattr__ = dict.__getitem__
-
-    resources = Resources({k: (v(None, 1) if callable(v) else v) for k, v in res.items()})
-    job = SimpleNamespace(resources=resources, threads=threads)
-    validate_slurm_extra(job)  # raises WorkflowError for options the plugin owns
-    params = dict(
-        run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=""
-    )
-    return get_submit_command(job, params) + set_gres_string(job)
-
-
 @pytest.mark.parametrize("hardware", ["cpu", "v100", "a100", "h100"])
 def test_every_shipped_hardware_entry_passes_the_plugins_checks(hardware):
     """The plugin (2.8) refuses --gres, --gpus, --constraint, --ntasks, --mem ... in
@@ -99,7 +78,7 @@ def test_every_shipped_hardware_entry_passes_the_plugins_checks(hardware):
     study = _study(hardware=[hardware], nodes=[2])
     hw = study.hardware[hardware]
     threads, res = class_resources(study.config, hw, 2)
-    argv = shlex.split(_submit(res, threads))
+    argv = shlex.split(plugin_sbatch(res, threads))
     per_node = res["tasks"] // 2
     assert "--nodes=2" in argv and f"--ntasks-per-node={per_node}" in argv
     assert not any(a.startswith("--ntasks-per-gpu") for a in argv)  # would multiply the ranks
