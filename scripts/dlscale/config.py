@@ -499,6 +499,18 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 "set device: cuda, gpus_per_node: 0, or gpus_allocated_only: true "
                 "(allocate the GPUs, compute on the CPU)"
             )
+        gpu_type = entry.get("gpu_type")
+        if (
+            gpus
+            and entry.get("gpu_request", "gres") == "gres"
+            and isinstance(gpu_type, str)
+            and not re.fullmatch(r"[A-Za-z0-9_.]+", gpu_type)
+        ):
+            # the Slurm plugin's `gres` resource takes letters, digits, `_` and `.` only
+            problems.append(
+                f"{key}.gpu_type: {gpu_type!r} cannot be a GRES type (letters, digits, _ and . "
+                "only); rename it or use gpu_request: gpus"
+            )
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
                 f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"

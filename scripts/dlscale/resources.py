@@ -48,9 +48,11 @@ def plugin_owned(hw: dict) -> dict:
     - `constraint` (sbatch -C, quoted by the plugin);
     - `gres` for `gpu_request: gres`: `gpu[:type]:N`, per node, as Slurm counts GRES. A GRES
       job makes the plugin add `--ntasks-per-gpu=<tasks>` (the job's total task count per
-      GPU, which would multiply the ranks) unless `tasks_per_gpu` is 0: the plugin's documented
-      way to leave it out. The task geometry is then `--ntasks-per-node` (slurm_extra), as for
-      every other class, one rank per GPU on GPU hardware.
+      GPU, which would multiply the ranks) unless `tasks_per_gpu` is 0 (plugin 2.8's
+      submit_string adds the flag only for values >= 1; plugin issue #316). The task geometry
+      is then `--ntasks-per-node` (slurm_extra), as for every other class, one rank per GPU on
+      GPU hardware. The plugin's GRES pattern has no `-` in a type: dlscale.config refuses
+      such a gpu_type for `gres` requests before any job.
     `gpu_request: gpus` has no plugin resource: the plugin's `gpu` is `--gpus`, a count for the
     whole job that Slurm may split unevenly across nodes; `--gpus-per-node` (which the plugin
     does not manage or refuse) stays in slurm_extra."""

@@ -239,3 +239,14 @@ def test_a_later_hardware_key_at_its_default_keeps_measured_cells_current():
     assert hashed_hardware(dict(entry, gpus_allocated_only=False)) == entry
     assert hashed_hardware(dict(entry, gpus_allocated_only=True)) != entry
     assert hashed_hardware(dict(entry, node_hour_cost=2.0)) == entry  # planning only
+
+
+def test_a_gres_gpu_type_the_slurm_plugin_would_refuse_is_an_early_error(root):
+    from dlscale.config import ConfigError, load_schema, validate_hardware
+
+    schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
+    entry = dict(device="cuda", gpus_per_node=4, gpu_request="gres", gpu_type="a100-80g")
+    with pytest.raises(ConfigError, match=r"gpu_type: 'a100-80g' cannot be a GRES type"):
+        validate_hardware({"a100": entry}, schema)
+    assert validate_hardware({"a100": dict(entry, gpu_request="gpus")}, schema)
+    assert validate_hardware({"a100": dict(entry, gpu_type="a100_80g")}, schema)
