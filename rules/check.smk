@@ -11,8 +11,8 @@
 #   compares this study (B) with another study's results folder (A) cell by cell.
 import time
 
-from dlscale.check import enforce_verdicts, failed_since, load_references
-from dlscale.check import schema_path as references_schema_path
+from dlscale.references import failed_since, load_references
+from dlscale.references import schema_path as references_schema_path
 from dlscale.htmlreport import table_caption, table_category, table_labels
 
 REFERENCES_PATH = str(Path(workflow.basedir) / STUDY.config["references_file"])
@@ -59,6 +59,8 @@ rule check:
     log:
         CHECK_LOG,
     run:
+        from dlscale.check import enforce_verdicts
+
         enforce_verdicts(input.verdicts, log[0])
 
 

@@ -3,7 +3,8 @@
 # first serialise all of the study's inputs for the script, which grows quadratically with the
 # number of cells (10,000 cells: tens of seconds before the first file is read; issue 7).
 # It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
-from dlscale.collect import write_tables
+# dlscale.collect (pandas, scipy) is imported in the job, not at parse time: every Slurm job's
+# snakemake parses the workflow again (benchmarks/planning.py, parse only).
 from dlscale.htmlreport import table_caption, table_category, table_labels
 
 
@@ -52,6 +53,8 @@ rule collect:
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
     run:
+        from dlscale.collect import write_tables
+
         write_tables(
             list(input.metrics),
             ranks_csv=output.ranks,

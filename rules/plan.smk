@@ -5,7 +5,7 @@
 # `python -m dlscale.plan results/<study>` plans from an existing results folder by hand.
 # (the fitting and solving modules are imported in the jobs, not at every parse: scipy.optimize
 # and pulp stay out of each Slurm job's snakemake start-up)
-from dlscale.plan import partitions_from_hardware
+from dlscale.partitions import partitions_from_hardware
 
 OUT.update(
     {

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .config import PLANNING_KEYS  # noqa: F401 (the hardware keys read here)
+from .partitions import Partition, partitions_from_hardware  # noqa: F401 (re-exported)
 from .stats import GROUP
 
 MIN_TIME, MIN_NODE_HOURS = "min_time", "min_node_hours"
@@ -53,30 +54,6 @@ _REL = 1e-7  # relative slack when an earlier objective is fixed at its optimum
 
 class PlanError(ValueError):
     """No plan: the message says why and, for a budget or deadline, the smallest feasible one."""
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str
-    nodes_available: int
-    node_hour_cost: float = 1.0
-    node_power_w: float | None = None
-
-
-def partitions_from_hardware(hardware: dict) -> list[Partition]:
-    """The planner's partitions: every hardware entry (nodes_available defaults to max_nodes)."""
-    out = []
-    for name, hw in hardware.items():
-        avail = hw.get("nodes_available")
-        out.append(
-            Partition(
-                name,
-                int(avail if avail is not None else hw.get("max_nodes", 1)),
-                float(hw.get("node_hour_cost", 1.0)),
-                hw.get("node_power_w"),
-            )
-        )
-    return out
 
 
 def jobs_from_config(plan: dict, models: list[str]) -> list[dict]:
