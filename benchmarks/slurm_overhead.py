@@ -43,7 +43,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submission import cluster_ready, study_config  # noqa: E402
 
-from _common import REPO, child_env, copy_workflow, default_venvs, run_child  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,
+    alternate,
+    child_env,
+    copy_workflow,
+    default_venvs,
+    run_child,
+)
 
 SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
 SLOTS = 2  # the local cluster runs two 1-node cells at once
@@ -235,24 +242,26 @@ def main() -> None:
         flush=True,
     )
     variants = {
-        "dlscale": lambda log: run_dlscale(work, log, a.cells, a.train_only, "profiles/slurm"),
-        "sbatch": lambda log: run_sbatch_loop(work, log, a.cells),
+        "dlscale": lambda k: run_dlscale(
+            work, root / f"dlscale-{k + 1}.log", a.cells, a.train_only, "profiles/slurm"
+        ),
+        "sbatch": lambda k: run_sbatch_loop(work, root / f"sbatch-{k + 1}.log", a.cells),
     }
     if a.old_polling:
         old = polling_profile(work, 10, 10)
-        variants["poll10"] = lambda log: run_dlscale(work, log, a.cells, a.train_only, old)
-    results: dict[str, list[dict]] = {name: [] for name in variants}
-    for k in range(a.rounds):
-        order = list(variants)[k % len(variants) :] + list(variants)[: k % len(variants)]
-        for name in order:
-            r = variants[name](root / f"{name}-{k + 1}.log")
-            results[name].append(r)
-            print(
-                f"  round {k + 1} {name:8s} wall {r['wall_s']:6.1f} s, cells' work "
-                f"{r['work_s']:6.1f} s, overhead {r['overhead_per_cell_s']:5.2f} s/cell, "
-                f"tail {r['tail_s']:5.1f} s, in-job extra {r['in_job_extra_s']:.1f} s",
-                flush=True,
-            )
+        variants["poll10"] = lambda k: run_dlscale(
+            work, root / f"poll10-{k + 1}.log", a.cells, a.train_only, old
+        )
+
+    def show(k: int, name: str, r: dict) -> None:
+        print(
+            f"  round {k + 1} {name:8s} wall {r['wall_s']:6.1f} s, cells' work "
+            f"{r['work_s']:6.1f} s, overhead {r['overhead_per_cell_s']:5.2f} s/cell, "
+            f"tail {r['tail_s']:5.1f} s, in-job extra {r['in_job_extra_s']:.1f} s",
+            flush=True,
+        )
+
+    results = alternate(a.rounds, variants, show)
     med = {
         name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         for name, runs in results.items()

@@ -46,6 +46,7 @@ from .cell import (
 from .frameworks.base import RankContext
 from .method import RANK_END
 from .provenance import git_commit
+from .sysprobe import job_allocation
 
 
 # ----------------------------------------------------------------------------- inside a rank
@@ -301,7 +302,7 @@ def record_slurm_job(output: Path) -> None:
         "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
         "host": socket.gethostname(),
         "time": time.time(),
-        "allocation": slurm_allocation(os.environ["SLURM_JOB_ID"]),
+        "allocation": job_allocation(os.environ["SLURM_JOB_ID"]),
         "gpus": {
             k.lower(): os.environ[k]
             for k in ("SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")
@@ -309,53 +310,6 @@ def record_slurm_job(output: Path) -> None:
         },
     }
     _write_beside(output, SLURM_JOB_FILE, job)
-
-
-ALLOCATION_FIELDS = (
-    "Partition",
-    "NodeList",
-    "NumNodes",
-    "NumTasks",
-    "TRES",
-    "TresPerNode",
-    "JOB_GRES",
-)
-
-
-def slurm_allocation(job_id: str) -> dict | None:
-    """The job's allocation from `scontrol show job -d -o` (None when Slurm cannot say): the
-    fields in ALLOCATION_FIELDS, and per node its CPUs, memory and GRES with their indices
-    (`Nodes=n1 CPU_IDs=0 Mem=1500 GRES=gpu:fake:1(IDX:0)`)."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-d", "-o", str(job_id)],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return parse_allocation(out.stdout)
-
-
-def parse_allocation(text: str) -> dict:
-    found: dict = {"per_node": []}
-    node: dict | None = None
-    for token in text.split():
-        key, sep, value = token.partition("=")
-        if not sep:
-            continue
-        if key == "Nodes":  # a per-node entry of -d starts with Nodes=
-            node = {"nodes": value}
-            found["per_node"].append(node)
-        elif node is not None and key in ("CPU_IDs", "Mem", "GRES"):
-            node[key.lower()] = value
-        elif key in ALLOCATION_FIELDS:
-            found[key.lower()] = value
-            node = None
-    return found
 
 
 def _write_beside(output: Path, name: str, record: dict) -> None:

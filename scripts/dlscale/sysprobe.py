@@ -327,6 +327,46 @@ def parse_scontrol_job(text: str) -> dict:
     return fields
 
 
+# What the launcher records of a cell's job (slurm_job.json, kept with its measurement), from
+# `scontrol show job -d -o`: these fields, and per node its CPUs, memory and GRES with indices.
+ALLOCATION_FIELDS = (
+    "Partition",
+    "NodeList",
+    "NumNodes",
+    "NumTasks",
+    "TRES",
+    "TresPerNode",
+    "JOB_GRES",
+)
+ALLOCATION_NODE_FIELDS = ("CPU_IDs", "Mem", "GRES")
+
+
+def parse_allocation(text: str) -> dict:
+    """`scontrol show job -d -o ID` -> ALLOCATION_FIELDS (lower case) and `per_node`: one entry
+    per `Nodes=` group of the detail (`Nodes=n1 CPU_IDs=0 Mem=1500 GRES=gpu:fake:1(IDX:0)`)."""
+    found: dict = {"per_node": []}
+    node: dict | None = None
+    for token in re.split(r"\s+(?=[A-Za-z/:_]+=)", text.strip()):
+        key, sep, value = token.partition("=")
+        if not sep:
+            continue
+        if key == "Nodes":  # a per-node group of -d starts with Nodes=
+            node = {"nodes": value}
+            found["per_node"].append(node)
+        elif node is not None and key in ALLOCATION_NODE_FIELDS:
+            node[key.lower()] = value
+        elif key in ALLOCATION_FIELDS:
+            found[key.lower()] = value
+            node = None
+    return found
+
+
+def job_allocation(job_id: str) -> dict | None:
+    """The job's allocation (parse_allocation), None when Slurm cannot say."""
+    out, _ = run_tool(["scontrol", "show", "job", "-d", "-o", str(job_id)])
+    return parse_allocation(out) if out else None
+
+
 def slurm_facts(ask_controller: bool) -> dict:
     version, why = run_tool(["scontrol", "--version"])
     facts = {
