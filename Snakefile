@@ -50,9 +50,11 @@ onerror:
 
 
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before
-# the first job (rules/common.smk).
+# the first job (rules/common.smk). Then the driver records itself and resumes the jobs an
+# earlier driver of the study left behind (dlscale.resume, README "Resume").
 onstart:
     check_launcher_matches_executor()
+    start_driver()
 
 
 onsuccess:

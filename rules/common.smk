@@ -14,6 +14,7 @@ from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
 from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
 from dlscale.cell import CELL_PATTERN, STUDY_DIR, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
 from dlscale.matrix import load_workflow_study
+from dlscale.resume import previous_driver
 from dlscale.studyarchive import ARCHIVE_DIR as STUDY_ARCHIVE_DIR
 from dlscale.studyarchive import ARCHIVE_LOG as STUDY_ARCHIVE_LOG
 
@@ -43,6 +44,11 @@ if workflow.is_main_process:
             "python -m dlscale.migrate",
             file=sys.stderr,
         )
+    # A study survives its driver (dlscale.resume): the locks of a previous driver that is gone
+    # are removed and named; a live one is named with its pid, host and command (Snakemake's
+    # lock check then refuses this run).
+    for _line in previous_driver(RESULTS, unlock=not workflow.dryrun):
+        print(f"dlscale: {_line}", file=sys.stderr)
     if not workflow.dryrun:
         adopt_unarchived(cell.path for cell in STUDY.cells)
     _changed = changed_cells(STUDY.cells)
@@ -125,6 +131,17 @@ def check_launcher_matches_executor():
     )
     if problem:
         raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
+
+
+# The driver records itself and, under the Slurm executor, adopts the jobs an earlier driver of
+# the study left queued or running, journals every submission and handles SIGHUP/SIGTERM
+# (dlscale.resume.Resume): the workflow's `onstart`, after the launcher check, before any job.
+def start_driver():
+    if not workflow.is_main_process:
+        return
+    from dlscale.resume import start
+
+    start(workflow, RESULTS, STUDY.config["restart"], metrics_files())
 
 
 def metrics_files():

@@ -546,7 +546,16 @@ def config_hash(config: dict, hardware: dict) -> str:
     measured = {
         k: v
         for k, v in config.items()
-        if k not in ("report", "remeasure", "max_cells", "study_file", "references_file", "plan")
+        if k
+        not in (
+            "report",
+            "remeasure",
+            "restart",
+            "max_cells",
+            "study_file",
+            "references_file",
+            "plan",
+        )
     }
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
