@@ -11,6 +11,7 @@ COMMANDS = {
     "check": ("dlscale.check", "verdicts against the regression references; exit 1 on a FAIL"),
     "bless": ("dlscale.check", "record a study's results as the references of one system"),
     "compare": ("dlscale.compare", "two studies' results folders, cell by cell"),
+    "status": ("dlscale.progress", "a study's cells: measured, running, pending, failed, jobs"),
 }
 
 
