@@ -1,0 +1,208 @@
+"""A study survives losing its driver (dlscale.resume), on the project's real local Slurm cluster.
+
+The driver (`snakemake --profile profiles/slurm`, started as a user would) is killed with -9 or
+sent SIGHUP/SIGINT while its cells are queued and running, then started again. Slurm itself is
+the witness: `scontrol show job` keeps every job of the last MinJobAge (600 s on the test
+cluster) with the comment the executor plugin gives it, which names the cell. Every test asserts
+submissions = cells (plus the cancellations it asked for), no cell measured twice, every metrics
+file valid and made by the one job that measured its cell, no job of the study left in the
+queue, and the report built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlscale.metrics import read_metrics
+from dlscale.resume import JOURNAL_FILE, LIVE_STATES, plugin_comment
+
+from conftest import BIN, ROOT, copy_workflow
+
+pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
+
+# 4 cells: nodes 1 and 2, two repetitions; 2-node cells hold the whole 2-node cluster, so when
+# the first job runs the others queue behind it.
+CELLS = [
+    f"cpu/pytorch/cnn_small/weak/fp32/eager/n{n}/r{r}/metrics.jsonl" for n in (1, 2) for r in (1, 2)
+]
+
+
+DRIVERS: list[subprocess.Popen] = []
+
+
+@pytest.fixture
+def study(cluster, tmp_path, request):
+    """A fresh 4-cell study with a name of its own (the controller remembers earlier runs' jobs
+    for MinJobAge); at the end no driver of it runs and none of its jobs is left in the queue."""
+    name = f"{request.node.name.split('_')[1]}{int(time.time() * 1000) % 10**8}"
+    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+    config.update(study=name, repetitions=2, steps=200)
+    yield copy_workflow(tmp_path, config), name
+    for proc in DRIVERS:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    DRIVERS.clear()
+    live = [j for j, v in study_jobs(name).items() if v["state"] in LIVE_STATES]
+    if live:
+        subprocess.run(["scancel", *live], capture_output=True, timeout=30)
+
+
+def start(work: Path, *args: str) -> subprocess.Popen:
+    """The driver in a session of its own, as in a login shell: a signal reaches only it."""
+    proc = subprocess.Popen(
+        [str(BIN / "snakemake"), "--profile", "profiles/slurm", *args],
+        cwd=work,
+        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    DRIVERS.append(proc)
+    return proc
+
+
+def study_jobs(study: str) -> dict[str, dict]:
+    """Every job of the study the controller knows: id -> {cell (the plugin's comment), state}."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30
+    ).stdout
+    jobs = {}
+    for line in out.splitlines():
+        fields = dict(
+            tok.split("=", 1) for tok in line.split() if "=" in tok and not tok.startswith("=")
+        )
+        if f"_wildcards_{study}_" in fields.get("Comment", ""):
+            jobs[fields["JobId"]] = {"comment": fields["Comment"], "state": fields["JobState"]}
+    return jobs
+
+
+def wait_until(what, timeout: float = 120, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what.__doc__ or what}")
+
+
+def journal(work: Path, study: str) -> list[dict]:
+    path = work / "results" / study / JOURNAL_FILE
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def running_and_queued(study: str):
+    """one job of the study running and at least one more queued"""
+    states = [j["state"] for j in study_jobs(study).values()]
+    return "RUNNING" in states and len([s for s in states if s in LIVE_STATES]) >= 2
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def assert_measured_once(work: Path, study: str, cancelled: int = 0) -> None:
+    jobs = study_jobs(study)
+    assert not [j for j, v in jobs.items() if v["state"] in LIVE_STATES], jobs  # 0 orphans
+    comments = [v["comment"] for v in jobs.values() if v["state"] != "CANCELLED"]
+    assert len(comments) == len(CELLS) == len(set(comments)), jobs  # one job per cell
+    assert len(jobs) == len(CELLS) + cancelled, jobs  # submissions = cells (+ cancelled)
+    made_by = set()
+    for cell in CELLS:
+        records = read_metrics(work / "results" / study / "runs" / cell)  # valid, or raises
+        job = records[0]["value"]["provenance"]["slurm_job_id"]
+        assert jobs[job]["state"] == "COMPLETED"
+        assert jobs[job]["comment"] == plugin_comment(f"results/{study}/runs/{cell}")
+        made_by.add(job)
+    assert len(made_by) == len(CELLS)
+    assert (work / "results" / study / "report" / "report.pdf").stat().st_size > 0
+
+
+def test_kill9_then_sighup_then_restart_resubmits_nothing(study):
+    """kill -9 mid-study, restart (adopts), SIGHUP the second driver, restart again: the four
+    cells are measured by the four jobs the first driver submitted, and nothing else runs."""
+    work, study = study
+    first = start(work)
+    wait_until(lambda: running_and_queued(study))
+    first.kill()  # kill -9: nothing can be logged
+    finish(first)
+    assert (work / ".snakemake" / "locks").is_dir()  # the dead driver's locks are left behind
+    submitted = set(study_jobs(study))
+    assert len(submitted) == len(CELLS)
+
+    t0 = time.monotonic()
+    second = start(work)
+    adopted = wait_until(
+        lambda: [e for e in journal(work, study) if e["event"] == "adopted"], timeout=60
+    )
+    print(f"restart to first adoption: {time.monotonic() - t0:.1f} s")  # target <= 10 s
+    assert {e["slurm_job_id"] for e in adopted} <= submitted
+    second.send_signal(signal.SIGHUP)  # the terminal closes
+    out = finish(second)
+    assert second.returncode == 128 + signal.SIGHUP, out[-3000:]
+    assert "removed its stale locks" in out and "resuming: adopting" in out, out[-3000:]
+    assert "SIGHUP (terminal closed)" in out, out[-3000:]
+    left = [e for e in journal(work, study) if e["event"] == "left_running"]
+    assert left and {e["slurm_job_id"] for e in left} <= submitted
+    log = (work / "results" / study / "logs" / "driver.log").read_text()
+    assert "leaves" in log and all(e["slurm_job_id"] in log for e in left)
+
+    third = start(work)
+    out = finish(third)
+    assert third.returncode == 0, out[-3000:]
+    assert set(study_jobs(study)) == submitted  # the third driver submitted nothing
+    assert_measured_once(work, study)
+    status = subprocess.run(
+        [str(BIN / "python"), "-m", "dlscale", "status", f"results/{study}"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")),
+    )
+    assert f"{len(CELLS)} cells: {len(CELLS)} measured" in status.stdout, status
+
+
+def test_sigint_cancels_and_restart_cancel_measures_anew(study):
+    """kill -9, restart with restart=cancel (the earlier jobs are cancelled before any new
+    submission), SIGINT that driver (its jobs are cancelled and journalled), restart: every
+    cell measured once, by a job of the last driver or of the cancel-mode driver."""
+    work, study = study
+    first = start(work)
+    wait_until(lambda: running_and_queued(study))
+    first.kill()
+    finish(first)
+    orphans = set(study_jobs(study))
+
+    second = start(work, "--config", "launcher=srun", "restart=cancel")
+    wait_until(lambda: len(study_jobs(study)) > len(orphans), timeout=60)
+    states = study_jobs(study)
+    assert all(states[j]["state"] == "CANCELLED" for j in orphans), states
+    wait_until(lambda: running_and_queued(study))
+    second.send_signal(signal.SIGINT)
+    out = finish(second)
+    assert second.returncode != 0
+    assert "cancelling this run's Slurm jobs" in out, out[-3000:]
+    wait_until(
+        lambda: not [j for j in study_jobs(study).values() if j["state"] in LIVE_STATES],
+        timeout=60,
+    )  # nothing of the study left in the queue
+    cancelled = [e for e in journal(work, study) if e["event"] == "cancelled"]
+    assert {e["slurm_job_id"] for e in cancelled} >= orphans
+
+    third = start(work)
+    out = finish(third)
+    assert third.returncode == 0, out[-3000:]
+    n_cancelled = len([j for j in study_jobs(study).values() if j["state"] == "CANCELLED"])
+    assert n_cancelled >= len(orphans)
+    assert_measured_once(work, study, cancelled=n_cancelled)
