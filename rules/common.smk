@@ -198,6 +198,7 @@ OUT_PARTIAL = {key: path.replace(f"{RESULTS}/", f"{PARTIAL}/", 1) for key, path 
 
 def build_from_existing_cells():
     """onerror: tables, figures and the report from the cells that exist (<study>/partial/)."""
+    from dlscale import resume
     from dlscale.finalize import build_from_existing
 
     build_from_existing(
@@ -208,6 +209,7 @@ def build_from_existing_cells():
         figures=FIGURE_LAYOUT,
         title=report_title() + " (incomplete)",
         attachment=report_attachment(OUT_PARTIAL),
+        stopped_by=resume.STOPPED_BY,
     )
 
 

@@ -26,6 +26,7 @@ def build_from_existing(
     figures: list[dict],
     title: str,
     attachment: str,
+    stopped_by: str | None = None,
 ) -> None:
     """`out`: the outputs by the keys of OUT in rules/common.smk; `figures`: the study's figure
     layout (dlscale.layout.figure_layout, the same list the rules draw); `attachment`:
@@ -64,6 +65,7 @@ def build_from_existing(
             n_planned=n_planned,
             out=out,
             pdf_problem=pdf_problem,
+            stopped_by=stopped_by,
         ),
         file=sys.stderr,
     )
@@ -77,6 +79,7 @@ def status_message(
     n_planned: int,
     out: dict[str, str],
     pdf_problem: str | None = None,
+    stopped_by: str | None = None,
 ) -> str:
     """What the end of a failed run says: the cells (measured, failed, missing) apart from the
     report steps. With every cell measured, the study is complete and only a report step
@@ -86,6 +89,13 @@ def status_message(
         if pdf_problem
         else f"{out['pdf']} was built from them"
     )
+    if measured == n_planned and not failed and not missing and stopped_by:
+        return (
+            f"dlscale: cells measured: all {n_planned} of {n_planned} -- the measurements are "
+            f"complete. The driver was stopped ({stopped_by}) before the report steps; tables, "
+            f"figures and the report were built from the cells into the partial folder; {pdf}. "
+            "Rerun the same command to build the final ones: no cell is measured again."
+        )
     if measured == n_planned and not failed and not missing:
         return (
             f"dlscale: cells measured: all {n_planned} of {n_planned} (none failed, none "

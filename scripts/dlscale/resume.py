@@ -66,6 +66,8 @@ LIVE_STATES = frozenset(
 )
 SQUEUE_FORMAT = "%i|%T|%N|%j|%V|%k"  # id, state, nodes, name (run id), submit time, comment
 TIMEOUT_S = 30
+# The signal that stopped this driver, for the end-of-run message (dlscale.finalize).
+STOPPED_BY: str | None = None
 
 
 # ---- records -------------------------------------------------------------------------------
@@ -571,6 +573,8 @@ class Resume:
         os._exit(128 + signum)  # no cleanup: Snakemake's would cancel the jobs
 
     def on_terminate(self, signum, frame) -> None:
+        global STOPPED_BY
+        STOPPED_BY = "SIGTERM"
         jobs = self.active()
         say(
             self.study_dir,

@@ -151,3 +151,16 @@ def test_status_counts_cells_from_the_record_and_the_journal(workdir, capsys):
     assert "4 cells: 1 measured, 0 running, 0 pending, 1 failed, 1 cancelled" in out
     assert "job 999002" in out and cells[3] in out
     assert progress.main(["results/nope"]) == 2
+
+
+def test_a_driver_stopped_by_sigterm_does_not_blame_the_report_steps():
+    from dlscale.finalize import status_message
+
+    out = {"pdf": "r/partial/report.pdf", "status": "r/partial/status.csv"}
+    msg = status_message(
+        measured=4, failed=0, missing=0, n_planned=4, out=out, stopped_by="SIGTERM"
+    )
+    assert "stopped (SIGTERM) before the report steps" in msg and "Report steps failed" not in msg
+    assert "Report steps failed" in status_message(
+        measured=4, failed=0, missing=0, n_planned=4, out=out
+    )
