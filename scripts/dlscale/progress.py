@@ -19,6 +19,7 @@ from .resume import (
     DRIVER_FILE,
     LIVE_STATES,
     driver_alive,
+    job_order,
     job_states,
     read_driver_record,
     read_journal,
@@ -41,7 +42,7 @@ def cell_states(study_dir: Path) -> list[dict]:
             last[event["cell"]] = event
     cells += [c for c in last if c not in cells]
     live_ids = sorted(
-        {e["slurm_job_id"] for e in last.values() if e["event"] != "cancelled"}, key=int
+        {e["slurm_job_id"] for e in last.values() if e["event"] != "cancelled"}, key=job_order
     )
     slurm = job_states(live_ids)
     rows = []

@@ -280,6 +280,11 @@ def rename(job_id: str, run_id: str) -> bool:
     return proc.returncode == 0
 
 
+def job_order(job_id: str) -> tuple[int, ...]:
+    """Sort key of Slurm job ids, array tasks (<array job>_<task>) included."""
+    return tuple(int(x) for x in str(job_id).split("_") if x.isdigit())
+
+
 def plugin_comment(cell_path: str) -> str:
     """The comment the Slurm plugin gives a cell's job (`rule_<rule>_wildcards_<values>`, the
     wildcards in the order of the cell's path, '/' replaced by '_'): the fallback that finds a
@@ -359,13 +364,13 @@ class Resume:
         for jid, info in live.items():
             by_comment.setdefault(info["comment"], []).append(jid)
         known = job_states(
-            sorted({i for ids in recorded.values() for i in ids if i not in live}, key=int)
+            sorted({i for ids in recorded.values() for i in ids if i not in live}, key=job_order)
         )
         out = {}
         for path, ids in recorded.items():
             ids = set(ids) | set(by_comment.get(plugin_comment(path), []))
             found = []
-            for jid in sorted(ids, key=int):
+            for jid in sorted(ids, key=job_order):
                 info = live.get(jid) or known.get(jid) or {}
                 found.append(
                     Earlier(
@@ -386,7 +391,8 @@ class Resume:
         cancelled, adopt, accept = [], [], []
         for path, found in earlier.items():
             live = sorted(
-                (e for e in found if e.live), key=lambda e: (e.state != "RUNNING", int(e.job_id))
+                (e for e in found if e.live),
+                key=lambda e: (e.state != "RUNNING", job_order(e.job_id)),
             )
             if self.mode == "cancel":
                 cancelled += [(path, e) for e in live]

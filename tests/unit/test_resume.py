@@ -164,3 +164,8 @@ def test_a_driver_stopped_by_sigterm_does_not_blame_the_report_steps():
     assert "Report steps failed" in status_message(
         measured=4, failed=0, missing=0, n_planned=4, out=out
     )
+
+
+def test_job_ids_sort_numerically_array_tasks_included():
+    ids = ["1000", "999", "1000_10", "1000_2"]
+    assert sorted(ids, key=resume.job_order) == ["999", "1000", "1000_2", "1000_10"]
