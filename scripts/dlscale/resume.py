@@ -243,8 +243,9 @@ def _squeue(args: list[str]) -> dict[str, dict]:
 
 
 def user_jobs() -> dict[str, dict]:
-    """The user's pending and running jobs (squeue's default states)."""
-    return _squeue(["--me"])
+    """Every job of the user the controller knows (queued, running, or ended within
+    MinJobAge), in one query."""
+    return _squeue(["--me", "--states=all"])
 
 
 def job_states(ids: list[str]) -> dict[str, dict]:
@@ -359,19 +360,17 @@ class Resume:
             path = self.cell_path(job)
             if path:
                 recorded[path] = [str(i) for i in self.workflow.persistence.external_jobids(job)]
-        live = user_jobs()
+        known = user_jobs()
         by_comment = {}
-        for jid, info in live.items():
-            by_comment.setdefault(info["comment"], []).append(jid)
-        known = job_states(
-            sorted({i for ids in recorded.values() for i in ids if i not in live}, key=job_order)
-        )
+        for jid, info in known.items():
+            if info["state"] in LIVE_STATES:
+                by_comment.setdefault(info["comment"], []).append(jid)
         out = {}
         for path, ids in recorded.items():
             ids = set(ids) | set(by_comment.get(plugin_comment(path), []))
             found = []
             for jid in sorted(ids, key=job_order):
-                info = live.get(jid) or known.get(jid) or {}
+                info = known.get(jid, {})
                 found.append(
                     Earlier(
                         jid,

@@ -1,6 +1,6 @@
 """dlscale.resume and `dlscale status` without a cluster: stale locks, driver liveness, the
 journal, the plugin's comment, and which measurement an adopted job may hand over. The adoption
-itself runs against the real Slurm plugin and cluster in tests/slurm/test_resume.py."""
+itself runs against the real Slurm plugin and cluster in tests/slurm/test_lost_driver.py."""
 
 from __future__ import annotations
 
