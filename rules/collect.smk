@@ -48,6 +48,24 @@ rule collect:
             category=table_category("systems"),
             labels=table_labels("systems"),
         ),
+        convergence=report(
+            OUT["convergence"],
+            caption=table_caption("convergence"),
+            category=table_category("convergence"),
+            labels=table_labels("convergence"),
+        ),
+        epochs=report(
+            OUT["epochs"],
+            caption=table_caption("epochs"),
+            category=table_category("epochs"),
+            labels=table_labels("epochs"),
+        ),
+        time_to_accuracy=report(
+            OUT["time_to_accuracy"],
+            caption=table_caption("time_to_accuracy"),
+            category=table_category("time_to_accuracy"),
+            labels=table_labels("time_to_accuracy"),
+        ),
     log:
         f"{LOGS}/collect.log",
     params:
@@ -63,6 +81,11 @@ rule collect:
             quarantine_csv=output.quarantine,
             status_csv=output.status,
             systems_csv=output.systems,
+            convergence_csvs={
+                "convergence": output.convergence,
+                "epochs": output.epochs,
+                "time_to_accuracy": output.time_to_accuracy,
+            },
             straggler_threshold=params.straggler_threshold,
             log=log[0],
         )

@@ -548,5 +548,11 @@ def config_hash(config: dict, hardware: dict) -> str:
         for k, v in config.items()
         if k not in ("report", "remeasure", "max_cells", "study_file", "references_file", "plan")
     }
+    # keys added later count only where they ask for something (a study without convergence
+    # cells hashes as it did before workloads existed)
+    if measured.get("workloads") == ["throughput"]:
+        del measured["workloads"]
+    if "convergence" not in config.get("workloads", ["throughput"]):
+        measured.pop("convergence", None)
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -148,6 +148,9 @@ class Adapter(TorchModel, BaseAdapter):
     name = "horovod"
     title = "Horovod"
     has_allreduce_probe = True
+    # The convergence loop's collectives (all_reduce of counts, broadcast of the normalisation
+    # statistics) are torch.distributed's in TorchModel; Horovod's own are not wired to it yet.
+    convergence_method = ""
     breakdown_method = (
         "the same step with Horovod's gradient allreduce deferred (its "
         "backward_passes_per_step accumulation path: the backward hooks submit "
