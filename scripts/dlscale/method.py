@@ -32,7 +32,7 @@ IDLE_PROBE_METHOD = (
 # What a convergence cell's clock holds and what it leaves out (dlscale.converge; every
 # convergence record and the report state it).
 TIME_TO_ACCURACY_METHOD = (
-    "time-to-accuracy = the sum, over the epochs up to the first whose validation accuracy "
+    "Time-to-accuracy is the sum, over the epochs up to the first whose validation accuracy "
     "reaches the target, of each epoch's training time: wall clock from the barrier that "
     "starts the epoch to the device synchronisation after its last optimizer step, the "
     "slowest rank's (loading the training batches included)"

@@ -498,13 +498,24 @@ def plot_time_to_accuracy(tta: pd.DataFrame, spec: dict, out: str, epochs_axis: 
                     linewidth=0.8,
                     label="ideal",
                 )
-            ax.set_yscale("log")
         _nodes_axis(ax, sorted(part[xcol].unique()))
         if epochs_axis:
             ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        else:
+            _seconds_axis(ax)
     ylabel = "Epochs to target (median)" if epochs_axis else "Time to target (s, median)"
     _label_outer(axes, len(panels), ylabel, "Global batch" if epochs_axis else "Nodes")
     return _finish(fig, axes, out)
+
+
+def _seconds_axis(ax) -> None:
+    """A log axis of seconds labelled at 1, 2 and 5 of each decade (a span of less than a
+    decade still has labels)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, out: str):
@@ -535,7 +546,9 @@ def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, 
         targets = _conv_select(cells, spec, panel)["target_accuracy"].dropna().unique()
         for target in targets:
             ax.axhline(target, linestyle="--", color="0.4", linewidth=0.8, label="target")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        last = int(part["epoch"].max())
+        ax.set_xlim(0.5, last + 0.5)
+        ax.set_xticks(range(1, last + 1, max(1, -(-last // 8))))
     _label_outer(axes, len(panels), "Validation accuracy", "Epoch")
     return _finish(fig, axes, out)
 
