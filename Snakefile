@@ -31,6 +31,7 @@ localrules:
     scaling_model,
     plan,
     figure,
+    convergence_figure,
     report_inputs,
     report_tex,
     report_pdf,

@@ -57,7 +57,10 @@ TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
 SLURM_LOGS = "results/logs/slurm"
 # The train rule of a resource class and workload (rules/train.smk); the executor plugin writes
 # its logs under SLURM_LOGS/rule_<name>/.
-TRAIN_RULES = {"throughput": "train_{hardware}_n{nodes}", "convergence": "converge_{hardware}_n{nodes}"}
+TRAIN_RULES = {
+    "throughput": "train_{hardware}_n{nodes}",
+    "convergence": "converge_{hardware}_n{nodes}",
+}
 TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
 
 # Files in a cell's folder besides the metrics file.
@@ -183,9 +186,7 @@ class Cell:
         # left out at their default, so a throughput cell serialises (and its job's params read)
         # as before they existed
         d = {
-            k: v
-            for k, v in vars(self).items()
-            if not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+            k: v for k, v in vars(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])
         }
         d["world_size"] = self.world_size
         d["config_hash"] = self.config_hash
@@ -270,7 +271,12 @@ def parse_cell_path(path: str) -> dict:
         m = regex.fullmatch(str(path))
         if m:
             d = m.groupdict()
-            return {"study": d["study"], "workload": workload, **d, **{k: int(d[k]) for k in _INT_KEYS}}
+            return {
+                "study": d["study"],
+                "workload": workload,
+                **d,
+                **{k: int(d[k]) for k in _INT_KEYS},
+            }
     raise ValueError(f"not a cell metrics path: {path}")
 
 

@@ -115,7 +115,7 @@ def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
                 "validation_seconds": val_seconds,
                 "rank_epoch_seconds": rank_seconds,
                 "rank_samples": rank_samples,
-            }
+            },
         )
         if accuracy >= cell.target_accuracy:
             break

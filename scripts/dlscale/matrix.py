@@ -190,8 +190,10 @@ def _convergence_problems(config: dict, axes: dict) -> list[str]:
         height, width, channels = shipped["image_shape"]
         for i, name in enumerate(axes["model"]):
             spec = get_spec(name)
-            if spec.family != "vision" or tuple(spec.input_shape) != (channels, height, width) or (
-                spec.num_classes != shipped["num_classes"]
+            if (
+                spec.family != "vision"
+                or tuple(spec.input_shape) != (channels, height, width)
+                or (spec.num_classes != shipped["num_classes"])
             ):
                 fits = [
                     m
@@ -285,7 +287,8 @@ def cell_count_problem(config: dict) -> str | None:
         return None
     reps = workload_repetitions(config)
     sizes = " + ".join(
-        " x ".join(f"{len(axes[a])} {a}" for a in AXES) + f" x {reps[w]} repetitions"
+        " x ".join(f"{len(axes[a])} {a}" for a in AXES)
+        + f" x {reps[w]} repetitions"
         + ("" if w == "throughput" else f" ({w})")
         for w, axes in workload_axes(config).items()
     )

@@ -468,7 +468,9 @@ def _check_convergence(records: list[dict], world: int, where: str) -> None:
     values, and one convergence record (before the summary) that says what they say."""
     outcome = [r["value"] for r in records if r["event"] == CONVERGENCE]
     if len(outcome) != 1 or records[-2]["event"] != CONVERGENCE:
-        raise MetricsError(f"{where}: a convergence cell needs one convergence record before summary")
+        raise MetricsError(
+            f"{where}: a convergence cell needs one convergence record before summary"
+        )
     per_rank = {
         rank: [r["value"] for r in records if r["event"] == EPOCH and r["rank"] == rank]
         for rank in range(world)

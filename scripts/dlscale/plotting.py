@@ -527,9 +527,10 @@ def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, 
     colours = dict(zip(nodes, sns.color_palette("viridis", max(1, len(nodes)))))
     for ax, panel in zip(axes.flat, panels):
         part = _conv_select(epochs, spec, panel)
-        ax.set_title(f"{panel[0]}, {panel[1]}, {panel[2]}" + (
-            f" {panel[3]}" if len(spec["precisions"]) > 1 or panel[3] != "fp32" else ""
-        ))
+        ax.set_title(
+            f"{panel[0]}, {panel[1]}, {panel[2]}"
+            + (f" {panel[3]}" if len(spec["precisions"]) > 1 or panel[3] != "fp32" else "")
+        )
         if part.empty:
             _no_data(ax)
             continue
@@ -560,9 +561,9 @@ def plot_convergence_figure(
     tta: pd.DataFrame, epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, out: str
 ) -> dict:
     """Draw one convergence figure file (dlscale.layout.convergence_layout)."""
-    tta, epochs, cells = (with_variant(t) if not t.empty else t.assign(variant=[]) for t in (
-        tta, epochs, cells
-    ))
+    tta, epochs, cells = (
+        with_variant(t) if not t.empty else t.assign(variant=[]) for t in (tta, epochs, cells)
+    )
     with plt.style.context(_style()):
         family = spec["family"]
         if family == "time_to_accuracy":

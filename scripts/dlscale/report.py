@@ -651,6 +651,7 @@ def render_tex(
     )
     if not re.fullmatch(r"[A-Za-z0-9_./-]+", attachment):
         raise ValueError(f"attachment path must be a plain relative path: {attachment!r}")
+
     def tex_figures(layout):
         return [
             {

@@ -16,7 +16,9 @@ from .lr import RULE_FORMULAS
 from .method import TIME_TO_ACCURACY_EXCLUDES, TIME_TO_ACCURACY_METHOD, VALIDATION_METHOD
 from .stats import CI, CI_LEVEL, RANGE
 
-INFINITY = "$\\infty$"  # the open end of an interval with a repetition that did not reach the target
+INFINITY = (
+    "$\\infty$"  # the open end of an interval with a repetition that did not reach the target
+)
 _KEYS = ["hardware", "framework", "model", "policy", "precision", "mode"]
 
 

@@ -205,7 +205,11 @@ def test_matrix_adds_convergence_cells_with_their_lr_settings(root, base_config)
         ),
         (
             {"axes": {"model": ["transformer_small"]}},
-            ["convergence.axes.model[0]", "does not fit dataset 'digits'", "allowed values: cnn_small"],
+            [
+                "convergence.axes.model[0]",
+                "does not fit dataset 'digits'",
+                "allowed values: cnn_small",
+            ],
         ),
         (
             {"axes": {"model": ["cnn_small"]}, "global_batch": 15},
@@ -305,7 +309,9 @@ def _tamper(records, event, change):
         ),
         (
             lambda rs: [
-                r for r in rs if not (r["event"] == "epoch" and r["rank"] == 1 and r["value"]["epoch"] == 3)
+                r
+                for r in rs
+                if not (r["event"] == "epoch" and r["rank"] == 1 and r["value"]["epoch"] == 3)
             ],
             "rank 1's epochs disagree",
         ),
@@ -342,9 +348,7 @@ def write_cell(root: Path, cell: Cell, records: list[dict]) -> str:
     return str(path.relative_to(root))
 
 
-def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(
-    tmp_path, monkeypatch
-):
+def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp_path, monkeypatch):
     from dlscale.collect import collect_tables
 
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""Learning-rate scaling rules (dlscale.lr): none, linear (with warm-up, Goyal et al. 2017), sqrt."""
+"""Learning-rate scaling rules (dlscale.lr): none, linear with warm-up (Goyal et al. 2017), sqrt."""
 
 from __future__ import annotations
 

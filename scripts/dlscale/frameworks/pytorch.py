@@ -150,7 +150,14 @@ class TorchModel:
             info, "train", rank, world, batch, workers=workers, pin_memory=pin, seed=seed
         )
         val, _ = make_loader(
-            info, "val", rank, world, batch, workers=workers, pin_memory=pin, seed=seed,
+            info,
+            "val",
+            rank,
+            world,
+            batch,
+            workers=workers,
+            pin_memory=pin,
+            seed=seed,
             train=False,
         )
         return train, sampler, val
