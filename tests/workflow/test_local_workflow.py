@@ -71,23 +71,28 @@ def test_bad_config_stops_before_any_job(tmp_path, tiny_config, key, value, frag
 
 def test_tiny_study_reaches_the_pdf(finished_study):
     work = finished_study
-    for path in [
-        "results/tiny/tables/ranks.csv",
-        "results/tiny/tables/cells.csv",
-        "results/tiny/tables/scaling.csv",
-        "results/tiny/report/macros.tex",
-        "results/tiny/report/report.pdf",
-        "results/tiny/tables/model_fit.csv",
-        "results/tiny/tables/predictions.csv",
-        "results/tiny/plan/plan.csv",
-        "results/tiny/plan/plan.pdf",
-    ] + [
-        f"results/tiny/figures/cpu/{f}.pdf"
-        for f in ("throughput", "speedup", "efficiency", "frameworks", "breakdown")
-    ] + [
-        f"results/tiny/figures/cpu/convergence/{f}.pdf"
-        for f in ("time_to_accuracy", "epochs_to_accuracy", "accuracy_curves")
-    ] + [f"results/tiny/tables/{t}.csv" for t in ("convergence", "epochs", "time_to_accuracy")]:
+    for path in (
+        [
+            "results/tiny/tables/ranks.csv",
+            "results/tiny/tables/cells.csv",
+            "results/tiny/tables/scaling.csv",
+            "results/tiny/report/macros.tex",
+            "results/tiny/report/report.pdf",
+            "results/tiny/tables/model_fit.csv",
+            "results/tiny/tables/predictions.csv",
+            "results/tiny/plan/plan.csv",
+            "results/tiny/plan/plan.pdf",
+        ]
+        + [
+            f"results/tiny/figures/cpu/{f}.pdf"
+            for f in ("throughput", "speedup", "efficiency", "frameworks", "breakdown")
+        ]
+        + [
+            f"results/tiny/figures/cpu/convergence/{f}.pdf"
+            for f in ("time_to_accuracy", "epochs_to_accuracy", "accuracy_curves")
+        ]
+        + [f"results/tiny/tables/{t}.csv" for t in ("convergence", "epochs", "time_to_accuracy")]
+    ):
         assert (work / path).stat().st_size > 0, path
     import pandas as pd
 
