@@ -200,7 +200,7 @@ def test_matrix_adds_convergence_cells_with_their_lr_settings(root, base_config)
             [
                 "convergence.axes.framework[0]",
                 "'tensorflow' does not support the convergence workload",
-                "allowed values: pytorch",
+                "allowed values: pytorch, horovod",
             ],
         ),
         (
@@ -249,7 +249,7 @@ def test_declared_capability_matches_the_adapters():
         source = (folder / f"{name}.py").read_text()
         assert "convergence_method" not in source and "TorchModel" not in source
         assert frameworks.WORKLOADS[name] == ("throughput",)
-    assert frameworks.supporting("convergence") == ["pytorch"]
+    assert frameworks.supporting("convergence") == ["pytorch", "horovod"]
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -463,29 +463,38 @@ def digits(tmp_path_factory) -> Path:
     return out
 
 
-def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(tmp_path, digits):
-    """1 rank on the digits data, one epoch against an unreachable target: the cell ends at
-    its cap, reports not reached, and its records hold what the report needs."""
+@pytest.mark.parametrize("framework, nodes", [("pytorch", 1), ("horovod", 2)])
+def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
+    tmp_path, digits, framework, nodes
+):
+    """On the digits data, one epoch against an unreachable target: the cell ends at its cap,
+    reports not reached, and its records hold what the report needs (PyTorch at 1 rank,
+    Horovod's torch path at 2: counts summed over both ranks)."""
     from cells import launch_cell
+    from test_modes import python_of
 
     cell = cell_dict(
         **{
             **CONVERGENCE,
-            "nodes": 1,
-            "per_rank_batch": 32,
+            "framework": framework,
+            "nodes": nodes,
+            "per_rank_batch": 32 // nodes,
             "global_batch": 32,
             "data_path": str(digits),
             "target_accuracy": 0.999,
             "max_epochs": 1,
         }
     )
-    code, out = launch_cell(tmp_path, cell)
+    code, out = launch_cell(tmp_path, cell, python_of(framework))
     assert code == 0
     records = metrics.read_metrics(out)
-    epochs = [r["value"] for r in records if r["event"] == "epoch"]
-    (start,) = [r["value"] for r in records if r["event"] == "rank_start"]
+    epochs = [r["value"] for r in records if r["event"] == "epoch" and r["rank"] == 0]
+    start = [r["value"] for r in records if r["event"] == "rank_start"][0]
     outcome = records[-2]["value"]
     assert len(epochs) == 1 and epochs[0]["val_samples"] == start["dataset"]["val_samples"]
+    assert epochs[0]["samples"] == sum(
+        r["value"]["rank_samples"] for r in records if r["event"] == "epoch"
+    )
     assert start["data"].startswith("real: digits")
     assert outcome["reached"] is False and outcome["epochs_run"] == 1
     assert 0.0 < epochs[0]["val_accuracy"] < 1.0 and epochs[0]["train_loss"] > 0

@@ -33,7 +33,7 @@ WORKLOADS = {
     "pytorch": ("throughput", "convergence"),
     "tensorflow": ("throughput",),
     "keras": ("throughput",),
-    "horovod": ("throughput",),
+    "horovod": ("throughput", "convergence"),
     "mxnet": ("throughput",),
 }
 
