@@ -470,8 +470,9 @@ def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
     """On the digits data, one epoch against an unreachable target: the cell ends at its cap,
     reports not reached, and its records hold what the report needs (PyTorch at 1 rank,
     Horovod's torch path at 2: counts summed over both ranks)."""
-    from cells import launch_cell
     from test_modes import python_of
+
+    from cells import launch_cell
 
     cell = cell_dict(
         **{
