@@ -6,7 +6,11 @@ loader, staging and the loader-only measurement. Runs in the driver venv (torch 
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
+import shutil
+import socket
+import subprocess
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -18,6 +22,7 @@ from torch.utils.data import DistributedSampler
 
 from dlscale.config import ConfigError
 from dlscale.data import CIFAR_RECORD_BYTES, FORMATS, DatasetInfo, inspect_dataset
+from dlscale.data.loader_bench import input_bound, measure_loader
 from dlscale.data.readers import (
     CifarBinary,
     eval_indices,
@@ -27,6 +32,7 @@ from dlscale.data.readers import (
     split_order,
 )
 from dlscale.data.shipped import digits_splits, sample_photos, write_digits, write_photos
+from dlscale.data.staging import stage, staged_path
 from dlscale.data.torch_data import make_loader
 from dlscale.data.writers import cifar_record, write_cifar_binary
 
@@ -247,8 +253,6 @@ def test_inspect_errors_name_key_path_and_formats(tmp_path, digits, monkeypatch)
 
 
 def test_inspect_errors_per_layout(tmp_path, digits):
-    import shutil
-
     # CIFAR: empty validation part, truncated records, a label beyond the named classes
     cifar = tmp_path / "cifar"
     shutil.copytree(digits["cifar_binary"].path, cifar)
@@ -331,3 +335,63 @@ def test_torch_loader_with_workers(digits):
     assert orders[0] != orders[1]  # set_epoch reshuffles
     with pytest.raises(ValueError, match="fewer than one batch"):
         make_loader(info, "train", 0, 4, 400, workers=0)
+
+
+# ----------------------------------------------------------------------------- staging
+def _stage_worker(args):
+    info, dest = args
+    staged, seconds, copied = stage(info, dest)
+    return staged.path, seconds, copied
+
+
+def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
+    info = digits["webdataset"]
+    dest = tmp_path / "node-local"
+    with multiprocessing.get_context("fork").Pool(3) as pool:
+        results = pool.map(_stage_worker, [(info, dest)] * 3)
+    paths = {p for p, _, _ in results}
+    assert len(paths) == 1  # every rank of the node gets the same copy
+    copied = sorted(c for _, _, c in results)
+    total = sum(f.stat().st_size for f in Path(info.path).iterdir())
+    assert copied[:2] == [0, 0] and copied[2] == total  # one copy, by one rank
+    assert all(s > 0 for _, s, _ in results)
+    staged_info = inspect_dataset(paths.pop())
+    assert (staged_info.train_samples, staged_info.num_classes) == (1438, 10)
+    assert sorted(os.listdir(dest)) == [Path(staged_info.path).name]  # no lock or tmp left
+    # reused: nothing copied
+    again, _, copied = stage(info, dest)
+    assert (again.path, copied) == (staged_info.path, 0)
+    # a damaged copy is replaced, a changed source gets a new folder
+    (Path(again.path) / "val-000001.tar").write_bytes(b"")
+    assert stage(info, dest)[2] == total
+    src = tmp_path / "src"
+    shutil.copytree(info.path, src)
+    changed = inspect_dataset(src)
+    assert stage(changed, dest)[0].path != again.path
+
+
+def test_staging_takes_over_a_dead_ranks_lock(tmp_path, digits):
+    info = digits["cifar_binary"]
+    target = staged_path(info, tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    target.with_name(target.name + ".lock").write_text(f"{socket.gethostname()} {dead.pid}")
+    staged, _, copied = stage(info, tmp_path, timeout_s=5)
+    assert copied > 0 and inspect_dataset(staged.path).val_samples == 359
+    # a live holder that never finishes: the waiting rank gives up with a clear message
+    other = staged_path(digits["image_folder"], tmp_path)
+    other.with_name(other.name + ".lock").write_text(f"{socket.gethostname()} {os.getpid()}")
+    with pytest.raises(TimeoutError, match="another rank holds"):
+        stage(digits["image_folder"], tmp_path, timeout_s=0.5)
+
+
+# ----------------------------------------------------------------------------- loader-only
+def test_measure_loader_counts_batches_and_restarts_passes(digits):
+    loader, sampler = make_loader(digits["cifar_binary"], "val", 0, 1, 100, workers=0, train=False)
+    assert len(loader) == 4  # 359 samples: 3 x 100 + 59
+    out = measure_loader(loader, warmup_batches=2, batches=6)
+    # batches 3..8 of the repeated passes: 100, 59 | 100, 100, 100, 59
+    assert out["batches"] == 6 and out["samples"] == 518
+    assert out["samples_per_s"] == pytest.approx(518 / out["seconds"])
+    assert 0 < out["min_batch_s"] <= out["median_batch_s"] <= out["max_batch_s"]
+    assert input_bound(100.0, 40.0) and not input_bound(120.0, 40.0)
