@@ -118,12 +118,15 @@ CELL_JSON = {"throughput": cell_json, "convergence": convergence_cell_json}
 
 def train_inputs(workload):
     """What a workload's train rules read besides their cell: a convergence cell's dataset
-    (a shipped one is written by rules/data.smk)."""
-    if workload == "convergence":
-        from dlscale.matrix import data_path
+    (a shipped one is written by rules/data.smk: `shipped_digits`, an ancient input)."""
+    if workload != "convergence":
+        return {}
+    from dlscale.matrix import SHIPPED_DATASETS, data_path
 
-        return {"data": data_path(STUDY.config)}
-    return {}
+    conv = STUDY.config["convergence"]
+    if conv["dataset"] in SHIPPED_DATASETS:
+        return {"data": shipped_digits(conv["data_format"])}
+    return {"data": data_path(STUDY.config)}
 
 
 def framework_python(wildcards):

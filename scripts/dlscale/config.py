@@ -279,11 +279,18 @@ REGISTRY_KEYWORD = "x-dlscale-registry"
 
 
 def _registry_names(registry: str) -> list[str]:
-    """The names a registry defines: `models` (dlscale.models) or `frameworks`."""
+    """The names a registry defines: `models` (dlscale.models), `frameworks` or `formats`
+    (dlscale.data.FORMATS)."""
     if registry == "models":
         from .models import names
     elif registry == "frameworks":
         from .frameworks import names
+    elif registry == "formats":  # the dataset formats dlscale.data reads
+
+        def names():
+            from .data import FORMATS
+
+            return list(FORMATS)
     else:
         raise ValueError(f"{REGISTRY_KEYWORD}: unknown registry {registry!r}")
     return names()

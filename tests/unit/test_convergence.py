@@ -463,6 +463,16 @@ def digits(tmp_path_factory) -> Path:
     return out
 
 
+def test_the_shipped_digits_are_what_models_are_checked_against_before_any_job(digits):
+    from dlscale.data import inspect_dataset
+    from dlscale.matrix import SHIPPED_DATASETS
+
+    info = inspect_dataset(digits, "cifar_binary")
+    shipped = SHIPPED_DATASETS["digits"]
+    assert (info.image_shape, info.num_classes) == (shipped["image_shape"], shipped["num_classes"])
+    assert (info.train_samples, info.val_samples) == (1438, 359)
+
+
 @pytest.mark.parametrize("framework, nodes", [("pytorch", 1), ("horovod", 2)])
 def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
     tmp_path, digits, framework, nodes
