@@ -202,8 +202,9 @@ CONVERGENCE_CAPTIONS = {
     "compilation and validation excluded) against node count; dashed: ideal (the smallest "
     "node count's time divided by the ratio of world sizes); one panel per model and batch "
     "policy." + NOT_REACHED,
-    "epochs_to_accuracy": "Epochs to the target validation accuracy against the global batch; "
-    "one panel per model and batch policy." + NOT_REACHED,
+    "epochs_to_accuracy": "Epochs to the target validation accuracy against the global batch, "
+    "each point labelled with its node count (under strong scaling the node counts share one "
+    "global batch); one panel per model and batch policy." + NOT_REACHED,
     "accuracy_curves": "Validation accuracy after each epoch, one line per node count and "
     "repetition; dashed: the target; one panel per model, batch policy and framework.",
 }

@@ -478,12 +478,24 @@ def plot_time_to_accuracy(tta: pd.DataFrame, spec: dict, out: str, epochs_axis: 
                 med[ok],
                 yerr=_ci_err(med[ok], low[ok], high[ok]),
                 marker=hue.marker(variant_),
-                linestyle=hue.linestyle(variant_),
+                # against the global batch, node counts with one global batch (strong scaling)
+                # share an x: points, each labelled with its node count, not a line
+                linestyle="none" if epochs_axis else hue.linestyle(variant_),
                 color=colour,
                 label=hue.label(framework, variant_),
             )
             if (~ok).any():
                 _not_reached(ax, list(line.loc[~ok, xcol]), list(cap[~ok]), colour)
+            if epochs_axis:
+                for x, y, n in zip(line[xcol], med.fillna(cap), line["nodes"]):
+                    ax.annotate(
+                        f"{int(n)} node{'s' if n > 1 else ''}",
+                        (x, y),
+                        xytext=(4, 2),
+                        textcoords="offset points",
+                        fontsize="x-small",
+                        color=colour,
+                    )
         if not epochs_axis:
             ideal = part.dropna(subset=["ideal_time_to_accuracy_s"]).groupby("nodes")[
                 "ideal_time_to_accuracy_s"

@@ -54,6 +54,9 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
         "ConvCellsMeasured": len(cells),
         "ConvCellsReached": int(cells["reached"].astype(bool).sum()) if len(cells) else 0,
         "ConvCellsNotReached": int((~cells["reached"].astype(bool)).sum()) if len(cells) else 0,
+        "ConvCellsCompeting": int(cells["competing"].fillna(False).astype(bool).sum())
+        if len(cells) and "competing" in cells
+        else 0,
     }
     measured = [
         "ConvReferenceBatch",
