@@ -71,21 +71,8 @@ rule collect:
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
     run:
-        from dlscale.collect import write_tables
+        from dlscale.collect import write_named_tables
 
-        write_tables(
-            list(input.metrics),
-            ranks_csv=output.ranks,
-            cells_csv=output.cells,
-            scaling_csv=output.scaling,
-            quarantine_csv=output.quarantine,
-            status_csv=output.status,
-            systems_csv=output.systems,
-            convergence_csvs={
-                "convergence": output.convergence,
-                "epochs": output.epochs,
-                "time_to_accuracy": output.time_to_accuracy,
-            },
-            straggler_threshold=params.straggler_threshold,
-            log=log[0],
+        write_named_tables(
+            input.metrics, dict(output.items()), params.straggler_threshold, log[0]
         )

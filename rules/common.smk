@@ -116,6 +116,25 @@ def convergence_cell_json(wildcards):
 CELL_JSON = {"throughput": cell_json, "convergence": convergence_cell_json}
 
 
+# The shipped real data (rules/data.smk writes it): one copy per format under results/data/,
+# shared by every study.
+from dlscale.data import FORMATS as DATA_FORMATS
+
+SHIPPED_DIGITS = "results/data/digits"
+
+
+def shipped_digits(data_format):
+    """The shipped digits in `data_format` (one of dlscale.data.FORMATS) as a job's input:
+    marked ancient, so rewriting them (e.g. after rules/data.smk changes) never re-runs the
+    cells that read them."""
+    if data_format not in DATA_FORMATS:
+        raise WorkflowError(
+            f"dlscale: no shipped data in format {data_format!r}; "
+            f"allowed: {', '.join(DATA_FORMATS)}"
+        )
+    return ancient(f"{SHIPPED_DIGITS}/{data_format}")
+
+
 def train_inputs(workload):
     """What a workload's train rules read besides their cell: a convergence cell's dataset
     (a shipped one is written by rules/data.smk: `shipped_digits`, an ancient input)."""

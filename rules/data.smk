@@ -5,18 +5,7 @@
 # Deterministic: rewriting gives the same bytes. A job that reads them takes
 # `shipped_digits(<format>)` as input: marked ancient, so a rewrite (e.g. after this file
 # changes) never re-runs the cells that read them.
-from dlscale.data import FORMATS
-
-SHIPPED_DIGITS = "results/data/digits"
-
-
-def shipped_digits(data_format):
-    """The shipped digits in `data_format` (one of dlscale.data.FORMATS) as a job's input."""
-    if data_format not in FORMATS:
-        raise WorkflowError(
-            f"dlscale: no shipped data in format {data_format!r}; allowed: {', '.join(FORMATS)}"
-        )
-    return ancient(f"{SHIPPED_DIGITS}/{data_format}")
+# (SHIPPED_DIGITS and the input function shipped_digits() live in rules/common.smk.)
 
 
 rule shipped_digits:
@@ -25,12 +14,8 @@ rule shipped_digits:
     log:
         f"results/data/logs/digits_{{data_format}}.log",
     wildcard_constraints:
-        data_format="|".join(FORMATS),
+        data_format="|".join(DATA_FORMATS),
     run:
-        from dlscale.data import inspect_dataset
-        from dlscale.data.shipped import write_digits
+        from dlscale.data.shipped import write_digits_checked
 
-        write_digits(output[0], wildcards.data_format)
-        info = inspect_dataset(output[0], wildcards.data_format)
-        with open(log[0], "w") as fh:
-            print(f"wrote {info}", file=fh)
+        write_digits_checked(output[0], wildcards.data_format, log[0])

@@ -226,6 +226,20 @@ def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[s
     }
 
 
+def write_named_tables(
+    paths: list[str], outputs: dict[str, str], straggler_threshold: float, log: str | None = None
+) -> None:
+    """write_tables with the outputs by table name (rule collect's named outputs)."""
+    write_tables(
+        list(paths),
+        *(outputs[k] for k in ("ranks", "cells", "scaling", "quarantine", "status")),
+        straggler_threshold=straggler_threshold,
+        log=log,
+        systems_csv=outputs.get("systems"),
+        convergence_csvs={k: outputs[k] for k in CONVERGENCE_TABLES if k in outputs},
+    )
+
+
 def write_tables(
     paths: list[str],
     ranks_csv: str,

@@ -30,7 +30,14 @@ import numpy as np
 from dlscale.data import FORMATS
 from dlscale.data.writers import write_cifar_binary, write_image_folder, write_webdataset
 
-__all__ = ["SPLIT_SEED", "VAL_FRACTION", "digits_splits", "write_digits", "write_photos"]
+__all__ = [
+    "SPLIT_SEED",
+    "VAL_FRACTION",
+    "digits_splits",
+    "write_digits",
+    "write_digits_checked",
+    "write_photos",
+]
 
 SPLIT_SEED = 0
 VAL_FRACTION = 0.2
@@ -93,3 +100,14 @@ def write_photos(out_dir: str | os.PathLike, format: str) -> Path:
     if format == "webdataset":
         return write_webdataset(out_dir, splits, names, encoded=encoded)
     raise ValueError(f"the photos are JPEGs: image_folder or webdataset, not {format!r}")
+
+
+def write_digits_checked(out_dir: str | os.PathLike, format: str, log: str | os.PathLike) -> Path:
+    """write_digits, then read back with inspect_dataset (rule shipped_digits): its
+    description goes to `log`."""
+    from dlscale.data import inspect_dataset
+
+    write_digits(out_dir, format)
+    info = inspect_dataset(out_dir, format)
+    Path(log).write_text(f"wrote {info}\n")
+    return Path(out_dir)
