@@ -142,8 +142,8 @@ def test_labels_and_pixels_survive_every_format(digits, split):
 @pytest.mark.parametrize("fmt", ["image_folder", "webdataset"])
 def test_jpeg_photos_decode_as_scikit_learn_does(tmp_path, fmt):
     """scikit-learn's two sample JPEGs through the JPEG path: the same Pillow decoder gives the
-    same pixels (exact here; another JPEG decoder, e.g. TensorFlow's, may differ by a few
-    levels). A requested smaller shape resizes and centre-crops."""
+    same pixels (exact; tf.data's decoder is checked against them in test_data_frameworks.py).
+    A requested smaller shape resizes and centre-crops."""
     names, arrays, _ = sample_photos()
     info = inspect_dataset(write_photos(tmp_path / fmt, fmt))
     assert (info.format, info.num_classes, info.image_shape) == (fmt, 2, (427, 640, 3))
