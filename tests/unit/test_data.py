@@ -6,6 +6,7 @@ loader, staging and the loader-only measurement. Runs in the driver venv (torch 
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -231,6 +232,12 @@ def check_error(path, expected: str, key: str = "data.path", **kw) -> str:
     assert key in text and str(path) in text and ALLOWED in text, text
     assert expected in text, text
     return text
+
+
+def test_dataset_info_survives_json(digits):
+    for info in digits.values():
+        assert DatasetInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+        assert info.samples("train") == 1438 and info.samples("val") == 359
 
 
 def test_inspect_errors_name_key_path_and_formats(tmp_path, digits, monkeypatch):
