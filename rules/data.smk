@@ -3,14 +3,14 @@
 # each dataset format, so the readers that read CIFAR-10 or ImageNet on a cluster read them here.
 # One copy per format under results/data/, shared by every study (not under results/<study>/).
 # Deterministic: rewriting gives the same bytes. A job that reads them takes
-# `shipped_digits(<format>)` as input: marked ancient, so a rewrite (e.g. after this file
+# `shipped_data(<format>)` as input: marked ancient, so a rewrite (e.g. after this file
 # changes) never re-runs the cells that read them.
 from dlscale.data import FORMATS
 
 SHIPPED_DIGITS = "results/data/digits"
 
 
-def shipped_digits(data_format):
+def shipped_data(data_format):
     """The shipped digits in `data_format` (one of dlscale.data.FORMATS) as a job's input."""
     if data_format not in FORMATS:
         raise WorkflowError(

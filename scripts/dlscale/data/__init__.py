@@ -182,9 +182,10 @@ def webdataset_index(shard: str | os.PathLike) -> list[tuple[str, tarfile.TarInf
         for member in tar:
             if not member.isfile():
                 continue
-            key, dot, ext = member.name.partition(".")
-            if dot:
-                samples.setdefault(key, {})["." + ext.lower()] = member
+            folder, base = os.path.split(member.name)
+            stem, dot, ext = base.partition(".")  # WebDataset: the key ends at the first dot
+            if dot and stem:
+                samples.setdefault(os.path.join(folder, stem), {})["." + ext.lower()] = member
         out = []
         for key, parts in samples.items():
             image = next((parts[s] for s in IMAGE_SUFFIXES if s in parts), None)
