@@ -402,3 +402,27 @@ def test_measure_loader_counts_batches_and_restarts_passes(digits):
     assert out["samples_per_s"] == pytest.approx(518 / out["seconds"])
     assert 0 < out["min_batch_s"] <= out["median_batch_s"] <= out["max_batch_s"]
     assert input_bound(100.0, 40.0) and not input_bound(120.0, 40.0)
+
+
+def test_streamed_shards_disjoint_and_equal_per_rank(digits, workers=2):
+    """webdataset shards streamed (sequential reads), dealt to 2 ranks x workers: the ranks
+    read disjoint real samples, the same count each, a new deal each epoch."""
+    info = digits["webdataset"]
+    train = Counter((int(y), fingerprint(x)) for x, y in zip(*digits_splits()["train"]))
+    seen_epochs = []
+    for epoch in range(2):
+        per_rank = []
+        for rank in range(2):
+            loader, stream = make_loader(info, "train", rank, 2, 25, workers=workers, stream=True)
+            stream.set_epoch(epoch)
+            got = Counter()
+            for x, y in loader:
+                raw = ((x * 0.5 + 0.5) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+                got.update(zip(y.tolist(), map(fingerprint, raw)))
+            per_rank.append(got)
+        assert sum(per_rank[0].values()) == sum(per_rank[1].values()) > 0  # equal steps
+        assert per_rank[0] + per_rank[1] <= train  # disjoint, real samples
+        seen_epochs.append(per_rank[0])
+    assert seen_epochs[0] != seen_epochs[1]
+    with pytest.raises(ValueError, match="write at least 8 shards"):
+        make_loader(info, "train", 0, 4, 25, workers=2, stream=True)
