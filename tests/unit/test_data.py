@@ -351,7 +351,7 @@ def _stage_worker(args):
     return staged.path, seconds, copied
 
 
-def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
+def test_staging_copies_once_per_node_and_reuses(tmp_path, digits, monkeypatch):
     info = digits["webdataset"]
     dest = tmp_path / "node-local"
     with multiprocessing.get_context("fork").Pool(3) as pool:
@@ -365,8 +365,9 @@ def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
     staged_info = inspect_dataset(paths.pop())
     assert (staged_info.train_samples, staged_info.num_classes) == (1438, 10)
     assert sorted(os.listdir(dest)) == [Path(staged_info.path).name]  # no lock or tmp left
-    # reused: nothing copied
-    again, _, copied = stage(info, dest)
+    # reused: nothing copied (the folder named through a variable, as a hardware entry would)
+    monkeypatch.setenv("DLSCALE_TEST_NODE_TMP", str(dest))
+    again, _, copied = stage(info, "$DLSCALE_TEST_NODE_TMP")
     assert (again.path, copied) == (staged_info.path, 0)
     # a damaged copy is replaced, a changed source gets a new folder
     (Path(again.path) / "val-000001.tar").write_bytes(b"")
@@ -375,6 +376,8 @@ def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
     shutil.copytree(info.path, src)
     changed = inspect_dataset(src)
     assert stage(changed, dest)[0].path != again.path
+    with pytest.raises(ValueError, match="a variable is not set here"):
+        stage(info, "$DLSCALE_NOT_SET_ANYWHERE/x")
 
 
 def test_staging_takes_over_a_dead_ranks_lock(tmp_path, digits):
