@@ -123,7 +123,7 @@ from dlscale.data import FORMATS as DATA_FORMATS
 SHIPPED_DIGITS = "results/data/digits"
 
 
-def shipped_digits(data_format):
+def shipped_data(data_format):
     """The shipped digits in `data_format` (one of dlscale.data.FORMATS) as a job's input:
     marked ancient, so rewriting them (e.g. after rules/data.smk changes) never re-runs the
     cells that read them."""
@@ -137,14 +137,15 @@ def shipped_digits(data_format):
 
 def train_inputs(workload):
     """What a workload's train rules read besides their cell: a convergence cell's dataset
-    (a shipped one is written by rules/data.smk: `shipped_digits`, an ancient input)."""
+    (a shipped one is written by rule shipped_digits, rules/data.smk: shipped_data(), an
+    ancient input)."""
     if workload != "convergence":
         return {}
     from dlscale.matrix import SHIPPED_DATASETS, data_path
 
     conv = STUDY.config["convergence"]
     if conv["dataset"] in SHIPPED_DATASETS:
-        return {"data": shipped_digits(conv["data_format"])}
+        return {"data": shipped_data(conv["data_format"])}
     return {"data": data_path(STUDY.config)}
 
 

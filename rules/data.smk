@@ -3,9 +3,10 @@
 # each dataset format, so the readers that read CIFAR-10 or ImageNet on a cluster read them here.
 # One copy per format under results/data/, shared by every study (not under results/<study>/).
 # Deterministic: rewriting gives the same bytes. A job that reads them takes
-# `shipped_digits(<format>)` as input: marked ancient, so a rewrite (e.g. after this file
+# `shipped_data(<format>)` as input: marked ancient, so a rewrite (e.g. after this file
 # changes) never re-runs the cells that read them.
-# (SHIPPED_DIGITS and the input function shipped_digits() live in rules/common.smk.)
+# (SHIPPED_DIGITS and the input function shipped_data() live in rules/common.smk: snakemake
+# --lint wants no functions beside rules.)
 
 
 rule shipped_digits:

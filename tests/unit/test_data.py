@@ -6,6 +6,7 @@ loader, staging and the loader-only measurement. Runs in the driver venv (torch 
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -142,8 +143,8 @@ def test_labels_and_pixels_survive_every_format(digits, split):
 @pytest.mark.parametrize("fmt", ["image_folder", "webdataset"])
 def test_jpeg_photos_decode_as_scikit_learn_does(tmp_path, fmt):
     """scikit-learn's two sample JPEGs through the JPEG path: the same Pillow decoder gives the
-    same pixels (exact here; another JPEG decoder, e.g. TensorFlow's, may differ by a few
-    levels). A requested smaller shape resizes and centre-crops."""
+    same pixels (exact; tf.data's decoder is checked against them in test_data_frameworks.py).
+    A requested smaller shape resizes and centre-crops."""
     names, arrays, _ = sample_photos()
     info = inspect_dataset(write_photos(tmp_path / fmt, fmt))
     assert (info.format, info.num_classes, info.image_shape) == (fmt, 2, (427, 640, 3))
@@ -231,6 +232,12 @@ def check_error(path, expected: str, key: str = "data.path", **kw) -> str:
     assert key in text and str(path) in text and ALLOWED in text, text
     assert expected in text, text
     return text
+
+
+def test_dataset_info_survives_json(digits):
+    for info in digits.values():
+        assert DatasetInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+        assert info.samples("train") == 1438 and info.samples("val") == 359
 
 
 def test_inspect_errors_name_key_path_and_formats(tmp_path, digits, monkeypatch):
@@ -344,7 +351,7 @@ def _stage_worker(args):
     return staged.path, seconds, copied
 
 
-def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
+def test_staging_copies_once_per_node_and_reuses(tmp_path, digits, monkeypatch):
     info = digits["webdataset"]
     dest = tmp_path / "node-local"
     with multiprocessing.get_context("fork").Pool(3) as pool:
@@ -358,8 +365,9 @@ def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
     staged_info = inspect_dataset(paths.pop())
     assert (staged_info.train_samples, staged_info.num_classes) == (1438, 10)
     assert sorted(os.listdir(dest)) == [Path(staged_info.path).name]  # no lock or tmp left
-    # reused: nothing copied
-    again, _, copied = stage(info, dest)
+    # reused: nothing copied (the folder named through a variable, as a hardware entry would)
+    monkeypatch.setenv("DLSCALE_TEST_NODE_TMP", str(dest))
+    again, _, copied = stage(info, "$DLSCALE_TEST_NODE_TMP")
     assert (again.path, copied) == (staged_info.path, 0)
     # a damaged copy is replaced, a changed source gets a new folder
     (Path(again.path) / "val-000001.tar").write_bytes(b"")
@@ -368,6 +376,8 @@ def test_staging_copies_once_per_node_and_reuses(tmp_path, digits):
     shutil.copytree(info.path, src)
     changed = inspect_dataset(src)
     assert stage(changed, dest)[0].path != again.path
+    with pytest.raises(ValueError, match="a variable is not set here"):
+        stage(info, "$DLSCALE_NOT_SET_ANYWHERE/x")
 
 
 def test_staging_takes_over_a_dead_ranks_lock(tmp_path, digits):
@@ -395,3 +405,27 @@ def test_measure_loader_counts_batches_and_restarts_passes(digits):
     assert out["samples_per_s"] == pytest.approx(518 / out["seconds"])
     assert 0 < out["min_batch_s"] <= out["median_batch_s"] <= out["max_batch_s"]
     assert input_bound(100.0, 40.0) and not input_bound(120.0, 40.0)
+
+
+def test_streamed_shards_disjoint_and_equal_per_rank(digits, workers=2):
+    """webdataset shards streamed (sequential reads), dealt to 2 ranks x workers: the ranks
+    read disjoint real samples, the same count each, a new deal each epoch."""
+    info = digits["webdataset"]
+    train = Counter((int(y), fingerprint(x)) for x, y in zip(*digits_splits()["train"]))
+    seen_epochs = []
+    for epoch in range(2):
+        per_rank = []
+        for rank in range(2):
+            loader, stream = make_loader(info, "train", rank, 2, 25, workers=workers, stream=True)
+            stream.set_epoch(epoch)
+            got = Counter()
+            for x, y in loader:
+                raw = ((x * 0.5 + 0.5) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+                got.update(zip(y.tolist(), map(fingerprint, raw)))
+            per_rank.append(got)
+        assert sum(per_rank[0].values()) == sum(per_rank[1].values()) > 0  # equal steps
+        assert per_rank[0] + per_rank[1] <= train  # disjoint, real samples
+        seen_epochs.append(per_rank[0])
+    assert seen_epochs[0] != seen_epochs[1]
+    with pytest.raises(ValueError, match="write at least 8 shards"):
+        make_loader(info, "train", 0, 4, 25, workers=2, stream=True)

@@ -89,6 +89,31 @@ class DatasetInfo:
     image_shape: tuple[int, int, int]
     class_names: tuple[str, ...] = ()
 
+    def to_dict(self) -> dict:
+        """Plain JSON-able values (e.g. for a cell's JSON handed to its ranks)."""
+        return {
+            "path": self.path,
+            "format": self.format,
+            "num_classes": self.num_classes,
+            "train_samples": self.train_samples,
+            "val_samples": self.val_samples,
+            "image_shape": list(self.image_shape),
+            "class_names": list(self.class_names),
+        }
+
+    @classmethod
+    def from_dict(cls, value: dict) -> DatasetInfo:
+        """The inverse of :meth:`to_dict` (no file is read: inspect once, hand it on)."""
+        return cls(
+            str(value["path"]),
+            str(value["format"]),
+            int(value["num_classes"]),
+            int(value["train_samples"]),
+            int(value["val_samples"]),
+            tuple(int(v) for v in value["image_shape"]),
+            tuple(str(v) for v in value.get("class_names", ())),
+        )
+
     def samples(self, split: str) -> int:
         """Samples in ``split`` (``train`` or ``val``)."""
         return {"train": self.train_samples, "val": self.val_samples}[_split(split)]
@@ -157,9 +182,10 @@ def webdataset_index(shard: str | os.PathLike) -> list[tuple[str, tarfile.TarInf
         for member in tar:
             if not member.isfile():
                 continue
-            key, dot, ext = member.name.partition(".")
-            if dot:
-                samples.setdefault(key, {})["." + ext.lower()] = member
+            folder, base = os.path.split(member.name)
+            stem, dot, ext = base.partition(".")  # WebDataset: the key ends at the first dot
+            if dot and stem:
+                samples.setdefault(os.path.join(folder, stem), {})["." + ext.lower()] = member
         out = []
         for key, parts in samples.items():
             image = next((parts[s] for s in IMAGE_SUFFIXES if s in parts), None)

@@ -33,6 +33,8 @@ import numpy as np
 
 from dlscale.data import (
     CIFAR_RECORD_BYTES,
+    IMAGE_SUFFIXES,
+    LABEL_SUFFIX,
     DatasetInfo,
     cifar_files,
     image_folder_files,
@@ -48,6 +50,8 @@ __all__ = [
     "epoch_order",
     "eval_indices",
     "iter_shards",
+    "assign_shards",
+    "stream_samples",
     "decode_image",
     "CifarBinary",
     "ImageFolder",
@@ -288,6 +292,54 @@ def eval_indices(num_samples: int, rank: int, world_size: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- streaming
+def assign_shards(
+    num_shards: int, world_size: int, workers: int, epoch: int, seed: int, shuffle: bool = True
+) -> list[list[int]]:
+    """The shards of each reading unit (unit ``rank * workers + worker`` of ``world_size *
+    workers``) in an epoch: the shard numbers, shuffled with ``seed + epoch`` (the same on
+    every rank) when ``shuffle``, dealt round-robin. Disjoint; together every shard once."""
+    units = world_size * workers
+    if num_shards < units:
+        raise ValueError(
+            f"{num_shards} shards cannot feed {world_size} ranks x {workers} workers; "
+            f"write at least {units} shards"
+        )
+    order = list(range(num_shards))
+    if shuffle:
+        random.Random(seed + epoch).shuffle(order)
+    return [order[u::units] for u in range(units)]
+
+
+def stream_samples(shard: str | os.PathLike) -> Iterator[tuple[str, bytes, int]]:
+    """``(key, encoded image, label)`` of one tar shard, read strictly sequentially (tar
+    stream mode: no seek, no header pre-scan); a sample's members must be consecutive, as
+    WebDataset writers put them."""
+    key, parts = None, {}
+
+    def sample():
+        image = next((parts[s] for s in IMAGE_SUFFIXES if s in parts), None)
+        if image is None or LABEL_SUFFIX not in parts:
+            raise ValueError(f"sample {key!r} in {Path(shard).name} lacks an image or a label")
+        return key, image, int(parts[LABEL_SUFFIX].strip())
+
+    with tarfile.open(shard, "r|") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            folder, base = os.path.split(member.name)
+            stem, dot, ext = base.partition(".")
+            if not (dot and stem):
+                continue
+            this = os.path.join(folder, stem)
+            if this != key and parts:
+                yield sample()
+                parts = {}
+            key = this
+            parts["." + ext.lower()] = tar.extractfile(member).read()
+    if parts:
+        yield sample()
+
+
 def iter_shards(
     shards: Sequence[str | os.PathLike],
     shape: tuple[int, int, int],
@@ -299,37 +351,46 @@ def iter_shards(
     seed: int = 0,
     shuffle: bool = True,
     buffer: int = 256,
+    limit: int | None = None,
 ) -> Iterator[Sample]:
-    """Stream the samples of tar shards sequentially, one disjoint set of shards per rank and
-    worker: the shard list is shuffled with ``seed + epoch`` (same on every rank), then unit
-    ``rank * workers + worker`` of ``world_size * workers`` takes every that-many-th shard;
-    samples are shuffled within a ``buffer`` (deterministic per epoch and unit). Ranks get
-    unequal counts when the shards do not divide evenly: use at least ``world_size *
-    workers`` shards of equal size (the writer's ``samples_per_shard``) for equal steps."""
+    """Stream the samples of tar shards, the shards of unit ``rank * workers + worker``
+    (:func:`assign_shards`) read sequentially one after the other, the samples shuffled
+    within a window of ``buffer`` (deterministic per epoch and unit) when ``shuffle``; at
+    most ``limit`` samples (units get unequal counts unless shards are equal: a limit equal
+    for every unit gives every rank the same number of steps)."""
     shards = [str(s) for s in shards]
-    units = world_size * workers
-    if len(shards) < units:
-        raise ValueError(
-            f"{len(shards)} shards cannot feed {world_size} ranks x {workers} workers; "
-            f"write at least {units} shards"
-        )
-    if shuffle:
-        random.Random(seed + epoch).shuffle(shards)
-    mine = shards[rank * workers + worker :: units]
-    rng = random.Random((seed + epoch) * 1_000_003 + rank * workers + worker)
+    unit = rank * workers + worker
+    mine = [
+        shards[i]
+        for i in assign_shards(len(shards), world_size, workers, epoch, seed, shuffle)[unit]
+    ]
+    rng = random.Random((seed + epoch) * 1_000_003 + unit)
+    limit = float("inf") if limit is None else limit
+    given = 0
+
+    def decoded():
+        for shard in mine:
+            for _key, data, label in stream_samples(shard):
+                yield decode_image(data, shape), label
+
     pool: list[Sample] = []
-    for shard in mine:
-        with tarfile.open(shard, "r:") as tar:
-            for _key, member, label in webdataset_index(shard):
-                sample = (decode_image(tar.extractfile(member).read(), shape), label)
-                if not shuffle:
-                    yield sample
-                    continue
-                pool.append(sample)
-                if len(pool) >= buffer:
-                    yield pool.pop(rng.randrange(len(pool)))
+    for sample in decoded():
+        if given >= limit:
+            return
+        if not shuffle:
+            given += 1
+            yield sample
+            continue
+        pool.append(sample)
+        if len(pool) >= buffer:
+            given += 1
+            yield pool.pop(rng.randrange(len(pool)))
     rng.shuffle(pool)
-    yield from pool
+    for sample in pool:
+        if given >= limit:
+            return
+        given += 1
+        yield sample
 
 
 def split_files(info: DatasetInfo, split: str) -> list[Path]:

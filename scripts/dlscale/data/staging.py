@@ -1,6 +1,7 @@
 """Stage a dataset to node-local storage (e.g. ``$TMPDIR``) once per node, timed.
 
-:func:`stage` copies a dataset root's files (only those its format reads, see
+:func:`stage` copies a dataset root's files (``dest_root`` may name variables such as
+``$TMPDIR``, expanded on the node) (only those its format reads, see
 :func:`dataset_files`) to ``<dest_root>/dlscale-data-<name>-<fingerprint>/``. The fingerprint
 hashes the source path and every file's relative path, size and modification time, so a
 changed dataset stages to a new folder and an unchanged one is reused.
@@ -34,7 +35,7 @@ from dlscale.data import (
     webdataset_shards,
 )
 
-__all__ = ["dataset_files", "stage", "staged_path", "MANIFEST"]
+__all__ = ["dataset_files", "node_path", "stage", "staged_path", "MANIFEST"]
 
 #: Written last into a staged copy: relative path -> size of every file.
 MANIFEST = "dlscale-staged.json"
@@ -64,6 +65,15 @@ def _manifest(root: Path, files: list[Path]) -> dict[str, int]:
     return {str(f): (root / f).stat().st_size for f in files}
 
 
+def node_path(dest_root: str | os.PathLike) -> Path:
+    """``dest_root`` with ``$VARIABLES`` and ``~`` expanded on this node (a hardware entry can
+    say ``$TMPDIR``, which each node resolves for itself); an unset variable is refused."""
+    text = os.path.expanduser(os.path.expandvars(os.fspath(dest_root)))
+    if "$" in text:
+        raise ValueError(f"staging folder {os.fspath(dest_root)!r}: a variable is not set here")
+    return Path(text)
+
+
 def staged_path(info: DatasetInfo, dest_root: str | os.PathLike) -> Path:
     """Where :func:`stage` puts ``info``'s copy under ``dest_root``."""
     root = Path(info.path)
@@ -71,7 +81,7 @@ def staged_path(info: DatasetInfo, dest_root: str | os.PathLike) -> Path:
     for f in dataset_files(info):
         st = (root / f).stat()
         h.update(f"\0{f}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-    return Path(dest_root) / f"dlscale-data-{root.name}-{h.hexdigest()[:16]}"
+    return node_path(dest_root) / f"dlscale-data-{root.name}-{h.hexdigest()[:16]}"
 
 
 def _complete(target: Path, manifest: dict[str, int]) -> bool:
@@ -132,7 +142,7 @@ def stage(
     """
     start = time.perf_counter()
     source = Path(info.path)
-    dest_root = Path(dest_root)
+    dest_root = node_path(dest_root)
     dest_root.mkdir(parents=True, exist_ok=True)
     files = dataset_files(info)
     manifest = _manifest(source, files)
