@@ -137,8 +137,8 @@ def shipped_data(data_format):
 
 def train_inputs(workload):
     """What a workload's train rules read besides their cell: a convergence cell's dataset
-    (a shipped one is written by rule shipped_digits, rules/data.smk: shipped_data(), an
-    ancient input)."""
+    (a shipped one is written by the shipped_digits job of rules/data.smk and read through
+    shipped_data(), an ancient input)."""
     if workload != "convergence":
         return {}
     from dlscale.matrix import SHIPPED_DATASETS, data_path
