@@ -14,6 +14,7 @@ report: "report/workflow.rst"
 # config/config.yaml is read by rules/common.smk (dlscale.matrix.workflow_config), not by a
 # `configfile:` directive: Snakemake's reader would evaluate a `__use_yte__` template.
 include: "rules/common.smk"
+include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/collect.smk"
 include: "rules/plan.smk"
@@ -27,10 +28,12 @@ include: "rules/check.smk"
 # Snakemake runs.
 localrules:
     all,
+    shipped_digits,
     collect,
     scaling_model,
     plan,
     figure,
+    convergence_figure,
     report_inputs,
     report_tex,
     report_pdf,

@@ -48,21 +48,31 @@ rule collect:
             category=table_category("systems"),
             labels=table_labels("systems"),
         ),
+        convergence=report(
+            OUT["convergence"],
+            caption=table_caption("convergence"),
+            category=table_category("convergence"),
+            labels=table_labels("convergence"),
+        ),
+        epochs=report(
+            OUT["epochs"],
+            caption=table_caption("epochs"),
+            category=table_category("epochs"),
+            labels=table_labels("epochs"),
+        ),
+        time_to_accuracy=report(
+            OUT["time_to_accuracy"],
+            caption=table_caption("time_to_accuracy"),
+            category=table_category("time_to_accuracy"),
+            labels=table_labels("time_to_accuracy"),
+        ),
     log:
         f"{LOGS}/collect.log",
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
     run:
-        from dlscale.collect import write_tables
+        from dlscale.collect import write_named_tables
 
-        write_tables(
-            list(input.metrics),
-            ranks_csv=output.ranks,
-            cells_csv=output.cells,
-            scaling_csv=output.scaling,
-            quarantine_csv=output.quarantine,
-            status_csv=output.status,
-            systems_csv=output.systems,
-            straggler_threshold=params.straggler_threshold,
-            log=log[0],
+        write_named_tables(
+            input.metrics, dict(output.items()), params.straggler_threshold, log[0]
         )

@@ -12,7 +12,14 @@ from snakemake.exceptions import WorkflowError
 from dlscale.config import ConfigError
 from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
 from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
-from dlscale.cell import CELL_PATTERN, STUDY_DIR, TRAIN_LOG_PATTERN, TRAIN_RULE, key_of
+from dlscale.cell import (
+    CELL_PATTERNS,
+    DEFAULT_WORKLOAD,
+    STUDY_DIR,
+    TRAIN_LOG_PATTERNS,
+    TRAIN_RULES,
+    key_of,
+)
 from dlscale.matrix import load_workflow_study
 from dlscale.resume import previous_driver
 from dlscale.studyarchive import ARCHIVE_DIR as STUDY_ARCHIVE_DIR
@@ -89,13 +96,14 @@ wildcard_constraints:
     **{axis: _alternatives(values) for axis, values in STUDY.axis_values().items()},
 
 
-def cell_of(wildcards):
-    """The Cell a job's wildcards name; excluded or unknown combinations are refused."""
+def cell_of(wildcards, workload=DEFAULT_WORKLOAD):
+    """The Cell a job's wildcards name (the wildcards of a workload's train rule); excluded or
+    unknown combinations are refused."""
     try:
-        return CELLS[key_of(dict(wildcards))]
+        return CELLS[key_of(dict(wildcards), workload)]
     except KeyError:
         raise WorkflowError(
-            f"dlscale: {dict(wildcards)} is not a cell of this study "
+            f"dlscale: {dict(wildcards)} is not a {workload} cell of this study "
             "(excluded, or outside the configured axes)"
         ) from None
 
@@ -103,6 +111,48 @@ def cell_of(wildcards):
 def cell_json(wildcards):
     """The cell, serialised whole: the launcher's one input (dlscale.cell.Cell.to_json)."""
     return cell_of(wildcards).to_json()
+
+
+def convergence_cell_json(wildcards):
+    """A convergence cell, serialised whole (the convergence train rules' one parameter)."""
+    return cell_of(wildcards, "convergence").to_json()
+
+
+# The parameter of each workload's train rules (rules/train.smk).
+CELL_JSON = {"throughput": cell_json, "convergence": convergence_cell_json}
+
+
+# The shipped real data (rules/data.smk writes it): one copy per format under results/data/,
+# shared by every study.
+from dlscale.data import FORMATS as DATA_FORMATS
+
+SHIPPED_DIGITS = "results/data/digits"
+
+
+def shipped_data(data_format):
+    """The shipped digits in `data_format` (one of dlscale.data.FORMATS) as a job's input:
+    marked ancient, so rewriting them (e.g. after rules/data.smk changes) never re-runs the
+    cells that read them."""
+    if data_format not in DATA_FORMATS:
+        raise WorkflowError(
+            f"dlscale: no shipped data in format {data_format!r}; "
+            f"allowed: {', '.join(DATA_FORMATS)}"
+        )
+    return ancient(f"{SHIPPED_DIGITS}/{data_format}")
+
+
+def train_inputs(workload):
+    """What a workload's train rules read besides their cell: a convergence cell's dataset
+    (a shipped one is written by the shipped_digits job of rules/data.smk and read through
+    shipped_data(), an ancient input)."""
+    if workload != "convergence":
+        return {}
+    from dlscale.matrix import SHIPPED_DATASETS, data_path
+
+    conv = STUDY.config["convergence"]
+    if conv["dataset"] in SHIPPED_DATASETS:
+        return {"data": shipped_data(conv["data_format"])}
+    return {"data": data_path(STUDY.config)}
 
 
 def framework_python(wildcards):
@@ -171,7 +221,12 @@ OUT = {
     "quarantine": f"{RESULTS}/tables/quarantine.csv",
     "status": f"{RESULTS}/tables/status.csv",
     "systems": f"{RESULTS}/tables/systems.csv",
+    # the convergence workload's tables (dlscale.tta)
+    "convergence": f"{RESULTS}/tables/convergence.csv",
+    "epochs": f"{RESULTS}/tables/epochs.csv",
+    "time_to_accuracy": f"{RESULTS}/tables/time_to_accuracy.csv",
     "figures": f"{RESULTS}/figures",
+    "convergence_table": f"{RESULTS}/report/convergence_table.tex",
     "macros": f"{RESULTS}/report/macros.tex",
     "cells_table": f"{RESULTS}/report/cells_table.tex",
     "quarantine_table": f"{RESULTS}/report/quarantine_table.tex",
@@ -207,6 +262,7 @@ def build_from_existing_cells():
         config=STUDY.config,
         n_planned=len(STUDY.cells),
         figures=FIGURE_LAYOUT,
+        convergence_figures=CONVERGENCE_LAYOUT,
         title=report_title() + " (incomplete)",
         attachment=report_attachment(OUT_PARTIAL),
         stopped_by=resume.STOPPED_BY,
@@ -227,16 +283,32 @@ def remove_partial_outputs():
 # FIGURE_LAYOUT is also the report's figure list (file relative to the figures folder, caption,
 # hardware, width) and the onerror build's.
 
-from dlscale.layout import FIGURE_NAME_PATTERN, figure_layout, variant
+from dlscale.layout import (
+    CONVERGENCE_FIGURE_NAME_PATTERN,
+    FIGURE_NAME_PATTERN,
+    convergence_layout,
+    figure_layout,
+    variant,
+)
 
 FIGURE_LAYOUT = figure_layout(
     [
         (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode))
-        for c in STUDY.cells
+        for c in STUDY.cells_of("throughput")
     ],
     column_width_in=STUDY.config["report"]["column_width_in"],
 )
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
+# The convergence workload's figures (time-to-accuracy, epochs-to-accuracy, validation
+# accuracy curves), in their own folder per hardware key (dlscale.layout.convergence_layout).
+CONVERGENCE_LAYOUT = convergence_layout(
+    [
+        (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode))
+        for c in STUDY.cells_of("convergence")
+    ],
+    column_width_in=STUDY.config["report"]["column_width_in"],
+)
+CONVERGENCE_SPECS = {spec["file"]: spec for spec in CONVERGENCE_LAYOUT}
 
 
 def figure_files():
@@ -256,6 +328,23 @@ def figure_spec(wildcards):
         ) from None
 
 
+def convergence_figure_files():
+    """Every convergence figure file of the study."""
+    return [f"{OUT['figures']}/{spec['file']}" for spec in CONVERGENCE_LAYOUT]
+
+
+def convergence_figure_spec(wildcards):
+    """The layout entry of one convergence figure file."""
+    file = f"{wildcards.hardware}/convergence/{wildcards.figure}.pdf"
+    try:
+        return CONVERGENCE_SPECS[file]
+    except KeyError:
+        raise WorkflowError(
+            f"dlscale: {OUT['figures']}/{file} is not a convergence figure of this study; "
+            f"its convergence figures: {', '.join(CONVERGENCE_SPECS) or 'none'}"
+        ) from None
+
+
 def report_attachment(out=OUT):
     """The cell table as the report's LaTeX sees it (relative to the report's folder)."""
     return os.path.relpath(out["cells"], os.path.dirname(out["tex"]))
@@ -270,6 +359,10 @@ def final_targets():
         OUT["systems"],
         OUT["verdicts"],
         *figure_files(),
+        OUT["convergence"],
+        OUT["epochs"],
+        OUT["time_to_accuracy"],
+        *convergence_figure_files(),
         OUT["plan"],  # rules/plan.smk
         OUT["plan_figure"],
         OUT["pdf"],

@@ -30,3 +30,32 @@ rule figure:
         spec=figure_spec,
     script:
         "../scripts/figure.py"
+
+
+# The convergence workload's figures (dlscale.layout.CONVERGENCE_FAMILIES): one rule for every
+# file of results/<study>/figures/{hardware}/convergence/, from the time-to-accuracy tables only
+# (rules/collect.smk), so they regenerate without touching any cell:
+# `snakemake --profile profiles/local --forcerun convergence_figure`.
+rule convergence_figure:
+    input:
+        time_to_accuracy=OUT["time_to_accuracy"],
+        epochs=OUT["epochs"],
+        convergence=OUT["convergence"],
+    output:
+        pdf=report(
+            f"{OUT['figures']}/{{hardware}}/convergence/{{figure}}.pdf",
+            caption="../report/convergence_figure.rst",
+            category=figure_category,
+            subcategory=figure_subcategory,
+            labels=figure_labels,
+        ),
+    log:
+        f"{LOGS}/figures/{{hardware}}/convergence/{{figure}}.log",
+    wildcard_constraints:
+        figure=CONVERGENCE_FIGURE_NAME_PATTERN,
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        spec=convergence_figure_spec,
+    script:
+        "../scripts/convergence_figure.py"

@@ -11,12 +11,15 @@ rule report_inputs:
         quarantine=OUT["quarantine"],
         status=OUT["status"],
         systems=OUT["systems"],
+        convergence=OUT["convergence"],
+        time_to_accuracy=OUT["time_to_accuracy"],
     output:
         macros=OUT["macros"],
         cells_table=OUT["cells_table"],
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
         systems_table=OUT["systems_table"],
+        convergence_table=OUT["convergence_table"],
     log:
         f"{LOGS}/report_inputs.log",
     conda:
@@ -40,6 +43,7 @@ rule report_tex:
     params:
         title=report_title_param,
         figures=FIGURE_LAYOUT,
+        convergence_figures=CONVERGENCE_LAYOUT,
         attachment=report_attachment(),
     script:
         "../scripts/report_tex.py"
@@ -53,9 +57,11 @@ rule report_pdf:
         quarantine_table=OUT["quarantine_table"],
         status_table=OUT["status_table"],
         systems_table=OUT["systems_table"],
+        convergence_table=OUT["convergence_table"],
         verdicts_table=OUT["verdicts_table"],  # rules/check.smk
         cells=OUT["cells"],  # attached to the PDF
         figures=figure_files(),
+        convergence_figures=convergence_figure_files(),
         plan_macros=OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
         plan_tables=OUT["plan_tables"],
         plan_figure=OUT["plan_figure"],

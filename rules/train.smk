@@ -2,25 +2,29 @@
 # with srun inside the cell's Slurm allocation, and writes the cell's metrics file atomically.
 # Its one input is the cell, serialised whole (dlscale.cell.Cell.to_json).
 #
-# One rule per resource class (dlscale.cell.TRAIN_RULE: train_<hardware>_n<nodes>): the cells
-# of a class request identical Slurm resources, which a job array needs (the Slurm plugin submits
+# One rule per resource class and workload (dlscale.cell.TRAIN_RULES: train_<hardware>_n<nodes>
+# for throughput cells, converge_<hardware>_n<nodes> for convergence cells): the cells of a
+# class request identical Slurm resources, which a job array needs (the Slurm plugin submits
 # the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
 # `slurm-array-jobs`). Every Slurm resource derives from the class's hardware entry in
 # config/hardware.yaml (site facts) through dlscale.resources.class_resources, computed once per
 # class; nothing partition- or sbatch-specific is typed here.
-# Every class rule is the same rule; only its wildcard constraints differ.
+# Every class rule is the same rule; only its wildcard constraints, its output folder (the
+# workload's, dlscale.cell.CELL_PATTERNS) and a convergence cell's dataset input differ.
 from dlscale.resources import class_resources
 
-for _hardware, _nodes in STUDY.resource_classes():
+for _workload, _hardware, _nodes in STUDY.train_classes():
     _threads, _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
 
     rule:
         name:
-            TRAIN_RULE.format(hardware=_hardware, nodes=_nodes)
+            TRAIN_RULES[_workload].format(hardware=_hardware, nodes=_nodes)
+        input:
+            **train_inputs(_workload),
         output:
-            metrics=CELL_PATTERN,
+            metrics=CELL_PATTERNS[_workload],
         log:
-            TRAIN_LOG_PATTERN,
+            TRAIN_LOG_PATTERNS[_workload],
         wildcard_constraints:
             hardware=re.escape(_hardware),
             nodes=str(_nodes),
@@ -36,7 +40,7 @@ for _hardware, _nodes in STUDY.resource_classes():
         params:
             # everything the cell's measurement depends on (its launcher included): a change
             # re-measures the cell only when the user asks (rules/common.smk, dlscale.archive)
-            cell=cell_json,
+            cell=CELL_JSON[_workload],
             python=framework_python,
         shell:
             "{params.python:q} -m dlscale.launch --cell-json {params.cell:q}"

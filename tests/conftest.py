@@ -65,10 +65,11 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     )
 
 
-def tiny_study(dest: Path, profile: str) -> Path:
-    """The tiny study (tests/fixtures/tiny.yaml, 2 cells) run to the PDF with a profile."""
+def tiny_study(dest: Path, profile: str, **changes) -> Path:
+    """The tiny study (tests/fixtures/tiny.yaml: 2 throughput and 2 convergence cells) run to
+    the PDF with a profile; `changes` replace its keys."""
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    work = copy_workflow(dest, tiny)
+    work = copy_workflow(dest, {**tiny, **changes})
     proc = snakemake(work, "--profile", profile)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return work

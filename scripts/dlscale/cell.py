@@ -19,29 +19,49 @@ from pathlib import Path
 
 # The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
 AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "nodes")
-# A cell's key within a study: the axes and the repetition.
-KEY = (*AXES, "rep")
+# What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
+# scaling study); `convergence`: training on a real dataset until a target validation accuracy
+# or an epoch cap (time-to-accuracy). A key of every cell, but not a segment of its axis path:
+# it names the folder its cells live in (WORKLOAD_DIRS), so adding it moved no measured cell.
+WORKLOADS = ("throughput", "convergence")
+DEFAULT_WORKLOAD = "throughput"
+# A cell's key within a study: its workload, the axes and the repetition.
+KEY = ("workload", *AXES, "rep")
+_PLACE = (*AXES, "rep")  # the part of the key its axis path names
 _INT_KEYS = ("nodes", "rep")
 _PATH_PREFIX = {"nodes": "n", "rep": "r"}  # path segment n2, r1: a number never stands alone
 
-# One folder per cell, naming every key: {hardware}/{framework}/.../n{nodes}/r{rep}
-AXIS_PATH = "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in KEY)
+# One folder per cell, naming every axis and the repetition: {hardware}/.../n{nodes}/r{rep}
+AXIS_PATH = "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in _PLACE)
 
 # Every study has its own results folder: its cells, tables, figures, report and logs, so any
 # number of studies live side by side in one checkout.
 STUDY_DIR = "results/{study}"
 METRICS_FILE = "metrics.jsonl"
-# The cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
-CELL_PATTERN = f"{STUDY_DIR}/runs/{AXIS_PATH}/{METRICS_FILE}"
-PATH_KEY = ("study", *KEY)  # the wildcards of CELL_PATTERN, in order
+# Each workload's cells in their own folder of the study: throughput cells in runs/, where
+# every cell lived before workloads existed (their paths, hashes and measurements are unchanged),
+# convergence cells in convergence/.
+WORKLOAD_DIRS = {"throughput": "runs", "convergence": "convergence"}
+# A cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
+CELL_PATTERNS = {w: f"{STUDY_DIR}/{d}/{AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()}
+CELL_PATTERN = CELL_PATTERNS[DEFAULT_WORKLOAD]
+PATH_KEY = ("study", *_PLACE)  # the wildcards of every cell pattern, in order
 # The launcher's log of a cell (the train rules' `log:`).
-TRAIN_LOG_PATTERN = f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log"
+TRAIN_LOG_PATTERNS = {
+    "throughput": f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log",
+    "convergence": f"{STUDY_DIR}/logs/convergence/{AXIS_PATH}.log",
+}
+TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
 # The executor plugin's logs (profiles/slurm `slurm-logdir`), shared by all studies: a job's
 # folder is named by its wildcards, the study's name first.
 SLURM_LOGS = "results/logs/slurm"
-# The train rule of a resource class (rules/train.smk); the executor plugin writes its logs
-# under SLURM_LOGS/rule_<name>/.
-TRAIN_RULE = "train_{hardware}_n{nodes}"
+# The train rule of a resource class and workload (rules/train.smk); the executor plugin writes
+# its logs under SLURM_LOGS/rule_<name>/.
+TRAIN_RULES = {
+    "throughput": "train_{hardware}_n{nodes}",
+    "convergence": "converge_{hardware}_n{nodes}",
+}
+TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
 
 # Files in a cell's folder besides the metrics file.
 # Every measurement of a cell is kept in its own folder, measurements/<time>-<job>/, with the
@@ -110,6 +130,19 @@ class Cell:
     environment: str  # its framework environment: name:hash of its pinned packages
     # the study it belongs to (its results folder; not part of what is measured)
     study: str
+    # What the cell measures (WORKLOADS). A convergence cell trains on a real dataset: the
+    # fields below (None in a throughput cell); its learning_rate is the base rate its LR rule
+    # scales with the global batch (dlscale.lr).
+    workload: str = DEFAULT_WORKLOAD
+    dataset: str | None = None  # a dataset dlscale ships (digits) or a dataset folder
+    data_format: str | None = None  # its on-disk format (dlscale.data.FORMATS)
+    data_path: str | None = None  # where the ranks read it (not identity: `dataset` names it)
+    target_accuracy: float | None = None  # validation accuracy that ends training (0..1)
+    max_epochs: int | None = None  # the epoch cap: training ends there, target reached or not
+    lr_rule: str | None = None  # none, linear or sqrt (dlscale.lr.RULES)
+    reference_batch: int | None = None  # the global batch the base learning rate is tuned at
+    warmup_epochs: float | None = None  # linear warm-up from the base to the scaled rate
+    loader_workers: int | None = None  # data-loading worker processes per rank
 
     @property
     def world_size(self) -> int:
@@ -121,17 +154,23 @@ class Cell:
 
     @property
     def path(self) -> str:
-        """The cell's metrics file (CELL_PATTERN)."""
-        return CELL_PATTERN.format(**self.key_dict(), study=self.study)
+        """The cell's metrics file (CELL_PATTERNS of its workload)."""
+        return CELL_PATTERNS[self.workload].format(**self.key_dict(), study=self.study)
 
     def key_dict(self) -> dict:
         return {k: getattr(self, k) for k in KEY}
 
     def identity(self) -> dict:
-        """Everything that changes what this cell measures: every field but the study's name.
-        A measured cell whose identity differs from the planned one is never re-measured
-        silently (dlscale.archive.changed_cells)."""
-        return {k: v for k, v in vars(self).items() if k not in NOT_IDENTITY}
+        """Everything that changes what this cell measures: every field but the study's name
+        and the dataset's location; fields added after cells were measured count only away
+        from their default (LATER_FIELDS), so a throughput cell's identity and hash are what
+        they were before workloads existed. A measured cell whose identity differs from the
+        planned one is never re-measured silently (dlscale.archive.changed_cells)."""
+        return {
+            k: v
+            for k, v in vars(self).items()
+            if k not in NOT_IDENTITY and not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+        }
 
     @property
     def config_hash(self) -> str:
@@ -143,8 +182,12 @@ class Cell:
         """Every field, the world size and the config hash (the `cell` of a metrics file's
         run_start)."""
         # a flat dataclass: vars() is the same as dataclasses.asdict at a fraction of its cost
-        # (called once per job while a 10,000-cell study is planned)
-        d = dict(vars(self))
+        # (called once per job while a 10,000-cell study is planned); fields added later are
+        # left out at their default, so a throughput cell serialises (and its job's params read)
+        # as before they existed
+        d = {
+            k: v for k, v in vars(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+        }
         d["world_size"] = self.world_size
         d["config_hash"] = self.config_hash
         return d
@@ -157,10 +200,10 @@ class Cell:
         """The inverse of as_dict; derived keys (world_size) are checked, unknown keys refused."""
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields - set(DERIVED))
-        missing = sorted(fields - set(d))
+        missing = sorted(fields - set(d) - set(LATER_FIELDS))
         if unknown or missing:
             raise ValueError(f"not a dlscale cell: unknown keys {unknown}, missing keys {missing}")
-        cell = cls(**{k: d[k] for k in fields})
+        cell = cls(**{k: d[k] for k in fields if k in d})
         # config_hash is recomputed from the fields (a hand-edited cell gets its own)
         if "world_size" in d and d["world_size"] != cell.world_size:
             raise ValueError(
@@ -178,36 +221,63 @@ class Cell:
         return cls.from_json(Path(path).read_text())
 
 
-NOT_IDENTITY = ("study",)
+NOT_IDENTITY = ("study", "data_path")
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
+# Fields added after cells were measured, with the value every earlier cell had: at that value
+# they are left out of the identity (and the hash), and a serialised cell may omit them.
+LATER_FIELDS = {
+    f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
+}
+# The fields only a convergence cell sets.
+CONVERGENCE_FIELDS = tuple(k for k in LATER_FIELDS if k != "workload")
 
 
-def key_of(values) -> tuple:
-    """A cell's key from a mapping of key names to values, strings or not (wildcards)."""
+def key_of(values, workload: str | None = None) -> tuple:
+    """A cell's key from a mapping of key names to values, strings or not (wildcards, which
+    name no workload: `workload`, else the default)."""
+    values = {"workload": workload or DEFAULT_WORKLOAD, **values}
     return tuple(int(values[k]) if k in _INT_KEYS else str(values[k]) for k in KEY)
 
 
 def format_key(pattern: str, cell: dict) -> str:
-    """A pattern over PATH_KEY (CELL_PATTERN, TRAIN_LOG_PATTERN, TRAIN_RULE) for a cell's
+    """A pattern over PATH_KEY (CELL_PATTERNS, TRAIN_LOG_PATTERNS, TRAIN_RULES) for a cell's
     values."""
     return pattern.format(**{k: cell[k] for k in PATH_KEY if k in cell})
 
 
-_CELL_RE = re.compile(
-    re.escape(CELL_PATTERN)
-    .replace(r"\{", "{")
-    .replace(r"\}", "}")
-    .format(**{k: f"(?P<{k}>[^/]+)" for k in PATH_KEY})
-)
+def cell_label(cell: dict) -> str:
+    """A cell's place in its study, as tables and the report name it: its axis path, under its
+    workload's folder for any workload but the default (throughput)."""
+    place = format_key(AXIS_PATH, cell)
+    workload = cell.get("workload", DEFAULT_WORKLOAD)
+    return place if workload == DEFAULT_WORKLOAD else f"{WORKLOAD_DIRS[workload]}/{place}"
+
+
+_CELL_RES = {
+    workload: re.compile(
+        re.escape(pattern)
+        .replace(r"\{", "{")
+        .replace(r"\}", "}")
+        .format(**{k: f"(?P<{k}>[^/]+)" for k in PATH_KEY})
+    )
+    for workload, pattern in CELL_PATTERNS.items()
+}
 
 
 def parse_cell_path(path: str) -> dict:
-    """Study and key values named by a cell's metrics path (the inverse of Cell.path)."""
-    m = _CELL_RE.fullmatch(str(path))
-    if not m:
-        raise ValueError(f"not a cell metrics path: {path}")
-    d = m.groupdict()
-    return {**d, **{k: int(d[k]) for k in _INT_KEYS}}
+    """Study, workload and key values named by a cell's metrics path (the inverse of
+    Cell.path)."""
+    for workload, regex in _CELL_RES.items():
+        m = regex.fullmatch(str(path))
+        if m:
+            d = m.groupdict()
+            return {
+                "study": d["study"],
+                "workload": workload,
+                **d,
+                **{k: int(d[k]) for k in _INT_KEYS},
+            }
+    raise ValueError(f"not a cell metrics path: {path}")
 
 
 def tail_lines(path: Path, n: int = TAIL_LINES, missing: str = "(no log)") -> str:

@@ -21,12 +21,13 @@ from pathlib import Path
 import pandas as pd
 
 from .archive import earlier_measurements
-from .cell import KEY, PATH_KEY, parse_cell_path
+from .cell import KEY, cell_label, parse_cell_path
 from .method import IDLE_PROBE, RANK_END, RANK_START
 from .metrics import MetricsError, read_metrics
 from .stats import add_speedup, scaling_summary, stragglers
 from .status import cell_status
 from .systems import cell_systems, probe_seconds, systems_table
+from .tta import convergence_rows, convergence_tables
 
 CELL_FIELDS = [
     "world_size",
@@ -50,8 +51,8 @@ def _scaled(value, factor):
     return None if value is None else value * factor
 
 
-# The value of an axis for metrics files written before that axis existed.
-BEFORE_AXIS = {"mode": "eager"}
+# The value of a key for metrics files written before that key existed.
+BEFORE_AXIS = {"mode": "eager", "workload": "throughput"}
 
 
 def cell_rows(
@@ -151,9 +152,16 @@ def collect(
     return tuple(tables[k] for k in ("ranks", "cells", "scaling", "quarantine", "status"))
 
 
+# The convergence workload's tables (dlscale.tta), beside the throughput tables.
+CONVERGENCE_TABLES = ("convergence", "epochs", "time_to_accuracy")
+
+
 def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[str, pd.DataFrame]:
-    """Every table, by name: ranks, cells, scaling, quarantine, status, systems."""
+    """Every table, by name: ranks, cells, scaling (throughput cells), quarantine, status
+    (every planned cell), systems, and convergence, epochs, time_to_accuracy (convergence
+    cells; dlscale.tta)."""
     cells, ranks, quarantine, status, seen, systems = [], [], [], [], {}, []
+    conv_cells, conv_epochs = [], []
     for path in paths:
         if not Path(path).exists():
             status.append(cell_status(str(path), ok=False))
@@ -163,22 +171,28 @@ def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[s
             row, rank_rows = cell_rows(records, str(path), straggler_threshold)
             key = tuple(row[k] for k in KEY)
             named = parse_cell_path(str(path))
-            if {k: row[k] for k in PATH_KEY} != named:
+            if {k: row[k] for k in named} != named:
                 raise MetricsError(
                     f"holds cell {dict(zip(KEY, key))} of study "
                     f"{row['study']!r}, not the cell its path names"
                 )
             if key in seen:
                 raise MetricsError(f"duplicate of cell {key} already read from {seen[key]}")
+            if row["workload"] == "convergence":
+                conv_row, epoch_rows = convergence_rows(records, row)
         except MetricsError as exc:
             reason = str(exc)
         except (KeyError, TypeError, IndexError, StopIteration) as exc:
             reason = f"inconsistent records: {exc!r}"
         else:
             seen[key] = path
-            systems.extend(cell_systems(records, "/".join(str(row[k]) for k in KEY)))
-            cells.append(row)
-            ranks.extend(rank_rows)
+            systems.extend(cell_systems(records, cell_label(row)))
+            if row["workload"] == "convergence":
+                conv_cells.append(conv_row)
+                conv_epochs.extend(epoch_rows)
+            else:
+                cells.append(row)
+                ranks.extend(rank_rows)
             status.append(cell_status(str(path), ok=True))
             continue
         quarantine.append({"metrics_path": str(path), "reason": reason})
@@ -208,7 +222,22 @@ def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[s
         "quarantine": quarantine_df,
         "status": status_df,
         "systems": systems_table(systems),
+        **convergence_tables(conv_cells, conv_epochs),
     }
+
+
+def write_named_tables(
+    paths: list[str], outputs: dict[str, str], straggler_threshold: float, log: str | None = None
+) -> None:
+    """write_tables with the outputs by table name (rule collect's named outputs)."""
+    write_tables(
+        list(paths),
+        *(outputs[k] for k in ("ranks", "cells", "scaling", "quarantine", "status")),
+        straggler_threshold=straggler_threshold,
+        log=log,
+        systems_csv=outputs.get("systems"),
+        convergence_csvs={k: outputs[k] for k in CONVERGENCE_TABLES if k in outputs},
+    )
 
 
 def write_tables(
@@ -221,7 +250,9 @@ def write_tables(
     straggler_threshold: float,
     log: str | None = None,
     systems_csv: str | None = None,
+    convergence_csvs: dict[str, str] | None = None,
 ) -> None:
+    """The tables as CSV files; `convergence_csvs`: CONVERGENCE_TABLES name -> path."""
     started = time.perf_counter()
     tables = collect_tables(paths, straggler_threshold)
     outs = {
@@ -231,6 +262,7 @@ def write_tables(
         "quarantine": quarantine_csv,
         "status": status_csv,
         "systems": systems_csv,
+        **(convergence_csvs or {}),
     }
     for name, out in outs.items():
         if out is None:

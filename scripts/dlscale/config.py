@@ -279,11 +279,18 @@ REGISTRY_KEYWORD = "x-dlscale-registry"
 
 
 def _registry_names(registry: str) -> list[str]:
-    """The names a registry defines: `models` (dlscale.models) or `frameworks`."""
+    """The names a registry defines: `models` (dlscale.models), `frameworks` or `formats`
+    (dlscale.data.FORMATS)."""
     if registry == "models":
         from .models import names
     elif registry == "frameworks":
         from .frameworks import names
+    elif registry == "formats":  # the dataset formats dlscale.data reads
+
+        def names():
+            from .data import FORMATS
+
+            return list(FORMATS)
     else:
         raise ValueError(f"{REGISTRY_KEYWORD}: unknown registry {registry!r}")
     return names()
@@ -557,5 +564,11 @@ def config_hash(config: dict, hardware: dict) -> str:
             "plan",
         )
     }
+    # keys added later count only where they ask for something (a study without convergence
+    # cells hashes as it did before workloads existed)
+    if measured.get("workloads") == ["throughput"]:
+        del measured["workloads"]
+    if "convergence" not in config.get("workloads", ["throughput"]):
+        measured.pop("convergence", None)
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .collect import write_tables
-from .plotting import plot_figure
+import pandas as pd
+
+from .collect import CONVERGENCE_TABLES, write_tables
+from .plotting import plot_convergence_figure, plot_figure
 from .report import LatexMissing, compile_pdf, render_tex, write_report_inputs
 
 
@@ -27,10 +29,12 @@ def build_from_existing(
     title: str,
     attachment: str,
     stopped_by: str | None = None,
+    convergence_figures: list[dict] = (),
 ) -> None:
-    """`out`: the outputs by the keys of OUT in rules/common.smk; `figures`: the study's figure
-    layout (dlscale.layout.figure_layout, the same list the rules draw); `attachment`:
-    out["cells"] relative to the report's folder."""
+    """`out`: the outputs by the keys of OUT in rules/common.smk; `figures`,
+    `convergence_figures`: the study's figure layouts (dlscale.layout.figure_layout,
+    convergence_layout: the same lists the rules draw); `attachment`: out["cells"] relative to
+    the report's folder."""
     write_tables(
         paths,
         out["ranks"],
@@ -40,13 +44,27 @@ def build_from_existing(
         out["status"],
         straggler_threshold=config["straggler_threshold"],
         systems_csv=out["systems"],
+        convergence_csvs={k: out[k] for k in CONVERGENCE_TABLES},
     )
     tables = write_report_inputs(out, config=config, n_planned=n_planned)
     for fig in figures:
         path = Path(out["figures"]) / fig["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
         plot_figure(tables["scaling"], fig, str(path))
-    render_tex(out["tex"], title=title, figures=figures, attachment=attachment)
+    epochs = pd.read_csv(out["epochs"])
+    for fig in convergence_figures:
+        path = Path(out["figures"]) / fig["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plot_convergence_figure(
+            tables["time_to_accuracy"], epochs, tables["convergence"], fig, str(path)
+        )
+    render_tex(
+        out["tex"],
+        title=title,
+        figures=figures,
+        attachment=attachment,
+        convergence_figures=convergence_figures,
+    )
     pdf_problem = None
     try:
         compile_pdf(out["tex"], log=out["pdf_log"])

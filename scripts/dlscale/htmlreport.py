@@ -5,13 +5,15 @@ wildcards and params, so a figure is filed by its family and hardware and labell
 values it shows).
 
 Categories: "<family> figures" (subcategory: the hardware key), "Cells" (per-cell status and
-provenance), "Tables", "Regression check", "Report" (the PDF).
+provenance), "Tables", "Time to accuracy (real data)" (the convergence workload's tables),
+"Regression check", "Report" (the PDF).
 """
 
 from __future__ import annotations
 
 FIGURES = "{family} figures"
 CELLS, TABLES, CHECK, PDF = "Cells", "Tables", "Regression check", "Report"
+CONVERGENCE = "Time to accuracy (real data)"
 
 # Each table of the study: (category, caption file in report/, what a row is).
 TABLES_SHOWN = {
@@ -22,6 +24,13 @@ TABLES_SHOWN = {
     "systems": (TABLES, "systems.rst", "one per hardware key, field and value"),
     "quarantine": (TABLES, "quarantine.rst", "one per rejected metrics file"),
     "verdicts": (CHECK, "verdicts.rst", "one per scaling point and metric"),
+    "convergence": (CONVERGENCE, "convergence.rst", "one per convergence cell and repetition"),
+    "epochs": (CONVERGENCE, "epochs.rst", "one per convergence cell, repetition and epoch"),
+    "time_to_accuracy": (
+        CONVERGENCE,
+        "time_to_accuracy.rst",
+        "one per convergence group and node count",
+    ),
 }
 
 

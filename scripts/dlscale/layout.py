@@ -184,3 +184,82 @@ def figure_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[di
                     }
                 )
     return specs
+
+
+# ---- the convergence workload's figures ------------------------------------------------------
+# Per hardware key, in `{hardware}/convergence/`: time-to-accuracy against node count (dashed:
+# ideal), epochs-to-accuracy against global batch, and validation-accuracy curves per node
+# count; one panel per model x batch policy (curves: x series too), at most MAX_PANELS panels
+# per file (more: numbered parts, as the throughput families).
+CONVERGENCE_FAMILIES = ["time_to_accuracy", "epochs_to_accuracy", "accuracy_curves"]
+CONVERGENCE_DIR = "convergence"
+NOT_REACHED = (
+    " Open markers with an arrow: the target was not reached within the epoch cap (drawn at "
+    "the time or epochs run, a lower bound)."
+)
+CONVERGENCE_CAPTIONS = {
+    "time_to_accuracy": "Time to the target validation accuracy (training time only; start-up, "
+    "compilation and validation excluded) against node count; dashed: ideal (the smallest "
+    "node count's time divided by the ratio of world sizes); one panel per model and batch "
+    "policy." + NOT_REACHED,
+    "epochs_to_accuracy": "Epochs to the target validation accuracy against the global batch, "
+    "each point labelled with its node count (under strong scaling the node counts share one "
+    "global batch); one panel per model and batch policy." + NOT_REACHED,
+    "accuracy_curves": "Validation accuracy after each epoch, one line per node count and "
+    "repetition; dashed: the target; one panel per model, batch policy and framework.",
+}
+CONVERGENCE_FIGURE_NAME_PATTERN = (
+    "(" + "|".join(map(re.escape, CONVERGENCE_FAMILIES)) + ")(-[0-9]+)?"
+)
+
+
+def convergence_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[dict]:
+    """Every convergence figure file of a study from its planned convergence groups (hardware,
+    framework, model, policy, variant): the same entry shape as figure_layout's, `file`
+    relative to the figures folder (`{hardware}/convergence/{family}.pdf`). Panels are
+    [model, policy] (curves: [model, policy, framework, variant]); series [framework,
+    variant]."""
+    groups = _unique(tuple(g) for g in groups)
+    frameworks = _unique(g[1] for g in groups)
+    precisions = _unique(g[4] for g in groups)
+    specs = []
+    for hw in _unique(g[0] for g in groups):
+        part = [g for g in groups if g[0] == hw]
+        series = [list(s) for s in _unique((g[1], g[4]) for g in part)]
+        pairs = _unique((g[2], g[3]) for g in part)
+        for family in CONVERGENCE_FAMILIES:
+            if family == "accuracy_curves":
+                panels = [[g[2], g[3], g[1], g[4]] for g in part]
+            else:
+                panels = [list(p) for p in pairs]
+            pages = [panels[i : i + MAX_PANELS] for i in range(0, len(panels), MAX_PANELS)]
+            for k, page in enumerate(pages, 1):
+                name = family if len(pages) == 1 else f"{family}-{k}"
+                ncols = grid_columns(len(page))
+                models = _unique(p[0] for p in page)
+                caption = (
+                    f"{CONVERGENCE_CAPTIONS[family]} Hardware {hw}; models: "
+                    f"{', '.join(models)}; frameworks: {', '.join(_unique(s[0] for s in series))}"
+                    + (f" (part {k} of {len(pages)})" if len(pages) > 1 else "")
+                    + "."
+                )
+                specs.append(
+                    {
+                        "file": f"{hw}/{CONVERGENCE_DIR}/{name}.pdf",
+                        "family": family,
+                        "hardware": hw,
+                        "part": k,
+                        "parts": len(pages),
+                        "models": models,
+                        "policies": _unique(p[1] for p in page),
+                        "panels": page,
+                        "series": series,
+                        "frameworks": frameworks,
+                        "precisions": precisions,
+                        "ncols": ncols,
+                        "width_in": column_width_in * (TEXT_COLUMNS if ncols > 2 else 1),
+                        "caption": caption,
+                        "ci": family == "time_to_accuracy",
+                    }
+                )
+    return specs

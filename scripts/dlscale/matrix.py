@@ -46,11 +46,76 @@ class Study:
         array."""
         return sorted({(c.hardware, c.nodes) for c in self.cells})
 
+    def train_classes(self) -> list[tuple[str, str, int]]:
+        """The (workload, hardware, nodes) triples of the study: one train rule each
+        (dlscale.cell.TRAIN_RULES), its Slurm resources those of (hardware, nodes)."""
+        return sorted({(c.workload, c.hardware, c.nodes) for c in self.cells})
+
+    def cells_of(self, workload: str) -> list[Cell]:
+        return [c for c in self.cells if c.workload == workload]
+
     def axis_values(self) -> dict[str, list]:
-        values = {axis: list(self.config["axes"][axis]) for axis in AXES}
-        values["rep"] = list(range(1, self.config["repetitions"] + 1))
+        """Every value each wildcard takes, over all workloads."""
+        values = {axis: [] for axis in AXES}
+        for axes in workload_axes(self.config).values():
+            for axis in AXES:
+                values[axis] += [v for v in axes[axis] if v not in values[axis]]
+        values["rep"] = list(range(1, max(workload_repetitions(self.config).values()) + 1))
         values["study"] = [self.config["study"]]
         return values
+
+
+# Datasets dlscale ships: written by the workflow (rules/data.smk) to SHIPPED_DATA_DIR in each
+# format; their image shape (height, width, channels) and classes are known before any job.
+SHIPPED_DATASETS = {"digits": {"image_shape": (32, 32, 3), "num_classes": 10}}
+SHIPPED_DATA_DIR = "results/data/{dataset}/{format}"
+
+
+def workload_axes(config: dict) -> dict[str, dict]:
+    """workload -> the axes its cells span: the study's `axes` for throughput; for convergence
+    `convergence.axes`, an axis left out (null) taking the study's value."""
+    out = {}
+    if "throughput" in config["workloads"]:
+        out["throughput"] = config["axes"]
+    if "convergence" in config["workloads"]:
+        own = config["convergence"]["axes"]
+        out["convergence"] = {
+            a: own[a] if own.get(a) is not None else config["axes"][a] for a in AXES
+        }
+    return out
+
+
+def workload_repetitions(config: dict) -> dict[str, int]:
+    reps = {"throughput": config["repetitions"]}
+    reps["convergence"] = config["convergence"]["repetitions"] or config["repetitions"]
+    return {w: reps[w] for w in workload_axes(config)}
+
+
+def workload_batches(config: dict, workload: str) -> tuple[int, int | None]:
+    """(per_rank_batch, global_batch) setting of a workload's cells (global: strong policy)."""
+    if workload == "convergence":
+        conv = config["convergence"]
+        return conv["per_rank_batch"] or config["per_rank_batch"], conv["global_batch"]
+    return config["per_rank_batch"], config["global_batch"]
+
+
+_PREFIX = {"throughput": "", "convergence": "convergence."}
+
+
+def axis_key(config: dict, workload: str, axis: str) -> str:
+    """How a message names the setting a workload's axis comes from."""
+    if workload == "convergence" and config["convergence"]["axes"].get(axis) is None:
+        return f"convergence.axes.{axis} (null: axes.{axis})"
+    return f"{_PREFIX[workload]}axes.{axis}"
+
+
+def data_path(config: dict) -> str:
+    """Where a convergence cell's ranks read its dataset: a shipped dataset's folder in its
+    format (SHIPPED_DATA_DIR), else the configured folder."""
+    conv = config["convergence"]
+    if conv["dataset"] in SHIPPED_DATASETS:
+        return SHIPPED_DATA_DIR.format(dataset=conv["dataset"], format=conv["data_format"])
+    return conv["dataset"]
 
 
 def ranks_per_node(config: dict, hw: dict) -> int:
@@ -58,19 +123,24 @@ def ranks_per_node(config: dict, hw: dict) -> int:
     return hw["gpus_per_node"] if hw["device"] == "cuda" else config["ranks_per_node"]
 
 
-def strong_global_batch(config: dict, hw: dict) -> int:
-    if config["global_batch"] is not None:
-        return config["global_batch"]
-    return config["per_rank_batch"] * ranks_per_node(config, hw) * min(config["axes"]["nodes"])
+def strong_global_batch(config: dict, hw: dict, workload: str = "throughput") -> int:
+    per_rank, global_batch = workload_batches(config, workload)
+    if global_batch is not None:
+        return global_batch
+    nodes = workload_axes(config)[workload]["nodes"] if workload != "throughput" else None
+    return per_rank * ranks_per_node(config, hw) * min(nodes or config["axes"]["nodes"])
 
 
-def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
-    axes = config["axes"]
+def _axes_problems(
+    config: dict, workload: str, axes: dict, hardware: dict, hardware_source: str
+) -> list[str]:
     problems = []
+    key = lambda axis: axis_key(config, workload, axis)  # noqa: E731
+    batch_key = f"{_PREFIX[workload]}global_batch"
     for i, hw_key in enumerate(axes["hardware"]):
         if hw_key not in hardware:
             problems.append(
-                f"axes.hardware[{i}]: {hw_key!r} is not defined in {hardware_source}; "
+                f"{key('hardware')}[{i}]: {hw_key!r} is not defined in {hardware_source}; "
                 f"allowed values: {', '.join(sorted(hardware))}"
             )
             continue
@@ -78,30 +148,90 @@ def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> li
         too_many = [n for n in axes["nodes"] if n > hw["max_nodes"]]
         if too_many:
             problems.append(
-                f"axes.nodes: {too_many} exceed max_nodes={hw['max_nodes']} of hardware "
+                f"{key('nodes')}: {too_many} exceed max_nodes={hw['max_nodes']} of hardware "
                 f"{hw_key!r} ({hardware_source}); allowed: 1..{hw['max_nodes']}"
             )
         if hw["device"] == "cpu" and "fp16" in axes["precision"]:
             problems.append(
-                f"axes.precision: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
+                f"{key('precision')}: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
                 "allowed on CPU: fp32, bf16 (or exclude the combination)"
             )
         if "strong" in axes["policy"]:
-            gb = strong_global_batch(config, hw)
+            gb = strong_global_batch(config, hw, workload)
             rpn = ranks_per_node(config, hw)
             bad = [n * rpn for n in axes["nodes"] if gb % (n * rpn)]
             if bad:
                 problems.append(
-                    f"global_batch: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible "
+                    f"{batch_key}: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible "
                     f"by world size(s) {bad}; choose a multiple of "
                     f"{lcm(*(n * rpn for n in axes['nodes']))}"
                 )
+    return problems
+
+
+def _convergence_problems(config: dict, axes: dict) -> list[str]:
+    """What only a convergence cell needs: frameworks that declare the workload, and (for a
+    shipped dataset, whose shape is known now) models that fit the dataset."""
+    from .frameworks import supporting
+    from .models import get_spec
+
+    problems = []
+    able = supporting("convergence")
+    for i, framework in enumerate(axes["framework"]):
+        if framework not in able:
+            problems.append(
+                f"{axis_key(config, 'convergence', 'framework')}[{i}]: {framework!r} does not "
+                "support the convergence workload (its adapter declares no convergence method); "
+                f"allowed values: {', '.join(able)}"
+            )
+    conv = config["convergence"]
+    shipped = SHIPPED_DATASETS.get(conv["dataset"])
+    if shipped is not None:
+        height, width, channels = shipped["image_shape"]
+        for i, name in enumerate(axes["model"]):
+            spec = get_spec(name)
+            if (
+                spec.family != "vision"
+                or tuple(spec.input_shape) != (channels, height, width)
+                or (spec.num_classes != shipped["num_classes"])
+            ):
+                fits = [
+                    m
+                    for m in models_names()
+                    if get_spec(m).family == "vision"
+                    and tuple(get_spec(m).input_shape) == (channels, height, width)
+                    and get_spec(m).num_classes == shipped["num_classes"]
+                ]
+                problems.append(
+                    f"{axis_key(config, 'convergence', 'model')}[{i}]: {name!r} does not fit "
+                    f"dataset {conv['dataset']!r} ({height}x{width}x{channels} images, "
+                    f"{shipped['num_classes']} classes); allowed values: {', '.join(fits)}"
+                )
+    return problems
+
+
+def models_names() -> list[str]:
+    from .models import names
+
+    return names()
+
+
+def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
+    problems = []
+    by_workload = workload_axes(config)
+    for workload, axes in by_workload.items():
+        problems += _axes_problems(config, workload, axes, hardware, hardware_source)
+    if "convergence" in by_workload:
+        problems += _convergence_problems(config, by_workload["convergence"])
     for i, entry in enumerate(config["exclude"]):
         for axis, value in entry.items():
-            if value not in axes[axis]:
+            allowed = []
+            for axes in by_workload.values():
+                allowed += [v for v in axes[axis] if v not in allowed]
+            if value not in allowed:
                 problems.append(
                     f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
-                    f"allowed values: {', '.join(map(str, axes[axis]))}"
+                    f"allowed values: {', '.join(map(str, allowed))}"
                 )
     return problems
 
@@ -127,18 +257,22 @@ def environment_ids(workflow_dir: str | Path) -> dict[str, str]:
 
 
 def planned_cell_count(config: dict) -> tuple[int, bool]:
-    """(cells, exact): the number of cells a validated config plans, computed without building
-    them. Exact when nothing is excluded or the axes' product is small enough to count;
-    otherwise the product (an upper bound) and False."""
-    axes = config["axes"]
-    product = math.prod(len(axes[a]) for a in AXES)
-    if config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
-        product = sum(
-            not _excluded(dict(zip(AXES, combo)), config["exclude"])
-            for combo in itertools.product(*(axes[a] for a in AXES))
-        )
-        return product * config["repetitions"], True
-    return product * config["repetitions"], not config["exclude"]
+    """(cells, exact): the number of cells a validated config plans over its workloads,
+    computed without building them. Exact when nothing is excluded or the axes' product is
+    small enough to count; otherwise the product (an upper bound) and False."""
+    total, exact = 0, True
+    reps = workload_repetitions(config)
+    for workload, axes in workload_axes(config).items():
+        product = math.prod(len(axes[a]) for a in AXES)
+        if config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
+            product = sum(
+                not _excluded(dict(zip(AXES, combo)), config["exclude"])
+                for combo in itertools.product(*(axes[a] for a in AXES))
+            )
+        elif config["exclude"]:
+            exact = False
+        total += product * reps[workload]
+    return total, exact
 
 
 # Axes products up to this size are counted exactly (exclusions applied) before the cap check.
@@ -151,14 +285,18 @@ def cell_count_problem(config: dict) -> str | None:
     limit = config["max_cells"]
     if count <= limit:
         return None
-    axes = config["axes"]
-    sizes = " x ".join(f"{len(axes[a])} {a}" for a in AXES)
+    reps = workload_repetitions(config)
+    sizes = " + ".join(
+        " x ".join(f"{len(axes[a])} {a}" for a in AXES)
+        + f" x {reps[w]} repetitions"
+        + ("" if w == "throughput" else f" ({w})")
+        for w, axes in workload_axes(config).items()
+    )
     how = "" if exact else " before `exclude`"
     return (
-        f"max_cells: the study plans {count:,} cells{how} ({sizes} x "
-        f"{config['repetitions']} repetitions); the limit is {limit:,}. Shrink the axes or "
-        "exclude combinations, or raise max_cells (e.g. --config max_cells=N) if the "
-        "cluster can take it"
+        f"max_cells: the study plans {count:,} cells{how} ({sizes}); the limit is {limit:,}. "
+        "Shrink the axes or exclude combinations, or raise max_cells (e.g. --config "
+        "max_cells=N) if the cluster can take it"
     )
 
 
@@ -176,48 +314,84 @@ def build_matrix(
     problems = _semantic_problems(config, hardware, hardware_source)
     if problems:
         raise ConfigError("config", problems)
-    axes = config["axes"]
     environments = environments or {f: f"{e or 'pytorch'}:unknown" for f, e in ENVIRONMENTS.items()}
     # the planner's site facts (PLANNING_KEYS) change no measurement, and keys added later count
     # only away from their default (LATER_DEFAULTS): left out, so adding or editing them keeps
     # every measured cell current (dlscale.config.hashed_hardware)
-    hardware_hashes = {key: _short_hash(hashed_hardware(hardware[key])) for key in axes["hardware"]}
-    fixed = {
-        "warmup_steps": config["warmup_steps"],
-        "steps": config["steps"],
-        "learning_rate": config["optimizer"]["learning_rate"],
+    by_workload = workload_axes(config)
+    hardware_hashes = {
+        key: _short_hash(hashed_hardware(hardware[key]))
+        for axes in by_workload.values()
+        for key in axes["hardware"]
+    }
+    common = {
         "momentum": config["optimizer"]["momentum"],
         "launcher": config["launcher"],
         "study": config["study"],
     }
+    fixed = {
+        "throughput": {
+            "warmup_steps": config["warmup_steps"],
+            "steps": config["steps"],
+            "learning_rate": config["optimizer"]["learning_rate"],
+        },
+    }
+    if "convergence" in by_workload:
+        conv = config["convergence"]
+        # a convergence cell trains by epochs: no warm-up or timed steps
+        fixed["convergence"] = {
+            "warmup_steps": 0,
+            "steps": 0,
+            "learning_rate": conv["learning_rate"],
+            "workload": "convergence",
+            "dataset": conv["dataset"],
+            "data_format": conv["data_format"],
+            "data_path": data_path(config),
+            "target_accuracy": conv["target_accuracy"],
+            "max_epochs": conv["max_epochs"],
+            "lr_rule": conv["lr_rule"],
+            "warmup_epochs": conv["warmup_epochs"],
+            "loader_workers": conv["loader_workers"],
+        }
+    reps = workload_repetitions(config)
     cells = []
-    for combo_values in itertools.product(*(axes[a] for a in AXES)):
-        combo = dict(zip(AXES, combo_values))
-        if _excluded(combo, config["exclude"]):
-            continue
-        hw = hardware[combo["hardware"]]
-        rpn = ranks_per_node(config, hw)
-        world = combo["nodes"] * rpn
-        if combo["policy"] == "weak":
-            per_rank, global_batch = config["per_rank_batch"], config["per_rank_batch"] * world
-        else:
-            global_batch = strong_global_batch(config, hw)
-            per_rank = global_batch // world
-        for rep in range(1, config["repetitions"] + 1):
-            cells.append(
-                Cell(
-                    **combo,
-                    rep=rep,
-                    device=hw["device"],
-                    ranks_per_node=rpn,
-                    per_rank_batch=per_rank,
-                    global_batch=global_batch,
-                    cpus_per_rank=hw["cpus_per_rank"],
-                    hardware_hash=hardware_hashes[combo["hardware"]],
-                    environment=environments[combo["framework"]],
-                    **fixed,
+    for workload, axes in by_workload.items():
+        per_rank_setting, _ = workload_batches(config, workload)
+        for combo_values in itertools.product(*(axes[a] for a in AXES)):
+            combo = dict(zip(AXES, combo_values))
+            if _excluded(combo, config["exclude"]):
+                continue
+            hw = hardware[combo["hardware"]]
+            rpn = ranks_per_node(config, hw)
+            world = combo["nodes"] * rpn
+            if combo["policy"] == "weak":
+                per_rank, global_batch = per_rank_setting, per_rank_setting * world
+            else:
+                global_batch = strong_global_batch(config, hw, workload)
+                per_rank = global_batch // world
+            extra = dict(fixed[workload])
+            if workload == "convergence":
+                # the base learning rate's batch: stated, or the global batch at the smallest
+                # node count (the cells' own strong global batch by default)
+                extra["reference_batch"] = config["convergence"]["reference_batch"] or (
+                    per_rank_setting * rpn * min(axes["nodes"])
                 )
-            )
+            for rep in range(1, reps[workload] + 1):
+                cells.append(
+                    Cell(
+                        **combo,
+                        rep=rep,
+                        device=hw["device"],
+                        ranks_per_node=rpn,
+                        per_rank_batch=per_rank,
+                        global_batch=global_batch,
+                        cpus_per_rank=hw["cpus_per_rank"],
+                        hardware_hash=hardware_hashes[combo["hardware"]],
+                        environment=environments[combo["framework"]],
+                        **common,
+                        **extra,
+                    )
+                )
     if not cells:
         raise ConfigError(
             "config", ["exclude: every cell of the matrix is excluded; nothing to run"]

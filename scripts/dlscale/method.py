@@ -28,6 +28,25 @@ IDLE_PROBE_METHOD = (
     "as competing"
 )
 
+# ----------------------------------------------------------------------------- time-to-accuracy
+# What a convergence cell's clock holds and what it leaves out (dlscale.converge; every
+# convergence record and the report state it).
+TIME_TO_ACCURACY_METHOD = (
+    "Time-to-accuracy is the sum, over the epochs up to the first whose validation accuracy "
+    "reaches the target, of each epoch's training time: wall clock from the barrier that "
+    "starts the epoch to the device synchronisation after its last optimizer step, the "
+    "slowest rank's (loading the training batches included)"
+)
+TIME_TO_ACCURACY_EXCLUDES = (
+    "process start-up, framework and process-group initialisation, model build, opening the "
+    "dataset, a warm-up forward and backward pass without update (compilation, tracing, "
+    "allocation), the idle probe, and validation after each epoch (timed apart)"
+)
+VALIDATION_METHOD = (
+    "validation accuracy over the whole validation split, disjoint from the training split: "
+    "each rank evaluates its own shard and the correct counts are summed over all ranks"
+)
+
 # ----------------------------------------------------------------------------- the metrics format
 FORMAT = "dlscale.metrics"
 VERSION = 1
@@ -37,7 +56,9 @@ RUN_START = "run_start"  # the cell and its provenance (written by the launcher)
 RANK_START = "rank_start"  # a rank's host, libraries, device
 IDLE_PROBE = "idle_probe"  # what kept the rank's host busy before the timed window
 STEP = "step"  # one timed step
+EPOCH = "epoch"  # one training epoch of a convergence cell and its validation
 RANK_END = "rank_end"  # the rank's summary, breakdown, allreduce probe, energy
+CONVERGENCE = "convergence"  # a convergence cell's outcome (written by the launcher)
 SUMMARY = "summary"  # the cell's summary (written by the launcher)
 
 # event -> whether its record names a rank
@@ -46,6 +67,8 @@ RANKED = {
     RANK_START: True,
     IDLE_PROBE: True,
     STEP: True,
+    EPOCH: True,
     RANK_END: True,
+    CONVERGENCE: False,
     SUMMARY: False,
 }

@@ -23,7 +23,10 @@ from pathlib import Path
 import jsonschema
 
 from .cell import Cell
+from .lr import scaled_lr
 from .method import (
+    CONVERGENCE,
+    EPOCH,
     FORMAT,
     IDLE_PROBE,
     IDLE_PROBE_METHOD,
@@ -34,6 +37,9 @@ from .method import (
     STEP,
     SUMMARY,
     THROUGHPUT_METHOD,
+    TIME_TO_ACCURACY_EXCLUDES,
+    TIME_TO_ACCURACY_METHOD,
+    VALIDATION_METHOD,
     VERSION,
 )
 
@@ -222,7 +228,7 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
     thr = [ends[r]["throughput_samples_per_s"] for r in sorted(ends)]
     steps = [
         x["value"]["seconds"] for recs in rank_records.values() for x in recs if x["event"] == STEP
-    ]
+    ] or [e["step_seconds_median"] for e in ends.values()]  # a convergence cell: no step records
     return {
         **_breakdown_summary(ends, statistics.median(steps)),
         **_allreduce_summary(ends, len(rank_records)),
@@ -304,6 +310,57 @@ def _energy_summary(ends: dict, starts: dict) -> dict:
     return {"joules_per_sample": sum(readings.values()) / samples, "energy_unavailable": None}
 
 
+def convergence_outcome(cell: Cell, rank_records: dict[int, list[dict]], started: float) -> dict:
+    """A convergence cell's outcome from its ranks' epoch records (their global values agree;
+    rank 0's are taken): reached or not, time-, epochs- and samples-to-accuracy, the learning
+    rate rule and rates, and what the clock leaves out (TIME_TO_ACCURACY_EXCLUDES)."""
+    epochs = [x["value"] for x in rank_records[0] if x["event"] == EPOCH]
+    if not epochs:
+        raise MetricsError("a convergence cell's rank 0 wrote no epoch record")
+    first = next(x["value"] for x in rank_records[0] if x["event"] == RANK_START)
+    ends = [
+        next(x["value"] for x in recs if x["event"] == RANK_END) for recs in rank_records.values()
+    ]
+    hit = next((e for e in epochs if e["val_accuracy"] >= cell.target_accuracy), None)
+    data = first.get("dataset") or {}
+    warm = [e.get("warmup_pass_seconds") for e in ends if e.get("warmup_pass_seconds") is not None]
+    clock = [e["clock_start_time"] for e in ends if e.get("clock_start_time") is not None]
+    return {
+        "reached": hit is not None,
+        "time_to_accuracy_s": hit["training_seconds"] if hit else None,
+        "epochs_to_accuracy": hit["epoch"] if hit else None,
+        "samples_to_accuracy": hit["samples_seen"] if hit else None,
+        "target_accuracy": cell.target_accuracy,
+        "max_epochs": cell.max_epochs,
+        "epochs_run": len(epochs),
+        "best_val_accuracy": max(e["val_accuracy"] for e in epochs),
+        "final_val_accuracy": epochs[-1]["val_accuracy"],
+        "training_seconds": epochs[-1]["training_seconds"],
+        "samples_seen": epochs[-1]["samples_seen"],
+        "lr_rule": cell.lr_rule,
+        "base_learning_rate": cell.learning_rate,
+        "reference_batch": cell.reference_batch,
+        "warmup_epochs": cell.warmup_epochs,
+        "effective_learning_rate": scaled_lr(
+            cell.lr_rule, cell.learning_rate, cell.global_batch, cell.reference_batch
+        ),
+        "global_batch": cell.global_batch,
+        "per_rank_batch": cell.per_rank_batch,
+        "policy": cell.policy,
+        "world_size": cell.world_size,
+        "dataset": cell.dataset,
+        "data_format": cell.data_format,
+        "train_samples": data.get("train_samples") or 1,
+        "val_samples": data.get("val_samples") or epochs[-1]["val_samples"],
+        "method": TIME_TO_ACCURACY_METHOD,
+        "excluded": TIME_TO_ACCURACY_EXCLUDES,
+        "validation": VALIDATION_METHOD,
+        "warmup_pass_seconds": max(warm) if warm else None,
+        "startup_seconds": max(0.0, min(clock) - started) if clock else None,
+        "validation_seconds": sum(e["validation_seconds"] for e in epochs),
+    }
+
+
 def assemble(
     *,
     cell: Cell,
@@ -313,7 +370,8 @@ def assemble(
     wall_seconds: float,
     started: float,
 ) -> list[dict]:
-    """The whole metrics file: run_start (provenance), every rank's records, summary."""
+    """The whole metrics file: run_start (provenance), every rank's records, a convergence
+    cell's outcome (convergence_outcome), summary."""
     first = next(x["value"] for x in rank_records[0] if x["event"] == RANK_START)
     starts = [
         next(x["value"] for x in recs if x["event"] == RANK_START)
@@ -352,9 +410,16 @@ def assemble(
         },
     )
     run_start["time"] = started
+    if cell.workload == "convergence":
+        run_start["value"]["timing"]["time_to_accuracy"] = TIME_TO_ACCURACY_METHOD
+        run_start["value"]["timing"]["excluded"] = TIME_TO_ACCURACY_EXCLUDES
     records = [run_start]
     for _, recs in sorted(rank_records.items()):
         records.extend(recs)
+    if cell.workload == "convergence":
+        records.append(
+            make_record(CONVERGENCE, None, convergence_outcome(cell, rank_records, started))
+        )
     records.append(make_record(SUMMARY, None, summarize(rank_records, wall_seconds)))
     return records
 
@@ -392,6 +457,45 @@ def validate_records(
         raise MetricsError(
             f"{where}: rank_end records for ranks {sorted(ranks)}, expected 0..{world - 1}"
         )
+    if records[0]["value"]["cell"].get("workload", "throughput") == "convergence":
+        _check_convergence(records, world, where)
+    elif any(r["event"] in (EPOCH, CONVERGENCE) for r in records):
+        raise MetricsError(f"{where}: epoch or convergence records in a throughput cell")
+
+
+def _check_convergence(records: list[dict], world: int, where: str) -> None:
+    """A convergence cell's structure: every rank the same epochs 1..k, agreeing on the global
+    values, and one convergence record (before the summary) that says what they say."""
+    outcome = [r["value"] for r in records if r["event"] == CONVERGENCE]
+    if len(outcome) != 1 or records[-2]["event"] != CONVERGENCE:
+        raise MetricsError(
+            f"{where}: a convergence cell needs one convergence record before summary"
+        )
+    per_rank = {
+        rank: [r["value"] for r in records if r["event"] == EPOCH and r["rank"] == rank]
+        for rank in range(world)
+    }
+    epochs = per_rank[0]
+    if [e["epoch"] for e in epochs] != list(range(1, len(epochs) + 1)) or not epochs:
+        raise MetricsError(f"{where}: rank 0's epochs are not 1..k")
+    shared = ("epoch", "val_accuracy", "val_samples", "samples_seen", "training_seconds")
+    for rank, mine in per_rank.items():
+        if [[e[k] for k in shared] for e in mine] != [[e[k] for k in shared] for e in epochs]:
+            raise MetricsError(f"{where}: rank {rank}'s epochs disagree with rank 0's")
+    out = outcome[0]
+    target = out["target_accuracy"]
+    hit = next((e for e in epochs if e["val_accuracy"] >= target), None)
+    if (
+        out["reached"] != (hit is not None)
+        or out["epochs_run"] != len(epochs)
+        or (hit is None and out["time_to_accuracy_s"] is not None)
+    ):
+        raise MetricsError(f"{where}: the convergence record contradicts the epoch records")
+    if hit is not None and (
+        out["epochs_to_accuracy"] != hit["epoch"]
+        or out["time_to_accuracy_s"] != hit["training_seconds"]
+    ):
+        raise MetricsError(f"{where}: time- or epochs-to-accuracy contradict the epoch records")
 
 
 def current_umask() -> int:

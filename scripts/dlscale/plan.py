@@ -66,8 +66,9 @@ def jobs_from_config(plan: dict, models: list[str]) -> list[dict]:
     for i, job in enumerate(jobs):
         if job.get("target_accuracy") is not None:
             raise PlanError(
-                f"plan.jobs[{i}].target_accuracy: the study has no convergence cells (throughput "
-                "only); give samples or epochs x samples_per_epoch"
+                f"plan.jobs[{i}].target_accuracy: the planner plans from the throughput cells "
+                "(the convergence cells' time-to-accuracy is not planned from yet); give samples "
+                "or epochs x samples_per_epoch"
             )
         samples = job.get("samples")
         if samples is None and job.get("epochs") is not None:

@@ -20,7 +20,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
-from .cell import AXIS_PATH, format_key
+from .cell import cell_label
 from .layout import MAX_PANELS, MAX_SERIES
 from .method import (
     ALLREDUCE_BYTES,
@@ -32,6 +32,7 @@ from .method import (
 from .stats import CI_METHOD, EXACT, GROUP, NONE, RANGE
 from .systems import MAX_VALUES as MAX_SYSTEM_VALUES
 from .systems import MLPERF_FIELDS, MLPERF_NOT_COVERED
+from .tta_report import convergence_macros, write_convergence_table
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}",
@@ -472,7 +473,7 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
     # with many missing cells would otherwise fill pages; the rest are counted below the table
     ordered = bad.sort_values(["status", "hardware", "framework", "model", "nodes", "rep"])
     for r in ordered.head(MAX_LISTED_CELLS).itertuples(index=False):
-        cell = format_key(AXIS_PATH, r._asdict())
+        cell = cell_label(r._asdict())
         last = (str(r.log_tail).strip().splitlines() or [""])[-1] if not pd.isna(r.log_tail) else ""
         slurm = "" if pd.isna(r.slurm_state) else f"{r.slurm_state} ({r.slurm_exit_code})"
         rank = "" if pd.isna(r.failed_rank) else str(int(r.failed_rank))
@@ -593,7 +594,26 @@ def write_report_inputs(
     given. Returns the tables read, by the same keys."""
     tables = {key: pd.read_csv(paths[key]) for key in ("cells", "scaling", "quarantine", "status")}
     Path(paths["macros"]).parent.mkdir(parents=True, exist_ok=True)
-    write_macros(build_macros(config, **tables, n_planned=n_planned), paths["macros"])
+    macros = build_macros(config, **tables, n_planned=n_planned)
+    # the time-to-accuracy section (real data; dlscale.tta_report), apart from the throughput
+    conv = {k: pd.read_csv(paths[k]) for k in ("convergence", "time_to_accuracy") if k in paths}
+    if len(conv) < 2:  # tables from before the convergence workload: an empty section
+        from .tta import CELL_COLUMNS, time_to_accuracy_summary
+
+        conv = {"convergence": pd.DataFrame(columns=CELL_COLUMNS)}
+        conv["time_to_accuracy"] = time_to_accuracy_summary(conv["convergence"])
+    macros.update(
+        {
+            _macro_name(k): tex_escape(v)
+            for k, v in convergence_macros(
+                config, conv["convergence"], conv["time_to_accuracy"]
+            ).items()
+        }
+    )
+    write_macros(macros, paths["macros"])
+    if "convergence_table" in paths:
+        write_convergence_table(conv["time_to_accuracy"], paths["convergence_table"], tex_escape)
+    tables.update(conv)
     if "systems" in paths:  # and paths["systems_table"]
         tables["systems"] = pd.read_csv(paths["systems"], keep_default_na=False)
         write_systems_table(tables["systems"], paths["systems_table"])
@@ -603,10 +623,18 @@ def write_report_inputs(
     return tables
 
 
-def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) -> None:
+def render_tex(
+    out: str,
+    *,
+    title: str,
+    figures: list[dict],
+    attachment: str,
+    convergence_figures: list[dict] = (),
+) -> None:
     """report.tex from the template. `figures`: the layout (dlscale.layout.figure_layout) with
-    file, caption, hardware, width_in, ci; `attachment`: the cell table's path relative to the
-    report's folder, embedded in the PDF (attachfile2)."""
+    file, caption, hardware, width_in, ci; `convergence_figures`: the convergence workload's
+    (dlscale.layout.convergence_layout), in their own section; `attachment`: the cell table's
+    path relative to the report's folder, embedded in the PDF (attachfile2)."""
     env = jinja2.Environment(
         block_start_string="((*",
         block_end_string="*))",
@@ -623,19 +651,25 @@ def render_tex(out: str, *, title: str, figures: list[dict], attachment: str) ->
     )
     if not re.fullmatch(r"[A-Za-z0-9_./-]+", attachment):
         raise ValueError(f"attachment path must be a plain relative path: {attachment!r}")
-    figs = [
-        {
-            "file": f["file"],
-            "caption": tex_escape(f["caption"]),
-            "hardware": tex_escape(f["hardware"]),
-            "width_in": f"{float(f['width_in']):.3f}",
-            "ci": bool(f.get("ci", True)),
-        }
-        for f in figures
-    ]
+
+    def tex_figures(layout):
+        return [
+            {
+                "file": f["file"],
+                "caption": tex_escape(f["caption"]),
+                "hardware": tex_escape(f["hardware"]),
+                "width_in": f"{float(f['width_in']):.3f}",
+                "ci": bool(f.get("ci", True)),
+                "family": f["family"],
+            }
+            for f in layout
+        ]
+
+    figs = tex_figures(figures)
     tex = env.get_template("report.tex.j2").render(
         title=tex_escape(title),
         figures=figs,
+        convergence_figures=tex_figures(convergence_figures),
         attachment=attachment,
         attachment_name=tex_escape(Path(attachment).name),
         attachment_name_plain=Path(attachment).name,

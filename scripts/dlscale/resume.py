@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cell import METRICS_FILE, PATH_KEY, TRAIN_RULE, parse_cell_path
+from .cell import METRICS_FILE, PATH_KEY, TRAIN_RULES, parse_cell_path
 
 JOURNAL_FILE = "logs/slurm_jobs.jsonl"  # in the study's results folder
 DRIVER_FILE = "logs/driver.json"
@@ -66,6 +66,8 @@ LIVE_STATES = frozenset(
 )
 SQUEUE_FORMAT = "%i|%T|%N|%j|%V|%k"  # id, state, nodes, name (run id), submit time, comment
 TIMEOUT_S = 30
+# The rules that measure a cell (one per workload and resource class, dlscale.cell.TRAIN_RULES).
+CELL_RULE_PREFIXES = tuple(rule.split("{")[0] for rule in TRAIN_RULES.values())
 # The signal that stopped this driver, for the end-of-run message (dlscale.finalize).
 STOPPED_BY: str | None = None
 
@@ -291,7 +293,7 @@ def plugin_comment(cell_path: str) -> str:
     wildcards in the order of the cell's path, '/' replaced by '_'): the fallback that finds a
     cell's live job when no id was recorded."""
     cell = parse_cell_path(cell_path)
-    rule = TRAIN_RULE.format(hardware=cell["hardware"], nodes=cell["nodes"])
+    rule = TRAIN_RULES[cell["workload"]].format(hardware=cell["hardware"], nodes=cell["nodes"])
     values = "_".join(str(cell[k]) for k in PATH_KEY).replace("/", "_")
     return f"rule_{rule}_wildcards_{values}"
 
@@ -348,7 +350,7 @@ class Resume:
 
     # -- planning, at onstart ------------------------------------------------------------
     def cell_path(self, job) -> str | None:
-        if not job.rule.name.startswith(TRAIN_RULE.split("{")[0]):
+        if not job.rule.name.startswith(CELL_RULE_PREFIXES):
             return None
         return str(job.output[0])
 

@@ -16,12 +16,13 @@ import subprocess
 from pathlib import Path
 
 from .cell import (
+    DEFAULT_WORKLOAD,
     FAILURE_FILE,
     PATH_KEY,
     SLURM_JOB_FILE,
     SLURM_LOGS,
-    TRAIN_LOG_PATTERN,
-    TRAIN_RULE,
+    TRAIN_LOG_PATTERNS,
+    TRAIN_RULES,
     format_key,
     parse_cell_path,
     tail_lines,
@@ -29,11 +30,12 @@ from .cell import (
 
 
 def train_log(cell: dict) -> Path:
-    return Path(format_key(TRAIN_LOG_PATTERN, cell))
+    return Path(format_key(TRAIN_LOG_PATTERNS[cell.get("workload", DEFAULT_WORKLOAD)], cell))
 
 
 def _rule_logs(cell: dict) -> Path:
-    return Path(SLURM_LOGS) / f"rule_{format_key(TRAIN_RULE, cell)}"
+    rule = TRAIN_RULES[cell.get("workload", DEFAULT_WORKLOAD)]
+    return Path(SLURM_LOGS) / f"rule_{format_key(rule, cell)}"
 
 
 def slurm_log(cell: dict, job: dict) -> Path:

@@ -120,6 +120,45 @@ def describe_node(adapter, ctx, rank_dir: str) -> dict:
     return system
 
 
+def open_dataset(cell: Cell):
+    """A convergence cell's dataset (dlscale.data.inspect_dataset), checked against its model:
+    the same image shape and number of classes, or a clear error naming both."""
+    from .data import inspect_dataset
+    from .models import get_spec
+
+    info = inspect_dataset(cell.data_path, cell.data_format, key="convergence.dataset")
+    model = get_spec(cell.model)
+    height, width, channels = info.image_shape
+    if model.family != "vision" or tuple(model.input_shape) != (channels, height, width):
+        raise ValueError(
+            f"model {cell.model} takes inputs of shape {tuple(model.input_shape)}, but dataset "
+            f"{cell.dataset} holds {height}x{width}x{channels} images (channels {channels})"
+        )
+    if model.num_classes != info.num_classes:
+        raise ValueError(
+            f"model {cell.model} has {model.num_classes} classes, dataset {cell.dataset} "
+            f"{info.num_classes}"
+        )
+    return info
+
+
+def dataset_description(cell: Cell, info) -> dict:
+    """What a convergence cell's ranks train on, for its rank_start record."""
+    return {
+        "data": f"real: {cell.dataset} ({cell.data_format}), {info.train_samples} training and "
+        f"{info.val_samples} validation samples",
+        "dataset": {
+            "name": cell.dataset,
+            "format": cell.data_format,
+            "path": str(cell.data_path),
+            "train_samples": info.train_samples,
+            "val_samples": info.val_samples,
+            "num_classes": info.num_classes,
+            "image_shape": list(info.image_shape),
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -131,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     preflight(ctx, cell.world_size, cell.ranks_per_node)
     spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
+    convergence = cell.workload == "convergence"
+    info = open_dataset(cell) if convergence else None
     writer = RankWriter(args.rank_dir, ctx.rank)
     try:
         adapter.setup()
@@ -153,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                 "master": f"{ctx.master_addr}:{ctx.master_port}",
                 "cpu_affinity": cpu_affinity(),
                 **({"system": system} if system is not None else {}),
+                **(dataset_description(cell, info) if convergence else {}),
             },
         )
+        if convergence:
+            return converge(cell, adapter, info, writer, fault_hook(ctx.rank, args.rank_dir))
         run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
         writer.write(IDLE_PROBE, run["idle_probe"])
         for i, seconds in enumerate(run["step_seconds"]):
@@ -180,6 +224,33 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         writer.close()
         adapter.teardown()
+    return 0
+
+
+NOT_IN_CONVERGENCE = "not measured in a convergence cell (it trains by epochs on real data)"
+
+
+def converge(cell: Cell, adapter, info, writer: RankWriter, before_step=None) -> int:
+    """A convergence cell's rank (dlscale.converge): an epoch record per epoch, then rank_end
+    with the rank's training time, samples and throughput over its epochs."""
+    from .converge import run_convergence
+
+    run = run_convergence(adapter, cell, info, writer.write, before_step=before_step)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    writer.write(
+        RANK_END,
+        {
+            **run,
+            "peak_rss_mb": peak_rss_mb,
+            "first_step_seconds": run["warmup_pass_seconds"],
+            "compile_seconds": run["warmup_pass_seconds"] if cell.mode == "compiled" else None,
+            "mode": cell.mode,
+            "peak_device_memory_mb": adapter.peak_device_memory_mb(),
+            "energy": {"available": False, "reason": NOT_IN_CONVERGENCE},
+            "breakdown": {"available": False, "reason": NOT_IN_CONVERGENCE},
+            "allreduce": {"available": False, "reason": NOT_IN_CONVERGENCE},
+        },
+    )
     return 0
 
 

@@ -27,7 +27,7 @@ STATE_DIR = Path(os.environ.get("DLSCALE_SLURM_DIR", "/var/tmp/dlscale-slurm"))
 
 @pytest.fixture(scope="module")
 def study(cluster, tmp_path_factory):
-    return tiny_study(tmp_path_factory.mktemp("faults"), "profiles/slurm")
+    return tiny_study(tmp_path_factory.mktemp("faults"), "profiles/slurm", workloads=["throughput"])
 
 
 def checksums(work: Path, skip: str = VICTIM) -> dict[str, str]:
@@ -193,6 +193,7 @@ def test_slurmctld_restart_during_a_study(cluster, tmp_path):
 
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     tiny["repetitions"] = 2
+    tiny["workloads"] = ["throughput"]
     work = copy_workflow(tmp_path, tiny)
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.Popen(

@@ -44,7 +44,7 @@ def study(cluster, tmp_path, request):
     for MinJobAge); at the end no driver of it runs and none of its jobs is left in the queue."""
     name = f"{request.node.name.split('_')[1]}{int(time.time() * 1000) % 10**8}"
     config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    config.update(study=name, repetitions=2, steps=200)
+    config.update(study=name, repetitions=2, steps=200, workloads=["throughput"])
     yield copy_workflow(tmp_path, config), name
     for proc in DRIVERS:
         if proc.poll() is None:

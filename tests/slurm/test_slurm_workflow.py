@@ -45,6 +45,22 @@ def test_two_node_cell_runs_on_two_distinct_nodes(slurm_study):
     assert (slurm_study / "results/tiny/report/report.pdf").stat().st_size > 0
 
 
+def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_study):
+    """Issue 15: the tiny study's convergence cells on the cluster: the 2-node cell's ranks on
+    2 distinct nodes under srun, every epoch's accuracy agreed by both, the target reached."""
+    path = slurm_study / CELL_N2.replace("/runs/", "/convergence/")
+    recs = records(path)
+    starts = [r["value"] for r in recs if r["event"] == "rank_start"]
+    assert recs[0]["value"]["provenance"]["launcher"] == "srun"
+    assert len({s["node"] for s in starts}) == 2, starts
+    outcome = recs[-2]["value"]
+    assert recs[-2]["event"] == "convergence" and outcome["reached"] is True
+    assert outcome["world_size"] == 2 and outcome["time_to_accuracy_s"] > 0
+    table = (slurm_study / "results/tiny/tables/time_to_accuracy.csv").read_text()
+    assert len(table.splitlines()) == 3  # header + 1 and 2 nodes
+    assert (slurm_study / "results/tiny/figures/cpu/convergence/time_to_accuracy.pdf").exists()
+
+
 def test_rerunning_one_cell_reruns_that_cell_only(slurm_study):
     before_n1 = (slurm_study / CELL_N1).read_bytes()
     job_before = records(slurm_study / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
@@ -59,6 +75,7 @@ def test_rerunning_one_cell_reruns_that_cell_only(slurm_study):
 def test_a_failing_cell_is_reported_and_the_rest_completes(cluster, tmp_path):
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     config = copy.deepcopy(tiny)
+    config["workloads"] = ["throughput"]  # the fault below names a throughput cell's path
     config["axes"]["model"] = ["cnn_small", "transformer_small"]
     config["per_rank_batch"] = 2
     work = copy_workflow(tmp_path, config)
@@ -112,6 +129,7 @@ def test_accounting_mode_with_sacct_status(cluster, tmp_path):
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     try:
         tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+        tiny["workloads"] = ["throughput"]
         work = copy_workflow(tmp_path, tiny)
         proc = snakemake(work, "--profile", "profiles/slurm", "--slurm-status-command", "sacct")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -139,6 +157,7 @@ def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_c
     job array, and every array task runs its own cell (not the first one's), with 2-node cells on
     2 nodes."""
     config = copy.deepcopy(tiny_config)
+    config["workloads"] = ["throughput"]  # this test counts throughput cells
     config["repetitions"] = 2
     work = copy_workflow(tmp_path, config)
     # the opt-in array settings documented in profiles/slurm/config.yaml
@@ -181,6 +200,7 @@ def fake_gpu_study(tmp_path, tiny_config, gpus_per_node: int):
     /dev/null). The ranks compute on the CPU (gpus_allocated_only): nothing can run on a fake
     GPU, but Slurm allocates, counts and binds them as it would real ones."""
     config = copy.deepcopy(tiny_config)
+    config["workloads"] = ["throughput"]  # this test counts throughput cells
     config["axes"].update(hardware=["fakegpu"], nodes=[2])
     work = copy_workflow(tmp_path, config)
     hardware = yaml.safe_load((work / "config" / "hardware.yaml").read_text())

@@ -358,9 +358,9 @@ SIZE = [
     (
         "cells-29-million",
         _many_gpu_keys,
-        "the study plans 29,280,000 cells (64 hardware x 5 framework",
+        "the study plans 29,338,560 cells (64 hardware x 5 framework",  # and the convergence block
     ),
-    ("cells-over-limit", cli(max_cells=10), "the study plans 16 cells"),
+    ("cells-over-limit", cli(max_cells=10), "the study plans 20 cells"),  # 16 + 4 convergence
     ("cells-limit-named", cli(max_cells=10), "the limit is 10."),
     ("max-cells-zero", cli(max_cells=0), "max_cells: 0 must be >= 1"),
     ("max-cells-huge", cli(max_cells=10**9), "max_cells: 1000000000 must be <= 1000000"),

@@ -139,7 +139,8 @@ def test_matrix_size_is_product_minus_exclusions(root, base_config, exclude, rem
     for axis in AXES:
         product *= len(axes[axis])
     product *= config["repetitions"]
-    assert len(s.cells) == product - removed
+    # the throughput cells (the demo's convergence block: tests/unit/test_convergence.py)
+    assert len(s.cells_of("throughput")) == product - removed
     assert len({c.path for c in s.cells}) == len(s.cells)  # one path per cell
 
 
@@ -156,7 +157,7 @@ def test_cell_path_names_every_axis(root, base_config):
 def test_batch_policies(root, base_config):
     config = with_(base_config, ("ranks_per_node",), 2)
     config["global_batch"] = 64
-    cells = study(root, config).cells
+    cells = study(root, config).cells_of("throughput")
     for c in cells:
         assert c.world_size == 2 * c.nodes
         if c.policy == "weak":
@@ -175,7 +176,7 @@ def test_strong_default_global_batch(root, base_config):
 def test_gpu_hardware_runs_one_rank_per_gpu(root, base_config):
     config = with_(base_config, ("axes", "hardware"), ["h100"])
     config["axes"]["precision"] = ["bf16", "fp16"]
-    cells = study(root, config).cells
+    cells = study(root, config).cells_of("throughput")  # the demo's convergence cells: cpu
     assert {c.ranks_per_node for c in cells} == {4}
     assert {c.device for c in cells} == {"cuda"}
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from dlscale import progress, resume
-from dlscale.cell import Cell
+from dlscale.cell import PATH_KEY, Cell
 
 from cells import cell_dict, launch_cell
 
@@ -107,7 +107,8 @@ def test_the_comment_is_the_one_the_slurm_plugin_gives_the_job():
     from snakemake_executor_plugin_slurm.utils import get_job_wildcards
 
     cell = Cell.from_dict(cell_dict(study="s1", model="cnn_small", nodes=2, rep=3))
-    job = SimpleNamespace(wildcards=[str(v) for v in ("s1", *cell.key)])  # path order
+    # the job's wildcards, in the order of the output pattern
+    job = SimpleNamespace(wildcards=[str(getattr(cell, k)) for k in PATH_KEY])
     assert resume.plugin_comment(cell.path) == (
         f"rule_train_cpu_n2_wildcards_{get_job_wildcards(job)}"
     )
@@ -169,3 +170,14 @@ def test_a_driver_stopped_by_sigterm_does_not_blame_the_report_steps():
 def test_job_ids_sort_numerically_array_tasks_included():
     ids = ["1000", "999", "1000_10", "1000_2"]
     assert sorted(ids, key=resume.job_order) == ["999", "1000", "1000_2", "1000_10"]
+
+
+def test_a_convergence_cells_job_is_found_by_its_own_rule():
+    path = "results/s1/convergence/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
+    assert resume.plugin_comment(path) == (
+        "rule_converge_cpu_n2_wildcards_s1_cpu_pytorch_cnn_small_weak_fp32_eager_2_1"
+    )
+    job = SimpleNamespace(rule=SimpleNamespace(name="converge_cpu_n2"), output=[path])
+    assert resume.Resume.cell_path(None, job) == path
+    job.rule.name = "collect"
+    assert resume.Resume.cell_path(None, job) is None

@@ -71,26 +71,41 @@ def test_bad_config_stops_before_any_job(tmp_path, tiny_config, key, value, frag
 
 def test_tiny_study_reaches_the_pdf(finished_study):
     work = finished_study
-    for path in [
-        "results/tiny/tables/ranks.csv",
-        "results/tiny/tables/cells.csv",
-        "results/tiny/tables/scaling.csv",
-        "results/tiny/report/macros.tex",
-        "results/tiny/report/report.pdf",
-        "results/tiny/tables/model_fit.csv",
-        "results/tiny/tables/predictions.csv",
-        "results/tiny/plan/plan.csv",
-        "results/tiny/plan/plan.pdf",
-    ] + [
-        f"results/tiny/figures/cpu/{f}.pdf"
-        for f in ("throughput", "speedup", "efficiency", "frameworks", "breakdown")
-    ]:
+    for path in (
+        [
+            "results/tiny/tables/ranks.csv",
+            "results/tiny/tables/cells.csv",
+            "results/tiny/tables/scaling.csv",
+            "results/tiny/report/macros.tex",
+            "results/tiny/report/report.pdf",
+            "results/tiny/tables/model_fit.csv",
+            "results/tiny/tables/predictions.csv",
+            "results/tiny/plan/plan.csv",
+            "results/tiny/plan/plan.pdf",
+        ]
+        + [
+            f"results/tiny/figures/cpu/{f}.pdf"
+            for f in ("throughput", "speedup", "efficiency", "frameworks", "breakdown")
+        ]
+        + [
+            f"results/tiny/figures/cpu/convergence/{f}.pdf"
+            for f in ("time_to_accuracy", "epochs_to_accuracy", "accuracy_curves")
+        ]
+        + [f"results/tiny/tables/{t}.csv" for t in ("convergence", "epochs", "time_to_accuracy")]
+    ):
         assert (work / path).stat().st_size > 0, path
     import pandas as pd
 
     ranks = pd.read_csv(work / "results/tiny/tables/ranks.csv")
     assert sorted(ranks.groupby("nodes")["rank"].count().items()) == [(1, 1), (2, 2)]
     cells = pd.read_csv(work / "results/tiny/tables/cells.csv").set_index("nodes")
+    assert set(cells["workload"]) == {"throughput"}  # convergence cells have their own tables
+    conv = pd.read_csv(work / "results/tiny/tables/convergence.csv").set_index("nodes")
+    assert conv["reached"].all() and (conv["epochs_to_accuracy"] <= 2).all()
+    assert list(conv["global_batch"]) == [16, 32] and list(conv["lr_rule"]) == ["linear"] * 2
+    assert conv.loc[2, "effective_learning_rate"] == pytest.approx(0.1)  # 0.05 x 32 / 16
+    status = pd.read_csv(work / "results/tiny/tables/status.csv")
+    assert len(status) == 4 and (status["status"] == "ok").all()
     assert cells.loc[1, "speedup"] == pytest.approx(1.0)
     assert cells.loc[2, "scaling_efficiency"] == pytest.approx(
         cells.loc[2, "throughput_samples_per_s"] / cells.loc[1, "throughput_samples_per_s"] / 2
@@ -102,6 +117,9 @@ def test_tiny_study_reaches_the_pdf(finished_study):
             text=True,
         ).stdout
         assert "Figure 5" in text and "Cells" in text and "tiny" in text
+        words = " ".join(text.split())
+        assert "Throughput (synthetic data)" in words and "Time to accuracy (real data)" in words
+        assert "Excluded: process start-up" in words and "not reached (0 of 2 cells" in words
         assert "95% nonparametric order-statistic CI" in text
         assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
         # the planner's section: numbers from its macros; a 2-node-count series is not validated
@@ -145,6 +163,7 @@ def test_forcing_one_cell_reruns_it_and_downstream_only(finished_study):
         "scaling_model": 1,
         "plan": 1,
         "figure": 5,
+        "convergence_figure": 3,  # the tables they read are rewritten
         "report_inputs": 1,
         "verdicts": 1,
         "report_pdf": 1,
@@ -310,6 +329,7 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
     count that stop the run, an explicit re-measure and a --forcerun that keep the old files."""
     import pandas as pd
 
+    tiny_config = dict(tiny_config, workloads=["throughput"])  # the 2 throughput cells only
     work = copy_workflow(tmp_path, tiny_config)
     assert snakemake(work, "--profile", "profiles/local").returncode == 0
     first = measured(work)
@@ -437,9 +457,10 @@ def test_snakemake_report_holds_every_figure_and_table_of_the_pdf(finished_study
     study = work / "results/tiny"
     tex = (study / "report/report.tex").read_text()
     figures = re.findall(r"\\includegraphics\[[^]]*\]\{\.\./figures/([^}]+)\}", tex)
-    assert len(figures) == 5
+    assert len(figures) == 5 + 3  # throughput and convergence families
     # the PDF's tables come from these (cells.csv is attached to it; verdicts: Regression check)
     tables = ["cells", "scaling", "status", "quarantine", "systems", "verdicts", "ranks"]
+    tables += ["convergence", "epochs", "time_to_accuracy"]
     wanted = {
         **{f"figures/{f}": study / "figures" / f for f in figures},
         **{f"tables/{t}.csv": study / "tables" / f"{t}.csv" for t in tables},
@@ -461,6 +482,8 @@ def test_snakemake_report_holds_every_figure_and_table_of_the_pdf(finished_study
         "Regression check",
         "Per-cell status",  # captions from report/
         "Training throughput (samples/s summed over all ranks)",  # the layout's caption
+        "time_to_accuracy figures",
+        "Time to accuracy (real data)",
     ):
         assert text in html, text
 

@@ -25,6 +25,24 @@ ENVIRONMENTS = {
 }
 
 
+# name -> the workloads (dlscale.cell.WORKLOADS) its adapter runs: the adapter's declared
+# capability (base.Adapter.convergence_method), stated here as well so that the workflow refuses
+# a study before any job without importing a framework (tests/unit/test_convergence.py checks
+# that both agree).
+WORKLOADS = {
+    "pytorch": ("throughput", "convergence"),
+    "tensorflow": ("throughput",),
+    "keras": ("throughput",),
+    "horovod": ("throughput", "convergence"),
+    "mxnet": ("throughput",),
+}
+
+
+def supporting(workload: str) -> list[str]:
+    """The frameworks whose adapters run `workload`."""
+    return [name for name, workloads in WORKLOADS.items() if workload in workloads]
+
+
 def names() -> list[str]:
     return list(ADAPTERS)
 

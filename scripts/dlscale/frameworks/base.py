@@ -76,6 +76,7 @@ class TrainSpec:
     momentum: float
     mode: str = "eager"  # or "compiled" (the cell's mode axis)
     seed: int = 0
+    workload: str = "throughput"  # or "convergence" (dlscale.cell.WORKLOADS)
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -93,6 +94,7 @@ class TrainSpec:
             momentum=cell.momentum,
             mode=cell.mode,
             seed=0,
+            workload=cell.workload,
         )
 
 
@@ -140,6 +142,11 @@ class Adapter:
     # How mode "compiled" compiles the step ("": this framework has no compiled mode, and a
     # compiled cell is refused when the adapter is made).
     compile_method: str = ""
+    # How the convergence workload trains on real data to a target accuracy ("": not supported,
+    # and a convergence cell is refused when the adapter is made; the workflow refuses it before
+    # any job from dlscale.frameworks.WORKLOADS, which states the same). Where it is declared,
+    # the adapter implements the convergence contract below (data_loaders ... allreduce_sum).
+    convergence_method: str = ""
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
@@ -147,6 +154,7 @@ class Adapter:
         self.spec, self.ctx = spec, ctx
         self.check_precision()
         self.check_mode()
+        self.check_workload()
 
     # ------------------------------------------------------------------ shared by every framework
     def check_precision(self) -> None:
@@ -184,6 +192,19 @@ class Adapter:
             raise ValueError(
                 f"mode compiled is not supported by {self.title or self.name} here: {reason}; "
                 "use mode eager for this cell (exclude it: {mode: compiled, ...})"
+            )
+
+    @classmethod
+    def workloads(cls) -> list[str]:
+        """The workloads this adapter runs: throughput always, convergence where declared."""
+        return ["throughput", "convergence"] if cls.convergence_method else ["throughput"]
+
+    def check_workload(self) -> None:
+        """Refuse a workload this framework does not run, naming the ones it does."""
+        if self.spec.workload not in self.workloads():
+            raise ValueError(
+                f"workload {self.spec.workload} is not supported by {self.title or self.name}; "
+                f"use one of: {', '.join(self.workloads())}"
             )
 
     def cannot_compile_here(self) -> str | None:
@@ -289,6 +310,40 @@ class Adapter:
 
     def peak_device_memory_mb(self) -> float | None:
         return None
+
+    # The convergence contract (where convergence_method is declared; dlscale.converge runs it).
+    def data_loaders(self, info, *, workers: int, seed: int):
+        """(train batches, train sampler, validation batches) of this rank's shard of the
+        dataset (`info`: dlscale.data.DatasetInfo); the sampler's set_epoch(e) reshuffles."""
+        raise NotImplementedError
+
+    def train_batch(self, batch, learning_rate: float):
+        """One optimizer step on a batch at `learning_rate` (gradients averaged over all ranks);
+        returns (the batch's summed loss as a device value, its sample count)."""
+        raise NotImplementedError
+
+    def warmup_pass(self, batch) -> None:
+        """A forward and backward pass on a batch that changes no weight, momentum or
+        normalisation statistic: compilation, tracing and allocation happen here, before the
+        clock of time-to-accuracy starts."""
+        raise NotImplementedError
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        """(correct predictions, samples) of this rank over its validation batches."""
+        raise NotImplementedError
+
+    def to_host(self, value) -> float:
+        """A device value (train_batch's summed loss) as a Python float."""
+        raise NotImplementedError
+
+    def allreduce_sum(self, values: list[float]) -> list[float]:
+        """The element-wise sum of `values` over all ranks (the values themselves at world
+        size 1)."""
+        raise NotImplementedError
+
+    def allreduce_max(self, values: list[float]) -> list[float]:
+        """The element-wise maximum of `values` over all ranks."""
+        raise NotImplementedError
 
 
 class Watchdog:

@@ -148,6 +148,12 @@ class Adapter(TorchModel, BaseAdapter):
     name = "horovod"
     title = "Horovod"
     has_allreduce_probe = True
+    convergence_method = (
+        "epochs over a torch DataLoader of the rank's shard of the training split "
+        "(dlscale.data.torch_data), Horovod's DistributedOptimizer with the learning rate of "
+        "each step set from dlscale.lr, validation on the model in eval mode with rank 0's "
+        "normalisation statistics (hvd.broadcast), counts summed by hvd.allreduce"
+    )
     breakdown_method = (
         "the same step with Horovod's gradient allreduce deferred (its "
         "backward_passes_per_step accumulation path: the backward hooks submit "
@@ -283,12 +289,15 @@ class Adapter(TorchModel, BaseAdapter):
         with self.watchdog("a compute-only step"):
             self._step(allreduce=False)
 
-    def _step(self, allreduce: bool) -> None:
+    def _step(self, allreduce: bool, x=None, y=None):
+        """One step on the fixed batch (or on x, y); returns the loss."""
         opt = self.optimizer
         with torch.autocast(
             self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         ):
-            loss = self.loss_fn(self.forward(self.x), self.y)
+            loss = self.loss_fn(
+                self.forward(self.x if x is None else x), self.y if y is None else y
+            )
         opt.zero_grad()  # Horovod's takes no argument; torch's default sets None
         if not allreduce:
             # One more backward pass than Horovod allreduces after: the gradient hooks only
@@ -307,6 +316,53 @@ class Adapter(TorchModel, BaseAdapter):
                 self.scaler.update()
             else:
                 opt.step()
+        return loss
+
+    # ---- the convergence contract: TorchModel's, with Horovod's optimizer and collectives
+    def train_batch(self, batch, learning_rate: float):
+        if not self.data_parallel:
+            return super().train_batch(batch, learning_rate)
+        x, y = self._on_device(batch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        with self.watchdog("a training step"):
+            loss = self._step(allreduce=True, x=x, y=y)
+        return loss.detach().float() * len(y), len(y)
+
+    def warmup_pass(self, batch) -> None:
+        if not self.data_parallel:
+            return super().warmup_pass(batch)
+        x, y = self._on_device(batch)
+        buffers = {name: b.clone() for name, b in self.model.named_buffers()}
+        with self.watchdog("the warm-up pass"):
+            with self._autocast():
+                loss = self.loss_fn(self.forward(x), y)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            self.optimizer.synchronize()  # Horovod's hooks submitted allreduces: wait for them
+            self.optimizer.zero_grad()
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name])
+
+    def broadcast_buffers(self) -> None:
+        if self.data_parallel:
+            with self.watchdog("a broadcast of the normalisation statistics"):
+                self.hvd.broadcast_parameters(dict(self.model.named_buffers()), root_rank=0)
+
+    def _allreduce(self, values: list[float], op) -> list[float]:
+        if not self.data_parallel:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        with self.watchdog("an allreduce of the epoch's counts"):
+            if op == "max":  # the maximum over ranks from every rank's values
+                return self.hvd.allgather(t.unsqueeze(0)).max(dim=0).values.tolist()
+            return self.hvd.allreduce(t, op=self.hvd.Sum, name=f"dlscale.{op}").tolist()
+
+    def allreduce_sum(self, values: list[float]) -> list[float]:
+        return self._allreduce(values, "sum")
+
+    def allreduce_max(self, values: list[float]) -> list[float]:
+        return self._allreduce(values, "max")
 
     def barrier(self) -> None:
         if not self.data_parallel:

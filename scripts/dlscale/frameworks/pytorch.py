@@ -122,6 +122,7 @@ class TorchModel:
             else torch.contiguous_format
         )
         model = build(spec.model).to(self.device).to(memory_format=self.memory_format)
+        self.model = model  # unwrapped (evaluation runs on it, outside any collective)
         self.param_count = sum(p.numel() for p in model.parameters())
         self.loss_fn = torch.nn.CrossEntropyLoss()
         x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
@@ -131,6 +132,110 @@ class TorchModel:
         self.autocast_dtype = self.precision_dtype
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
         return model
+
+    # ---- the convergence contract (base.Adapter; run by dlscale.converge)
+    convergence_method = (
+        "epochs over a torch DataLoader of the rank's shard of the training split "
+        "(dlscale.data.torch_data), SGD with the learning rate of each step set from "
+        "dlscale.lr, validation on the unwrapped model in eval mode with rank 0's "
+        "normalisation statistics, counts summed by all_reduce"
+    )
+
+    def data_loaders(self, info, *, workers: int, seed: int):
+        from ..data.torch_data import make_loader
+
+        rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
+        pin = self.device.type == "cuda"
+        train, sampler = make_loader(
+            info, "train", rank, world, batch, workers=workers, pin_memory=pin, seed=seed
+        )
+        val, _ = make_loader(
+            info,
+            "val",
+            rank,
+            world,
+            batch,
+            workers=workers,
+            pin_memory=pin,
+            seed=seed,
+            train=False,
+        )
+        return train, sampler, val
+
+    def _on_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        x = x.to(self.device, non_blocking=True)
+        if self.vision:
+            x = x.contiguous(memory_format=self.memory_format)
+        return x, y.to(self.device, non_blocking=True)
+
+    def _autocast(self):
+        return torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        )
+
+    def train_batch(self, batch, learning_rate: float):
+        x, y = self._on_device(batch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        with self._autocast():
+            loss = self.loss_fn(self.forward(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss.detach().float() * len(y), len(y)
+
+    def warmup_pass(self, batch) -> None:
+        x, y = self._on_device(batch)
+        buffers = {name: b.clone() for name, b in self.model.named_buffers()}
+        with self._autocast():
+            loss = self.loss_fn(self.forward(x), y)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name])
+
+    def broadcast_buffers(self) -> None:
+        """Rank 0's normalisation statistics on every rank (each rank's last training forward
+        updated its own), so every shard is evaluated by the same model."""
+        if self.data_parallel:
+            for b in self.model.buffers():
+                dist.broadcast(b, 0)
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self.broadcast_buffers()
+        self.model.eval()
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        count = 0
+        with torch.no_grad(), self._autocast():
+            for batch in batches:
+                x, y = self._on_device(batch)
+                correct += (self.model(x).argmax(dim=1) == y).sum()
+                count += len(y)
+        self.model.train()
+        return int(correct), count
+
+    def to_host(self, value) -> float:
+        return float(value)
+
+    def _allreduce(self, values: list[float], op) -> list[float]:
+        if not self.data_parallel:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def allreduce_sum(self, values: list[float]) -> list[float]:
+        return self._allreduce(values, dist.ReduceOp.SUM)
+
+    def allreduce_max(self, values: list[float]) -> list[float]:
+        return self._allreduce(values, dist.ReduceOp.MAX)
 
     def probe_buffer(self, numel: int) -> torch.Tensor:
         """The allreduce probe's float32 buffer, allocated once per size."""

@@ -1,0 +1,91 @@
+"""Loader-only measurement: the input pipeline of one rank without the model.
+
+:func:`measure_loader` iterates a loader (a torch DataLoader, a tf.data dataset, a gluon
+DataLoader: anything iterable over ``(images, labels)`` batches) and times the wait for each
+batch. Compared with the training step throughput of the same cell it says whether the input
+pipeline limits throughput: :func:`input_bound` (a cell is input-bound when the loader alone
+delivers less than ``margin`` times what the training step consumes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+
+__all__ = ["measure_loader", "input_bound", "INPUT_BOUND_MARGIN"]
+
+#: The loader alone must deliver at least this many times the training step throughput, or
+#: the cell is flagged input-bound (the issue's target for the shipped data: 3).
+INPUT_BOUND_MARGIN = 3.0
+
+
+def _batch_size(batch) -> int:
+    images = batch[0] if isinstance(batch, (tuple, list)) else batch
+    shape = getattr(images, "shape", None)
+    return int(shape[0]) if shape is not None else len(images)
+
+
+def _batches(loader: Iterable) -> Iterator:
+    """The loader's batches, starting a new pass (epoch) when one ends."""
+    epoch = 0
+    while True:
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yields no batches")
+        epoch += 1
+
+
+def measure_loader(loader: Iterable, warmup_batches: int = 5, batches: int = 50) -> dict:
+    """Time ``batches`` batches of ``loader`` after ``warmup_batches`` untimed ones (worker
+    start-up, first reads). A pass that ends is restarted (``set_epoch`` when the loader has
+    a sampler with it).
+
+    Returns:
+        ``samples_per_s`` (timed samples / timed seconds, this rank), ``batches``,
+        ``samples``, ``seconds``, ``median_batch_s``, ``min_batch_s``, ``max_batch_s``,
+        ``p90_batch_s`` and ``warmup_batches``.
+    """
+    if batches < 1 or warmup_batches < 0:
+        raise ValueError(
+            f"batches must be >= 1 and warmup_batches >= 0, not {batches}, {warmup_batches}"
+        )
+    it = _batches(loader)
+    for _ in range(warmup_batches):
+        next(it)
+    times, samples = [], 0
+    start = last = time.perf_counter()
+    for _ in range(batches):
+        batch = next(it)
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+        samples += _batch_size(batch)
+    it.close()  # ends the abandoned pass (a DataLoader iterator and its prefetches)
+    seconds = last - start
+    ordered = sorted(times)
+    return {
+        "samples_per_s": samples / seconds if seconds > 0 else float("inf"),
+        "batches": batches,
+        "samples": samples,
+        "seconds": seconds,
+        "median_batch_s": statistics.median(times),
+        "min_batch_s": ordered[0],
+        "max_batch_s": ordered[-1],
+        "p90_batch_s": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "warmup_batches": warmup_batches,
+    }
+
+
+def input_bound(
+    loader_samples_per_s: float, step_samples_per_s: float, margin: float = INPUT_BOUND_MARGIN
+) -> bool:
+    """True when the loader alone delivers less than ``margin`` x the training step
+    throughput (both per rank): the input pipeline may limit the cell."""
+    return loader_samples_per_s < margin * step_samples_per_s

@@ -1,0 +1,516 @@
+"""The convergence workload: config and cells, the epoch and convergence records, their
+collection into time-to-accuracy tables (reached and not reached), figures, report tables, the
+frameworks' declared capability, and a real launch on the shipped digits data."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dlscale import frameworks, metrics
+from dlscale.cell import CELL_PATTERNS, Cell, cell_label, parse_cell_path
+from dlscale.config import ConfigError
+from dlscale.matrix import load_study
+from dlscale.metrics import MetricsError
+
+from cells import cell_dict
+
+CONVERGENCE = dict(
+    workload="convergence",
+    warmup_steps=0,
+    steps=0,
+    learning_rate=0.05,
+    dataset="digits",
+    data_format="cifar_binary",
+    data_path="results/data/digits/cifar_binary",
+    target_accuracy=0.95,
+    max_epochs=4,
+    lr_rule="linear",
+    reference_batch=16,
+    warmup_epochs=1.0,
+    loader_workers=0,
+)
+
+
+def conv_cell(**changes) -> Cell:
+    fields = {**CONVERGENCE, "nodes": 2, "per_rank_batch": 16, "global_batch": 32, **changes}
+    fields["global_batch"] = fields["per_rank_batch"] * fields["nodes"]
+    return Cell.from_dict(cell_dict(**fields))
+
+
+def epoch_value(epoch: int, accuracy: float, seconds: float, rank: int) -> dict:
+    return {
+        "epoch": epoch,
+        "train_loss": 1.0 / epoch,
+        "val_accuracy": accuracy,
+        "val_correct": round(accuracy * 359),
+        "val_samples": 359,
+        "epoch_seconds": seconds,
+        "training_seconds": seconds * epoch,
+        "samples": 1408,
+        "samples_seen": 1408 * epoch,
+        "steps": 44,
+        "learning_rate": 0.1,
+        "learning_rate_first": 0.05 if epoch == 1 else 0.1,
+        "validation_seconds": 0.2,
+        "rank_epoch_seconds": seconds - 0.01 * rank,
+        "rank_samples": 704,
+    }
+
+
+def conv_rank_records(rank: int, accuracies: list[float], seconds: float = 2.0) -> list[dict]:
+    start = {
+        "local_rank": 0,
+        "node": f"n{rank + 1}",
+        "node_index": rank,
+        "pid": 100 + rank,
+        "device": "cpu",
+        "device_model": "CPU X",
+        "threads": 1,
+        "loadavg_1m": 0.5,
+        "per_rank_batch": 16,
+        "data_layout": "NCHW",
+        "input_shape": [3, 32, 32],
+        "param_count": 1000,
+        "libraries": {"torch": "2.13.0"},
+        "python": "3.11.7",
+        "cpu_model": "CPU X",
+        "dlscale_version": "0.1.0",
+        "timer": "time.perf_counter",
+        "sync_method": "none",
+        "backend": "gloo",
+        "data": "real: digits",
+        "dataset": {"train_samples": 1438, "val_samples": 359},
+    }
+    probe = {"window_s": 0.5, "busy_cpus": 0.1, "top_processes": [], "competing": False}
+    recs = [
+        metrics.make_record("rank_start", rank, start),
+        metrics.make_record("idle_probe", rank, {**probe, "method": "test"}),
+    ]
+    recs += [
+        metrics.make_record("epoch", rank, epoch_value(e, acc, seconds, rank))
+        for e, acc in enumerate(accuracies, 1)
+    ]
+    total = seconds * len(accuracies)
+    recs.append(
+        metrics.make_record(
+            "rank_end",
+            rank,
+            {
+                "steps": 44 * len(accuracies),
+                "seconds_total": total,
+                "throughput_samples_per_s": 704 * len(accuracies) / total,
+                "step_seconds_median": seconds / 44,
+                "peak_rss_mb": 100.0,
+                "peak_device_memory_mb": None,
+                "warmup_pass_seconds": 0.05,
+                "clock_start_time": 3.0,
+                "energy": {"available": False, "reason": "test"},
+                "breakdown": {"available": False, "reason": "test"},
+                "allreduce": {"available": False, "reason": "test"},
+            },
+        )
+    )
+    return recs
+
+
+def assembled(accuracies=(0.6, 0.93, 0.96), cell=None, seconds=2.0) -> list[dict]:
+    cell = cell or conv_cell()
+    return metrics.assemble(
+        cell=cell,
+        git_commit="c0ffee",
+        slurm_job_id=None,
+        rank_records={
+            r: conv_rank_records(r, list(accuracies), seconds) for r in range(cell.world_size)
+        },
+        wall_seconds=20.0,
+        started=1.0,
+    )
+
+
+# ---- cells and config ------------------------------------------------------------------------
+
+
+def test_convergence_cells_live_in_their_own_folder_and_throughput_paths_are_unchanged():
+    conv = conv_cell()
+    throughput = Cell.from_dict(cell_dict())
+    assert conv.path.startswith("results/t/convergence/cpu/pytorch/")
+    assert throughput.path == (
+        "results/t/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
+    )
+    assert parse_cell_path(conv.path)["workload"] == "convergence"
+    assert parse_cell_path(throughput.path)["workload"] == "throughput"
+    assert conv.key != throughput.key and conv.key[0] == "convergence"
+    assert cell_label(parse_cell_path(conv.path)).startswith("convergence/cpu/")
+    assert set(CELL_PATTERNS) == {"throughput", "convergence"}
+
+
+def test_a_throughput_cell_serialises_and_hashes_as_before_workloads_existed():
+    """The convergence fields are left out at their defaults: a throughput cell's JSON (its
+    job's params), identity and hash are those of a cell measured before they existed."""
+    before = cell_dict()
+    for key in ("workload", "dataset", "lr_rule", "data_path", "target_accuracy"):
+        assert key not in before
+    cell = Cell.from_dict(before)  # a serialised cell from before reads back
+    assert json.loads(cell.to_json()) == before
+    assert "data_path" not in conv_cell().identity()  # where the data lie is not what is measured
+    assert conv_cell().identity()["dataset"] == "digits"
+
+
+def study_with_convergence(root, base_config, **conv):
+    config = copy.deepcopy(base_config)
+    config["workloads"] = ["throughput", "convergence"]
+    config["convergence"] = {"axes": {"model": ["cnn_small"]}, **conv}
+    return load_study(config, root)
+
+
+def test_matrix_adds_convergence_cells_with_their_lr_settings(root, base_config):
+    study = study_with_convergence(root, base_config, repetitions=1, lr_rule="sqrt")
+    conv = study.cells_of("convergence")
+    throughput = study.cells_of("throughput")
+    assert len(throughput) == 16 and len(conv) == 4  # 1 model x 2 nodes x 2 policies x 1 rep
+    assert {c.lr_rule for c in conv} == {"sqrt"} and {c.reference_batch for c in conv} == {16}
+    assert {(c.policy, c.nodes, c.global_batch) for c in conv} == {
+        ("weak", 1, 16),
+        ("weak", 2, 32),
+        ("strong", 1, 16),
+        ("strong", 2, 16),
+    }
+    assert {c.steps for c in conv} == {0} and {c.max_epochs for c in conv} == {20}
+    assert ("convergence", "cpu", 2) in study.train_classes()
+    assert len({c.path for c in study.cells}) == len(study.cells)
+
+
+@pytest.mark.parametrize(
+    "conv, fragments",
+    [
+        (
+            {"lr_rule": "cubic"},
+            ["convergence.lr_rule", "'cubic'", "allowed values: none, linear, sqrt"],
+        ),
+        ({"target_accuracy": 1.5}, ["convergence.target_accuracy", "must be <= 1"]),
+        ({"max_epochs": 0}, ["convergence.max_epochs", "must be >= 1"]),
+        (
+            {"axes": {"framework": ["tensorflow"]}},
+            [
+                "convergence.axes.framework[0]",
+                "'tensorflow' does not support the convergence workload",
+                "allowed values: pytorch, horovod",
+            ],
+        ),
+        (
+            {"axes": {"model": ["transformer_small"]}},
+            [
+                "convergence.axes.model[0]",
+                "does not fit dataset 'digits'",
+                "allowed values: cnn_small",
+            ],
+        ),
+        (
+            {"axes": {"model": ["cnn_small"]}, "global_batch": 15},
+            ["convergence.global_batch: 15", "not divisible by world size(s) [2]"],
+        ),
+        ({"data_format": "tfrecord"}, ["convergence.data_format", "allowed values: cifar_binary"]),
+    ],
+)
+def test_bad_convergence_settings_name_the_key_and_allowed_values(
+    root, base_config, conv, fragments
+):
+    config = copy.deepcopy(base_config)
+    config["workloads"] = ["convergence"]
+    config["convergence"] = conv
+    with pytest.raises(ConfigError) as info:
+        load_study(config, root)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_workloads_name_their_allowed_values(root, base_config):
+    config = dict(copy.deepcopy(base_config), workloads=["throughput", "accuracy"])
+    with pytest.raises(ConfigError, match="allowed values: throughput, convergence"):
+        load_study(config, root)
+
+
+def test_declared_capability_matches_the_adapters():
+    """dlscale.frameworks.WORKLOADS (read before any job) says what the adapters declare
+    (convergence_method); adapters whose framework is not in the driver environment are read
+    from their source: they neither set it nor inherit the PyTorch adapters' kit."""
+    from dlscale.frameworks import horovod, pytorch
+
+    for name, module in (("pytorch", pytorch), ("horovod", horovod)):
+        assert module.Adapter.workloads() == list(frameworks.WORKLOADS[name])
+    folder = Path(pytorch.__file__).parent
+    for name in ("tensorflow", "keras", "mxnet"):
+        source = (folder / f"{name}.py").read_text()
+        assert "convergence_method" not in source and "TorchModel" not in source
+        assert frameworks.WORKLOADS[name] == ("throughput",)
+    assert frameworks.supporting("convergence") == ["pytorch", "horovod"]
+
+
+# ---- records ---------------------------------------------------------------------------------
+
+
+def test_a_convergence_file_validates_and_states_its_outcome(tmp_path):
+    records = assembled()
+    path = tmp_path / "m.jsonl"
+    metrics.write_atomic(path, records)
+    back = metrics.read_metrics(path, steps=False)
+    assert [r["event"] for r in back][-2:] == ["convergence", "summary"]
+    outcome = back[-2]["value"]
+    assert outcome["reached"] is True and outcome["epochs_to_accuracy"] == 3
+    assert outcome["time_to_accuracy_s"] == pytest.approx(6.0)  # 3 epochs x 2 s
+    assert outcome["samples_to_accuracy"] == 3 * 1408
+    assert outcome["effective_learning_rate"] == pytest.approx(0.1)  # linear: 0.05 x 32 / 16
+    assert outcome["lr_rule"] == "linear" and outcome["reference_batch"] == 16
+    assert outcome["policy"] == "weak" and outcome["global_batch"] == 32
+    assert "validation" in outcome["excluded"] and "start-up" in outcome["excluded"]
+    assert outcome["startup_seconds"] == pytest.approx(2.0)  # clock start 3.0 - launch 1.0
+    assert back[0]["value"]["timing"]["excluded"] == outcome["excluded"]
+    summary = back[-1]["value"]
+    assert summary["throughput_samples_per_s"] == pytest.approx(2 * 704 * 3 / 6.0)
+
+
+def test_a_cell_that_never_reaches_its_target_says_so():
+    outcome = assembled(accuracies=(0.5, 0.7, 0.8, 0.9))[-2]["value"]
+    assert outcome["reached"] is False
+    assert outcome["time_to_accuracy_s"] is None and outcome["epochs_to_accuracy"] is None
+    assert outcome["epochs_run"] == 4 == outcome["max_epochs"]
+    assert outcome["best_val_accuracy"] == pytest.approx(0.9)
+    assert outcome["training_seconds"] == pytest.approx(8.0)
+
+
+def _tamper(records, event, change):
+    out = copy.deepcopy(records)
+    for rec in out:
+        if rec["event"] == event:
+            change(rec)
+            break
+    return out
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda rs: [r for r in rs if r["event"] != "convergence"], "one convergence record"),
+        (
+            lambda rs: _tamper(rs, "convergence", lambda r: r["value"].update(reached=False)),
+            "contradicts the epoch records",
+        ),
+        (
+            lambda rs: _tamper(
+                rs, "convergence", lambda r: r["value"].update(time_to_accuracy_s=1.0)
+            ),
+            "contradict the epoch records",
+        ),
+        (
+            lambda rs: [
+                r
+                for r in rs
+                if not (r["event"] == "epoch" and r["rank"] == 1 and r["value"]["epoch"] == 3)
+            ],
+            "rank 1's epochs disagree",
+        ),
+        (
+            lambda rs: _tamper(rs, "epoch", lambda r: r["value"].update(val_accuracy=1.2)),
+            "val_accuracy",
+        ),
+        (
+            lambda rs: _tamper(rs, "epoch", lambda r: r["value"].update(epoch_seconds=0)),
+            "epoch_seconds",
+        ),
+    ],
+)
+def test_inconsistent_convergence_files_are_refused(mutate, fragment):
+    with pytest.raises(MetricsError, match=fragment):
+        metrics.validate_records(mutate(assembled()))
+
+
+def test_epoch_records_in_a_throughput_file_are_refused():
+    from test_metrics import assembled as throughput_file
+
+    records = throughput_file()
+    records.insert(2, metrics.make_record("epoch", 0, epoch_value(1, 0.5, 1.0, 0)))
+    with pytest.raises(MetricsError, match="epoch or convergence records in a throughput cell"):
+        metrics.validate_records(records)
+
+
+# ---- tables, figures, report -----------------------------------------------------------------
+
+
+def write_cell(root: Path, cell: Cell, records: list[dict]) -> str:
+    path = root / cell.path
+    metrics.write_atomic(path, records)
+    return str(path.relative_to(root))
+
+
+def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp_path, monkeypatch):
+    from dlscale.collect import collect_tables
+
+    monkeypatch.chdir(tmp_path)
+    reached = {1: (0.7, 0.96), 2: (0.9, 0.97)}
+    paths = []
+    for nodes, acc in reached.items():
+        for rep in (1, 2):
+            cell = conv_cell(nodes=nodes, rep=rep)
+            paths.append(write_cell(tmp_path, cell, assembled(acc, cell, seconds=3.0 / nodes)))
+    missed = conv_cell(nodes=2, rep=3)  # a third repetition that never gets there
+    paths.append(write_cell(tmp_path, missed, assembled((0.5, 0.6, 0.7, 0.8), missed)))
+    throughput = Cell.from_dict(cell_dict(nodes=1, global_batch=4))
+    from test_metrics import rank_records
+
+    paths.append(
+        write_cell(
+            tmp_path,
+            throughput,
+            metrics.assemble(
+                cell=throughput,
+                git_commit="c",
+                slurm_job_id=None,
+                rank_records={0: rank_records(0, [0.1, 0.1], "n1")},
+                wall_seconds=1.0,
+                started=0.0,
+            ),
+        )
+    )
+    tables = collect_tables(paths)
+    assert len(tables["cells"]) == 1 and (tables["cells"]["workload"] == "throughput").all()
+    conv = tables["convergence"]
+    assert len(conv) == 5 and conv["reached"].tolist().count(False) == 1
+    row = conv[conv["rep"] == 3].iloc[0]
+    assert math.isnan(row["time_to_accuracy_s"]) and row["best_val_accuracy"] == 0.8
+    assert len(tables["epochs"]) == 2 * 2 + 2 * 2 + 4
+    status = tables["status"]
+    assert (status["status"] == "ok").all() and set(status["workload"]) == {
+        "throughput",
+        "convergence",
+    }
+    tta = tables["time_to_accuracy"].set_index("nodes")
+    assert tta.loc[1, "n"] == 2 and tta.loc[1, "reached_reps"] == 2
+    assert tta.loc[1, "time_to_accuracy_s_median"] == pytest.approx(6.0)
+    assert tta.loc[1, "interval"] == "range"
+    # node count 2: 2 of 3 reached (3.0 s each); the third counts as longer: median 3.0,
+    # its range open above
+    assert tta.loc[2, "reached_reps"] == 2 and tta.loc[2, "n"] == 3
+    assert tta.loc[2, "time_to_accuracy_s_median"] == pytest.approx(3.0)
+    assert math.isinf(tta.loc[2, "time_to_accuracy_s_ci_high"])
+    assert tta.loc[2, "tta_speedup"] == pytest.approx(2.0)
+    assert tta.loc[2, "tta_efficiency"] == pytest.approx(1.0)
+    assert tta.loc[2, "ideal_time_to_accuracy_s"] == pytest.approx(3.0)
+    assert tta.loc[2, "effective_learning_rate"] == pytest.approx(0.1)
+
+    # half or more not reached: no median, reported as not reached
+    from dlscale.tta import time_to_accuracy_summary
+
+    half = conv[conv["nodes"] == 2].copy()
+    half.loc[half["rep"] == 1, "reached"] = False
+    point = time_to_accuracy_summary(half).iloc[0]
+    assert point["reached_reps"] == 1 and math.isnan(point["time_to_accuracy_s_median"])
+
+    # figures and the report's table from these tables
+    from dlscale.layout import convergence_layout
+    from dlscale.plotting import plot_convergence_figure
+    from dlscale.report import tex_escape
+    from dlscale.tta_report import convergence_macros, write_convergence_table
+
+    layout = convergence_layout([("cpu", "pytorch", "cnn_small", "weak", "fp32")], 3.5)
+    assert [s["file"] for s in layout] == [
+        "cpu/convergence/time_to_accuracy.pdf",
+        "cpu/convergence/epochs_to_accuracy.pdf",
+        "cpu/convergence/accuracy_curves.pdf",
+    ]
+    for spec in layout:
+        drawn = plot_convergence_figure(
+            tables["time_to_accuracy"], tables["epochs"], conv, spec, str(tmp_path / "f.pdf")
+        )
+        assert drawn["panels"] == 1 and (tmp_path / "f.pdf").stat().st_size > 0
+    out = tmp_path / "table.tex"
+    write_convergence_table(tables["time_to_accuracy"], str(out), tex_escape)
+    text = out.read_text()
+    assert "linear 0.1" in text and "2/3" in text and r"(3--$\infty$)" in text
+    config = {
+        "workloads": ["throughput", "convergence"],
+        "optimizer": {"momentum": 0.9},
+        "convergence": {
+            "dataset": "digits",
+            "data_format": "cifar_binary",
+            "target_accuracy": 0.95,
+            "max_epochs": 4,
+            "lr_rule": "linear",
+            "learning_rate": 0.05,
+            "warmup_epochs": 1,
+        },
+    }
+    macros = convergence_macros(config, conv, tables["time_to_accuracy"])
+    assert macros["ConvCellsNotReached"] == 1 and "n2/r3" in macros["ConvNotReachedList"]
+    assert macros["ConvTarget"] == "95.0 %" and macros["ConvRepsMax"] == 3
+
+
+# ---- a real launch ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    """The shipped digits data in cifar_binary (dlscale.data.shipped)."""
+    from dlscale.data.shipped import write_digits
+
+    out = tmp_path_factory.mktemp("data") / "digits"
+    write_digits(out, "cifar_binary")
+    return out
+
+
+def test_the_shipped_digits_are_what_models_are_checked_against_before_any_job(digits):
+    from dlscale.data import inspect_dataset
+    from dlscale.matrix import SHIPPED_DATASETS
+
+    info = inspect_dataset(digits, "cifar_binary")
+    shipped = SHIPPED_DATASETS["digits"]
+    assert (info.image_shape, info.num_classes) == (shipped["image_shape"], shipped["num_classes"])
+    assert (info.train_samples, info.val_samples) == (1438, 359)
+
+
+@pytest.mark.parametrize("framework, nodes", [("pytorch", 1), ("horovod", 2)])
+def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
+    tmp_path, digits, framework, nodes
+):
+    """On the digits data, one epoch against an unreachable target: the cell ends at its cap,
+    reports not reached, and its records hold what the report needs (PyTorch at 1 rank,
+    Horovod's torch path at 2: counts summed over both ranks)."""
+    from test_modes import python_of
+
+    from cells import launch_cell
+
+    cell = cell_dict(
+        **{
+            **CONVERGENCE,
+            "framework": framework,
+            "nodes": nodes,
+            "per_rank_batch": 32 // nodes,
+            "global_batch": 32,
+            "data_path": str(digits),
+            "target_accuracy": 0.999,
+            "max_epochs": 1,
+        }
+    )
+    code, out = launch_cell(tmp_path, cell, python_of(framework))
+    assert code == 0
+    records = metrics.read_metrics(out)
+    epochs = [r["value"] for r in records if r["event"] == "epoch" and r["rank"] == 0]
+    start = [r["value"] for r in records if r["event"] == "rank_start"][0]
+    outcome = records[-2]["value"]
+    assert len(epochs) == 1 and epochs[0]["val_samples"] == start["dataset"]["val_samples"]
+    assert epochs[0]["samples"] == sum(
+        r["value"]["rank_samples"] for r in records if r["event"] == "epoch"
+    )
+    assert start["data"].startswith("real: digits")
+    assert outcome["reached"] is False and outcome["epochs_run"] == 1
+    assert 0.0 < epochs[0]["val_accuracy"] < 1.0 and epochs[0]["train_loss"] > 0
+    # warm-up over 1 epoch at global batch 32 (reference 16): 0.05 rising towards 0.1
+    assert epochs[0]["learning_rate_first"] == pytest.approx(0.05)
+    assert 0.05 < epochs[0]["learning_rate"] < 0.1
+    assert not any(r["event"] == "step" for r in records)
+    assert pd.notna(outcome["warmup_pass_seconds"]) and outcome["startup_seconds"] > 0
