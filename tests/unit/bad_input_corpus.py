@@ -358,7 +358,7 @@ SIZE = [
     (
         "cells-29-million",
         _many_gpu_keys,
-        "the study plans 29,338,560 cells (64 hardware x 5 framework",  # and the convergence block
+        "the study plans 29,280,004 cells (64 hardware x 5 framework",  # + 4 convergence cells
     ),
     ("cells-over-limit", cli(max_cells=10), "the study plans 20 cells"),  # 16 + 4 convergence
     ("cells-limit-named", cli(max_cells=10), "the limit is 10."),
