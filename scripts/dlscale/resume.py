@@ -20,7 +20,8 @@ driver submitted the same cells again. Here:
 - **Stale locks** (`previous_driver`, at parse time): the locks of a driver that is gone (its
   pid on this host is not running) are removed and named; a live driver is named with its pid,
   host and command.
-- **Signals**: SIGINT cancels the run's jobs (Snakemake's behaviour; the ids are journalled),
+- **Signals**: SIGINT cancels the run's jobs at once (then Snakemake's own stop; the ids are
+  journalled),
   SIGTERM stops submitting and waits for the running jobs (Snakemake's), SIGHUP (the terminal
   closed) leaves the jobs running for the next driver to adopt, lists them in logs/driver.log
   and the journal, and exits 129.
@@ -347,6 +348,8 @@ class Resume:
         self.run_id = getattr(executor, "run_uuid", None)
         self.plans: dict[str, Earlier] = {}
         self.adopted: dict[str, str] = {}  # Slurm job id -> cell path
+        self.cancelled: set[str] = set()  # Slurm job ids this driver cancelled
+        self.cells: dict[str, str] = {}  # Slurm job id -> cell path, of this run's jobs
 
     # -- planning, at onstart ------------------------------------------------------------
     def cell_path(self, job) -> str | None:
@@ -454,6 +457,7 @@ class Resume:
         ex.cancel_jobs = self.cancel_jobs
         self._sigterm = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGHUP, self.on_hangup)
+        signal.signal(signal.SIGINT, self.on_interrupt)
         signal.signal(signal.SIGTERM, self.on_terminate)
 
     def run_jobs(self, jobs) -> None:
@@ -481,9 +485,23 @@ class Resume:
             / f"{earlier.job_id}.log"
         )
         info = SubmittedJobInfo(job, external_jobid=earlier.job_id, aux={"slurm_logfile": logfile})
-        if now.get("state") in LIVE_STATES and rename(earlier.job_id, self.run_id):
+        live = now.get("state") in LIVE_STATES
+        if live and not rename(earlier.job_id, self.run_id):
+            # the plugin could not poll it: cancel it, never leave a second job for the cell
+            cancel([earlier.job_id])
+            journal(
+                self.study_dir,
+                "cancelled",
+                cell=path,
+                slurm_job_id=earlier.job_id,
+                state=now.get("state"),
+                reason="could not be adopted: scontrol update JobName refused",
+            )
+            return False
+        if live:
             ex.run_job_pre(job)
             self.adopted[earlier.job_id] = path
+            self.cells[earlier.job_id] = path
             journal(
                 self.study_dir,
                 "adopted",
@@ -525,6 +543,7 @@ class Resume:
     def report_job_submission(self, info, **kwargs) -> None:
         path = self.cell_path(info.job)
         if path and info.external_jobid:
+            self.cells[str(info.external_jobid)] = path
             journal(
                 self.study_dir,
                 "submitted",
@@ -545,26 +564,57 @@ class Resume:
             return
         self._report_success(info)
 
+    def live_ids(self, active_jobs=()) -> list[str]:
+        """This run's queued or running jobs: the plugin's active list, which is empty while
+        its status thread checks it, and Slurm's own answer (every job of the run is named by
+        the run id), together."""
+        ids = {str(j.external_jobid) for j in active_jobs if j.external_jobid}
+        if self.run_id:
+            ids |= {
+                jid
+                for jid, info in _squeue(["--name", self.run_id]).items()
+                if info["state"] in LIVE_STATES
+            }
+        return sorted(ids, key=job_order)
+
     def cancel_jobs(self, active_jobs) -> None:
-        ids = [str(j.external_jobid) for j in active_jobs if j.external_jobid]
-        for j in active_jobs:
-            path = self.cell_path(j.job)
-            if path and j.external_jobid:
-                journal(
-                    self.study_dir,
-                    "cancelled",
-                    cell=path,
-                    slurm_job_id=j.external_jobid,
-                    reason="driver interrupted (SIGINT) or failed",
-                )
-        if ids:
-            say(self.study_dir, f"cancelling this run's Slurm jobs: {', '.join(ids)}")
-        self._cancel_jobs(active_jobs)
+        """scancel this run's jobs (SIGINT, or Snakemake stopping on an error), journalled once."""
+        todo = [jid for jid in self.live_ids(active_jobs) if jid not in self.cancelled]
+        for jid in todo:
+            self.cancelled.add(jid)
+            journal(
+                self.study_dir,
+                "cancelled",
+                cell=self.cells.get(jid),
+                slurm_job_id=jid,
+                reason="driver interrupted (SIGINT) or failed",
+            )
+        if todo:
+            say(self.study_dir, f"cancelling this run's Slurm jobs: {', '.join(todo)}")
+            known = [j for j in active_jobs if str(j.external_jobid) in todo]
+            if known:
+                self._cancel_jobs(known)
+            cancel([jid for jid in todo if jid not in {str(j.external_jobid) for j in known}])
+
+    def on_interrupt(self, signum, frame) -> None:
+        """Ctrl-C: cancel the run's jobs here, wherever the driver's main thread is (Snakemake
+        cancels only the plugin's active list, empty while a status check runs), then stop as
+        Python does."""
+        self.cancel_jobs(self.active_jobs())
+        raise KeyboardInterrupt
+
+    def active_jobs(self) -> list:
+        """The plugin's active jobs. Read from a signal handler, which may have interrupted the
+        main thread inside the executor's (non-reentrant) lock: never wait on it for long."""
+        got = self.executor.lock.acquire(timeout=2)
+        try:
+            return list(self.executor.active_jobs)
+        finally:
+            if got:
+                self.executor.lock.release()
 
     def active(self) -> list[tuple[str | None, str]]:
-        with self.executor.lock:
-            jobs = list(self.executor.active_jobs)
-        return [(self.cell_path(j.job), str(j.external_jobid)) for j in jobs]
+        return [(self.cells.get(jid), jid) for jid in self.live_ids(self.active_jobs())]
 
     def on_hangup(self, signum, frame) -> None:
         """The terminal closed: leave the jobs running for the next driver, list them, exit."""
