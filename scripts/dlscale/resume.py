@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cell import METRICS_FILE, PATH_KEY, TRAIN_RULES, parse_cell_path
+from .cell import PATH_KEY, TRAIN_RULES, parse_cell_path
 
 JOURNAL_FILE = "logs/slurm_jobs.jsonl"  # in the study's results folder
 DRIVER_FILE = "logs/driver.json"
@@ -653,13 +653,3 @@ def start(workflow, study_dir: str, mode: str, cells: list[str]) -> Resume | Non
     resume.plan()
     resume.install()
     return resume
-
-
-def cells_of(study_dir: str) -> list[str]:
-    """The cell paths the study's last driver planned (its record)."""
-    rec = read_driver_record(study_dir) or {}
-    return rec.get("cells", [])
-
-
-def cell_dir(path: str) -> Path:
-    return Path(path).parent if path.endswith(METRICS_FILE) else Path(path)
