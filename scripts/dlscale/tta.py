@@ -127,17 +127,23 @@ def _median(values: np.ndarray) -> float:
     return float(np.median(values))
 
 
+# How a group's cells were trained: the same for every repetition, taken from the first.
+SETTINGS = (
+    "lr_rule",
+    "base_learning_rate",
+    "reference_batch",
+    "effective_learning_rate",
+    "target_accuracy",
+    "max_epochs",
+)
+
+
 def time_to_accuracy_summary(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per group x node count (see the module docstring)."""
     keys = [*GROUP, "nodes", "world_size", "per_rank_batch", "global_batch"]
     columns = [
         *keys,
-        "lr_rule",
-        "base_learning_rate",
-        "reference_batch",
-        "effective_learning_rate",
-        "target_accuracy",
-        "max_epochs",
+        *SETTINGS,
         "n",
         "reached_reps",
         "interval",
@@ -166,17 +172,7 @@ def time_to_accuracy_summary(cells: pd.DataFrame) -> pd.DataFrame:
         rows.append(
             {
                 **dict(zip(keys, key)),
-                **{
-                    k: first[k]
-                    for k in (
-                        "lr_rule",
-                        "base_learning_rate",
-                        "reference_batch",
-                        "effective_learning_rate",
-                        "target_accuracy",
-                        "max_epochs",
-                    )
-                },
+                **{k: first[k] for k in SETTINGS},
                 "n": len(part),
                 "reached_reps": int(part["reached"].astype(bool).sum()),
                 "interval": kind,
