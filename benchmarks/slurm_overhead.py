@@ -40,6 +40,8 @@ from pathlib import Path
 
 import yaml
 
+from dlscale.jobstep import IN_JOB_ENV
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submission import cluster_ready, study_config  # noqa: E402
 
@@ -128,14 +130,19 @@ def polling_profile(work: Path, init_s: int, between_s: int) -> str:
     return str(dest.relative_to(work))
 
 
-def run_dlscale(work: Path, log: Path, cells: int, train_only: bool, profile: str) -> dict:
+def run_dlscale(
+    work: Path, log: Path, cells: int, train_only: bool, profile: str, in_job: bool = False
+) -> dict:
     for path in ("results", ".snakemake"):
         shutil.rmtree(work / path, ignore_errors=True)
     args = [str(SNAKEMAKE), "--profile", profile]
     if train_only:
         args += [str(p) for p in planned_outputs(work)]
+    env = child_env(work, SNAKEMAKE)
+    if in_job:
+        env[IN_JOB_ENV] = "1"
     start = time.time()
-    run = run_child(args, work, child_env(work, SNAKEMAKE), log)
+    run = run_child(args, work, env, log)
     end = time.time()
     if run.rc != 0:
         raise SystemExit(f"dlscale run failed (exit {run.rc}); log {log}:\n{run.tail()}")
@@ -224,6 +231,12 @@ def main() -> None:
         action="store_true",
         help="also run dlscale with the polling intervals before issue 14 (10 s, 10 s)",
     )
+    p.add_argument(
+        "--snakemake-in-job",
+        action="store_true",
+        help="also run dlscale with the plugin's own job command (Snakemake started twice in "
+        f"every job, {IN_JOB_ENV}=1), as before dlscale.jobstep",
+    )
     p.add_argument("--workdir", type=Path, default=None)
     a = p.parse_args()
     if a.cells % 2 or not 2 <= a.cells <= 200:
@@ -247,6 +260,10 @@ def main() -> None:
         ),
         "sbatch": lambda k: run_sbatch_loop(work, root / f"sbatch-{k + 1}.log", a.cells),
     }
+    if a.snakemake_in_job:
+        variants["in-job"] = lambda k: run_dlscale(
+            work, root / f"in-job-{k + 1}.log", a.cells, a.train_only, "profiles/slurm", True
+        )
     if a.old_polling:
         old = polling_profile(work, 10, 10)
         variants["poll10"] = lambda k: run_dlscale(

@@ -51,6 +51,7 @@ def study_config(cells: int) -> dict:
         per_rank_batch=8,
         global_batch=None,
         exclude=[],
+        workloads=["throughput"],
     )
     config["axes"] = {
         "framework": ["pytorch"],

@@ -185,12 +185,18 @@ def check_launcher_matches_executor():
 
 # The driver records itself and, under the Slurm executor, adopts the jobs an earlier driver of
 # the study left queued or running, journals every submission and handles SIGHUP/SIGTERM
-# (dlscale.resume.Resume): the workflow's `onstart`, after the launcher check, before any job.
+# (dlscale.resume.Resume), and has each cell's job run its launcher with no Snakemake inside
+# the allocation (dlscale.jobstep): the workflow's `onstart`, after the launcher check, before
+# any job.
 def start_driver():
     if not workflow.is_main_process:
         return
-    from dlscale.resume import start
+    from dlscale import jobstep
+    from dlscale.resume import say, start
 
+    route = jobstep.install(workflow)
+    if route:
+        say(RESULTS, route)
     start(workflow, RESULTS, STUDY.config["restart"], metrics_files())
 
 

@@ -62,6 +62,8 @@ TRAIN_RULES = {
     "convergence": "converge_{hardware}_n{nodes}",
 }
 TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
+# What every cell rule's name starts with (the rules that measure; the rest aggregate).
+CELL_RULE_PREFIXES = tuple(rule.split("{")[0] for rule in TRAIN_RULES.values())
 
 # Files in a cell's folder besides the metrics file.
 # Every measurement of a cell is kept in its own folder, measurements/<time>-<job>/, with the

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cell import PATH_KEY, TRAIN_RULES, parse_cell_path
+from .cell import CELL_RULE_PREFIXES, PATH_KEY, TRAIN_RULES, parse_cell_path
 
 JOURNAL_FILE = "logs/slurm_jobs.jsonl"  # in the study's results folder
 DRIVER_FILE = "logs/driver.json"
@@ -67,8 +67,6 @@ LIVE_STATES = frozenset(
 )
 SQUEUE_FORMAT = "%i|%T|%N|%j|%V|%k"  # id, state, nodes, name (run id), submit time, comment
 TIMEOUT_S = 30
-# The rules that measure a cell (one per workload and resource class, dlscale.cell.TRAIN_RULES).
-CELL_RULE_PREFIXES = tuple(rule.split("{")[0] for rule in TRAIN_RULES.values())
 # The signal that stopped this driver, for the end-of-run message (dlscale.finalize).
 STOPPED_BY: str | None = None
 
