@@ -226,3 +226,33 @@ def test_restart_cancel_then_sigint_leave_nothing_in_the_queue(study):
         if path.exists():  # measured before the SIGINT: by one job of the second driver
             job = read_metrics(path)[0]["value"]["provenance"]["slurm_job_id"]
             assert job in ours and jobs[job]["state"] == "COMPLETED", (job, jobs)
+
+
+def test_cells_finished_while_no_driver_ran_are_accepted_without_a_new_job(study):
+    """kill -9 while cells run and queue, let every job end with no driver: nothing marked
+    those cells complete (no Snakemake runs inside a cell's job, dlscale.jobstep), so the
+    restart accepts each one from its job's own valid measurement and submits nothing."""
+    work, study = study
+    first = start(work)
+    wait_until(lambda: running_and_queued(study))
+    first.kill()
+    finish(first)
+    live = {j for j, v in study_jobs(study).items() if v["state"] in LIVE_STATES}
+    assert len(live) >= 2
+    wait_until(
+        lambda: not [j for j in study_jobs(study).values() if j["state"] in LIVE_STATES],
+        timeout=300,
+    )
+    submitted = set(study_jobs(study))
+
+    second = start(work)
+    out = finish(second)
+    assert second.returncode == 0, out[-3000:]
+    accepted = [e for e in journal(work, study) if e["event"] == "accepted"]
+    # every job live at the kill (and any that ended unpolled just before it), not a crashed one
+    ids = {e["slurm_job_id"] for e in accepted}
+    assert live - set(retried(study_jobs(study))) <= ids <= submitted, (ids, live)
+    assert f"accepting {len(accepted)} cell(s)" in out, out[-3000:]
+    # the restart submitted nothing but documented retries of a crashed rank's cell
+    assert set(study_jobs(study)) - submitted <= set(retried(study_jobs(study)))
+    assert_measured_once(work, study)
