@@ -145,6 +145,7 @@ class Cell:
     reference_batch: int | None = None  # the global batch the base learning rate is tuned at
     warmup_epochs: float | None = None  # linear warm-up from the base to the scaled rate
     loader_workers: int | None = None  # data-loading worker processes per rank
+    stage_dir: str | None = None  # node-local folder its ranks stage the dataset to (hardware)
 
     @property
     def world_size(self) -> int:
@@ -223,7 +224,7 @@ class Cell:
         return cls.from_json(Path(path).read_text())
 
 
-NOT_IDENTITY = ("study", "data_path")
+NOT_IDENTITY = ("study", "data_path", "stage_dir")  # where, not what
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 # Fields added after cells were measured, with the value every earlier cell had: at that value
 # they are left out of the identity (and the hash), and a serialised cell may omit them.

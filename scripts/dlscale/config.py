@@ -530,6 +530,9 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
 # Hardware keys only the planner reads (dlscale.plan): they change no measurement, so neither
 # the config hash nor a cell's hardware hash includes them.
 PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w")
+# Hardware keys that say where, not what: a convergence cell carries them (Cell.stage_dir), no
+# hash includes them (moving the staging folder re-measures nothing).
+CELL_HARDWARE_KEYS = ("stage_dir",)
 
 # Hardware keys added after studies were measured, hashed only away from their default: at the
 # default they ask exactly what an entry without them asked, so existing cells stay measured.
@@ -541,7 +544,9 @@ def hashed_hardware(entry: dict) -> dict:
     return {
         k: v
         for k, v in entry.items()
-        if k not in PLANNING_KEYS and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
+        if k not in PLANNING_KEYS
+        and k not in CELL_HARDWARE_KEYS
+        and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
     }
 
 

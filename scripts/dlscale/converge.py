@@ -8,7 +8,9 @@ after its last optimizer step; the epoch's time is the slowest rank's (all-reduc
 Outside it (TIME_TO_ACCURACY_EXCLUDES): start-up, initialisation, model build, opening the
 dataset, one warm-up forward and backward pass without update (compilation, tracing,
 allocation; weights, momentum and normalisation statistics unchanged), the idle probe, and the
-validation after each epoch. Validation covers the whole validation split, disjoint from the
+validation after each epoch, and the loader-only measurement after the last epoch
+(loader_only: the rank's training loader without the model, dlscale.data.loader_bench, to flag
+an input-bound cell). Validation covers the whole validation split, disjoint from the
 training split: each rank evaluates its own shard and the correct counts are summed over all
 ranks, so every rank sees the same accuracy and stops at the same epoch.
 
@@ -23,7 +25,17 @@ import time
 
 from .cell import Cell
 from .lr import Schedule
-from .method import COMPETING_BUSY_CPUS, EPOCH, IDLE_PROBE, IDLE_PROBE_SECONDS
+from .method import (
+    COMPETING_BUSY_CPUS,
+    EPOCH,
+    IDLE_PROBE,
+    IDLE_PROBE_SECONDS,
+    INPUT_BOUND_MARGIN,
+    LOADER_BATCHES,
+    LOADER_MAX_SECONDS,
+    LOADER_METHOD,
+    LOADER_WARMUP_BATCHES,
+)
 from .provenance import host_activity
 
 
@@ -34,6 +46,28 @@ def idle_probe(adapter) -> dict:
     probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
     adapter.barrier()
     return probe
+
+
+def loader_only(train, train_samples_per_s: float, barrier) -> dict:
+    """The rank's training loader alone, without the model (LOADER_METHOD), against its
+    training throughput (samples/s over its epochs, loading included): their ratio and whether
+    it is below INPUT_BOUND_MARGIN (input-bound). All ranks start together (`barrier`), as in
+    training, so they compete for the node's cores and disk as they did."""
+    from .data.loader_bench import input_bound, measure_loader
+
+    barrier()
+    out = measure_loader(
+        train,
+        warmup_batches=LOADER_WARMUP_BATCHES,
+        batches=LOADER_BATCHES,
+        max_seconds=LOADER_MAX_SECONDS,
+    )
+    out["train_samples_per_s"] = train_samples_per_s
+    out["ratio"] = out["samples_per_s"] / train_samples_per_s
+    out["input_bound"] = input_bound(out["samples_per_s"], train_samples_per_s)
+    out["margin"] = INPUT_BOUND_MARGIN
+    out["method"] = LOADER_METHOD
+    return out
 
 
 def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
@@ -120,6 +154,7 @@ def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
         if accuracy >= cell.target_accuracy:
             break
     total = sum(own_seconds)
+    loader = loader_only(train, rank_samples_total / total, adapter.barrier)
     return {
         "steps": step,
         "seconds_total": total,
@@ -131,4 +166,5 @@ def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
         "warmup_pass_seconds": warmup_pass_seconds,
         "clock_start_time": clock_start_time,
         "learning_rate_schedule": schedule.describe(),
+        "loader_only": loader,
     }

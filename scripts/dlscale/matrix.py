@@ -371,6 +371,7 @@ def build_matrix(
                 per_rank = global_batch // world
             extra = dict(fixed[workload])
             if workload == "convergence":
+                extra["stage_dir"] = hw.get("stage_dir")
                 # the base learning rate's batch: stated, or the global batch at the smallest
                 # node count (the cells' own strong global batch by default)
                 extra["reference_batch"] = config["convergence"]["reference_batch"] or (

@@ -38,9 +38,24 @@ TIME_TO_ACCURACY_METHOD = (
     "slowest rank's (loading the training batches included)"
 )
 TIME_TO_ACCURACY_EXCLUDES = (
-    "process start-up, framework and process-group initialisation, model build, opening the "
-    "dataset, a warm-up forward and backward pass without update (compilation, tracing, "
-    "allocation), the idle probe, and validation after each epoch (timed apart)"
+    "process start-up, framework and process-group initialisation, staging the dataset to "
+    "node-local storage (timed apart), model build, opening the dataset, a warm-up forward and "
+    "backward pass without update (compilation, tracing, allocation), the idle probe, "
+    "validation after each epoch (timed apart), and the loader-only measurement after the "
+    "last epoch"
+)
+# The loader-only measurement (dlscale.data.loader_bench): after a convergence cell's last
+# epoch every rank times its training loader alone, without the model.
+LOADER_WARMUP_BATCHES = 5
+LOADER_BATCHES = 50
+LOADER_MAX_SECONDS = 20.0
+INPUT_BOUND_MARGIN = 3.0  # the loader must deliver this many times the step's samples/s
+LOADER_METHOD = (
+    f"after the last epoch each rank iterates its training loader without the model: "
+    f"{LOADER_WARMUP_BATCHES} untimed batches, then up to {LOADER_BATCHES} timed (at most "
+    f"{LOADER_MAX_SECONDS:g} s); loader / train = the rank's loader samples/s over its "
+    f"training samples/s (loading included) over the epochs, the smallest over ranks; below "
+    f"{INPUT_BOUND_MARGIN:g} the cell is flagged input-bound"
 )
 VALIDATION_METHOD = (
     "validation accuracy over the whole validation split, disjoint from the training split: "

@@ -358,6 +358,48 @@ def convergence_outcome(cell: Cell, rank_records: dict[int, list[dict]], started
         "warmup_pass_seconds": max(warm) if warm else None,
         "startup_seconds": max(0.0, min(clock) - started) if clock else None,
         "validation_seconds": sum(e["validation_seconds"] for e in epochs),
+        **loader_outcome(ends),
+        **staging_outcome(rank_records),
+    }
+
+
+def loader_outcome(ends: list[dict]) -> dict:
+    """The ranks' loader-only measurements (dlscale.converge.loader_only) in one: the slowest
+    rank's loader, the smallest loader / train ratio, input-bound when any rank is; None (not
+    measured) for ranks written before the measurement existed."""
+    loaders = [e["loader_only"] for e in ends if e.get("loader_only")]
+    if len(loaders) < len(ends):
+        return {
+            "loader_samples_per_s": None,
+            "loader_train_ratio": None,
+            "input_bound": None,
+            "loader_batches": None,
+        }
+    worst = min(loaders, key=lambda x: x["ratio"])
+    return {
+        "loader_samples_per_s": min(x["samples_per_s"] for x in loaders),
+        "loader_train_ratio": worst["ratio"],
+        "input_bound": any(x["input_bound"] for x in loaders),
+        "loader_batches": min(x["batches"] for x in loaders),
+    }
+
+
+def staging_outcome(rank_records: dict[int, list[dict]]) -> dict:
+    """Where the ranks staged the dataset, the longest any rank spent on it and the bytes
+    copied over all ranks (one copy per node, or none when reused)."""
+    staged = [
+        (x["value"].get("staging") or {})
+        for recs in rank_records.values()
+        for x in recs
+        if x["event"] == RANK_START
+    ]
+    staged = [x for x in staged if x.get("stage_dir")]
+    if not staged:
+        return {"stage_dir": None, "staged_seconds": None, "staged_bytes": None}
+    return {
+        "stage_dir": staged[0]["stage_dir"],
+        "staged_seconds": max(x["seconds"] for x in staged),
+        "staged_bytes": sum(x["bytes_copied"] for x in staged),
     }
 
 

@@ -142,8 +142,27 @@ def open_dataset(cell: Cell):
     return info
 
 
-def dataset_description(cell: Cell, info) -> dict:
-    """What a convergence cell's ranks train on, for its rank_start record."""
+def stage_dataset(cell: Cell, info):
+    """A convergence cell's dataset copied to its hardware's stage_dir, once per node
+    (dlscale.data.staging: the first rank of a node copies, the others wait; an identical copy
+    is reused), and what that took; the dataset where it is and None without a stage_dir."""
+    if not cell.stage_dir:
+        return info, None
+    from .data.staging import stage
+
+    staged, seconds, copied = stage(info, cell.stage_dir)
+    return staged, {
+        "stage_dir": cell.stage_dir,
+        "path": staged.path,
+        "seconds": seconds,
+        "bytes_copied": copied,
+        "reused": copied == 0,  # the copy was there already, or another rank of the node made it
+    }
+
+
+def dataset_description(cell: Cell, info, staging: dict | None = None) -> dict:
+    """What a convergence cell's ranks train on, for its rank_start record (`staging`: from
+    stage_dataset, or None when the ranks read the dataset where it is)."""
     return {
         "data": f"real: {cell.dataset} ({cell.data_format}), {info.train_samples} training and "
         f"{info.val_samples} validation samples",
@@ -156,6 +175,8 @@ def dataset_description(cell: Cell, info) -> dict:
             "num_classes": info.num_classes,
             "image_shape": list(info.image_shape),
         },
+        "staging": staging
+        or {"stage_dir": None, "reason": "no stage_dir in the hardware entry: read in place"},
     }
 
 
@@ -171,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
     convergence = cell.workload == "convergence"
-    info = open_dataset(cell) if convergence else None
+    info, staging = stage_dataset(cell, open_dataset(cell)) if convergence else (None, None)
     writer = RankWriter(args.rank_dir, ctx.rank)
     try:
         adapter.setup()
@@ -194,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 "master": f"{ctx.master_addr}:{ctx.master_port}",
                 "cpu_affinity": cpu_affinity(),
                 **({"system": system} if system is not None else {}),
-                **(dataset_description(cell, info) if convergence else {}),
+                **(dataset_description(cell, info, staging) if convergence else {}),
             },
         )
         if convergence:

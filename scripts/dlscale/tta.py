@@ -8,7 +8,9 @@ time_to_accuracy.csv   one row per group (hardware, framework, model, policy, pr
                        and node count: median time- and epochs-to-accuracy over repetitions with
                        their interval (dlscale.stats.median_interval: a 95 % order-statistic CI
                        for n >= 6, the min-max range below, none for one), how many
-                       repetitions reached the target, speedup against the group's smallest
+                       repetitions reached the target, the input pipeline (the smallest
+                       loader-only / training throughput ratio, input-bound repetitions,
+                       the longest staging), speedup against the group's smallest
                        node count and the ideal time (baseline x its world size / world size)
 
 A cell that never reached its target is a row with reached = False and no time-to-accuracy
@@ -65,6 +67,13 @@ OUTCOME_FIELDS = [
     "warmup_pass_seconds",
     "startup_seconds",
     "validation_seconds",
+    "loader_samples_per_s",
+    "loader_train_ratio",
+    "input_bound",
+    "loader_batches",
+    "stage_dir",
+    "staged_seconds",
+    "staged_bytes",
 ]
 CELL_COLUMNS = [
     "study",
@@ -120,6 +129,13 @@ def _censored(part: pd.DataFrame, column: str, at_cap: str) -> np.ndarray:
     return np.where(reached, values, np.inf)
 
 
+def _numbers(part: pd.DataFrame, column: str) -> pd.Series:
+    """A column as numbers (NaN where missing: tables from before the column existed)."""
+    if column not in part:
+        return pd.Series(np.nan, index=part.index)
+    return pd.to_numeric(part[column], errors="coerce")
+
+
 def _median(values: np.ndarray) -> float:
     """The median with +inf for not reached: NaN (no median) when half or more are +inf."""
     if not len(values) or np.isinf(values).sum() * 2 >= len(values):
@@ -155,6 +171,9 @@ def time_to_accuracy_summary(cells: pd.DataFrame) -> pd.DataFrame:
         "epochs_to_accuracy_max",
         "training_seconds_at_cap_max",
         "best_val_accuracy_median",
+        "loader_train_ratio_min",
+        "input_bound_reps",
+        "staged_seconds_max",
         "baseline_nodes",
         "tta_speedup",
         "tta_efficiency",
@@ -186,6 +205,13 @@ def time_to_accuracy_summary(cells: pd.DataFrame) -> pd.DataFrame:
                 if not_reached.any()
                 else np.nan,
                 "best_val_accuracy_median": float(part["best_val_accuracy"].median()),
+                # the input pipeline: the worst repetition's loader / train ratio, how many
+                # repetitions were input-bound, the longest staging (NaN: not measured)
+                "loader_train_ratio_min": _numbers(part, "loader_train_ratio").min(),
+                "input_bound_reps": int(part["input_bound"].eq(True).sum())
+                if "input_bound" in part
+                else 0,
+                "staged_seconds_max": _numbers(part, "staged_seconds").max(),
             }
         )
     out = pd.DataFrame(rows, columns=[c for c in columns if c not in _DERIVED])

@@ -13,7 +13,13 @@ import numpy as np
 import pandas as pd
 
 from .lr import RULE_FORMULAS
-from .method import TIME_TO_ACCURACY_EXCLUDES, TIME_TO_ACCURACY_METHOD, VALIDATION_METHOD
+from .method import (
+    INPUT_BOUND_MARGIN,
+    LOADER_METHOD,
+    TIME_TO_ACCURACY_EXCLUDES,
+    TIME_TO_ACCURACY_METHOD,
+    VALIDATION_METHOD,
+)
 from .stats import CI, CI_LEVEL, RANGE
 
 INFINITY = (
@@ -51,6 +57,8 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
         "ConvMethod": TIME_TO_ACCURACY_METHOD,
         "ConvExcluded": TIME_TO_ACCURACY_EXCLUDES,
         "ConvValidation": VALIDATION_METHOD,
+        "ConvLoaderMethod": LOADER_METHOD,
+        "ConvInputBoundMargin": f"{INPUT_BOUND_MARGIN:g}",
         "ConvCellsMeasured": len(cells),
         "ConvCellsReached": int(cells["reached"].astype(bool).sum()) if len(cells) else 0,
         "ConvCellsNotReached": int((~cells["reached"].astype(bool)).sum()) if len(cells) else 0,
@@ -70,6 +78,10 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
         "ConvRepsMax",
         "ConvFastest",
         "ConvNotReachedList",
+        "ConvLoaderRatioRange",
+        "ConvInputBoundCells",
+        "ConvInputBoundList",
+        "ConvStaging",
     ]
     m.update({k: "n/a" for k in measured})
     if len(cells):
@@ -109,6 +121,43 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
                 for r in missed.itertuples()
             )
         )
+        m.update(_input_pipeline(cells))
+    return m
+
+
+def _input_pipeline(cells: pd.DataFrame) -> dict[str, str]:
+    """The loader-only measurement and the staging over the measured cells."""
+    m = {}
+    ratio = pd.to_numeric(cells.get("loader_train_ratio"), errors="coerce")
+    measured = cells[ratio.notna()] if ratio is not None else cells.iloc[:0]
+    if measured.empty:
+        m["ConvLoaderRatioRange"] = "not measured (cells from before the loader-only measurement)"
+        m["ConvInputBoundCells"], m["ConvInputBoundList"] = "n/a", "n/a"
+    else:
+        r = ratio.dropna()
+        m["ConvLoaderRatioRange"] = f"{_fmt(r.min())}--{_fmt(r.max())}"
+        bound = measured[measured["input_bound"].eq(True)]
+        m["ConvInputBoundCells"] = f"{len(bound)} of {len(measured)}"
+        m["ConvInputBoundList"] = (
+            "none"
+            if bound.empty
+            else _join(
+                f"{r.framework}/{r.model}/{r.policy}/n{r.nodes}/r{r.rep} "
+                f"({_fmt(r.loader_train_ratio)})"
+                for r in bound.itertuples()
+            )
+        )
+    staged = pd.to_numeric(cells.get("staged_seconds"), errors="coerce")
+    if staged is None or staged.dropna().empty:
+        m["ConvStaging"] = "the ranks read the dataset in place (no hardware entry sets stage_dir)"
+    else:
+        dirs = _join(sorted(cells["stage_dir"].dropna().unique()))
+        copied = pd.to_numeric(cells["staged_bytes"], errors="coerce").sum()
+        m["ConvStaging"] = (
+            f"{int(staged.notna().sum())} of {len(cells)} cells staged the dataset to {dirs} "
+            f"first (once per node; at most {_fmt(staged.max())} s per cell, "
+            f"{copied / 1e6:.3g} MB copied in all, a copy already there reused)"
+        )
     return m
 
 
@@ -137,6 +186,14 @@ def _epochs_cell(r) -> str:
     return med
 
 
+def _loader_cell(r) -> str:
+    """The smallest loader / train ratio over the repetitions, IB when one was input-bound."""
+    ratio = getattr(r, "loader_train_ratio_min", np.nan)
+    if pd.isna(ratio):
+        return "--"
+    return _fmt(ratio, 2) + (" IB" if getattr(r, "input_bound_reps", 0) else "")
+
+
 def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
     """The time-to-accuracy table: one row per group and node count, with the batch policy,
     global batch and LR rule each point came from."""
@@ -160,6 +217,7 @@ def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
                     _fmt(r.ideal_time_to_accuracy_s),
                     _epochs_cell(r),
                     f"{r.best_val_accuracy_median:.3f}",
+                    _loader_cell(r),
                 ]
             )
             + r" \\"
@@ -171,11 +229,15 @@ def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
         "brackets (n $\\geq$ 6), the min--max range in parentheses (2 to 5), nothing for one; "
         "a repetition that did not reach the target counts as longer than any that did. "
         "Ideal: the smallest node count's time divided by the ratio of world sizes. "
-        "Epochs: median (min--max).\n\n".replace("%", "\\,\\%")
-        + "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
-        "\\begin{longtable}{llllrrlrlrlr}\n\\toprule\n"
+        "Epochs: median (min--max). Loader / train: the input pipeline alone against training, "
+        f"the smallest over ranks and repetitions; IB: below {INPUT_BOUND_MARGIN:g}, "
+        "input-bound.\n\n".replace("%", "\\,\\%")
+        + "{\\footnotesize\\setlength\\tabcolsep{2.5pt}\n"
+        "\\begin{longtable}{llllrrlrlrlrr}\n\\toprule\n"
         "Framework & Model & Policy & Prec. & Nodes & Global & LR rule & Reached & "
-        "Time to target [s] & Ideal [s] & Epochs & Best \\\\\n"
+        "Time to target [s] & Ideal [s] & Epochs & Best & Loader \\\\\n"
         "& & & & & batch & (effective LR) & n/N & median [CI] or (range) & & & val.\\ acc. "
-        "\\\\\n\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n"
+        "& / train \\\\\n\\midrule\\endhead\n"
+        + "\n".join(rows)
+        + "\n\\bottomrule\n\\end{longtable}}\n"
     )

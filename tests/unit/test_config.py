@@ -242,6 +242,32 @@ def test_a_later_hardware_key_at_its_default_keeps_measured_cells_current():
     assert hashed_hardware(dict(entry, node_hour_cost=2.0)) == entry  # planning only
 
 
+def test_stage_dir_is_checked_early_carried_by_convergence_cells_and_hashed_nowhere(
+    root, base_config, tmp_path
+):
+    """A hardware entry's stage_dir: a relative path is refused naming the key; an absolute
+    path, ~ or $VARIABLE is taken, reaches every convergence cell of that hardware (none of
+    the throughput cells) and changes no hash: moving the copy re-measures nothing."""
+    hw = (root / "config" / "hardware.yaml").read_text()
+    site = tmp_path / "site.yaml"  # the hardware file's path is part of the config hash
+    site.write_text(hw)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(hw.replace("  runtime_min: 20\n", "  runtime_min: 20\n  stage_dir: x/y\n", 1))
+    message = problems_of(root, with_(base_config, ("hardware_file",), str(bad)))
+    assert "cpu.stage_dir" in message and "'x/y'" in message and "$TMPDIR" in message
+    before = study(root, with_(base_config, ("hardware_file",), str(site)))
+    for value in ("$TMPDIR", "${SLURM_TMPDIR}/dl", "~/stage", "/local/scratch"):
+        site.write_text(
+            hw.replace("  runtime_min: 20\n", f"  runtime_min: 20\n  stage_dir: '{value}'\n", 1)
+        )
+        after = study(root, with_(base_config, ("hardware_file",), str(site)))
+        conv = after.cells_of("convergence")
+        assert conv and {c.stage_dir for c in conv} == {value}
+        assert {c.stage_dir for c in after.cells_of("throughput")} == {None}
+        assert after.config_hash == before.config_hash
+        assert [c.config_hash for c in after.cells] == [c.config_hash for c in before.cells]
+
+
 def test_a_gres_gpu_type_the_slurm_plugin_would_refuse_is_an_early_error(root):
     from dlscale.config import ConfigError, load_schema, validate_hardware
 

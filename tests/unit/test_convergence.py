@@ -63,7 +63,15 @@ def epoch_value(epoch: int, accuracy: float, seconds: float, rank: int) -> dict:
     }
 
 
-def conv_rank_records(rank: int, accuracies: list[float], seconds: float = 2.0) -> list[dict]:
+def conv_rank_records(
+    rank: int,
+    accuracies: list[float],
+    seconds: float = 2.0,
+    loader_ratio: float | None = None,
+    staged: dict | None = None,
+) -> list[dict]:
+    """A rank's records; `loader_ratio`: its loader-only measurement (none: written before the
+    measurement existed); `staged`: its staging (none: no staging record)."""
     start = {
         "local_rank": 0,
         "node": f"n{rank + 1}",
@@ -86,6 +94,7 @@ def conv_rank_records(rank: int, accuracies: list[float], seconds: float = 2.0) 
         "backend": "gloo",
         "data": "real: digits",
         "dataset": {"train_samples": 1438, "val_samples": 359},
+        **({"staging": staged} if staged else {}),
     }
     probe = {"window_s": 0.5, "busy_cpus": 0.1, "top_processes": [], "competing": False}
     recs = [
@@ -97,6 +106,22 @@ def conv_rank_records(rank: int, accuracies: list[float], seconds: float = 2.0) 
         for e, acc in enumerate(accuracies, 1)
     ]
     total = seconds * len(accuracies)
+    train_rate = 704 * len(accuracies) / total
+    loader = (
+        {
+            "loader_only": {
+                "samples_per_s": loader_ratio * train_rate,
+                "batches": 50,
+                "seconds": 0.5,
+                "train_samples_per_s": train_rate,
+                "ratio": loader_ratio,
+                "input_bound": loader_ratio < 3.0,
+                "method": "test",
+            }
+        }
+        if loader_ratio is not None
+        else {}
+    )
     recs.append(
         metrics.make_record(
             "rank_end",
@@ -113,20 +138,32 @@ def conv_rank_records(rank: int, accuracies: list[float], seconds: float = 2.0) 
                 "energy": {"available": False, "reason": "test"},
                 "breakdown": {"available": False, "reason": "test"},
                 "allreduce": {"available": False, "reason": "test"},
+                **loader,
             },
         )
     )
     return recs
 
 
-def assembled(accuracies=(0.6, 0.93, 0.96), cell=None, seconds=2.0) -> list[dict]:
+def assembled(
+    accuracies=(0.6, 0.93, 0.96), cell=None, seconds=2.0, loader_ratios=None, staged=None
+) -> list[dict]:
+    """A cell's metrics; `loader_ratios`: each rank's loader / train ratio; `staged`: rank ->
+    its staging record."""
     cell = cell or conv_cell()
     return metrics.assemble(
         cell=cell,
         git_commit="c0ffee",
         slurm_job_id=None,
         rank_records={
-            r: conv_rank_records(r, list(accuracies), seconds) for r in range(cell.world_size)
+            r: conv_rank_records(
+                r,
+                list(accuracies),
+                seconds,
+                loader_ratios[r] if loader_ratios else None,
+                (staged or {}).get(r),
+            )
+            for r in range(cell.world_size)
         },
         wall_seconds=20.0,
         started=1.0,
@@ -273,6 +310,65 @@ def test_a_convergence_file_validates_and_states_its_outcome(tmp_path):
     assert back[0]["value"]["timing"]["excluded"] == outcome["excluded"]
     summary = back[-1]["value"]
     assert summary["throughput_samples_per_s"] == pytest.approx(2 * 704 * 3 / 6.0)
+    # written without a loader-only measurement or staging: said so, not invented
+    assert outcome["input_bound"] is None and outcome["loader_train_ratio"] is None
+    assert outcome["stage_dir"] is None and outcome["staged_seconds"] is None
+
+
+def test_the_input_pipeline_and_staging_reach_the_outcome_the_tables_and_the_report(
+    tmp_path, monkeypatch
+):
+    """Each rank's loader-only measurement and staging: the outcome keeps the worst rank
+    (smallest loader / train ratio, input-bound when any rank is; the longest staging, bytes
+    summed), the time-to-accuracy table the worst repetition, the report marks it IB."""
+    from dlscale.collect import collect_tables
+    from dlscale.report import tex_escape
+    from dlscale.tta_report import convergence_macros, write_convergence_table
+
+    staged = {
+        0: {"stage_dir": "$TMPDIR", "path": "/tmp/x", "seconds": 0.4, "bytes_copied": 1000},
+        1: {"stage_dir": "$TMPDIR", "path": "/tmp/x", "seconds": 0.6, "bytes_copied": 0},
+    }
+    monkeypatch.chdir(tmp_path)
+    paths = []
+    for rep, ratios in ((1, [12.0, 2.5]), (2, [40.0, 30.0])):
+        cell = conv_cell(rep=rep)
+        records = assembled(cell=cell, loader_ratios=ratios, staged=staged)
+        outcome = records[-2]["value"]
+        assert outcome["loader_train_ratio"] == pytest.approx(min(ratios))
+        assert outcome["input_bound"] is (min(ratios) < 3.0)
+        assert outcome["loader_batches"] == 50
+        assert outcome["staged_seconds"] == pytest.approx(0.6)
+        assert outcome["staged_bytes"] == 1000 and outcome["stage_dir"] == "$TMPDIR"
+        paths.append(write_cell(tmp_path, cell, records))
+    tables = collect_tables(paths)
+    conv = tables["convergence"].sort_values("rep")
+    assert conv["input_bound"].tolist() == [True, False]
+    point = tables["time_to_accuracy"].iloc[0]
+    assert point["loader_train_ratio_min"] == pytest.approx(2.5)
+    assert point["input_bound_reps"] == 1 and point["staged_seconds_max"] == pytest.approx(0.6)
+    out = tmp_path / "table.tex"
+    write_convergence_table(tables["time_to_accuracy"], str(out), tex_escape)
+    assert " 2.5 IB \\\\" in out.read_text()
+    config = {
+        "workloads": ["convergence"],
+        "optimizer": {"momentum": 0.9},
+        "convergence": {
+            "dataset": "digits",
+            "data_format": "cifar_binary",
+            "target_accuracy": 0.95,
+            "max_epochs": 4,
+            "lr_rule": "linear",
+            "learning_rate": 0.05,
+            "warmup_epochs": 1,
+        },
+    }
+    macros = convergence_macros(config, conv, tables["time_to_accuracy"])
+    assert macros["ConvInputBoundCells"] == "1 of 2"
+    assert "n2/r1 (2.5)" in macros["ConvInputBoundList"]
+    assert macros["ConvLoaderRatioRange"] == "2.5--30"
+    assert "2 of 2 cells staged the dataset to $TMPDIR" in macros["ConvStaging"]
+    assert "0.002 MB copied" in macros["ConvStaging"]
 
 
 def test_a_cell_that_never_reaches_its_target_says_so():
@@ -475,11 +571,13 @@ def test_the_shipped_digits_are_what_models_are_checked_against_before_any_job(d
 
 @pytest.mark.parametrize("framework, nodes", [("pytorch", 1), ("horovod", 2)])
 def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
-    tmp_path, digits, framework, nodes
+    tmp_path, digits, framework, nodes, monkeypatch
 ):
     """On the digits data, one epoch against an unreachable target: the cell ends at its cap,
     reports not reached, and its records hold what the report needs (PyTorch at 1 rank,
-    Horovod's torch path at 2: counts summed over both ranks)."""
+    Horovod's torch path at 2: counts summed over both ranks), each rank's loader-only
+    measurement; Horovod's 2 ranks first stage the dataset to a node-local folder named by a
+    variable: one copy for the node, trained from."""
     from test_modes import python_of
 
     from cells import launch_cell
@@ -494,11 +592,24 @@ def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
             "data_path": str(digits),
             "target_accuracy": 0.999,
             "max_epochs": 1,
+            "stage_dir": "$DLSCALE_TEST_STAGE/local" if nodes == 2 else None,
         }
     )
+    monkeypatch.setenv("DLSCALE_TEST_STAGE", str(tmp_path / "node-local"))
     code, out = launch_cell(tmp_path, cell, python_of(framework))
     assert code == 0
     records = metrics.read_metrics(out)
+    ends = [r["value"] for r in records if r["event"] == "rank_end"]
+    assert len(ends) == nodes and all(e["loader_only"]["batches"] >= 1 for e in ends)
+    staging = [r["value"]["staging"] for r in records if r["event"] == "rank_start"]
+    if nodes == 2:
+        copies = list((tmp_path / "node-local" / "local").glob("dlscale-data-digits-*"))
+        assert len(copies) == 1 and all(s["path"] == str(copies[0]) for s in staging)
+        dataset_bytes = sum(f.stat().st_size for f in digits.rglob("*") if f.is_file())
+        assert sum(s["bytes_copied"] for s in staging) == records[-2]["value"]["staged_bytes"]
+        assert 0 < records[-2]["value"]["staged_bytes"] <= dataset_bytes
+    else:
+        assert all(s["stage_dir"] is None for s in staging)
     epochs = [r["value"] for r in records if r["event"] == "epoch" and r["rank"] == 0]
     start = [r["value"] for r in records if r["event"] == "rank_start"][0]
     outcome = records[-2]["value"]
@@ -514,3 +625,4 @@ def test_a_real_convergence_cell_records_every_epoch_and_its_outcome(
     assert 0.05 < epochs[0]["learning_rate"] < 0.1
     assert not any(r["event"] == "step" for r in records)
     assert pd.notna(outcome["warmup_pass_seconds"]) and outcome["startup_seconds"] > 0
+    assert outcome["loader_train_ratio"] > 0 and isinstance(outcome["input_bound"], bool)

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import tarfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -405,6 +406,24 @@ def test_measure_loader_counts_batches_and_restarts_passes(digits):
     assert out["samples_per_s"] == pytest.approx(518 / out["seconds"])
     assert 0 < out["min_batch_s"] <= out["median_batch_s"] <= out["max_batch_s"]
     assert input_bound(100.0, 40.0) and not input_bound(120.0, 40.0)
+
+
+def test_measure_loader_stops_at_its_time_cap():
+    """A slow loader is timed for max_seconds, not for all its batches: the result counts the
+    batches it did time."""
+
+    def slow():
+        while True:
+            time.sleep(0.05)
+            yield np.zeros((4, 1)), np.zeros(4)
+
+    class Slow:
+        def __iter__(self):
+            return slow()
+
+    out = measure_loader(Slow(), warmup_batches=1, batches=1000, max_seconds=0.2)
+    assert 2 <= out["batches"] <= 10 and out["samples"] == 4 * out["batches"]
+    assert out["seconds"] >= 0.2
 
 
 def test_streamed_shards_disjoint_and_equal_per_rank(digits, workers=2):

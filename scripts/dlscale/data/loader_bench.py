@@ -13,11 +13,10 @@ import statistics
 import time
 from collections.abc import Iterable, Iterator
 
-__all__ = ["measure_loader", "input_bound", "INPUT_BOUND_MARGIN"]
+# the loader / train ratio below which a cell is input-bound (the issue's target: 3)
+from dlscale.method import INPUT_BOUND_MARGIN
 
-#: The loader alone must deliver at least this many times the training step throughput, or
-#: the cell is flagged input-bound (the issue's target for the shipped data: 3).
-INPUT_BOUND_MARGIN = 3.0
+__all__ = ["measure_loader", "input_bound", "INPUT_BOUND_MARGIN"]
 
 
 def _batch_size(batch) -> int:
@@ -42,10 +41,16 @@ def _batches(loader: Iterable) -> Iterator:
         epoch += 1
 
 
-def measure_loader(loader: Iterable, warmup_batches: int = 5, batches: int = 50) -> dict:
+def measure_loader(
+    loader: Iterable,
+    warmup_batches: int = 5,
+    batches: int = 50,
+    max_seconds: float | None = None,
+) -> dict:
     """Time ``batches`` batches of ``loader`` after ``warmup_batches`` untimed ones (worker
     start-up, first reads). A pass that ends is restarted (``set_epoch`` when the loader has
-    a sampler with it).
+    a sampler with it). With ``max_seconds``, timing stops after the first batch that ends
+    past it (at least one batch is timed): ``batches`` in the result says how many were.
 
     Returns:
         ``samples_per_s`` (timed samples / timed seconds, this rank), ``batches``,
@@ -67,12 +72,14 @@ def measure_loader(loader: Iterable, warmup_batches: int = 5, batches: int = 50)
         times.append(now - last)
         last = now
         samples += _batch_size(batch)
+        if max_seconds is not None and now - start >= max_seconds:
+            break
     it.close()  # ends the abandoned pass (a DataLoader iterator and its prefetches)
     seconds = last - start
     ordered = sorted(times)
     return {
         "samples_per_s": samples / seconds if seconds > 0 else float("inf"),
-        "batches": batches,
+        "batches": len(times),
         "samples": samples,
         "seconds": seconds,
         "median_batch_s": statistics.median(times),
