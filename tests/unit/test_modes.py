@@ -91,3 +91,31 @@ def test_a_cell_the_framework_cannot_compile_fails_with_the_reason(tmp_path, cap
     err = capfd.readouterr().err
     assert "mode compiled is not supported by Keras (tf_keras) here" in err
     assert "NCCL collectives" in err and "use mode eager for this cell" in err
+
+
+def test_a_precision_needing_cpu_features_is_refused_where_they_are_missing(tmp_path, monkeypatch):
+    """Adapter.cpu_needs: the flags are read from /proc/cpuinfo's format; a CPU without them
+    refuses the precision naming the reason and the missing flags, one with them keeps it."""
+    from dlscale.frameworks import base
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx avx2\n\nprocessor\t: 1\n")
+    assert base.cpu_flags(str(info)) == {"fpu", "sse", "avx", "avx2"}
+    assert base.cpu_flags(str(tmp_path / "missing")) == set()
+
+    class Needs(base.Adapter):
+        title = "X"
+        precisions = {"fp32": None, "bf16": "bf16"}
+        cpu_needs = {"bf16": (("avx512f", "avx512bw"), "X has bf16 on AVX-512 only")}
+
+    adapter = object.__new__(Needs)  # the check alone, without a rank context
+    adapter.spec = type("Spec", (), {"device": "cpu", "precision": "bf16"})()
+    monkeypatch.setattr(base, "cpu_flags", lambda: {"avx", "avx2", "avx512f"})
+    with pytest.raises(ValueError) as refused:
+        adapter.check_precision()
+    assert str(refused.value) == (
+        "precision bf16 is not supported by X on CPU (X has bf16 on AVX-512 only; this CPU "
+        "lacks avx512bw); use one of: fp32"
+    )
+    monkeypatch.setattr(base, "cpu_flags", lambda: {"avx512f", "avx512bw"})
+    adapter.check_precision()  # accepted

@@ -177,13 +177,25 @@ def test_two_rank_local_launch_over_dist_sync(tmp_path):
     assert not (out.parent / ".ranks").exists()
 
 
-def test_bf16_runs_and_fp16_is_refused_on_cpu(tmp_path, capfd):
+def test_bf16_runs_on_avx512_cpus_else_is_refused_and_fp16_is_refused_on_cpu(tmp_path, capfd):
+    """bf16 runs where oneDNN has bf16 convolutions (AVX-512) and is refused before any step
+    elsewhere, naming the missing CPU flags (an AVX2-only host fails inside oneDNN otherwise:
+    "could not create a primitive descriptor iterator")."""
+    from dlscale.frameworks.base import cpu_flags
+
     code, out = launch_mxnet_cell(
         tmp_path / "bf16", dict(CELL, nodes=1, world_size=1, global_batch=4, precision="bf16")
     )
-    assert code == 0
-    starts = [r["value"] for r in read_metrics(out) if r["event"] == "rank_start"]
-    assert starts[0]["autocast"] == "bfloat16"
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu_flags()
+    if avx512:
+        assert code == 0
+        starts = [r["value"] for r in read_metrics(out) if r["event"] == "rank_start"]
+        assert starts[0]["autocast"] == "bfloat16"
+    else:
+        assert code != 0 and not out.exists()
+        err = capfd.readouterr().err
+        assert "precision bf16 is not supported by MXNet 1.9.1 on CPU" in err
+        assert "AVX-512 CPUs only; this CPU lacks avx512" in err and "use one of: fp32" in err
     code, out = launch_mxnet_cell(
         tmp_path / "fp16", dict(CELL, nodes=1, world_size=1, global_batch=4, precision="fp16")
     )

@@ -15,8 +15,9 @@ The adapter kit: what every framework needs besides its own step lives here, so 
 module holds only what differs:
   - TrainSpec, the rank-side subset of a cell (TrainSpec.from_cell), optimizer settings included;
   - the precision check: each adapter maps precision -> its dtype or policy (Adapter.precisions)
-    and names the precisions it runs on GPU only (Adapter.cuda_only); anything else is refused
-    when the adapter is made, naming the allowed values;
+    and names the precisions it runs on GPU only (Adapter.cuda_only) or only on CPUs with
+    given features (Adapter.cpu_needs); anything else is refused when the adapter is made,
+    naming the allowed values;
   - seeding: Adapter.seed() seeds the framework (seed_framework) with spec.seed + rank;
   - the collective timeout COLLECTIVE_TIMEOUT_S, read once from DLSCALE_COLLECTIVE_TIMEOUT_S, and
     a Watchdog for frameworks whose collectives can wait forever;
@@ -120,6 +121,18 @@ class RankContext:
         return f"{self.hosts[rank // self.local_world_size]}:{base_port + rank}"
 
 
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 class Adapter:
     """One framework's data-parallel training step. What every framework shares lives here
     (checking the precision, seeding, the collective timeout, the watchdog, the timing loop);
@@ -134,6 +147,8 @@ class Adapter:
     # the reason) on a CPU. Checked once, when the adapter is made (check_precision).
     precisions: dict[str, object] = {}
     cuda_only: dict[str, str] = {}
+    # precision -> (the CPU flags it needs on a CPU, why): refused on a CPU without them
+    cpu_needs: dict[str, tuple[tuple[str, ...], str]] = {}
 
     # Capabilities, declared: run_timed reads them before it measures (nothing is found out by
     # calling a method and catching NotImplementedError).
@@ -162,10 +177,17 @@ class Adapter:
         precisions it does run there."""
         spec = self.spec
         device = DEVICE_NAMES.get(spec.device, spec.device)
-        allowed = [p for p in self.precisions if spec.device == "cuda" or p not in self.cuda_only]
+        missing = {} if spec.device == "cuda" else self.missing_cpu_flags()
+        allowed = [
+            p
+            for p in self.precisions
+            if spec.device == "cuda" or (p not in self.cuda_only and p not in missing)
+        ]
         if spec.precision in allowed:
             return
-        if spec.precision in self.precisions:
+        if spec.precision in missing:
+            reason = f" ({missing[spec.precision]})"
+        elif spec.precision in self.precisions:
             reason = f" ({self.cuda_only[spec.precision]})"
         else:
             reason = ""
@@ -174,6 +196,18 @@ class Adapter:
             f"{self.title or self.name} on {device}{reason}; use one of: "
             f"{', '.join(allowed)}"
         )
+
+    def missing_cpu_flags(self) -> dict[str, str]:
+        """precision -> why, for each precision of `cpu_needs` this host's CPU cannot run."""
+        if not self.cpu_needs:
+            return {}
+        have = cpu_flags()
+        out = {}
+        for precision, (flags, why) in self.cpu_needs.items():
+            lacking = [f for f in flags if f not in have]
+            if lacking:
+                out[precision] = f"{why}; this CPU lacks {', '.join(lacking)}"
+        return out
 
     @classmethod
     def can_compile(cls) -> bool:

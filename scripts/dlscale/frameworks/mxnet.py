@@ -32,7 +32,9 @@ rank (exit 124, after killing the rank's scheduler/server children) when one blo
 DLSCALE_COLLECTIVE_TIMEOUT_S (default 300) plus four times the longest step seen so far.
 
 Precision: fp32; bf16 through MXNet AMP (`amp.init("bfloat16")`: oneDNN bf16 convolutions and
-GEMMs, fp32 weights and gradients, no loss scaling) on CPU; fp16 only on CUDA (MXNet 1.9.1 has no
+GEMMs, fp32 weights and gradients, no loss scaling) on CPUs with AVX-512 (oneDNN 2.x has no
+bf16 convolution elsewhere: refused on others by the base's precision check, Adapter.cpu_needs,
+naming the missing flags); fp16 only on CUDA (MXNet 1.9.1 has no
 float16 GEMM/FullyConnected on CPU; the base's precision check refuses it there), with AMP
 dynamic loss scaling and the update on the workers.
 
@@ -107,6 +109,12 @@ class Adapter(BaseAdapter):
     sync_method = "mx.nd.waitall"
     precisions = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # AMP target dtypes
     cuda_only = {"fp16": "no float16 GEMM / FullyConnected kernels"}
+    cpu_needs = {
+        "bf16": (
+            ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+            "MXNet 1.9.1's oneDNN has bfloat16 convolutions on AVX-512 CPUs only",
+        )
+    }
     has_allreduce_probe = True
     breakdown_method = (
         "the same forward/backward and SGD-momentum update through a second, "
