@@ -129,7 +129,7 @@ def _censored(part: pd.DataFrame, column: str, at_cap: str) -> np.ndarray:
     return np.where(reached, values, np.inf)
 
 
-def _numbers(part: pd.DataFrame, column: str) -> pd.Series:
+def numbers(part: pd.DataFrame, column: str) -> pd.Series:
     """A column as numbers (NaN where missing: tables from before the column existed)."""
     if column not in part:
         return pd.Series(np.nan, index=part.index)
@@ -207,11 +207,11 @@ def time_to_accuracy_summary(cells: pd.DataFrame) -> pd.DataFrame:
                 "best_val_accuracy_median": float(part["best_val_accuracy"].median()),
                 # the input pipeline: the worst repetition's loader / train ratio, how many
                 # repetitions were input-bound, the longest staging (NaN: not measured)
-                "loader_train_ratio_min": _numbers(part, "loader_train_ratio").min(),
+                "loader_train_ratio_min": numbers(part, "loader_train_ratio").min(),
                 "input_bound_reps": int(part["input_bound"].eq(True).sum())
                 if "input_bound" in part
                 else 0,
-                "staged_seconds_max": _numbers(part, "staged_seconds").max(),
+                "staged_seconds_max": numbers(part, "staged_seconds").max(),
             }
         )
     out = pd.DataFrame(rows, columns=[c for c in columns if c not in _DERIVED])

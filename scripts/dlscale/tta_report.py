@@ -21,6 +21,7 @@ from .method import (
     VALIDATION_METHOD,
 )
 from .stats import CI, CI_LEVEL, RANGE
+from .tta import numbers
 
 INFINITY = (
     "$\\infty$"  # the open end of an interval with a repetition that did not reach the target
@@ -128,8 +129,8 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
 def _input_pipeline(cells: pd.DataFrame) -> dict[str, str]:
     """The loader-only measurement and the staging over the measured cells."""
     m = {}
-    ratio = pd.to_numeric(cells.get("loader_train_ratio"), errors="coerce")
-    measured = cells[ratio.notna()] if ratio is not None else cells.iloc[:0]
+    ratio = numbers(cells, "loader_train_ratio")
+    measured = cells[ratio.notna()]
     if measured.empty:
         m["ConvLoaderRatioRange"] = "not measured (cells from before the loader-only measurement)"
         m["ConvInputBoundCells"], m["ConvInputBoundList"] = "n/a", "n/a"
@@ -147,12 +148,12 @@ def _input_pipeline(cells: pd.DataFrame) -> dict[str, str]:
                 for r in bound.itertuples()
             )
         )
-    staged = pd.to_numeric(cells.get("staged_seconds"), errors="coerce")
-    if staged is None or staged.dropna().empty:
+    staged = numbers(cells, "staged_seconds")
+    if staged.dropna().empty:
         m["ConvStaging"] = "the ranks read the dataset in place (no hardware entry sets stage_dir)"
     else:
         dirs = _join(sorted(cells["stage_dir"].dropna().unique()))
-        copied = pd.to_numeric(cells["staged_bytes"], errors="coerce").sum()
+        copied = numbers(cells, "staged_bytes").sum()
         m["ConvStaging"] = (
             f"{int(staged.notna().sum())} of {len(cells)} cells staged the dataset to {dirs} "
             f"first (once per node; at most {_fmt(staged.max())} s per cell, "
