@@ -16,7 +16,9 @@ import time
 import pytest
 import yaml
 
-from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
+from dlscale.data.staging import MANIFEST
+
+from conftest import ROOT, UP, copy_workflow, snakemake
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -26,7 +28,18 @@ CELL_N2 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics
 
 @pytest.fixture(scope="module")
 def slurm_study(cluster, tmp_path_factory):
-    return tiny_study(tmp_path_factory.mktemp("slurm-study"), "profiles/slurm")
+    """The tiny study on the cluster, its hardware staging the dataset to a node-local folder
+    (a folder of this host: the cluster's nodes share it, so one node copies and the other
+    waits for that copy, under the same lock as on separate nodes)."""
+    dest = tmp_path_factory.mktemp("slurm-study")
+    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+    work = copy_workflow(dest, tiny)
+    hardware = yaml.safe_load((work / "config" / "hardware.yaml").read_text())
+    hardware["cpu"]["stage_dir"] = str(dest / "node-local")
+    (work / "config" / "hardware.yaml").write_text(yaml.safe_dump(hardware))
+    proc = snakemake(work, "--profile", "profiles/slurm")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work
 
 
 def records(path):
@@ -56,6 +69,21 @@ def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_stu
     outcome = recs[-2]["value"]
     assert recs[-2]["event"] == "convergence" and outcome["reached"] is True
     assert outcome["world_size"] == 2 and outcome["time_to_accuracy_s"] > 0
+    # staged first: every rank of both convergence cells trains from the one copy under
+    # stage_dir, made once (by whichever rank came first) and reused after
+    staging = [s["staging"] for s in starts]
+    copies = list((slurm_study / "node-local").glob("dlscale-data-*"))
+    assert len(copies) == 1 and {s["path"] for s in staging} == {str(copies[0])}
+    n1 = records(slurm_study / CELL_N1.replace("/runs/", "/convergence/"))[-2]["value"]
+    copy_bytes = sum(
+        f.stat().st_size for f in copies[0].rglob("*") if f.is_file() and f.name != MANIFEST
+    )
+    assert outcome["staged_bytes"] + n1["staged_bytes"] == copy_bytes > 0
+    assert outcome["staged_seconds"] > 0 and outcome["stage_dir"].endswith("node-local")
+    # each rank's loader measured alone after training
+    ends = [r["value"] for r in recs if r["event"] == "rank_end"]
+    assert all(e["loader_only"]["batches"] >= 1 for e in ends)
+    assert outcome["loader_train_ratio"] > 0 and isinstance(outcome["input_bound"], bool)
     table = (slurm_study / "results/tiny/tables/time_to_accuracy.csv").read_text()
     assert len(table.splitlines()) == 3  # header + 1 and 2 nodes
     assert (slurm_study / "results/tiny/figures/cpu/convergence/time_to_accuracy.pdf").exists()
