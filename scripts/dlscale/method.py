@@ -51,7 +51,7 @@ LOADER_BATCHES = 50
 LOADER_MAX_SECONDS = 20.0
 INPUT_BOUND_MARGIN = 3.0  # the loader must deliver this many times the step's samples/s
 LOADER_METHOD = (
-    f"after the last epoch each rank iterates its training loader without the model: "
+    f"After the last epoch each rank iterates its training loader without the model: "
     f"{LOADER_WARMUP_BATCHES} untimed batches, then up to {LOADER_BATCHES} timed (at most "
     f"{LOADER_MAX_SECONDS:g} s); loader / train = the rank's loader samples/s over its "
     f"training samples/s (loading included) over the epochs, the smallest over ranks; below "

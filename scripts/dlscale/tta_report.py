@@ -150,13 +150,13 @@ def _input_pipeline(cells: pd.DataFrame) -> dict[str, str]:
         )
     staged = numbers(cells, "staged_seconds")
     if staged.dropna().empty:
-        m["ConvStaging"] = "the ranks read the dataset in place (no hardware entry sets stage_dir)"
+        m["ConvStaging"] = "The ranks read the dataset in place (no hardware entry sets stage_dir)"
     else:
         dirs = _join(sorted(cells["stage_dir"].dropna().unique()))
         copied = numbers(cells, "staged_bytes").sum()
         m["ConvStaging"] = (
             f"{int(staged.notna().sum())} of {len(cells)} cells staged the dataset to {dirs} "
-            f"first (once per node; at most {_fmt(staged.max())} s per cell, "
+            f"before training (once per node; at most {_fmt(staged.max())} s per cell, "
             f"{copied / 1e6:.3g} MB copied in all, a copy already there reused)"
         )
     return m
@@ -233,11 +233,11 @@ def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
         "Epochs: median (min--max). Loader / train: the input pipeline alone against training, "
         f"the smallest over ranks and repetitions; IB: below {INPUT_BOUND_MARGIN:g}, "
         "input-bound.\n\n".replace("%", "\\,\\%")
-        + "{\\footnotesize\\setlength\\tabcolsep{2.5pt}\n"
+        + "{\\footnotesize\\setlength\\tabcolsep{1.5pt}\n"
         "\\begin{longtable}{llllrrlrlrlrr}\n\\toprule\n"
         "Framework & Model & Policy & Prec. & Nodes & Global & LR rule & Reached & "
         "Time to target [s] & Ideal [s] & Epochs & Best & Loader \\\\\n"
-        "& & & & & batch & (effective LR) & n/N & median [CI] or (range) & & & val.\\ acc. "
+        "& & & & & batch & (eff.\\ LR) & n/N & median [CI]/(range) & & & val.\\ acc. "
         "& / train \\\\\n\\midrule\\endhead\n"
         + "\n".join(rows)
         + "\n\\bottomrule\n\\end{longtable}}\n"

@@ -373,7 +373,7 @@ def test_the_input_pipeline_and_staging_reach_the_outcome_the_tables_and_the_rep
     old = conv.drop(columns=["loader_train_ratio", "input_bound", "staged_seconds"])
     macros = convergence_macros(config, old, tables["time_to_accuracy"])
     assert macros["ConvLoaderRatioRange"].startswith("not measured")
-    assert macros["ConvStaging"].startswith("the ranks read the dataset in place")
+    assert macros["ConvStaging"].startswith("The ranks read the dataset in place")
 
 
 def test_a_cell_that_never_reaches_its_target_says_so():

@@ -126,7 +126,7 @@ def test_tiny_study_reaches_the_pdf(finished_study):
         assert "Excluded: process start-up" in words and "not reached (0 of 2 cells" in words
         assert "Input pipeline. After the last epoch each rank iterates" in words
         assert "input-bound (below 3): 0 of 2 cells (none)" in words
-        assert "the ranks read the dataset in place" in words and "Loader / train" in words
+        assert "The ranks read the dataset in place" in words and "Loader / train" in words
         assert "95% nonparametric order-statistic CI" in text
         assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
         # the planner's section: numbers from its macros; a 2-node-count series is not validated
