@@ -65,11 +65,18 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     )
 
 
-def tiny_study(dest: Path, profile: str, **changes) -> Path:
+def tiny_study(dest: Path, profile: str, hardware: dict | None = None, **changes) -> Path:
     """The tiny study (tests/fixtures/tiny.yaml: 2 throughput and 2 convergence cells) run to
-    the PDF with a profile; `changes` replace its keys."""
+    the PDF with a profile; `changes` replace its keys, `hardware` (key -> entries) is merged
+    into the hardware file's entries."""
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     work = copy_workflow(dest, {**tiny, **changes})
+    if hardware:
+        site = work / "config" / "hardware.yaml"
+        entries = yaml.safe_load(site.read_text())
+        for key, extra in hardware.items():
+            entries[key] = {**entries[key], **extra}
+        site.write_text(yaml.safe_dump(entries))
     proc = snakemake(work, "--profile", profile)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return work

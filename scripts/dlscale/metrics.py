@@ -375,10 +375,9 @@ def loader_outcome(ends: list[dict]) -> dict:
             "input_bound": None,
             "loader_batches": None,
         }
-    worst = min(loaders, key=lambda x: x["ratio"])
     return {
         "loader_samples_per_s": min(x["samples_per_s"] for x in loaders),
-        "loader_train_ratio": worst["ratio"],
+        "loader_train_ratio": min(x["ratio"] for x in loaders),
         "input_bound": any(x["input_bound"] for x in loaders),
         "loader_batches": min(x["batches"] for x in loaders),
     }

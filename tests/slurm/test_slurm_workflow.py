@@ -18,7 +18,7 @@ import yaml
 
 from dlscale.data.staging import MANIFEST
 
-from conftest import ROOT, UP, copy_workflow, snakemake
+from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -32,14 +32,9 @@ def slurm_study(cluster, tmp_path_factory):
     (a folder of this host: the cluster's nodes share it, so one node copies and the other
     waits for that copy, under the same lock as on separate nodes)."""
     dest = tmp_path_factory.mktemp("slurm-study")
-    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    work = copy_workflow(dest, tiny)
-    hardware = yaml.safe_load((work / "config" / "hardware.yaml").read_text())
-    hardware["cpu"]["stage_dir"] = str(dest / "node-local")
-    (work / "config" / "hardware.yaml").write_text(yaml.safe_dump(hardware))
-    proc = snakemake(work, "--profile", "profiles/slurm")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work
+    return tiny_study(
+        dest, "profiles/slurm", hardware={"cpu": {"stage_dir": str(dest / "node-local")}}
+    )
 
 
 def records(path):

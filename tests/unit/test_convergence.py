@@ -37,6 +37,22 @@ CONVERGENCE = dict(
 )
 
 
+# The study settings the report's time-to-accuracy macros read (dlscale.tta_report).
+REPORT_CONFIG = {
+    "workloads": ["throughput", "convergence"],
+    "optimizer": {"momentum": 0.9},
+    "convergence": {
+        "dataset": "digits",
+        "data_format": "cifar_binary",
+        "target_accuracy": 0.95,
+        "max_epochs": 4,
+        "lr_rule": "linear",
+        "learning_rate": 0.05,
+        "warmup_epochs": 1,
+    },
+}
+
+
 def conv_cell(**changes) -> Cell:
     fields = {**CONVERGENCE, "nodes": 2, "per_rank_batch": 16, "global_batch": 32, **changes}
     fields["global_batch"] = fields["per_rank_batch"] * fields["nodes"]
@@ -350,20 +366,7 @@ def test_the_input_pipeline_and_staging_reach_the_outcome_the_tables_and_the_rep
     out = tmp_path / "table.tex"
     write_convergence_table(tables["time_to_accuracy"], str(out), tex_escape)
     assert " 2.5 IB \\\\" in out.read_text()
-    config = {
-        "workloads": ["convergence"],
-        "optimizer": {"momentum": 0.9},
-        "convergence": {
-            "dataset": "digits",
-            "data_format": "cifar_binary",
-            "target_accuracy": 0.95,
-            "max_epochs": 4,
-            "lr_rule": "linear",
-            "learning_rate": 0.05,
-            "warmup_epochs": 1,
-        },
-    }
-    macros = convergence_macros(config, conv, tables["time_to_accuracy"])
+    macros = convergence_macros(REPORT_CONFIG, conv, tables["time_to_accuracy"])
     assert macros["ConvInputBoundCells"] == "1 of 2"
     assert "n2/r1 (2.5)" in macros["ConvInputBoundList"]
     assert macros["ConvLoaderRatioRange"] == "2.5--30"
@@ -371,7 +374,7 @@ def test_the_input_pipeline_and_staging_reach_the_outcome_the_tables_and_the_rep
     assert "0.002 MB copied" in macros["ConvStaging"]
     # tables collected before these columns existed: said so, not an error
     old = conv.drop(columns=["loader_train_ratio", "input_bound", "staged_seconds"])
-    macros = convergence_macros(config, old, tables["time_to_accuracy"])
+    macros = convergence_macros(REPORT_CONFIG, old, tables["time_to_accuracy"])
     assert macros["ConvLoaderRatioRange"].startswith("not measured")
     assert macros["ConvStaging"].startswith("The ranks read the dataset in place")
 
@@ -533,20 +536,7 @@ def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp
     write_convergence_table(tables["time_to_accuracy"], str(out), tex_escape)
     text = out.read_text()
     assert "linear 0.1" in text and "2/3" in text and r"(3--$\infty$)" in text
-    config = {
-        "workloads": ["throughput", "convergence"],
-        "optimizer": {"momentum": 0.9},
-        "convergence": {
-            "dataset": "digits",
-            "data_format": "cifar_binary",
-            "target_accuracy": 0.95,
-            "max_epochs": 4,
-            "lr_rule": "linear",
-            "learning_rate": 0.05,
-            "warmup_epochs": 1,
-        },
-    }
-    macros = convergence_macros(config, conv, tables["time_to_accuracy"])
+    macros = convergence_macros(REPORT_CONFIG, conv, tables["time_to_accuracy"])
     assert macros["ConvCellsNotReached"] == 1 and "n2/r3" in macros["ConvNotReachedList"]
     assert macros["ConvTarget"] == "95.0 %" and macros["ConvRepsMax"] == 3
 
