@@ -35,6 +35,20 @@ Validation (`leave_one_out`): each measured node count in turn is left out, the 
 by the same rules) refitted to the others and the left-out median throughput predicted; the
 relative errors' median and maximum are reported per series. A series needs at least
 MIN_NODE_COUNTS_LOO node counts to be validated; shorter series are reported as too short.
+
+What a prediction may claim (`model_tables`, `predict`):
+
+- the interval of every predicted value is the bootstrap interval widened by the series' largest
+  leave-one-out error e (the model's own error, measured where the series is validated): with
+  |predicted / measured - 1| <= e, the measured value lies in [pred / (1 + e), pred / (1 - e)],
+  so the bounds become low / (1 + e) and high / (1 - e) (no upper bound for e >= 1); where the
+  repetitions give no interval (n = 1) the band is the model error's alone. A series that is
+  not validated keeps the repetitions' noise only, and its rows say so (`interval_spans`);
+- predictions reach at most `max_extrapolation` (plan.max_extrapolation, default 8) times a
+  validated series' largest measured node count, and at most `max_extrapolation_unvalidated`
+  (plan.max_extrapolation_unvalidated, default 2) times an unvalidated one's: a model that
+  cannot be checked is not drawn or planned far beyond its data unless the configuration says
+  so (and the figures' captions then say that it did: dlscale.layout.predicted_caption).
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit, nnls
 
-from .stats import GROUP, NONE, bootstrap_interval
+from .stats import GROUP, NONE, RANGE, bootstrap_interval
 
 COMMUNICATION, USL, AMDAHL = "communication", "usl", "amdahl"
 # Bootstrap resamples per series (each refits the model): enough for a 95 % percentile interval
@@ -54,15 +68,20 @@ COMMUNICATION, USL, AMDAHL = "communication", "usl", "amdahl"
 MODEL_RESAMPLES = 199
 MIN_NODE_COUNTS_LOO = 3  # leaving one out must leave two: enough for Amdahl or alpha + beta
 GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients (mixed precision keeps float32 parameters)
-# Node counts predicted beyond the largest measured one: at most this factor (plan and figures).
+# Node counts predicted beyond the largest measured one: at most this factor (plan and figures)
+# for a series validated by leave-one-node-count-out, and at most the second for one that is not
+# (plan.max_extrapolation, plan.max_extrapolation_unvalidated; config/README.md).
 DEFAULT_MAX_EXTRAPOLATION = 8
+DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED = 2
+VALIDATED = "validated"
 
 MODEL_METHOD = (
     "per series, step time tau(p) = t_compute + alpha log2 p + beta G (p-1)/p with t_compute = "
     "c0 + c1 b + c2 log2 p (b: per-rank batch, c2: contention for a shared host), fitted to the "
     "compute-only step, gradient bytes G and allreduce bandwidth where measured; else the "
     "Universal Scalability Law (3+ node counts) or Amdahl's law (2); intervals: bootstrap over "
-    "repetitions (measurement noise only)"
+    "repetitions (measurement noise), widened by the series' largest leave-one-out error where "
+    "the series is validated (noise only where it is not)"
 )
 
 
@@ -312,7 +331,7 @@ def leave_one_out(series: Series) -> dict:
         errors.append(pred / pts["throughput"][i] - 1)
     abs_err = np.abs(errors)
     return {
-        "loo_status": "validated",
+        "loo_status": VALIDATED,
         "loo_folds": k,
         "loo_median_error": float(np.median(abs_err)),
         "loo_max_error": float(abs_err.max()),
@@ -329,9 +348,55 @@ def default_predict_nodes(measured_max: int, max_extrapolation: float) -> list[i
     return out
 
 
-def predict(series: Series, nodes, model: ScalingModel | None = None) -> pd.DataFrame:
+def is_validated(loo: dict | None) -> bool:
+    """Whether a leave_one_out result validates its series (a finite error over its folds)."""
+    return bool(
+        loo and loo.get("loo_status") == VALIDATED and np.isfinite(loo.get("loo_max_error", np.nan))
+    )
+
+
+def extrapolation_cap(
+    loo: dict | None,
+    max_extrapolation: float = DEFAULT_MAX_EXTRAPOLATION,
+    max_extrapolation_unvalidated: float = DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED,
+) -> float:
+    """The factor beyond its largest measured node count a series may be predicted at:
+    max_extrapolation where validated, else the smaller of the two."""
+    if is_validated(loo):
+        return float(max_extrapolation)
+    return float(min(max_extrapolation, max_extrapolation_unvalidated))
+
+
+def widen(low, high, error: float):
+    """A bootstrap interval (low, high) widened by a relative model error e (leave-one-out:
+    |predicted / measured - 1| <= e): low / (1 + e), high / (1 - e), no upper bound for e >= 1.
+    NaN error: unchanged."""
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    if not np.isfinite(error):
+        return low, high
+    upper = high / (1 - error) if error < 1 else np.full_like(high, np.inf)
+    return low / (1 + error), upper
+
+
+def interval_spans(kind: str, loo: dict | None) -> str:
+    """What a prediction's interval spans, in words (the predictions table's interval_spans)."""
+    noise = {
+        NONE: "no repetition noise (n = 1)",
+        RANGE: "repetition noise (min-max of refits)",
+    }.get(kind, "repetition noise (95 % bootstrap CI)")
+    if is_validated(loo):
+        return f"{noise} + model error (leave-one-out max {loo['loo_max_error']:.1%})"
+    why = (loo or {}).get("loo_status") or "not validated"
+    return f"{noise} only; model error unknown: not validated ({why})"
+
+
+def predict(
+    series: Series, nodes, model: ScalingModel | None = None, loo: dict | None = None
+) -> pd.DataFrame:
     """Predicted throughput, speedup and efficiency at `nodes` with their bootstrap intervals
-    (over the repetitions; kind as dlscale.stats.bootstrap_interval)."""
+    (over the repetitions; kind as dlscale.stats.bootstrap_interval), widened by the series'
+    largest leave-one-out error where `loo` (leave_one_out's result) validates the series
+    (where the repetitions give no interval, the model error's band alone)."""
     nodes = np.asarray(sorted(set(int(n) for n in nodes)), dtype=float)
     model = model or fit(series.points(), series.grad_bytes)
     p, b = nodes * series.ranks_per_node, series.batch(nodes)
@@ -355,6 +420,14 @@ def predict(series: Series, nodes, model: ScalingModel | None = None) -> pd.Data
     speedup = x / np.median(base)
     scale = p / base_p
     measured_max = max(series.nodes)
+    validated = is_validated(loo)
+    error = float(loo["loo_max_error"]) if validated else np.nan
+    if validated:
+        # no noise interval (n = 1): the model error's band around the prediction alone
+        est = np.concatenate([x, speedup])
+        low = np.where(np.isfinite(low), low, est)
+        high = np.where(np.isfinite(high), high, est)
+        low, high = widen(low, high, error)
     return pd.DataFrame(
         {
             **dict(zip(GROUP, series.key)),
@@ -376,6 +449,9 @@ def predict(series: Series, nodes, model: ScalingModel | None = None) -> pd.Data
             "scaling_efficiency_high": high[half:] / scale,
             "interval": kind,
             "n_min": min(len(r) for r in series.reps),
+            "validated": validated,
+            "model_error": error,
+            "interval_spans": interval_spans(kind, loo),
         }
     )
 
@@ -396,6 +472,10 @@ PREDICTION_COLUMNS = [
     ],
     "interval",
     "n_min",
+    "validated",
+    "model_error",
+    "interval_spans",
+    "max_extrapolation",
 ]
 
 
@@ -404,21 +484,21 @@ def model_tables(
     predict_nodes: list[int] | None = None,
     max_extrapolation: float = DEFAULT_MAX_EXTRAPOLATION,
     plan_nodes: dict[str, int] | None = None,
+    max_extrapolation_unvalidated: float = DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(fits, predictions) for every series of the cells table.
 
-    fits: one row per series: model kind and parameters, node counts, LOO validation.
+    fits: one row per series: model kind and parameters, node counts, LOO validation, the
+    extrapolation factor its predictions were capped at.
     predictions: per series the measured node counts, `predict_nodes` (null: doublings of the
-    largest measured count up to max_extrapolation x it) and, for the planner, 1..plan_nodes of
-    the series' hardware (capped at max_extrapolation x the largest measured count)."""
+    largest measured count up to the cap) and, for the planner, 1..plan_nodes of the series'
+    hardware, every one at most cap x the largest measured count; the cap is max_extrapolation
+    for a validated series and min(max_extrapolation, max_extrapolation_unvalidated) for one
+    that is not (extrapolation_cap)."""
     fits, preds = [], []
     for s in series_of(cells):
         hw = s.key[GROUP.index("hardware")]
         top = max(s.nodes)
-        cap = int(np.floor(top * max_extrapolation))
-        extra = default_predict_nodes(top, max_extrapolation) if predict_nodes is None else []
-        extra += [n for n in predict_nodes or [] if n <= cap]
-        extra += list(range(1, min(cap, (plan_nodes or {}).get(hw, 0)) + 1))
         row = {**dict(zip(GROUP, s.key)), "node_counts": " ".join(map(str, s.nodes))}
         row["reps_min"] = min(len(r) for r in s.reps)
         try:
@@ -426,19 +506,36 @@ def model_tables(
         except (NotIdentifiable, RuntimeError, ValueError) as exc:
             fits.append({**row, "model_kind": NONE, "params": f"not fitted: {exc}"})
             continue
+        try:
+            loo = leave_one_out(s)
+        except (NotIdentifiable, RuntimeError, ValueError) as exc:
+            loo = {"loo_status": f"not validated: a fold could not be fitted ({exc})"}
+        factor = extrapolation_cap(loo, max_extrapolation, max_extrapolation_unvalidated)
+        cap = int(np.floor(top * factor))
+        extra = default_predict_nodes(top, factor) if predict_nodes is None else []
+        extra += [n for n in predict_nodes or [] if n <= cap]
+        extra += list(range(1, min(cap, (plan_nodes or {}).get(hw, 0)) + 1))
         fits.append(
             {
                 **row,
                 "model_kind": model.kind,
                 "params": model.describe(),
                 **{f"param_{k}": v for k, v in model.params.items() if k != "beta_from"},
-                **leave_one_out(s),
+                **loo,
+                "max_extrapolation": factor,
             }
         )
-        preds.append(predict(s, [*s.nodes, *extra], model))
+        preds.append(predict(s, [*s.nodes, *extra], model, loo).assign(max_extrapolation=factor))
     fit_cols = [*GROUP, "node_counts", "reps_min", "model_kind", "params"]
     fits_df = pd.DataFrame(fits)
-    for c in ("loo_status", "loo_folds", "loo_median_error", "loo_max_error", "loo_errors"):
+    for c in (
+        "loo_status",
+        "loo_folds",
+        "loo_median_error",
+        "loo_max_error",
+        "loo_errors",
+        "max_extrapolation",
+    ):
         if c not in fits_df:
             fits_df[c] = pd.Series(dtype=object)
     fits_df = fits_df.reindex(columns=list(dict.fromkeys([*fit_cols, *fits_df.columns])))
@@ -455,10 +552,17 @@ def write_model_tables(
     predict_nodes: list[int] | None = None,
     max_extrapolation: float = DEFAULT_MAX_EXTRAPOLATION,
     plan_nodes: dict[str, int] | None = None,
+    max_extrapolation_unvalidated: float = DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     from pathlib import Path
 
-    fits, preds = model_tables(pd.read_csv(cells_csv), predict_nodes, max_extrapolation, plan_nodes)
+    fits, preds = model_tables(
+        pd.read_csv(cells_csv),
+        predict_nodes,
+        max_extrapolation,
+        plan_nodes,
+        max_extrapolation_unvalidated,
+    )
     for df, out in ((fits, fits_csv), (preds, predictions_csv)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)

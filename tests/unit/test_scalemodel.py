@@ -112,8 +112,20 @@ def test_without_compute_only_step_an_empirical_law():
 
 
 def test_intervals_are_honest_for_n():
-    fits, preds = sm.model_tables(cells(reps=1))
+    # one repetition, not validated (2 node counts): no interval at all, and the rows say why
+    fits, preds = sm.model_tables(cells(nodes=(1, 2), reps=1))
     assert set(preds["interval"]) == {NONE} and preds["throughput_samples_per_s_low"].isna().all()
+    assert not preds["validated"].any() and preds["model_error"].isna().all()
+    assert preds["interval_spans"].str.contains("model error unknown: not validated").all()
+    # one repetition, validated: the band is the model error's alone (no noise interval)
+    fits, preds = sm.model_tables(cells(reps=1, noise=0.05))
+    assert set(preds["interval"]) == {NONE} and preds["validated"].all()
+    e = fits.loc[0, "loo_max_error"]
+    assert e > 0 and (preds["model_error"] == e).all()
+    x = preds["throughput_samples_per_s_pred"]
+    assert np.allclose(preds["throughput_samples_per_s_low"], x / (1 + e))
+    assert np.allclose(preds["throughput_samples_per_s_high"], x / (1 - e))
+    assert preds["interval_spans"].str.startswith("no repetition noise (n = 1) + model error").all()
     fits, preds = sm.model_tables(cells(reps=2, noise=0.05))
     assert set(preds["interval"]) == {RANGE}
     ok = preds.dropna(subset=["throughput_samples_per_s_low"])
@@ -123,7 +135,9 @@ def test_intervals_are_honest_for_n():
 def test_predictions_extend_with_intervals_and_flags():
     fits, preds = sm.model_tables(cells(reps=2, noise=0.02), plan_nodes={"cpu": 64})
     assert fits.loc[0, "loo_status"] == "validated" and fits.loc[0, "loo_median_error"] < 0.1
-    assert preds["nodes"].max() == 64 and len(preds) == 64  # 1..64 (8 x the largest, 8)
+    # validated: 1..64 (max_extrapolation 8 x the largest, 8)
+    assert preds["nodes"].max() == 64 and len(preds) == 64
+    assert fits.loc[0, "max_extrapolation"] == 8 and (preds["max_extrapolation"] == 8).all()
     top = preds[preds["nodes"] == 64].iloc[0]
     assert top["extrapolated"] and not top["measured"]
     assert top["throughput_samples_per_s_low"] <= top["throughput_samples_per_s_pred"]
@@ -142,3 +156,75 @@ def test_bootstrap_interval_kinds_follow_n():
     assert kind == RANGE and (low[0], high[0]) == (0.0, 2.0)
     low, high, kind = bootstrap_interval([np.arange(20.0)], stat, n_resamples=500)
     assert kind == CI and low[0] < 9.5 < high[0]
+
+
+# ---- what a prediction may claim: capped extrapolation, widened intervals ----------------------
+
+
+def test_an_unvalidated_series_is_predicted_at_most_twice_its_largest_node_count():
+    # the demo's shape: measured at 1 and 2 nodes, too short to validate
+    fits, preds = sm.model_tables(cells(nodes=(1, 2), reps=2, noise=0.02), plan_nodes={"cpu": 64})
+    assert fits.loc[0, "loo_status"].startswith("too short to validate")
+    assert fits.loc[0, "max_extrapolation"] == sm.DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED == 2
+    assert list(preds["nodes"]) == [1, 2, 3, 4]  # the planner's 1..64 stop at 2 x 2 as well
+    assert list(preds.loc[preds["extrapolated"], "nodes"]) == [3, 4]
+    # explicit predict_nodes are capped too
+    _, preds = sm.model_tables(cells(nodes=(1, 2), reps=2), predict_nodes=[4, 8, 16])
+    assert list(preds["nodes"]) == [1, 2, 4]
+    # a validated series of the same data goes to max_extrapolation
+    _, preds = sm.model_tables(cells(nodes=(1, 2, 4), reps=2, noise=0.02))
+    assert list(preds["nodes"]) == [1, 2, 4, 8, 16, 32]
+
+
+def test_the_config_key_allows_unvalidated_extrapolation_further():
+    series = cells(nodes=(1, 2), reps=2, noise=0.02)
+    fits, preds = sm.model_tables(series, max_extrapolation_unvalidated=8)
+    assert fits.loc[0, "max_extrapolation"] == 8
+    assert list(preds["nodes"]) == [1, 2, 4, 8, 16]
+    assert not preds["validated"].any()  # still said to be unvalidated
+    # max_extrapolation bounds every series: the unvalidated factor cannot exceed it
+    fits, preds = sm.model_tables(series, max_extrapolation=4, max_extrapolation_unvalidated=16)
+    assert fits.loc[0, "max_extrapolation"] == 4 and preds["nodes"].max() == 8
+    # and 1 means no extrapolation
+    _, preds = sm.model_tables(series, max_extrapolation_unvalidated=1)
+    assert list(preds["nodes"]) == [1, 2] and not preds["extrapolated"].any()
+
+
+def test_a_validated_series_interval_is_widened_by_its_leave_one_out_error():
+    series = cells(nodes=(1, 2, 4, 8), reps=3, noise=0.03, seed=3)
+    (s,) = sm.series_of(series)
+    loo = sm.leave_one_out(s)
+    e = loo["loo_max_error"]
+    assert loo["loo_status"] == sm.VALIDATED and 0 < e < 1
+    noise_only = sm.predict(s, [1, 2, 4, 8, 16, 32])
+    widened = sm.predict(s, [1, 2, 4, 8, 16, 32], loo=loo)
+    assert not noise_only["validated"].any() and widened["validated"].all()
+    assert (widened["model_error"] == e).all()
+    for m in ("throughput_samples_per_s", "speedup", "scaling_efficiency"):
+        pd.testing.assert_series_equal(widened[f"{m}_pred"], noise_only[f"{m}_pred"])
+        assert np.allclose(widened[f"{m}_low"], noise_only[f"{m}_low"] / (1 + e))
+        assert np.allclose(widened[f"{m}_high"], noise_only[f"{m}_high"] / (1 - e))
+        assert (widened[f"{m}_low"] < noise_only[f"{m}_low"]).all()
+        assert (widened[f"{m}_high"] > noise_only[f"{m}_high"]).all()
+    assert widened["interval_spans"].str.contains(f"leave-one-out max {e:.1%}").all()
+    # model_tables does the same
+    _, preds = sm.model_tables(series)
+    assert list(preds["nodes"]) == [1, 2, 4, 8, 16, 32, 64]
+    assert np.allclose(
+        preds["throughput_samples_per_s_low"][:6], widened["throughput_samples_per_s_low"]
+    )
+    # an unvalidated series keeps the noise interval and says the model error is unknown
+    (short,) = sm.series_of(cells(nodes=(1, 2), reps=3, noise=0.03, seed=3))
+    plain = sm.predict(short, [1, 2, 4], loo=sm.leave_one_out(short))
+    assert plain["model_error"].isna().all() and not plain["validated"].any()
+    assert plain["interval_spans"].str.contains("only; model error unknown").all()
+    assert plain["interval_spans"].str.contains("too short to validate").all()
+
+
+def test_widen_keeps_no_upper_bound_for_an_error_of_100_percent_or_more():
+    low, high = sm.widen([10.0], [20.0], 0.25)
+    assert low[0] == pytest.approx(8.0) and high[0] == pytest.approx(20 / 0.75)
+    low, high = sm.widen([10.0], [20.0], 1.5)
+    assert low[0] == pytest.approx(4.0) and np.isinf(high[0])
+    low, high = sm.widen([10.0], [20.0], np.nan)
+    assert (low[0], high[0]) == (10.0, 20.0)
