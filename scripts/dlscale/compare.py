@@ -308,9 +308,9 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
     if len(matched) > MAX_FIGURE_ROWS:  # every flagged cell, then the others in order
         matched = pd.concat([matched[matched["beyond_noise"]], matched[~matched["beyond_noise"]]])
         matched = matched.head(MAX_FIGURE_ROWS)
-    matched = matched.sort_values(
-        ["framework", "model", "hardware", "policy", "precision", "mode", "nodes"]
-    )
+    # grouped by framework and model (the figure's labels), then the other axes in POINT's order
+    first = ["framework", "model"]
+    matched = matched.sort_values([*first, *(a for a in POINT if a not in first)])
     with plt.style.context(_style()):
         fig, ax = plt.subplots(figsize=(7.0, 1.3 + 0.24 * max(len(matched), 1)))
         ax.axvline(1.0, color="0.3", linestyle="--", linewidth=0.8)

@@ -20,7 +20,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
-from .cell import cell_label
+from .cell import DEFAULT_WORKLOAD, WORKLOADS, cell_label
 from .layout import MAX_PANELS, MAX_SERIES
 from .method import (
     ALLREDUCE_BYTES,
@@ -66,6 +66,30 @@ def _join(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def workload_counts(status: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per workload (cell.WORKLOADS order) of status.csv (one row per planned cell): how many
+    cells are planned and how many ended ok, failed and missing. The Summary and the failed and
+    missing section both count from here, so they count the same cells. A status.csv from
+    before workloads existed has no workload column: its cells are throughput cells."""
+    if status.empty:
+        return {}
+    workload = status["workload"] if "workload" in status else DEFAULT_WORKLOAD
+    frame = status.assign(workload=workload)
+    out = {}
+    for name in [w for w in WORKLOADS if w in set(frame["workload"])]:
+        states = frame.loc[frame["workload"] == name, "status"]
+        out[name] = {"planned": len(states)} | {
+            s: int((states == s).sum()) for s in ("ok", "failed", "missing")
+        }
+    return out
+
+
+def workload_counts_text(status: pd.DataFrame) -> str:
+    """`throughput: 16 of 16; convergence: 4 of 4` (measured of planned, per workload)."""
+    counts = workload_counts(status)
+    return "; ".join(f"{w}: {c['ok']} of {c['planned']}" for w, c in counts.items()) or "none"
+
+
 def build_macros(
     config: dict,
     cells: pd.DataFrame,
@@ -78,7 +102,10 @@ def build_macros(
     m = {
         "Study": config["study"],
         "CellsPlanned": n_planned,
-        "CellsMeasured": len(cells),
+        # every workload's measured cells, as the failed and missing section counts them
+        "CellsMeasured": int((status["status"] == "ok").sum()) if not status.empty else 0,
+        "CellsByWorkload": workload_counts_text(status),
+        "ThroughputCellsMeasured": len(cells),  # cells.csv: the measured throughput cells
         "CellsCsvRows": len(cells),
         "CellsCsvColumns": len(cells.columns),
         "CellsQuarantined": len(quarantine),
@@ -466,7 +493,9 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
     """Failed and missing cells with the reason, Slurm state, failing rank and last log line."""
     bad = status[status["status"] != "ok"] if not status.empty else status
     if bad.empty:
-        Path(out).write_text(f"All {len(status)} planned cells were measured.\n")
+        Path(out).write_text(
+            f"All {len(status)} planned cells were measured ({workload_counts_text(status)}).\n"
+        )
         return
     rows = []
     # failed before missing (sorted by status), at most MAX_LISTED_CELLS rows: a large study
@@ -491,7 +520,10 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
             )
             + r" \\"
         )
+    counts = ", ".join(f"{(bad['status'] == s).sum()} {s}" for s in ("failed", "missing"))
     Path(out).write_text(
+        f"\\noindent {len(status) - len(bad)} of {len(status)} planned cells were measured "
+        f"({workload_counts_text(status)}); {counts}.\n\n"
         "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
         "\\begin{longtable}{p{0.26\\linewidth}lp{0.22\\linewidth}p{0.12\\linewidth}r"
         "p{0.22\\linewidth}}\n\\toprule\n"

@@ -20,13 +20,12 @@ from .method import (
     TIME_TO_ACCURACY_METHOD,
     VALIDATION_METHOD,
 )
-from .stats import CI, CI_LEVEL, RANGE
+from .stats import CI, CI_LEVEL, GROUP, RANGE
 from .tta import numbers
 
 INFINITY = (
     "$\\infty$"  # the open end of an interval with a repetition that did not reach the target
 )
-_KEYS = ["hardware", "framework", "model", "policy", "precision", "mode"]
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -202,7 +201,7 @@ def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
         Path(out).write_text("No convergence cell was measured.\n")
         return
     rows = []
-    for r in tta.sort_values([*_KEYS, "nodes"]).itertuples(index=False):
+    for r in tta.sort_values([*GROUP, "nodes"]).itertuples(index=False):
         rows.append(
             " & ".join(
                 [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -144,3 +145,71 @@ def test_failed_and_missing_table_is_bounded_and_lists_failed_cells_first(tmp_pa
     assert len(listed) == MAX_LISTED_CELLS
     assert sum(" & failed & " in line for line in listed) == 3  # failed cells come first
     assert f"{200 - MAX_LISTED_CELLS} more not listed ({200 - MAX_LISTED_CELLS} missing)" in text
+
+
+def _demo_like_status(failed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The demo's shape (issue 28): 16 throughput cells in cells.csv, and a status.csv of all
+    20 planned cells (16 throughput, 4 convergence), `failed` convergence cells failed."""
+    cells, scaling, status = study_tables(DEMO)
+    cells = cells.assign(
+        git_commit="abc",
+        config_hash="h",
+        earlier_measurements=0,
+        libraries="torch 2.13.0",
+        python="3.11",
+        device_model="cpu",
+        launcher="local",
+        hosts="h1",
+        energy_unavailable="no counter",
+    )
+    conv = status.head(4).assign(workload="convergence", policy="weak")
+    conv["status"] = ["failed"] * failed + ["ok"] * (4 - failed)
+    status = pd.concat([status.assign(workload="throughput"), conv], ignore_index=True)
+    failure = {"reason": "", "slurm_state": None, "slurm_exit_code": None, "failed_rank": None}
+    return cells, scaling, status.assign(**failure, log_tail="")
+
+
+@pytest.mark.parametrize("failed", [0, 1])
+def test_summary_and_failed_missing_section_count_the_same_cells(tmp_path, failed):
+    """The Summary's "N of M planned cells measured" and the failed/missing section count the
+    same cells: every planned cell, throughput and convergence named separately (the demo's
+    Summary said 16 of 20 while its section said all 20 were measured)."""
+    from dlscale.config import apply_defaults, load_schema
+    from dlscale.report import build_macros, write_status_table
+
+    root = Path(__file__).resolve().parents[2]
+    config = apply_defaults(load_schema(root / "config/schemas/config.schema.json"), {})
+    cells, scaling, status = _demo_like_status(failed)
+    macros = build_macros(config, cells, scaling, pd.DataFrame(), status, n_planned=20)
+    assert macros["dlsCellsPlanned"] == "20"
+    assert macros["dlsCellsMeasured"] == str(20 - failed)  # was len(cells.csv): 16
+    assert macros["dlsCellsByWorkload"] == f"throughput: 16 of 16; convergence: {4 - failed} of 4"
+    assert macros["dlsThroughputCellsMeasured"] == "16"  # the idle probe's denominator
+    assert macros["dlsCellsFailed"] == str(failed)
+    out = tmp_path / "status_table.tex"
+    write_status_table(status, str(out))
+    section = out.read_text()
+    assert f"{20 - failed} of 20 planned cells were measured" in section or (
+        not failed and section.startswith("All 20 planned cells were measured")
+    )
+    assert macros["dlsCellsByWorkload"] in section
+
+
+def test_the_axis_list_is_written_once():
+    """The axes live in dlscale.cell (AXES; stats.GROUP without nodes): no other module types
+    the list again (tta_report._KEYS did)."""
+    import ast
+
+    from dlscale.stats import GROUP
+
+    package = Path(__file__).resolve().parents[2] / "scripts" / "dlscale"
+    copies = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "cell.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                names = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if set(GROUP) <= names:
+                    copies.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not copies, f"the axis list typed again (use dlscale.cell.AXES): {copies}"
