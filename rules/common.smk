@@ -303,6 +303,7 @@ FIGURE_LAYOUT = figure_layout(
         for c in STUDY.cells_of("throughput")
     ],
     column_width_in=STUDY.config["report"]["column_width_in"],
+    plan=STUDY.config["plan"],  # how far the predicted extensions reach (captions)
 )
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
 # The convergence workload's figures (time-to-accuracy, epochs-to-accuracy, validation

@@ -35,6 +35,7 @@ rule scaling_model:
     params:
         predict_nodes=PLAN_CONFIG["predict_nodes"],
         max_extrapolation=PLAN_CONFIG["max_extrapolation"],
+        max_extrapolation_unvalidated=PLAN_CONFIG["max_extrapolation_unvalidated"],
         plan_nodes=PLAN_NODES,
     run:
         from dlscale.scalemodel import write_model_tables
@@ -46,6 +47,7 @@ rule scaling_model:
             predict_nodes=params.predict_nodes,
             max_extrapolation=params.max_extrapolation,
             plan_nodes=params.plan_nodes,
+            max_extrapolation_unvalidated=params.max_extrapolation_unvalidated,
         )
 
 

@@ -36,19 +36,54 @@ SCALING = {
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
 FAMILIES = [*SCALING, "frameworks", "breakdown"]
-# The scaling model's extensions (dlscale.scalemodel), drawn in the series' colour.
-PREDICTED = (
-    " Coloured dashes beyond the last measured node count: predicted by the scaling model, "
-    "shaded by its interval (Recommendations)."
-)
+# The scaling model's extensions (dlscale.scalemodel), drawn in the series' colour; how far they
+# reach follows plan.max_extrapolation and plan.max_extrapolation_unvalidated (predicted_caption).
+# (the defaults are dlscale.scalemodel's, repeated here: this module imports neither numpy nor
+# pandas, and tests/unit/test_plotting.py checks that the two agree)
+DEFAULT_MAX_EXTRAPOLATION, DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED = 8, 2
+
+
+def _factor(x: float) -> str:
+    return f"{float(x):g}"
+
+
+def predicted_caption(plan: dict | None = None) -> str:
+    """What the scaling figures' predicted extensions are and how far they may reach, from the
+    study's `plan` settings (max_extrapolation, max_extrapolation_unvalidated); a factor for
+    unvalidated series above the default is said to be the configuration's."""
+    plan = plan or {}
+    validated = plan.get("max_extrapolation", DEFAULT_MAX_EXTRAPOLATION)
+    asked = plan.get("max_extrapolation_unvalidated", DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED)
+    unvalidated = min(validated, asked)
+    text = (
+        " Coloured dashes with open markers beyond the last measured node count: predicted by "
+        "the scaling model (Recommendations), shaded by its interval: the repetitions' noise "
+        "widened by the series' leave-one-node-count-out error where the series is validated; "
+        "the noise only where it is not (3 or more node counts needed), labelled "
+        "'not validated' (model error unknown). Predictions reach at most "
+        f"{_factor(validated)}x the largest measured node count of a validated series and "
+        f"{_factor(unvalidated)}x that of an unvalidated one"
+    )
+    if unvalidated > DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED:
+        text += (
+            f" (the configuration's plan.max_extrapolation_unvalidated = {_factor(asked)}, "
+            f"beyond the default {_factor(DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED)}x: these "
+            "predictions go further than any check of the model)"
+        )
+    return text + "."
+
+
+PREDICTED = predicted_caption()
+PREDICTED_FAMILIES = {"throughput", "speedup", "efficiency"}
 FAMILY_CAPTIONS = {
     "throughput": "Training throughput (samples/s summed over all ranks) against node count; "
-    "one panel per model and batch policy." + PREDICTED,
+    "one panel per model and batch policy.",
     "speedup": "Speedup against the smallest node count of each group; dashed: ideal; one panel "
-    "per model and batch policy." + PREDICTED,
+    "per model and batch policy.",
     "efficiency": "Scaling efficiency (speedup over the ratio of world sizes); dashed: ideal; one "
-    "panel per model and batch policy." + PREDICTED,
-    "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count; "
+    "panel per model and batch policy.",
+    "frameworks": "Frameworks at equal hardware: throughput per model at the largest node count, "
+    "points on a logarithmic axis (median over repetitions, error bars its interval); "
     "one panel per batch policy.",
     "breakdown": "Median step time split into compute (solid: the same step without gradient "
     "allreduce) and communication (hatched: the rest) per node count; grey: the framework "
@@ -124,15 +159,19 @@ def figure_file_bound(groups: Iterable[GroupKey]) -> int:
     return total
 
 
-def figure_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[dict]:
+def figure_layout(
+    groups: Iterable[GroupKey], column_width_in: float, plan: dict | None = None
+) -> list[dict]:
     """Every figure file of a study, from its planned (hardware, framework, model, policy,
     precision) groups, in the order they first appear (the configuration's axis order).
 
     Each entry is plain data (a Snakemake param and the report's figure list): file (relative to
     the figures folder), family, hardware, part/parts, models, policies, panels ([model, policy]
     or [policy]), series ([framework, precision]), hue order (frameworks, precisions of the whole
-    study, so a framework has one colour in every file), ncols, width_in, caption."""
+    study, so a framework has one colour in every file), ncols, width_in, caption. `plan`: the
+    study's plan settings, for the scaling families' captions (predicted_caption)."""
     groups = _unique(tuple(g) for g in groups)
+    predicted = predicted_caption(plan)
     frameworks = _unique(g[1] for g in groups)
     precisions = _unique(g[4] for g in groups)
     specs = []
@@ -159,7 +198,9 @@ def figure_layout(groups: Iterable[GroupKey], column_width_in: float) -> list[di
                 name = family if len(pages) == 1 else f"{family}-{k}"
                 page_frameworks = _unique(s[0] for s in series)
                 caption = (
-                    f"{FAMILY_CAPTIONS[family]} Hardware {hw}; "
+                    FAMILY_CAPTIONS[family]
+                    + (predicted if family in PREDICTED_FAMILIES else "")
+                    + f" Hardware {hw}; "
                     f"models: {', '.join(models)}; frameworks: {', '.join(page_frameworks)}"
                     + (f" (part {k} of {len(pages)})" if len(pages) > 1 else "")
                     + "."

@@ -573,7 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     cells = pd.read_csv(Path(args.results) / "tables" / "cells.csv")
     plan_nodes = {p.name: p.nodes_available for p in partitions_from_hardware(hardware)}
     _, preds = model_tables(
-        cells, plan_config.get("predict_nodes"), plan_config["max_extrapolation"], plan_nodes
+        cells,
+        plan_config.get("predict_nodes"),
+        plan_config["max_extrapolation"],
+        plan_nodes,
+        plan_config["max_extrapolation_unvalidated"],
     )
     try:
         result = plan_from_config(preds, plan_config, hardware, sorted(cells["model"].unique()))
@@ -625,7 +629,11 @@ def _hours(h: float) -> str:
 def recommendation_macros(result, fits: pd.DataFrame, plan_config: dict) -> dict[str, str]:
     """The numbers of the Recommendations section, as dls... macros (dlscale.report)."""
     from .report import _fmt, _macro_name, tex_escape
-    from .scalemodel import MIN_NODE_COUNTS_LOO, MODEL_METHOD
+    from .scalemodel import (
+        DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED,
+        MIN_NODE_COUNTS_LOO,
+        MODEL_METHOD,
+    )
 
     validated = fits[fits["loo_status"] == "validated"] if len(fits) else fits
     m = {
@@ -644,6 +652,14 @@ def recommendation_macros(result, fits: pd.DataFrame, plan_config: dict) -> dict
         else "n/a",
         "LooMaxError": f"{validated['loo_max_error'].max():.1%}" if len(validated) else "n/a",
         "MaxExtrapolation": _fmt(plan_config["max_extrapolation"]),
+        "MaxExtrapolationUnvalidated": _fmt(
+            min(
+                plan_config["max_extrapolation"],
+                plan_config.get(
+                    "max_extrapolation_unvalidated", DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED
+                ),
+            )
+        ),
         "PlanObjective": {
             MIN_TIME: "the shortest time to train all jobs (makespan)",
             MIN_NODE_HOURS: "the fewest charged node-hours",

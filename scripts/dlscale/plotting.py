@@ -5,7 +5,10 @@ dlscale.layout, computed from the planned cells at parse time.
 
 Points are medians over repetitions, error bars their intervals (dlscale.stats: the 95 %
 order-statistic CI where n >= 6, else the min-max range; none where n = 1; the report's captions
-say which and give n), dashed lines ideal scaling. Sizes come from the paper's column
+say which and give n), dashed lines ideal scaling. Predicted points (dlscale.scalemodel) are
+open markers on a thinner dashed line in the series' colour, apart from the filled measured ones.
+Bars encode length, so no figure draws a bar on a logarithmic axis (`bars_on_log_axes`, checked
+before every file is saved). Sizes come from the paper's column
 width: grids of up to 2 panel columns are one column wide, wider grids (up to MAX_COLS panel
 columns) span the text width, taken as 2 column widths. The style is data (styles/paper.mplstyle).
 """
@@ -21,11 +24,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.container import BarContainer  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from .layout import FAMILIES, SCALING, with_variant  # noqa: E402
 
-REFERENCE_LABELS = {"ideal", "predicted"}
+PREDICTED_LABEL, UNVALIDATED_LABEL = "predicted", "predicted, not validated"
+REFERENCE_LABELS = {"ideal", PREDICTED_LABEL, UNVALIDATED_LABEL}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 LINESTYLES = ["-", "--", ":", "-."]
 
@@ -120,6 +125,30 @@ def _nodes_axis(ax, nodes: list) -> None:
     ax.minorticks_off()
 
 
+def bars_on_log_axes(fig) -> list[str]:
+    """The panels of `fig` that draw bars (bar containers or rectangle patches) on a
+    logarithmic axis, by title: a bar's length there depends on where the axis starts."""
+    found = []
+    for ax in fig.axes:
+        if "log" not in (ax.get_yscale(), ax.get_xscale()):
+            continue
+        bars = any(isinstance(c, BarContainer) for c in ax.containers) or any(
+            isinstance(p, Rectangle) for p in ax.patches
+        )
+        if bars:
+            found.append(ax.get_title() or "untitled panel")
+    return found
+
+
+def _save(fig, out: str) -> None:
+    """Save a figure that draws no bar on a log axis (else ValueError, nothing written)."""
+    bad = bars_on_log_axes(fig)
+    if bad:
+        plt.close(fig)
+        raise ValueError(f"{out}: bars on a logarithmic axis in panel(s) {', '.join(bad)}")
+    fig.savefig(out)
+
+
 def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
     """Figure legend above the panels, save, and what was drawn: panels and series per panel
     (distinct labels of the panel's artists, reference lines not counted)."""
@@ -147,7 +176,7 @@ def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
             frameon=False,
         )
     fig.tight_layout()
-    fig.savefig(out)
+    _save(fig, out)
     plt.close(fig)
     return {"panels": len(per_panel), "series_max": max(per_panel, default=0)}
 
@@ -164,8 +193,10 @@ def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
 
 
 def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour) -> list:
-    """The series' predicted extension (dlscale.scalemodel): dashed from its largest measured
-    node count, its bootstrap interval shaded; returns the node counts drawn."""
+    """The series' predicted extension (dlscale.scalemodel): open markers on a dashed line from
+    its largest measured node count, the interval shaded (the repetitions' noise widened by the
+    model's leave-one-out error where validated; labelled "not validated" where it is not: the
+    model error is unknown); returns the node counts drawn."""
     if preds is None or preds.empty:
         return []
     keep = np.ones(len(preds), dtype=bool)
@@ -174,20 +205,34 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
     ext = preds[keep & preds["extrapolated"].astype(bool).to_numpy()].sort_values("nodes")
     if ext.empty:
         return []
+    validated = "validated" in ext and ext["validated"].astype(bool).all()
     last = line.iloc[-1]
-    x = [last["nodes"], *ext["nodes"]]
     ax.plot(
-        x,
+        [last["nodes"], *ext["nodes"]],
         [last[f"{column}_median"], *ext[f"{column}_pred"]],
         linestyle=(0, (4, 2)),
         color=colour,
         linewidth=0.9,
-        label="predicted",
+        label=PREDICTED_LABEL if validated else UNVALIDATED_LABEL,
     )
+    ax.plot(
+        ext["nodes"],
+        ext[f"{column}_pred"],
+        linestyle="none",
+        marker="o",
+        markersize=3.5,
+        markerfacecolor="white",
+        markeredgecolor=colour,
+        color=colour,
+    )
+    high = ext[f"{column}_high"].to_numpy(dtype=float)
+    if np.isinf(high).any():  # a model error of 100 % or more: no upper bound, shade to the top
+        top = ax.get_ylim()[1]
+        high = np.where(np.isinf(high), max(top, np.nanmax(ext[f"{column}_pred"])), high)
     ax.fill_between(
         ext["nodes"],
         ext[f"{column}_low"],
-        ext[f"{column}_high"],
+        high,
         color=colour,
         alpha=0.15,
         linewidth=0,
@@ -241,8 +286,9 @@ def plot_scaling(
 
 
 def _bar_groups(part: pd.DataFrame, series: list, index: str, groups: list):
-    """Grouped bars: for each (framework, precision) series with rows in `part`, its rows
-    indexed by `groups` (one bar group each) and the bars' x positions and width."""
+    """Grouped bars (or points): for each (framework, precision) series with rows in `part`,
+    its rows indexed by `groups` (one group each) and the bars' (points') x positions and
+    width."""
     width = 0.8 / max(1, len(series))
     for i, (framework, precision) in enumerate(series):
         rows = part[(part["framework"] == framework) & (part["variant"] == precision)]
@@ -254,7 +300,9 @@ def _bar_groups(part: pd.DataFrame, series: list, index: str, groups: list):
 
 def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     """Frameworks side by side at equal hardware: throughput per model at the largest node
-    count measured on that hardware/policy (median and its interval)."""
+    count measured on that hardware/policy, as points (median, error bars its interval) on a
+    logarithmic axis: the models' throughputs span decades, and a point's position, unlike a
+    bar's length, does not depend on where a log axis starts."""
     panels = spec["panels"]
     fig, axes = _grid(len(panels), 1, spec["width_in"], aspect=0.55)
     hue = _Hue(spec)
@@ -262,21 +310,24 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     for ax, panel, part in _panels(scaling, spec, axes, title="{0} scaling"):
         top_nodes = int(part["nodes"].max())
         part = part[part["nodes"] == top_nodes]
-        for framework, precision, rows, x, width_bar in _bar_groups(part, series, "model", models):
+        for framework, precision, rows, x, _ in _bar_groups(part, series, "model", models):
             med = rows["throughput_samples_per_s_median"]
-            ax.bar(
+            ax.errorbar(
                 x,
                 med,
-                width_bar,
-                color=hue.colour[framework],
-                hatch=None if hue.precision.get(precision, 0) == 0 else "///",
-                label=hue.label(framework, precision),
                 yerr=_ci_err(
                     med,
                     rows["throughput_samples_per_s_ci_low"],
                     rows["throughput_samples_per_s_ci_high"],
                 ),
+                marker=hue.marker(precision),
+                linestyle="none",
+                color=hue.colour[framework],
+                label=hue.label(framework, precision),
             )
+        for edge in np.arange(len(models) - 1) + 0.5:  # model groups apart
+            ax.axvline(edge, color="0.85", linewidth=0.6)
+        ax.set_xlim(-0.5, len(models) - 0.5)
         ax.set_xticks(
             np.arange(len(models)),
             models,
@@ -367,7 +418,7 @@ def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
                 wrap=True,
                 fontsize=6,
             )
-            fig.savefig(out)
+            _save(fig, out)
             plt.close(fig)
             return
         opts, plan = result.options, result.plan

@@ -386,8 +386,8 @@ def interval_spans(kind: str, loo: dict | None) -> str:
     }.get(kind, "repetition noise (95 % bootstrap CI)")
     if is_validated(loo):
         return f"{noise} + model error (leave-one-out max {loo['loo_max_error']:.1%})"
-    why = (loo or {}).get("loo_status") or "not validated"
-    return f"{noise} only; model error unknown: not validated ({why})"
+    why = (loo or {}).get("loo_status") or "no leave-one-out result"
+    return f"{noise} only; not validated: {why}; model error unknown"
 
 
 def predict(
