@@ -291,6 +291,8 @@ PLAN_COLUMNS = [
     "measured",
     "extrapolated",
     "measured_max_nodes",
+    "validated",
+    "interval_spans",
 ]
 
 
@@ -730,9 +732,9 @@ def recommendation_tables(
                     str(int(r.nodes)) + ("$^*$" if r.extrapolated else ""),
                     _hours(r.hours),
                     f"{_hours(r.hours_low)}--{_hours(r.hours_high)}"
-                    if r.interval != "none"
+                    if pd.notna(r.hours_low) and pd.notna(r.hours_high)
                     else "--",
-                    e(r.interval),
+                    e(r.interval) + (" + LOO" if r.validated in (True, 1) else ""),
                     _hours(r.node_hours),
                     _hours(r.charged_node_hours),
                     _hours(r.energy_kwh),
@@ -750,7 +752,9 @@ def recommendation_tables(
                 rows,
                 "No job.",
             )
-            + "\\noindent $^*$ beyond the series' largest measured node count (extrapolated).\n"
+            + "\\noindent $^*$ beyond the series' largest measured node count (extrapolated). "
+            "Kind: the interval over repetitions (range, ci, none); + LOO: widened by the "
+            "series' largest leave-one-out error (validated series only).\n"
         )
         rows = [
             f"{e(r.constraint)} & {_fmt(r.used)} & {_fmt(r.limit)} & "

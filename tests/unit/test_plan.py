@@ -224,3 +224,21 @@ def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
     assert failed["dlsPlanOutcome"] == "No plan: budget too small"
     with pytest.raises(pl.PlanError, match="given more than once"):
         pl.jobs_from_config({"jobs": [{"name": "a", "model": "m", "samples": 1}] * 2}, ["m"])
+
+
+def test_the_plan_table_says_which_intervals_carry_the_model_error():
+    from test_scalemodel import cells
+
+    from dlscale.scalemodel import model_tables
+
+    parts = [pl.Partition("cpu", 64, 1.0, None)]
+    job = [{"name": "j", "model": "cnn_small", "samples": 1e6}]
+    for nodes, validated, top in (((1, 2, 4), True, 32), ((1, 2), False, 4)):
+        _, preds = model_tables(cells(nodes=nodes, reps=2, noise=0.02), plan_nodes={"cpu": 64})
+        assert preds["nodes"].max() == top  # the planner sees no node count beyond the cap
+        result = pl.make_plan(preds, job, parts)
+        row = result.plan.iloc[0]
+        assert bool(row["validated"]) is validated and row["nodes"] <= top
+        assert ("model error (leave-one-out" in row["interval_spans"]) is validated
+        table = pl.recommendation_tables(result, pd.DataFrame())
+        assert ("range + LOO" in table) is validated
