@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .method import FIRST_STEP_TIMEOUT_S
+
 # The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
 AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "nodes")
 # What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
@@ -146,6 +148,9 @@ class Cell:
     warmup_epochs: float | None = None  # linear warm-up from the base to the scaled rate
     loader_workers: int | None = None  # data-loading worker processes per rank
     stage_dir: str | None = None  # node-local folder its ranks stage the dataset to (hardware)
+    # How long the first warm-up step (compilation) may wait for its peers (config
+    # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
+    first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
 
     @property
     def world_size(self) -> int:
@@ -224,7 +229,8 @@ class Cell:
         return cls.from_json(Path(path).read_text())
 
 
-NOT_IDENTITY = ("study", "data_path", "stage_dir")  # where, not what
+# where, not what; and deadlines, which change no measurement
+NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s")
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 # Fields added after cells were measured, with the value every earlier cell had: at that value
 # they are left out of the identity (and the hash), and a serialised cell may omit them.
@@ -232,7 +238,7 @@ LATER_FIELDS = {
     f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
 }
 # The fields only a convergence cell sets.
-CONVERGENCE_FIELDS = tuple(k for k in LATER_FIELDS if k != "workload")
+CONVERGENCE_FIELDS = tuple(k for k in LATER_FIELDS if k not in ("workload", "first_step_timeout_s"))
 
 
 def key_of(values, workload: str | None = None) -> tuple:

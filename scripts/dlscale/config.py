@@ -567,6 +567,7 @@ def config_hash(config: dict, hardware: dict) -> str:
             "study_file",
             "references_file",
             "plan",
+            "first_step_timeout_s",  # a deadline, in no cell's identity either
         )
     }
     # keys added later count only where they ask for something (a study without convergence

@@ -334,6 +334,8 @@ def build_matrix(
             "warmup_steps": config["warmup_steps"],
             "steps": config["steps"],
             "learning_rate": config["optimizer"]["learning_rate"],
+            # a deadline, in no cell's identity (dlscale.cell.NOT_IDENTITY)
+            "first_step_timeout_s": config["first_step_timeout_s"],
         },
     }
     if "convergence" in by_workload:

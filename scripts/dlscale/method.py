@@ -15,6 +15,37 @@ COMPETING_BUSY_CPUS = 0.5  # more busy CPUs than this flags the cell as competin
 BREAKDOWN_STEPS = 10  # compute-only steps after the timed window
 ALLREDUCE_BYTES = (1 << 20, 16 << 20)  # probe message sizes (float32 buffers)
 ALLREDUCE_REPEATS = 5  # timed repeats per size, after one warm-up
+# Untimed steps after the idle probe and the barrier, right before the timed window: the device
+# sat idle through the probe (clocks, caches and the allocator start cold otherwise). An adapter
+# may need more (Adapter.steps_before_window: DDP's always-sampled first iterations).
+REWARM_STEPS = 3
+# The first warm-up step's own deadline (config `first_step_timeout_s`): compilation, tracing and
+# autotuning of a cold cache can take far longer than a step, and ranks compile at different
+# speeds, so the collectives of that one step wait up to this long (watchdog and the process
+# group's timeout) instead of the collective timeout of every other step.
+FIRST_STEP_TIMEOUT_S = 1800
+REWARM_METHOD = (
+    f"after the idle probe and a barrier, {REWARM_STEPS} untimed re-warm steps (more where the "
+    "framework needs them, recorded per rank) run right before the timed window"
+)
+# Where a framework's step itself waits for the device or for its collectives on the host, once
+# per step: such a synchronisation is inside the timed window because the step cannot run
+# without it. The report states it per framework (dlscale.report).
+HOST_SYNC_PER_STEP = {
+    "pytorch": (
+        "none inside the timed window: CUDA events around each step, one synchronisation after "
+        "the window; DDP's runtime statistics (which synchronise on their sampled iterations) "
+        "are sampled only before the window; fp16 uses the fused SGD, with which the gradient "
+        "scaler does not read its inf check on the host"
+    ),
+    "horovod": (
+        "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for every "
+        "gradient allreduce before the update"
+    ),
+    "tensorflow": "one per step: the step fetches its loss to the host (.numpy())",
+    "keras": "one per step: the step fetches its loss to the host",
+    "mxnet": "one per step: mx.nd.waitall() after the kvstore push and pull",
+}
 
 THROUGHPUT_METHOD = (
     "cell throughput = sum over ranks of per_rank_batch * steps / the rank's timed window "

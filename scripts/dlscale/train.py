@@ -22,7 +22,7 @@ from pathlib import Path
 from . import __version__
 from .cell import Cell
 from .frameworks import get_adapter
-from .frameworks.base import TrainSpec, run_timed
+from .frameworks.base import SYNC_AUDIT_ENV, SyncAudit, TrainSpec, run_timed
 from .launch import discover
 from .method import IDLE_PROBE, RANK_END, RANK_START, STEP
 from .metrics import RankWriter, first_step_overhead, rank_summary
@@ -40,7 +40,8 @@ FAULT_ENV = "DLSCALE_FAULT"
 def fault_hook(rank: int, rank_dir: str):
     """Fault injection for tests: DLSCALE_FAULT="<text in the cell path>:<rank>:<step>:<action>"
     makes that rank of the matching cell, before that step (warm-up counts), exit with the code
-    <action>, or hang (sleep) when <action> is `hang`."""
+    <action>, hang (sleep) when <action> is `hang`, or sleep N seconds and go on when it is
+    `sleepN` (a rank that compiles slowly)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return None
@@ -58,6 +59,14 @@ def fault_hook(rank: int, rank_dir: str):
                 flush=True,
             )
             time.sleep(24 * 3600)
+        if code.startswith("sleep"):
+            print(
+                f"[dlscale.train] {FAULT_ENV}: rank {rank} sleeps {code[5:]} s before step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(float(code[5:]))
+            return
         print(
             f"[dlscale.train] {FAULT_ENV}: rank {rank} exits with {code} before step {step}",
             file=sys.stderr,
@@ -220,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if convergence:
             return converge(cell, adapter, info, writer, fault_hook(ctx.rank, args.rank_dir))
-        run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir))
+        audit = SyncAudit(adapter) if os.environ.get(SYNC_AUDIT_ENV) == "1" else None
+        run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir), audit)
+        if audit:
+            audit.uninstall()
         writer.write(IDLE_PROBE, run["idle_probe"])
         for i, seconds in enumerate(run["step_seconds"]):
             writer.write(STEP, {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
@@ -236,10 +248,13 @@ def main(argv: list[str] | None = None) -> int:
                     run["first_step_seconds"], run["step_seconds"]
                 ),
                 "mode": cell.mode,
+                "rewarm_steps": run["rewarm_steps"],
+                "first_step_deadline": run["first_step_deadline"],
                 "peak_device_memory_mb": adapter.peak_device_memory_mb(),
                 "energy": run["energy"],
                 "breakdown": run["breakdown"],
                 "allreduce": run["allreduce"],
+                **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),
             },
         )
     finally:

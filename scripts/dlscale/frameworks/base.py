@@ -5,8 +5,14 @@ Timing method (the same for every framework, recorded in each metrics file):
   - an idle probe: for IDLE_PROBE_SECONDS every rank waits and samples what else keeps its host
     busy (dlscale.provenance.host_activity); more than COMPETING_BUSY_CPUS busy CPUs flags the
     cell as measured under competition; then a second barrier;
-  - each of `steps` timed steps is bracketed by time.perf_counter() after a device
-    synchronisation (`Adapter.sync`), so queued device work is inside the step it belongs to;
+  - REWARM_STEPS untimed re-warm steps (more where Adapter.steps_before_window asks), so the
+    window does not start on a device that idled through the probe;
+  - the window is wall clock between two device synchronisations; each of its `steps` steps is
+    timed by the adapter's step timer (StepTimer: time.perf_counter() and a synchronisation per
+    step; CUDA events with no host synchronisation inside the window where the framework has
+    them), and so are the breakdown's compute-only steps (one clock for both);
+  - the first warm-up step runs under its own deadline (spec.first_step_timeout_s, at least
+    COLLECTIVE_TIMEOUT_S): compilation on ranks that compile at different speeds;
   - a rank's throughput = per_rank_batch * steps / sum(step times); the cell's throughput is the
     sum over ranks (dlscale.metrics.summarize), never rank 0 x world size.
 The method's constants (TIMER, IDLE_PROBE_SECONDS, ...) are defined in dlscale.method.
@@ -41,7 +47,9 @@ from ..method import (
     ALLREDUCE_REPEATS,
     BREAKDOWN_STEPS,
     COMPETING_BUSY_CPUS,
+    FIRST_STEP_TIMEOUT_S,
     IDLE_PROBE_SECONDS,
+    REWARM_STEPS,
     TIMER,
 )
 from ..provenance import gpu_activity, host_activity
@@ -78,6 +86,8 @@ class TrainSpec:
     mode: str = "eager"  # or "compiled" (the cell's mode axis)
     seed: int = 0
     workload: str = "throughput"  # or "convergence" (dlscale.cell.WORKLOADS)
+    # the first warm-up step's deadline (config first_step_timeout_s; dlscale.method)
+    first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -96,6 +106,7 @@ class TrainSpec:
             mode=cell.mode,
             seed=0,
             workload=cell.workload,
+            first_step_timeout_s=cell.first_step_timeout_s,
         )
 
 
@@ -345,6 +356,34 @@ class Adapter:
     def peak_device_memory_mb(self) -> float | None:
         return None
 
+    # The timed window's preparation (run_timed).
+    def steps_before_window(self) -> int:
+        """How many steps (warm-up and re-warm together) must precede the timed window at
+        least; run_timed runs more re-warm steps than REWARM_STEPS where this asks for it."""
+        return 0
+
+    # What the first warm-up step's longer deadline covers in this framework (recorded).
+    first_step_deadline_method: str = ""
+
+    def first_step_deadline(self, seconds: float):
+        """A context in which the first warm-up step (compilation, tracing, autotuning) may wait
+        up to `seconds` for its peers: by default the adapter's Watchdog, where it has one."""
+        watchdog = getattr(self, "watchdog", None)
+        if isinstance(watchdog, Watchdog):
+            return watchdog.extended(seconds)
+        return contextlib.nullcontext()
+
+    def host_sync_points(self) -> list[tuple[object, str]]:
+        """(owner, attribute) of the framework's calls that wait for the device on the host
+        (reading a device value, synchronising a device or an event), which a SyncAudit counts
+        besides the adapter's own hooks."""
+        return []
+
+    def window_facts(self) -> dict:
+        """Framework state a SyncAudit records at the window's start and end (PyTorch: DDP's
+        last sampled iteration)."""
+        return {}
+
     # The convergence contract (where convergence_method is declared; dlscale.converge runs it).
     def data_loaders(self, info, *, workers: int, seed: int):
         """(train batches, train sampler, validation batches) of this rank's shard of the
@@ -434,6 +473,18 @@ class Watchdog:
                     self.longest = max(self.longest, time.monotonic() - self._started)
                 self._deadline = None
 
+    @contextlib.contextmanager
+    def extended(self, seconds: float):
+        """Calls inside this context that name no deadline of their own get at least `seconds`
+        (the first warm-up step's compile deadline)."""
+        with self._lock:
+            previous, self.timeout = self.timeout, max(self.timeout, seconds)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.timeout = previous
+
     def _run(self) -> None:
         while True:
             time.sleep(1.0)
@@ -486,23 +537,107 @@ class StepTimer:
         return self.times
 
 
-def run_timed(adapter: Adapter, before_step=None) -> dict:
-    """Warm up (the first step timed on its own: compilation, tracing, autotuning), probe the
-    host while idle, run the timed window, then (outside it) a compute-only breakdown and an
-    allreduce bandwidth probe. The window is timed by wall clock between two device
-    synchronisations (throughput = samples / window); per-step times come from the adapter's
-    step timer (StepTimer, or device events). `before_step(i)`, if given, runs before every step
-    (fault injection). Returns {"step_seconds", "window_seconds", "first_step_seconds",
-    "warmup_seconds", "timer", "idle_probe", "energy", "breakdown", "allreduce"}."""
+class HostTimer(StepTimer):
+    """time.perf_counter around each step, with no synchronisation: for a step that returns
+    only when its work is done (PyTorch on CPUs: CPU ops run synchronously and DDP's backward
+    waits for its allreduce), so nothing is left to wait for."""
+
+    method = TIMER + " around each step (the step returns when its work is done: no sync)"
+    syncs_per_step = False
+
+    def stop(self) -> None:
+        self.times.append(time.perf_counter() - self._t0)
+
+
+SYNC_AUDIT_ENV = "DLSCALE_SYNC_AUDIT"  # "1": a rank counts its host synchronisations (tests)
+ADAPTER_SYNC_HOOKS = ("sync", "barrier", "to_host", "allreduce_sum", "allreduce_max")
+
+
+class SyncAudit:
+    """Counts a rank's host synchronisations inside and outside the timed window: calls of the
+    adapter's own hooks (ADAPTER_SYNC_HOOKS) and of the framework's calls that wait for the
+    device (Adapter.host_sync_points), each wrapped in place while the audit is installed. For
+    tests (DLSCALE_SYNC_AUDIT=1 makes dlscale.train install one): the wrappers cost a Python
+    call each, so no measurement runs with them."""
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self.inside: dict[str, int] = {}
+        self.outside: dict[str, int] = {}
+        self.facts: dict[str, dict] = {}
+        self.active = False
+        self._restore: list[tuple[object, str, object, bool]] = []
+        for name in ADAPTER_SYNC_HOOKS:
+            self._wrap(adapter, name, f"adapter.{name}")
+        for owner, name in adapter.host_sync_points():
+            label = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
+            self._wrap(owner, name, label)
+
+    def _wrap(self, owner, name: str, label: str) -> None:
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        own = name in vars(owner) if hasattr(owner, "__dict__") else False
+        audit = self
+
+        def counted(*args, **kwargs):
+            counts = audit.inside if audit.active else audit.outside
+            counts[label] = counts.get(label, 0) + 1
+            return original(*args, **kwargs)
+
+        self._restore.append((owner, name, vars(owner).get(name) if own else None, own))
+        setattr(owner, name, counted)
+
+    @contextlib.contextmanager
+    def window(self):
+        """The timed window: calls inside count as `inside`."""
+        self.facts["open"] = self.adapter.window_facts()
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+            self.facts["close"] = self.adapter.window_facts()
+
+    def uninstall(self) -> None:
+        for owner, name, original, own in reversed(self._restore):
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        self._restore.clear()
+
+    def record(self) -> dict:
+        return {
+            "inside_window": dict(self.inside),
+            "outside_window": dict(self.outside),
+            "window_facts": dict(self.facts),
+        }
+
+
+def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None) -> dict:
+    """Warm up (the first step timed on its own, under its own, longer deadline: compilation,
+    tracing, autotuning), probe the host while idle, re-warm, run the timed window, then
+    (outside it) a compute-only breakdown and an allreduce bandwidth probe. The window is timed
+    by wall clock between two device synchronisations (throughput = samples / window); per-step
+    times come from the adapter's step timer (StepTimer, or device events), and so do the
+    breakdown's compute-only steps. `before_step(i)`, if given, runs before every warm-up and
+    timed step (fault injection); `audit` counts host synchronisations in the window (tests).
+    Returns {"step_seconds", "window_seconds", "first_step_seconds", "warmup_seconds", "timer",
+    "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "breakdown", "allreduce"}
+    and "sync_audit" where audited."""
     spec = adapter.spec
+    first_step_s = max(COLLECTIVE_TIMEOUT_S, spec.first_step_timeout_s)
     warmup = []
     for i in range(spec.warmup_steps):
-        if before_step:
-            before_step(i)
-        t0 = time.perf_counter()
-        adapter.step()
-        adapter.sync()
-        warmup.append(time.perf_counter() - t0)
+        deadline = adapter.first_step_deadline(first_step_s) if i == 0 else None
+        with deadline or contextlib.nullcontext():
+            if before_step:
+                before_step(i)
+            t0 = time.perf_counter()
+            adapter.step()
+            adapter.sync()
+            warmup.append(time.perf_counter() - t0)
     adapter.barrier()
     probe = host_activity(IDLE_PROBE_SECONDS)
     if adapter.spec.device == "cuda":
@@ -510,32 +645,48 @@ def run_timed(adapter: Adapter, before_step=None) -> dict:
     probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
     meter = EnergyMeter(spec.device, adapter.ctx.local_rank)
     adapter.barrier()
+    # re-warm: the device idled through the probe; untimed steps right before the window
+    rewarm = max(REWARM_STEPS, adapter.steps_before_window() - spec.warmup_steps)
+    for _ in range(rewarm):
+        adapter.step()
     timer = adapter.step_timer()
     meter.start()
     adapter.sync()
     window_start = time.perf_counter()
-    for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
-        if before_step:
-            before_step(i)
-        timer.start()
-        adapter.step()
-        timer.stop()
+    with audit.window() if audit else contextlib.nullcontext():
+        for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
+            if before_step:
+                before_step(i)
+            timer.start()
+            adapter.step()
+            timer.stop()
     adapter.sync()
     window = time.perf_counter() - window_start
     energy = meter.stop(samples=spec.per_rank_batch * spec.steps)
     times = timer.step_seconds()
     adapter.barrier()
-    return {
+    run = {
         "step_seconds": times,
         "window_seconds": window,
         "first_step_seconds": warmup[0] if warmup else None,
         "warmup_seconds": warmup,
         "timer": timer.method,
+        "rewarm_steps": rewarm,
+        "first_step_deadline": {
+            "seconds": first_step_s if spec.warmup_steps else None,
+            "method": "none needed: a single rank waits for no peer"
+            if adapter.ctx.world_size == 1
+            else adapter.first_step_deadline_method
+            or "none: this framework's collectives keep their one timeout",
+        },
         "idle_probe": probe,
         "energy": energy,
         "breakdown": _breakdown(adapter, times),
         "allreduce": _allreduce_probe(adapter),
     }
+    if audit:
+        run["sync_audit"] = audit.record()
+    return run
 
 
 SINGLE_RANK_BREAKDOWN = (
@@ -556,16 +707,23 @@ def _breakdown(adapter: Adapter, step_seconds: list[float]) -> dict:
         }
     if not adapter.has_breakdown(adapter.spec):
         return {"available": False, "reason": f"{adapter.name}: no compute-only step"}
-    compute = []
     adapter.step_without_allreduce()  # untimed: graph frameworks build it on first call
     adapter.sync()
+    # one clock: the compute-only steps are timed by the same step timer as the timed steps
+    timer = adapter.step_timer()
     for _ in range(min(adapter.spec.steps, BREAKDOWN_STEPS)):
-        t0 = time.perf_counter()
+        timer.start()
         adapter.step_without_allreduce()
-        adapter.sync()
-        compute.append(time.perf_counter() - t0)
+        timer.stop()
+    adapter.sync()
+    compute = timer.step_seconds()
     adapter.barrier()
-    return {"available": True, "method": adapter.breakdown_method, "compute_seconds": compute}
+    return {
+        "available": True,
+        "method": adapter.breakdown_method,
+        "timer": timer.method,
+        "compute_seconds": compute,
+    }
 
 
 def _allreduce_probe(adapter: Adapter) -> dict:

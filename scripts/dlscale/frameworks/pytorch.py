@@ -6,12 +6,21 @@ At world size 1 the step is the plain model (no process group, no DDP wrapper, n
 hooks): the best single-device program. Mode "compiled" runs the forward through
 torch.compile (inductor); the first warm-up step pays the compilation (compile_seconds). On
 CUDA: cuDNN autotuning on (fixed shapes), TF32 as PyTorch's defaults, channels_last for vision
-models, the optimizer's foreach implementation (PyTorch's default on CUDA); each is recorded
-(fast_paths). Steps are timed with CUDA events, one synchronisation per window
-(CudaEventTimer)."""
+models, the optimizer's foreach implementation (PyTorch's default on CUDA; fp16: the fused one,
+with which GradScaler reads no inf check on the host); each is recorded (fast_paths). Steps are
+timed with CUDA events, one synchronisation per window (CudaEventTimer); on CPUs by the host
+clock alone (base.HostTimer: the step returns when its work is done).
+
+No host synchronisation inside the timed window: DDP's runtime statistics (Reducer and Logger,
+torch/csrc/distributed/c10d) time the first DDP_ALWAYS_SAMPLED iterations, and then every
+`sample_rate`-th, with CUDA events that the next sampled forward synchronises on. The sample
+rate is set beyond any step count (DistributedDataParallel._set_ddp_runtime_logging_sample_rate)
+and at least DDP_ALWAYS_SAMPLED + 1 DDP steps run before the window (steps_before_window), so
+no sampled iteration falls inside it."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 
 import numpy
@@ -22,8 +31,13 @@ from torch.nn.parallel import DistributedDataParallel
 from ..models import get_spec
 from ..models.torch import build, example_batch
 from ..provenance import cpu_model
-from .base import COLLECTIVE_TIMEOUT_S, StepTimer
+from .base import COLLECTIVE_TIMEOUT_S, HostTimer, StepTimer
 from .base import Adapter as BaseAdapter
+
+# DDP's Reducer::should_collect_runtime_stats: iterations 1..10 are always sampled, then every
+# sample_rate-th; each sampled forward synchronises on the previous iteration's CUDA events.
+DDP_ALWAYS_SAMPLED = 10
+DDP_RUNTIME_LOGGING_SAMPLE_RATE = 2**31 - 1  # beyond any step count: no periodic sample
 
 
 class CudaEventTimer(StepTimer):
@@ -58,15 +72,37 @@ class TorchModel:
     def seed_framework(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def sgd(self, parameters) -> torch.optim.SGD:
-        return torch.optim.SGD(parameters, lr=self.spec.learning_rate, momentum=self.spec.momentum)
+    def sgd(self, parameters, fused: bool = False) -> torch.optim.SGD:
+        """SGD with the config's settings; `fused`: the fused implementation (one kernel),
+        whose step takes GradScaler's scale and inf flag as device tensors (GradScaler.step's
+        _step_supports_amp_scaling path, no .item())."""
+        return torch.optim.SGD(
+            parameters,
+            lr=self.spec.learning_rate,
+            momentum=self.spec.momentum,
+            fused=True if fused else None,
+        )
+
+    fused_optimizer = False  # the pytorch adapter's fp16 on CUDA (Adapter.fused_optimizer)
 
     compile_method = "torch.compile (inductor, default mode) of the model's forward"
 
     def step_timer(self) -> StepTimer:
         if self.device.type == "cuda":
             return CudaEventTimer(self)
-        return StepTimer(self)
+        return HostTimer(self)
+
+    def host_sync_points(self) -> list[tuple[object, str]]:
+        """Python calls that wait for the device (SyncAudit): reading a tensor's value on the
+        host, synchronising the device, a stream or an event."""
+        points = [
+            (torch.Tensor, name)
+            for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
+        ]
+        points.append((torch.cuda, "synchronize"))
+        points += [(torch.cuda.Event, n) for n in ("synchronize", "elapsed_time", "query")]
+        points.append((torch.cuda.Stream, "synchronize"))
+        return points
 
     def compile_forward(self, module: torch.nn.Module):
         """The callable a step runs the model through: the module itself, or torch.compile of
@@ -106,7 +142,9 @@ class TorchModel:
             "memory_format": "channels_last"
             if self.memory_format == torch.channels_last
             else "contiguous",
-            "optimizer": "SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)",
+            "optimizer": "SGD, fused (GradScaler reads no inf check on the host)"
+            if self.fused_optimizer
+            else ("SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)"),
             "compiled": self.compiled,
         }
 
@@ -300,6 +338,19 @@ class Adapter(TorchModel, BaseAdapter):
     breakdown_method = (
         "the same step under DistributedDataParallel.no_sync() (no gradient allreduce)"
     )
+    first_step_deadline_method = (
+        "the process group's timeout (torch.distributed _set_pg_timeout) raised for the first "
+        "warm-up step, restored after it"
+    )
+    ddp_steps = 0  # DDP steps with gradient sync so far (the Reducer's num_iterations_)
+
+    @property
+    def fused_optimizer(self) -> bool:
+        """fp16 on CUDA: the foreach SGD would make GradScaler.step read its inf check on the
+        host (.item()) every step; the fused SGD takes it as a device tensor. On CPUs the
+        for-loop SGD stays (PyTorch's CPU default): GradScaler('cuda') is disabled without
+        CUDA, and a CPU value is read without waiting for any device."""
+        return self.scaler is not None and self.device.type == "cuda"
 
     def setup(self) -> None:
         spec, ctx = self.spec, self.ctx
@@ -330,21 +381,60 @@ class Adapter(TorchModel, BaseAdapter):
             model = DistributedDataParallel(
                 model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None
             )
+        if self.data_parallel:
+            model._set_ddp_runtime_logging_sample_rate(DDP_RUNTIME_LOGGING_SAMPLE_RATE)
         self.module = model
         self.forward = self.compile_forward(model)
-        self.optimizer = self.sgd(model.parameters())
+        self.optimizer = self.sgd(model.parameters(), fused=self.fused_optimizer)
 
     def wrapper(self) -> str:
         if self.data_parallel:
             return "torch.nn.parallel.DistributedDataParallel"
         return super().wrapper()
 
+    def fast_paths(self) -> dict:
+        paths = super().fast_paths()
+        if self.data_parallel:
+            paths["ddp_runtime_logging"] = (
+                f"sample rate {DDP_RUNTIME_LOGGING_SAMPLE_RATE} "
+                "(DistributedDataParallel._set_ddp_runtime_logging_sample_rate); its "
+                f"{DDP_ALWAYS_SAMPLED} always-sampled iterations run before the timed window "
+                f"(at least {self.steps_before_window()} untimed DDP steps)"
+            )
+        return paths
+
     def step(self) -> None:
         self.train_step(self.forward, self.optimizer)
+        self.ddp_steps += self.data_parallel and self.module.require_backward_grad_sync
 
     def step_without_allreduce(self) -> None:
         with self.module.no_sync():
             self.step()
+
+    def steps_before_window(self) -> int:
+        """Under DDP, its always-sampled iterations all before the window: the forward of
+        iteration k + 1 synchronises on iteration k's events for k <= DDP_ALWAYS_SAMPLED."""
+        return DDP_ALWAYS_SAMPLED + 1 if self.data_parallel else 0
+
+    def first_step_deadline(self, seconds: float):
+        if not self.data_parallel:
+            return contextlib.nullcontext()
+        return self._pg_timeout(seconds)
+
+    @contextlib.contextmanager
+    def _pg_timeout(self, seconds: float):
+        set_timeout = dist.distributed_c10d._set_pg_timeout
+        set_timeout(datetime.timedelta(seconds=seconds))
+        try:
+            yield
+        finally:
+            set_timeout(datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+    def window_facts(self) -> dict:
+        if not self.data_parallel:
+            return {}
+        data = self.module._get_ddp_logging_data()
+        return {"ddp_steps": self.ddp_steps, "ddp_last_sampled_iteration": data.get("iteration")}
 
     def allreduce(self, numel: int) -> None:
         dist.all_reduce(self.probe_buffer(numel))
