@@ -9,8 +9,9 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from dlscale.config import ConfigError
-from dlscale.frameworks import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS
+from dlscale.capability import environment_problems
+from dlscale.config import ConfigError, environment_variant
+from dlscale.frameworks import environment_name
 from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
 from dlscale.cell import (
     CELL_PATTERNS,
@@ -69,22 +70,21 @@ if workflow.is_main_process:
         )
 
 
-def _missing_framework_environments():
-    missing = []
-    for i, framework in enumerate(STUDY.config["axes"]["framework"]):
-        env = FRAMEWORK_ENVIRONMENTS[framework]
-        if env and not (Path(workflow.basedir) / ".venvs" / env / "bin" / "python").exists():
-            missing.append(
-                f"axes.framework[{i}]: {framework!r} runs in .venvs/{env}, which "
-                f"does not exist; build it with: bash scripts/setup.sh {env}"
-            )
-    return missing
+# Every planned cell's environment must exist and drive its device (dlscale.capability: a GPU
+# cell in a CPU build of its framework is refused here, on the login node, before any job or
+# queue wait; dry runs included). Files are read, nothing is imported.
+def _environment_dir(name):
+    return None if name is None else Path(workflow.basedir) / ".venvs" / name
 
 
-if not workflow.deployment_settings.deployment_method:  # venv route (not conda/apptainer)
-    _missing = _missing_framework_environments()
-    if _missing:
-        raise WorkflowError("dlscale: " + "\n".join(_missing) + "\nNo job was started.")
+_problems = environment_problems(
+    STUDY.cells,
+    STUDY.hardware,
+    _environment_dir,
+    route=workflow.deployment_settings.deployment_method and "conda/apptainer" or "venv",
+)
+if _problems:
+    raise WorkflowError("dlscale: " + "\n".join(_problems) + "\nNo job was started.")
 
 
 def _alternatives(values):
@@ -156,12 +156,14 @@ def train_inputs(workload):
 
 
 def framework_python(wildcards):
-    """Interpreter of the cell's framework environment: the driver venv for PyTorch, else
-    .venvs/<env>/bin/python (built by scripts/setup.sh from envs/<env>.txt)."""
-    env = FRAMEWORK_ENVIRONMENTS[wildcards.framework]
+    """Interpreter of the cell's framework environment for its hardware's variant: the driver
+    venv for PyTorch's CPU build, else .venvs/<env>/bin/python (built by scripts/setup.sh from
+    envs/<env>.txt; <env>-cuda for GPU hardware)."""
+    variant = environment_variant(STUDY.hardware[wildcards.hardware])
+    env = environment_name(wildcards.framework, variant)
     if env is None:
         return sys.executable
-    return str(Path(workflow.basedir) / ".venvs" / env / "bin" / "python")
+    return str(_environment_dir(env) / "bin" / "python")
 
 
 # The launcher must match the executor: a `--config ...` on the command line replaces the

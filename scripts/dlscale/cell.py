@@ -148,6 +148,9 @@ class Cell:
     warmup_epochs: float | None = None  # linear warm-up from the base to the scaled rate
     loader_workers: int | None = None  # data-loading worker processes per rank
     stage_dir: str | None = None  # node-local folder its ranks stage the dataset to (hardware)
+    # how the launcher binds a cuda cell's GPUs to its ranks (hardware.yaml gpu_binding,
+    # dlscale.devices.GPU_BINDINGS); None for a CPU cell
+    gpu_binding: str | None = None
     # How long the first warm-up step (compilation) may wait for its peers (config
     # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
@@ -238,7 +241,9 @@ LATER_FIELDS = {
     f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
 }
 # The fields only a convergence cell sets.
-CONVERGENCE_FIELDS = tuple(k for k in LATER_FIELDS if k not in ("workload", "first_step_timeout_s"))
+CONVERGENCE_FIELDS = tuple(
+    k for k in LATER_FIELDS if k not in ("workload", "first_step_timeout_s", "gpu_binding")
+)
 
 
 def key_of(values, workload: str | None = None) -> tuple:

@@ -127,6 +127,11 @@ def cell_rows(
         )
         or None,
         "competing": summary["competing"],
+        # ranks of one node that used one GPU board (dlscale.devices.shared_gpus): "n1:0,1"
+        "shared_gpu_ranks": " ".join(
+            f"{s['node']}:{','.join(map(str, s['ranks']))}"
+            for s in summary.get("shared_gpus") or []
+        ),
         "straggler": bool(slow),
         "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
         "host_busy_cpus_max": summary["host_busy_cpus_max"],

@@ -518,6 +518,17 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 f"{key}.gpu_type: {gpu_type!r} cannot be a GRES type (letters, digits, _ and . "
                 "only); rename it or use gpu_request: gpus"
             )
+        if device == "cuda" and entry.get("environment_variant") == "cpu":
+            problems.append(
+                f"{key}.environment_variant: 'cpu' on a device 'cuda' entry: its ranks would "
+                "run in CPU builds of the frameworks (allowed: cuda, or null for the device's "
+                "default)"
+            )
+        if "gpu_binding" in entry and device != "cuda":
+            problems.append(
+                f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
+                "use no GPU)"
+            )
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
                 f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
@@ -534,9 +545,23 @@ PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w")
 # hash includes them (moving the staging folder re-measures nothing).
 CELL_HARDWARE_KEYS = ("stage_dir",)
 
+# Hardware keys that say who pays and where a job queues (account, QoS, reservation): the
+# Slurm plugin's resources of the cell's job (dlscale.resources), part of no hash.
+SCHEDULING_KEYS = ("account", "qos", "reservation")
+# Hardware keys that choose or check the cell's environment: the cell's environment identity
+# (name and hash of its pinned requirements) covers the variant, and compute_capability only
+# refuses cells before any job; no hardware hash includes them.
+ENVIRONMENT_KEYS = ("environment_variant", "compute_capability")
+
 # Hardware keys added after studies were measured, hashed only away from their default: at the
 # default they ask exactly what an entry without them asked, so existing cells stay measured.
-LATER_DEFAULTS = {"gpus_allocated_only": False}
+LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": "node"}
+
+
+def environment_variant(entry: dict) -> str:
+    """The environment variant (dlscale.frameworks.VARIANTS) a hardware entry's cells run in:
+    its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
+    return entry.get("environment_variant") or ("cuda" if entry["device"] == "cuda" else "cpu")
 
 
 def hashed_hardware(entry: dict) -> dict:
@@ -546,6 +571,8 @@ def hashed_hardware(entry: dict) -> dict:
         for k, v in entry.items()
         if k not in PLANNING_KEYS
         and k not in CELL_HARDWARE_KEYS
+        and k not in SCHEDULING_KEYS
+        and k not in ENVIRONMENT_KEYS
         and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
     }
 

@@ -1,4 +1,5 @@
-"""Energy over the timed window: NVML power sampling on NVIDIA GPUs, RAPL counters on CPUs.
+"""Energy over the timed window: NVML's energy counter (or sampled power) of the rank's own
+GPU board on NVIDIA GPUs, RAPL counters on CPUs.
 
 Nothing is estimated: a source that cannot be read is recorded as unavailable with the reason.
 RAPL counts a whole CPU package (socket), so several ranks of one node see the same joules;
@@ -49,42 +50,84 @@ class _Rapl:
 
 
 class _Nvml:
-    """Power of one GPU sampled every NVML_INTERVAL_S, integrated over the window."""
+    """One GPU board's energy over the window, the board found by UUID or PCI bus id
+    (dlscale.devices.nvml_handle; NVML's index is not CUDA's). The difference of NVML's
+    total-energy counter (millijoules since the driver loaded; Volta and newer) where the board
+    has one; otherwise its power sampled every NVML_INTERVAL_S and integrated from the window's
+    start to its end (a sample is taken at both). A read that fails ends the measurement as
+    unavailable with NVML's error, never as 0 J."""
 
-    def __init__(self, index: int):
-        import pynvml  # nvidia-ml-py; only present in GPU environments
+    def __init__(self, gpu: dict):
+        import pynvml  # nvidia-ml-py: in every GPU environment (envs/*-cuda.txt)
+
+        from .devices import nvml_handle
 
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.handle, lookup = nvml_handle(pynvml, gpu)
+        try:
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            self.method = "counter"
+        except pynvml.NVMLError:
+            self.method = "sampled"
+        what = (
+            "total-energy counter difference"
+            if self.method == "counter"
+            else f"power sampled every {NVML_INTERVAL_S} s, integrated"
+        )
+        self.source = f"nvml (GPU board, {what}; board by {lookup})"
         self.samples: list[tuple[float, float]] = []
+        self.error: str | None = None
         self._stop = threading.Event()
 
+    def _power(self) -> tuple[float, float]:
+        return time.perf_counter(), self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+
     def _run(self):
-        while not self._stop.is_set():
-            watts = self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-            self.samples.append((time.perf_counter(), watts))
-            self._stop.wait(NVML_INTERVAL_S)
+        while not self._stop.wait(NVML_INTERVAL_S):
+            try:
+                self.samples.append(self._power())
+            except self.nvml.NVMLError as exc:
+                self.error = f"NVML power reading failed during the window: {exc}"
+                return
 
     def start(self):
+        if self.method == "counter":
+            self.start_mj = self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            return
+        self.samples = [self._power()]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def stop(self) -> float:
+        if self.method == "counter":
+            end_mj = self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            return (end_mj - self.start_mj) / 1000.0
         self._stop.set()
         self.thread.join()
+        if self.error:
+            raise EnergyUnavailable(self.error)
+        self.samples.append(self._power())  # the window's end
         s = self.samples
         return sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(s, s[1:]))
 
 
-class EnergyMeter:
-    """start() before the timed window, stop(samples) after; returns what could be measured."""
+class EnergyUnavailable(RuntimeError):
+    """A meter that started could not finish its reading; the reason is recorded."""
 
-    def __init__(self, device: str, local_rank: int):
+
+class EnergyMeter:
+    """start() before the timed window, stop(samples) after; returns what could be measured.
+    `gpu`: the rank's board (dlscale.devices.gpu_identity) on a cuda rank."""
+
+    def __init__(self, device: str, gpu: dict | None = None):
         self.source, self.meter, self.reason = None, None, None
         if device == "cuda":
             try:
-                self.meter, self.source = _Nvml(local_rank), "nvml (GPU board power)"
+                if gpu is None:
+                    raise EnergyUnavailable("the rank recorded no GPU")
+                self.meter = _Nvml(gpu)
+                self.source = self.meter.source
             except Exception as exc:  # noqa: BLE001 (no NVML: record why)
                 self.reason = f"NVML unavailable: {exc!r}"
         else:
@@ -96,14 +139,20 @@ class EnergyMeter:
 
     def start(self) -> None:
         if self.meter:
-            self.meter.start()
+            try:
+                self.meter.start()
+            except Exception as exc:  # noqa: BLE001 (a reading that fails is recorded)
+                self.meter, self.reason = None, f"energy reading failed at the start: {exc!r}"
         self.t0 = time.perf_counter()
 
     def stop(self, samples: int) -> dict:
         seconds = time.perf_counter() - self.t0
         if not self.meter:
             return {"available": False, "reason": self.reason}
-        joules = self.meter.stop()
+        try:
+            joules = self.meter.stop()
+        except Exception as exc:  # noqa: BLE001 (a reading that fails is recorded)
+            return {"available": False, "reason": f"energy reading failed: {exc}"}
         return {
             "available": True,
             "source": self.source,

@@ -134,10 +134,73 @@ def allocation_nodes(env=os.environ) -> list[str]:
     ).stdout.split()
 
 
-def slurm_port(env=os.environ) -> int:
-    """Rendezvous port on the allocation's first node, derived from the job id so concurrent
-    cells never collide; frameworks that need more ports use the next few (< 64) above it."""
-    return 20000 + (int(env["SLURM_JOB_ID"]) * 64) % 20000
+# Rendezvous ports of Slurm cells: a block of PORT_BLOCK ports per job, below the kernel's
+# ephemeral range (where outgoing connections take their local ports, so a fixed port there can
+# be taken by any client), from PORT_FLOOR up.
+PORT_BLOCK = 64  # frameworks that need more ports use the next few above the base (< 64)
+PORT_FLOOR = 10000
+PORT_PROBES = 8  # blocks tried, from the job's own, before the launcher gives up
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default 32768..60999 where unreadable)."""
+    try:
+        low, high = (int(v) for v in Path(path).read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def slurm_port(env=os.environ, ephemeral: tuple[int, int] | None = None, probe: int = 0) -> int:
+    """Rendezvous base port of a Slurm job: the job id picks one of the blocks of PORT_BLOCK
+    ports between PORT_FLOOR and the start of the ephemeral range (352 blocks at Linux's
+    default), so concurrent cells differ unless their job ids differ by a multiple of the block
+    count; `probe` moves to the next blocks when the job's own is taken."""
+    low, _ = ephemeral or ephemeral_range()
+    floor = PORT_FLOOR if low - PORT_FLOOR >= PORT_BLOCK else 1024
+    blocks = max(1, (low - floor) // PORT_BLOCK)
+    return floor + ((int(env["SLURM_JOB_ID"]) + probe) % blocks) * PORT_BLOCK
+
+
+def port_free(port: int) -> bool:
+    """Whether this host can listen on `port` now (what rank 0 will do)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_slurm_port(env=os.environ, is_free=port_free) -> int:
+    """The job's base port (slurm_port), checked free on this host (the launcher runs on the
+    allocation's first node, where rank 0 listens); the next blocks when it is taken, and a
+    clear error when PORT_PROBES blocks are."""
+    tried = []
+    for probe in range(PORT_PROBES):
+        port = slurm_port(env, probe=probe)
+        if is_free(port):
+            return port
+        tried.append(port)
+    raise RuntimeError(
+        f"rendezvous ports {tried} are all in use on {socket.gethostname()} (Slurm job "
+        f"{env.get('SLURM_JOB_ID')}): another program holds them. Free them, or raise the "
+        f"start of the ephemeral range ({EPHEMERAL_RANGE_FILE}) to widen the blocks above "
+        f"{PORT_FLOOR}"
+    )
+
+
+def gpu_step_options(cell: Cell) -> list[str]:
+    """The GPU binding the launcher states for a cuda cell's ranks (hardware.yaml gpu_binding,
+    dlscale.devices): `node`: every rank sees all of its node's GPUs (--gpus-per-node, one rank
+    per GPU) and takes its local rank's; `task`: Slurm binds one GPU per task. Nothing for a
+    CPU cell. Stated explicitly so no site default decides silently."""
+    if cell.device != "cuda":
+        return []
+    if cell.gpu_binding == "task":
+        return ["--gpus-per-task=1"]
+    return [f"--gpus-per-node={cell.ranks_per_node}"]
 
 
 def train_argv(rank_dir: Path, python: str) -> list[str]:
@@ -229,7 +292,7 @@ def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, s
         }
         overlap = ["--overlap"]
     hosts = allocation_nodes(env)
-    addr, port = hosts[0], slurm_port(env)
+    addr, port = hosts[0], choose_slurm_port(env)
     env.update(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
@@ -237,6 +300,8 @@ def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, s
         OMP_NUM_THREADS=str(cell.cpus_per_rank),
         PYTHONUNBUFFERED="1",
     )
+    if cell.device == "cuda":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
     cmd = [
         "srun",
         *overlap,
@@ -244,6 +309,7 @@ def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, s
         f"--ntasks={cell.world_size}",
         f"--ntasks-per-node={cell.ranks_per_node}",
         f"--cpus-per-task={cell.cpus_per_rank}",
+        *gpu_step_options(cell),
         "--kill-on-bad-exit=1",
         "--output",
         str(rank_dir / "rank%t.log"),

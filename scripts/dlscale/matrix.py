@@ -20,6 +20,7 @@ from .cell import AXES, Cell
 from .config import (
     ConfigError,
     config_hash,
+    environment_variant,
     hashed_hardware,
     load_config_file,
     load_schema,
@@ -27,7 +28,7 @@ from .config import (
     validate_config,
     validate_hardware,
 )
-from .frameworks import ENVIRONMENTS
+from .frameworks import ENVIRONMENTS, VARIANTS, environment_name
 
 
 @dataclass
@@ -244,15 +245,33 @@ def _short_hash(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def environment_ids(workflow_dir: str | Path) -> dict[str, str]:
-    """framework -> `<environment>:<hash of its pinned requirements>` (envs/<environment>.txt;
-    PyTorch runs in the driver environment, envs/pytorch.txt): what a cell's framework
-    versions are, as far as they are known before it runs."""
+def requirements_text(path: Path) -> str:
+    """A pip requirements file with its `-r` includes inlined (what the environment's identity
+    hashes: a change in an included file changes the environment)."""
+    text = path.read_text()
+    if not any(line.strip().startswith("-r ") for line in text.splitlines()):
+        return text  # as hashed before includes were inlined
+    out = []
+    for line in text.splitlines():
+        if line.strip().startswith("-r "):
+            out.append(requirements_text(path.parent / line.strip()[3:].strip()))
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def environment_ids(workflow_dir: str | Path) -> dict[tuple[str, str], str]:
+    """(framework, variant) -> `<environment>:<hash of its pinned requirements>`
+    (envs/<environment>.txt, `-r` includes inlined; PyTorch's CPU build runs in the driver
+    environment, envs/pytorch.txt): what a cell's framework versions are, as far as they are
+    known before it runs. The CPU variant's ids are what they were before variants existed."""
     out = {}
-    for framework, env in ENVIRONMENTS.items():
-        env = env or "pytorch"
-        req = Path(workflow_dir) / "envs" / f"{env}.txt"
-        out[framework] = f"{env}:{_short_hash(req.read_text()) if req.exists() else 'unknown'}"
+    for framework in ENVIRONMENTS:
+        for variant in VARIANTS:
+            env = environment_name(framework, variant) or "pytorch"
+            req = Path(workflow_dir) / "envs" / f"{env}.txt"
+            digest = _short_hash(requirements_text(req)) if req.exists() else "unknown"
+            out[framework, variant] = f"{env}:{digest}"
     return out
 
 
@@ -314,7 +333,11 @@ def build_matrix(
     problems = _semantic_problems(config, hardware, hardware_source)
     if problems:
         raise ConfigError("config", problems)
-    environments = environments or {f: f"{e or 'pytorch'}:unknown" for f, e in ENVIRONMENTS.items()}
+    environments = environments or {
+        (f, v): f"{environment_name(f, v) or 'pytorch'}:unknown"
+        for f in ENVIRONMENTS
+        for v in VARIANTS
+    }
     # the planner's site facts (PLANNING_KEYS) change no measurement, and keys added later count
     # only away from their default (LATER_DEFAULTS): left out, so adding or editing them keeps
     # every measured cell current (dlscale.config.hashed_hardware)
@@ -390,7 +413,8 @@ def build_matrix(
                         global_batch=global_batch,
                         cpus_per_rank=hw["cpus_per_rank"],
                         hardware_hash=hardware_hashes[combo["hardware"]],
-                        environment=environments[combo["framework"]],
+                        environment=environments[combo["framework"], environment_variant(hw)],
+                        gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
                         **common,
                         **extra,
                     )

@@ -23,6 +23,7 @@ from pathlib import Path
 import jsonschema
 
 from .cell import Cell
+from .devices import shared_gpus
 from .lr import scaled_lr
 from .method import (
     CONVERGENCE,
@@ -249,6 +250,11 @@ def summarize(rank_records: dict[int, list[dict]], wall_seconds: float) -> dict:
         "wall_seconds": wall_seconds,
         "competing": any(p["competing"] for p in probes),
         "host_busy_cpus_max": max(busy) if busy else None,
+        # boards used by more than one rank of a node (dlscale.devices.shared_gpus): a wrong
+        # binding, flagged in the status table and the report
+        "shared_gpus": shared_gpus(
+            [{"rank": r, "node": st["node"], "gpu": st.get("gpu")} for r, st in starts.items()]
+        ),
     }
 
 

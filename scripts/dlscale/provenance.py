@@ -225,27 +225,64 @@ def host_activity(window_s: float, top: int = 3) -> dict:
     }
 
 
-def gpu_activity() -> list[dict] | None:
-    """Utilisation and memory of every visible NVIDIA GPU (nvidia-smi), or None without one."""
+def smi_number(text: str) -> float | None:
+    """One nvidia-smi value as a number, or None where the board does not report it
+    (`[N/A]`, `N/A`, `[Not Supported]`: MIG instances and some boards)."""
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def parse_gpu_activity(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=index,uuid,utilization.gpu,memory.used` (csv, noheader,
+    nounits) -> one dict per GPU; a value a board does not report is None with the reason."""
+    gpus = []
+    for line in text.strip().splitlines():
+        fields = [v.strip() for v in line.split(",")]
+        if len(fields) != 4:
+            continue  # not a GPU line (a MIG table or a warning): nothing to read
+        index, uuid, util, mem = fields
+        gpu = {
+            "index": int(index) if index.isdigit() else None,
+            "uuid": uuid or None,
+            "utilization_pct": smi_number(util),
+            "memory_used_mb": smi_number(mem),
+        }
+        missing = {k: v for k, v in (("utilization.gpu", util), ("memory.used", mem))}
+        missing = {k: v for k, v in missing.items() if smi_number(v) is None}
+        if missing:
+            gpu["unavailable"] = (
+                "nvidia-smi reports "
+                + ", ".join(f"{k} as {v!r}" for k, v in missing.items())
+                + " (a MIG instance or a board without the counter)"
+            )
+        gpus.append(gpu)
+    return gpus
+
+
+def gpu_activity() -> list[dict] | dict:
+    """Utilisation and memory of every visible NVIDIA GPU (nvidia-smi), or
+    {"available": False, "reason"} where they cannot be read."""
     try:
         out = subprocess.run(
             [
                 "nvidia-smi",
-                "--query-gpu=index,utilization.gpu,memory.used",
+                "--query-gpu=index,uuid,utilization.gpu,memory.used",
                 "--format=csv,noheader,nounits",
             ],
             capture_output=True,
             text=True,
             timeout=20,
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"available": False, "reason": f"nvidia-smi could not run: {exc!r}"}
     if out.returncode != 0:
-        return None
-    gpus = []
-    for line in out.stdout.strip().splitlines():
-        index, util, mem = (v.strip() for v in line.split(","))
-        gpus.append(
-            {"index": int(index), "utilization_pct": float(util), "memory_used_mb": float(mem)}
-        )
-    return gpus
+        return {
+            "available": False,
+            "reason": f"nvidia-smi exited {out.returncode}: {out.stderr.strip()[-200:]}",
+        }
+    try:
+        return parse_gpu_activity(out.stdout)
+    except ValueError as exc:
+        return {"available": False, "reason": f"unexpected nvidia-smi output: {exc}"}

@@ -149,6 +149,7 @@ def build_macros(
         "EfficiencyAtMaxNodesMax",
         "CellsCompeting",
         "CellsStraggler",
+        "SharedGpuNote",
         "EnergyNote",
         "CompileNote",
         "Timer",
@@ -190,6 +191,13 @@ def build_macros(
         m["EfficiencyAtMaxNodesMin"] = _fmt(top["scaling_efficiency_median"].min())
         m["EfficiencyAtMaxNodesMax"] = _fmt(top["scaling_efficiency_median"].max())
         m["CellsCompeting"] = int(cells["competing"].sum())
+        shared = cells.get("shared_gpu_ranks", pd.Series(dtype=str)).fillna("").astype(str)
+        m["SharedGpuNote"] = (
+            f"In {int((shared != '').sum())} cell(s) two or more ranks of a node used one GPU "
+            "(a binding that gives ranks no GPU of their own; cells.csv shared_gpu_ranks)."
+            if (shared != "").any()
+            else "No two ranks of a node used the same GPU."
+        )
         m["CellsStraggler"] = int(cells["straggler"].sum())
         energy = cells["joules_per_sample"].dropna()
         m.update(execution_notes(cells))

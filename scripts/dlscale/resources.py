@@ -45,6 +45,7 @@ def class_resources(config: dict, hw: dict, nodes: int) -> tuple[int, dict]:
 def plugin_owned(hw: dict) -> dict:
     """The plugin's own resources for what a hardware entry asks beyond cores and memory.
 
+    - `slurm_account` and `qos` of the entry's `account` and `qos` (sbatch --account, --qos);
     - `constraint` (sbatch -C, quoted by the plugin);
     - `gres` for `gpu_request: gres`: `gpu[:type]:N`, per node, as Slurm counts GRES. A GRES
       job makes the plugin add `--ntasks-per-gpu=<tasks>` (the job's total task count per
@@ -57,6 +58,12 @@ def plugin_owned(hw: dict) -> dict:
     whole job that Slurm may split unevenly across nodes; `--gpus-per-node` (which the plugin
     does not manage or refuse) stays in slurm_extra."""
     owned = {}
+    # per-entry scheduling (hardware.yaml account, qos): the plugin's slurm_account and qos
+    # resources, so a site with per-partition accounts needs no edit of a rule or profile
+    if hw.get("account"):
+        owned["slurm_account"] = hw["account"]
+    if hw.get("qos"):
+        owned["qos"] = hw["qos"]
     if hw["constraint"]:
         owned["constraint"] = hw["constraint"]
     if hw["gpus_per_node"] and hw["gpu_request"] == "gres":
@@ -88,6 +95,8 @@ def slurm_extra_args(hw: dict, per_node: int) -> list[str]:
         args.append(f"--gpus-per-node={gpu_spec(hw)}")
     if hw["exclusive"]:
         args.append("--exclusive")
+    if hw.get("reservation"):  # the plugin's reservation is one setting for every job
+        args.append(f"--reservation={hw['reservation']}")
     return args
 
 

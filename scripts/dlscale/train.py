@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 "node_index": ctx.node_index,
                 "launcher": ctx.launcher,
                 "device": spec.device,
+                "gpu": adapter.gpu,  # the physical board (dlscale.devices), None on a CPU
                 "threads": spec.threads,
                 "per_rank_batch": spec.per_rank_batch,
                 "timer": adapter.step_timer().method,

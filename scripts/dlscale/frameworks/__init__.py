@@ -24,6 +24,31 @@ ENVIRONMENTS = {
     "mxnet": "mxnet",
 }
 
+# The environment variants a hardware entry can ask for (hardware.yaml `environment_variant`):
+# `cpu` (the environments above) or `cuda` (each framework's CUDA build, .venvs/<env>-cuda from
+# envs/<env>-cuda.txt; scripts/setup.sh <env>-cuda builds it on a GPU site).
+VARIANTS = ("cpu", "cuda")
+
+
+def environment_name(framework: str, variant: str = "cpu") -> str | None:
+    """The venv a framework's ranks run in for an environment variant: None for the driver
+    environment (.venv: PyTorch's CPU build), else the name under .venvs/."""
+    env = ENVIRONMENTS[framework]
+    if variant == "cpu":
+        return env
+    return f"{env or 'pytorch'}-{variant}"
+
+
+# What each framework's CUDA build can drive, where it cannot drive every GPU: the highest
+# compute capability it was built for, and why. Cells beyond it are refused before any job.
+CUDA_LIMITS = {
+    "mxnet": (
+        8.6,
+        "MXNet 1.9.1 (the last release) has CUDA builds for CUDA 11.2 and 11.7 only "
+        "(mxnet-cu112, mxnet-cu117); CUDA 11.7 cannot build for compute capability 9.0 "
+        "(Hopper) or newer",
+    ),
+}
 
 # name -> the workloads (dlscale.cell.WORKLOADS) its adapter runs: the adapter's declared
 # capability (base.Adapter.convergence_method), stated here as well so that the workflow refuses

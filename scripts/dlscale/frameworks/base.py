@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..devices import gpu_identity, pick_gpu
 from ..energy import EnergyMeter
 from ..method import (
     ALLREDUCE_BYTES,
@@ -152,6 +153,10 @@ class Adapter:
     name: str = ""
     title: str = ""  # the framework as refusals name it ("TensorFlow")
     sync_method: str = "none"
+    # The physical GPU this rank uses (dlscale.devices.gpu_identity; None on a CPU): recorded
+    # in rank_start, read by the energy meter, checked across ranks (two ranks on one board
+    # are flagged in the cell's summary).
+    gpu: dict | None = None
 
     # Precision: precision -> this framework's dtype or mixed-precision policy for it (None:
     # plain fp32). A precision missing here is refused; so is one named in `cuda_only` (with
@@ -183,6 +188,22 @@ class Adapter:
         self.check_workload()
 
     # ------------------------------------------------------------------ shared by every framework
+    def choose_gpu(self, device_count: int, identify=None) -> int:
+        """This rank's device ordinal among the `device_count` GPUs its framework sees
+        (dlscale.devices.pick_gpu: the local rank when all of the node's GPUs are visible,
+        device 0 when exactly one is, an error naming the binding otherwise); records the
+        physical board in `self.gpu`. `identify(ordinal)` returns what the framework knows of
+        the board ({"uuid", "pci_bus_id", "name"}, any of them)."""
+        ordinal = pick_gpu(self.ctx.local_rank, self.ctx.local_world_size, device_count)
+        known = {}
+        if identify is not None:
+            try:
+                known = {k: v for k, v in identify(ordinal).items() if v}
+            except Exception as exc:  # noqa: BLE001 (identity is provenance, not a failure)
+                known = {"name": f"unknown ({exc!r})"}
+        self.gpu = gpu_identity(ordinal, **known)
+        return ordinal
+
     def check_precision(self) -> None:
         """Refuse a precision this framework does not run, or not on this device, naming the
         precisions it does run there."""
@@ -643,7 +664,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     if adapter.spec.device == "cuda":
         probe["gpus"] = gpu_activity()
     probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
-    meter = EnergyMeter(spec.device, adapter.ctx.local_rank)
+    meter = EnergyMeter(spec.device, adapter.gpu)
     adapter.barrier()
     # re-warm: the device idled through the probe; untimed steps right before the window
     rewarm = max(REWARM_STEPS, adapter.steps_before_window() - spec.warmup_steps)

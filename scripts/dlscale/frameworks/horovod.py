@@ -36,7 +36,7 @@ import torch
 
 from .base import COLLECTIVE_TIMEOUT_S, Watchdog
 from .base import Adapter as BaseAdapter
-from .pytorch import TorchModel
+from .pytorch import TorchModel, torch_gpu_identity
 
 
 def _iface_for(addr: str) -> str:
@@ -196,8 +196,9 @@ class Adapter(TorchModel, BaseAdapter):
                     "this Horovod build has no GPU operations (built for CPU "
                     "with gloo): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL"
                 )
-            torch.cuda.set_device(ctx.local_rank)
-            self.device = torch.device("cuda", ctx.local_rank)
+            ordinal = self.choose_gpu(torch.cuda.device_count(), torch_gpu_identity)
+            torch.cuda.set_device(ordinal)
+            self.device = torch.device("cuda", ordinal)
             self.backend = "nccl"
             self.sync_method = "torch.cuda.synchronize"
         else:
@@ -217,8 +218,9 @@ class Adapter(TorchModel, BaseAdapter):
 
     def _setup_single_device(self) -> None:
         if self.spec.device == "cuda":
-            torch.cuda.set_device(self.ctx.local_rank)
-            self.device = torch.device("cuda", self.ctx.local_rank)
+            ordinal = self.choose_gpu(torch.cuda.device_count(), torch_gpu_identity)
+            torch.cuda.set_device(ordinal)
+            self.device = torch.device("cuda", ordinal)
             self.sync_method = "torch.cuda.synchronize"
         else:
             self.device = torch.device("cpu")

@@ -226,7 +226,7 @@ class Adapter(BaseAdapter):
                     "device 'cuda': this MXNet build has no CUDA support or sees "
                     "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)"
                 )
-            self.device = mx.gpu(ctx.local_rank)
+            self.device = mx.gpu(self.choose_gpu(mx.context.num_gpus()))
         else:
             self.device = mx.cpu()
         if self.autocast:

@@ -331,6 +331,18 @@ class TorchModel:
         }
 
 
+def torch_gpu_identity(ordinal: int) -> dict:
+    """What CUDA tells of device `ordinal`: its UUID, PCI bus id (NVML's format) and name."""
+    props = torch.cuda.get_device_properties(ordinal)
+    bus = getattr(props, "pci_bus_id", None)
+    pci = None
+    if bus is not None:
+        domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+        pci = f"{domain:08X}:{bus:02X}:{device:02X}.0"
+    uuid = getattr(props, "uuid", None)
+    return {"uuid": str(uuid) if uuid is not None else None, "pci_bus_id": pci, "name": props.name}
+
+
 class Adapter(TorchModel, BaseAdapter):
     name = "pytorch"
     title = "PyTorch"
@@ -357,8 +369,9 @@ class Adapter(TorchModel, BaseAdapter):
         self.seed()
         torch.set_num_threads(spec.threads)
         if spec.device == "cuda":
-            torch.cuda.set_device(ctx.local_rank)
-            self.device = torch.device("cuda", ctx.local_rank)
+            ordinal = self.choose_gpu(torch.cuda.device_count(), torch_gpu_identity)
+            torch.cuda.set_device(ordinal)
+            self.device = torch.device("cuda", ordinal)
             backend = "nccl"
             self.sync_method = "torch.cuda.synchronize"
         else:
@@ -379,7 +392,7 @@ class Adapter(TorchModel, BaseAdapter):
         model = self.prepare_model()
         if self.data_parallel:
             model = DistributedDataParallel(
-                model, device_ids=[ctx.local_rank] if spec.device == "cuda" else None
+                model, device_ids=[self.device.index] if spec.device == "cuda" else None
             )
         if self.data_parallel:
             model._set_ddp_runtime_logging_sample_rate(DDP_RUNTIME_LOGGING_SAMPLE_RATE)

@@ -82,19 +82,23 @@ def keras_versions() -> dict:
     return {"keras": keras.__version__}
 
 
-def configure_runtime(spec, ctx) -> None:
-    """Threads and visible devices; must run before the TensorFlow runtime starts."""
+def configure_runtime(adapter) -> None:
+    """Threads and visible devices; must run before the TensorFlow runtime starts. A cuda rank
+    keeps one GPU, chosen by dlscale.devices.pick_gpu over the GPUs TensorFlow sees
+    (adapter.choose_gpu, which records the board: TensorFlow reports its name only)."""
+    spec = adapter.spec
     tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
     tf.config.threading.set_inter_op_parallelism_threads(spec.threads)
     gpus = tf.config.list_physical_devices("GPU")
     if spec.device == "cuda":
-        if ctx.local_rank >= len(gpus):
-            raise RuntimeError(
-                f"rank {ctx.rank}: local rank {ctx.local_rank} but only "
-                f"{len(gpus)} GPU(s) visible to TensorFlow"
-            )
-        tf.config.set_visible_devices(gpus[ctx.local_rank], "GPU")
-        tf.config.experimental.set_memory_growth(gpus[ctx.local_rank], True)
+
+        def identify(ordinal):
+            details = tf.config.experimental.get_device_details(gpus[ordinal])
+            return {"name": details.get("device_name")}
+
+        ordinal = adapter.choose_gpu(len(gpus), identify)
+        tf.config.set_visible_devices(gpus[ordinal], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[ordinal], True)
     elif gpus:
         tf.config.set_visible_devices([], "GPU")
 
@@ -219,7 +223,7 @@ class Adapter(BaseAdapter):
     def _setup_common(self) -> None:
         spec, ctx = self.spec, self.ctx
         check_keras(self.legacy_keras, self.name)
-        configure_runtime(spec, ctx)
+        configure_runtime(self)
         # seed + rank as in every adapter; the initial weights are worker 0's on every rank all
         # the same: MWMS broadcasts variables' initial values (so, under Keras 3, are the
         # dropout layers' seed states, which are variables too).
