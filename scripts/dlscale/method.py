@@ -40,7 +40,8 @@ HOST_SYNC_PER_STEP = {
     ),
     "horovod": (
         "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for every "
-        "gradient allreduce before the update"
+        "gradient allreduce before the update (and under fp16 GradScaler reads its inf check "
+        "on the host: Horovod's optimizer is not the fused SGD)"
     ),
     "tensorflow": "one per step: the step fetches its loss to the host (.numpy())",
     "keras": "one per step: the step fetches its loss to the host",

@@ -27,7 +27,9 @@ from .method import (
     ALLREDUCE_REPEATS,
     BREAKDOWN_STEPS,
     COMPETING_BUSY_CPUS,
+    HOST_SYNC_PER_STEP,
     IDLE_PROBE_SECONDS,
+    REWARM_METHOD,
 )
 from .stats import CI_METHOD, EXACT, GROUP, NONE, RANGE
 from .systems import MAX_VALUES as MAX_SYSTEM_VALUES
@@ -153,6 +155,8 @@ def build_macros(
         "EnergyNote",
         "CompileNote",
         "Timer",
+        "Rewarm",
+        "HostSync",
         "Modes",
         "FastPaths",
         "RepsMin",
@@ -239,6 +243,11 @@ def execution_notes(cells: pd.DataFrame) -> dict[str, str]:
             "reported per cell as compile_seconds"
         )
     notes["Timer"] = "; ".join(sorted(column("timer").dropna().astype(str).unique())) or "n/a"
+    notes["Rewarm"] = REWARM_METHOD
+    notes["HostSync"] = "; ".join(
+        f"{fw}: {HOST_SYNC_PER_STEP.get(fw, 'not stated')}"
+        for fw in sorted(cells["framework"].dropna().unique())
+    )
     notes["Modes"] = ", ".join(
         f"{mode} ({n} cells)" for mode, n in cells["mode"].value_counts().sort_index().items()
     )
