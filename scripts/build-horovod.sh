@@ -27,7 +27,16 @@ SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
 log() { printf '[build-horovod] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-[ $# -eq 1 ] || die "usage: $0 <venv-dir>"
+CUDA=0
+PRINT_ONLY=0
+while [ $# -gt 1 ]; do
+  case $1 in
+    --cuda) CUDA=1; shift ;;              # GPU operations through NCCL (a GPU site)
+    --print-build-env) PRINT_ONLY=1; shift ;;  # print the build line and stop
+    *) die "unknown option: $1 (allowed: --cuda, --print-build-env)" ;;
+  esac
+done
+[ $# -eq 1 ] || die "usage: $0 [--cuda] [--print-build-env] <venv-dir>"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=$(cd "$1" 2>/dev/null && pwd) || die "no such venv directory: $1"
 PY=$VENV/bin/python
@@ -61,8 +70,24 @@ TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
 PY_VERSION=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PATCH_SHA256=$(sha256sum "$PATCH_FILE" | cut -d' ' -f1)
 BUILD_SWITCHES="HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1"
-if [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+if [ "$CUDA" = 1 ]; then
+  # NCCL for every GPU collective, against pip's NCCL in the venv (nvidia-nccl-cu*, brought by
+  # torch's CUDA build) unless NCCL_HOME names the site's, and the site's CUDA toolkit
+  # (CUDA_HOME, default /usr/local/cuda: Horovod compiles CUDA kernels with its nvcc).
+  SP=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  NCCL_DIR=${NCCL_HOME:-$SP/nvidia/nccl}
+  CUDA_DIR=${CUDA_HOME:-/usr/local/cuda}
+  BUILD_SWITCHES="$BUILD_SWITCHES HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$NCCL_DIR HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME=$CUDA_DIR"
+  if [ "$PRINT_ONLY" = 0 ]; then
+    [ -x "$CUDA_DIR/bin/nvcc" ] || die "no nvcc in $CUDA_DIR/bin: set CUDA_HOME to the site's CUDA toolkit (module load cuda; echo \$CUDA_HOME)"
+    [ -f "$NCCL_DIR/include/nccl.h" ] || die "no nccl.h in $NCCL_DIR/include: install torch's CUDA build (envs/horovod-cuda.txt) or set NCCL_HOME"
+  fi
+elif [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
   BUILD_SWITCHES="$BUILD_SWITCHES HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS"
+fi
+if [ "$PRINT_ONLY" = 1 ]; then
+  echo "$BUILD_SWITCHES"
+  exit 0
 fi
 INPUTS="horovod $HOROVOD_VERSION
 sdist_sha256 $SDIST_SHA256
@@ -76,10 +101,13 @@ STAMP=$VENV/.horovod-build
 
 installed_ok() {
   "$PY" - <<'EOF' 2>/dev/null
+import os
 import horovod.torch as hvd
 assert hvd.gloo_built(), "gloo not built"
+assert os.environ["CUDA"] != "1" or hvd.nccl_built(), "NCCL not built"
 EOF
 }
+export CUDA
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && installed_ok; then
   log "horovod $HOROVOD_VERSION is up to date in $VENV (torch $TORCH_VERSION, key $KEY)"

@@ -7,8 +7,14 @@
 #   - .venvs/<env>: one venv per other framework environment (envs/<env>.txt): tensorflow
 #     (also serves keras), mxnet, horovod (Horovod is built from its patched sdist by
 #     scripts/build-horovod.sh, wheel cached in .cache/wheels).
-# Usage: setup.sh [ENV ...]   (default: every framework environment; `setup.sh none` builds only
-# the driver). Needs root (or sudo) for apt. A venv is rebuilt only when its inputs change.
+#   - on a GPU site, the CUDA builds a GPU hardware entry's cells run in (environment_variant
+#     cuda): pytorch-cuda, tensorflow-cuda (also keras), horovod-cuda (Horovod built with NCCL:
+#     needs CUDA_HOME, the site's CUDA toolkit), mxnet-cuda (CUDA 11.7, pre-Hopper GPUs);
+#     installed from PyPI with pip --isolated (no local CPU wheel can stand in) and checked
+#     to be CUDA builds (python -m dlscale.capability) before they are marked ready.
+# Usage: setup.sh [ENV ...]   (default: every CPU framework environment; `setup.sh none` builds
+# only the driver; e.g. `setup.sh pytorch-cuda tensorflow-cuda horovod-cuda` on a GPU site).
+# Needs root (or sudo) for apt. A venv is rebuilt only when its inputs change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -16,6 +22,17 @@ ROOT=$PWD
 log() { printf '[setup] %s\n' "$*" >&2; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# The environments asked for, checked before anything is installed (pytorch's CPU build is part
+# of .venv; workflow.txt is .venv's own list).
+ENVS=("$@")
+[ ${#ENVS[@]} -gt 0 ] || ENVS=(tensorflow mxnet horovod)
+for env in "${ENVS[@]}"; do
+  [ "$env" = none ] && continue
+  [ -f "envs/$env.txt" ] && [ "$env" != pytorch ] && [ "$env" != workflow ] || {
+    log "unknown environment '$env' (no envs/$env.txt); allowed: tensorflow mxnet horovod" \
+        "pytorch-cuda tensorflow-cuda horovod-cuda mxnet-cuda none"; exit 2; }
+done
 
 APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
               lmodern poppler-utils git)
@@ -47,15 +64,19 @@ fi
 log "driver ready: snakemake $("$VENV/bin/snakemake" --version | head -1), $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
 
 # One venv per framework environment (keras runs in the tensorflow one).
-ENVS=("$@")
-[ ${#ENVS[@]} -gt 0 ] || ENVS=(tensorflow mxnet horovod)
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
   req=envs/$env.txt
-  [ -f "$req" ] || { log "unknown environment '$env' (no $req); allowed: tensorflow mxnet horovod none"; exit 2; }
   target=$ROOT/.venvs/$env
+  base=${env%-cuda}
   inputs=("$req")
-  [ "$env" = horovod ] && inputs+=(scripts/build-horovod.sh envs/patches/*.patch)
+  pip_args=()
+  if [ "$base" != "$env" ]; then
+    # a CUDA build: its -r include is part of its inputs; PyPI only, no local CPU wheel or cap
+    [ -f "envs/$base.txt" ] && inputs+=("envs/$base.txt")
+    pip_args=(--isolated)
+  fi
+  [ "$base" = horovod ] && inputs+=(scripts/build-horovod.sh envs/patches/*.patch)
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
   package=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [ -x "$target/bin/python" ] && [ "$(cat "$target/.dlscale-setup" 2>/dev/null)" = "$want" ]; then
@@ -74,9 +95,15 @@ for env in "${ENVS[@]}"; do
   rm -rf "$target"
   python3 -m venv "$target"
   "$target/bin/python" -m pip install -q --upgrade "pip>=24"
-  "$target/bin/python" -m pip install -q -r "$req"
+  "$target/bin/python" -m pip install -q "${pip_args[@]}" -r "$req"
   "$target/bin/python" -m pip install -q --no-deps -e .
   if [ "$env" = horovod ]; then bash scripts/build-horovod.sh "$target"; fi
+  if [ "$env" = horovod-cuda ]; then bash scripts/build-horovod.sh --cuda "$target"; fi
+  if [ "$base" != "$env" ]; then
+    # the environment must drive a GPU (read from its files: no GPU needed on this host)
+    "$target/bin/python" -m dlscale.capability --env-dir "$target" --framework "$base" --expect-cuda \
+      || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; exit 1; }
+  fi
   echo "$want" > "$target/.dlscale-setup"
   echo "$package" > "$target/.dlscale-package"
   log ".venvs/$env ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"

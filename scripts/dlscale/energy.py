@@ -102,6 +102,11 @@ class _Nvml:
     def stop(self) -> float:
         if self.method == "counter":
             end_mj = self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            if end_mj <= self.start_mj:
+                raise EnergyUnavailable(
+                    f"NVML's energy counter did not advance over the window ({self.start_mj} "
+                    f"-> {end_mj} mJ)"
+                )
             return (end_mj - self.start_mj) / 1000.0
         self._stop.set()
         self.thread.join()
