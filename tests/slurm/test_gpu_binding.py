@@ -7,6 +7,7 @@ two ranks is caught (dlscale.devices.shared_gpus), as the report's note states i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -133,3 +134,39 @@ def test_two_ranks_bound_to_one_board_are_flagged(cluster, tmp_path):
     assert {r["gpu"]["key"] for r in ranks} == {"gres:0"}
     (node,) = {r["node"] for r in ranks}
     assert shared_gpus(ranks) == [{"node": node, "gpu": "gres:0", "ranks": [0, 1]}]
+
+
+@pytest.mark.parametrize("binding", ["node", "task"])
+def test_the_ranks_step_gets_the_gpus_from_inside_the_plugins_job_step(cluster, tmp_path, binding):
+    """The executor plugin runs the launcher inside an `srun -n1` step of the cell's job; the
+    ranks' step (--overlap, start_srun) still gets the job's GPUs, one board per rank (1 rank
+    per node: the local cluster's nodes have one CPU, and start_srun passes no overcommit)."""
+    cell = dataclasses.replace(cuda_cell(binding), ranks_per_node=1, global_batch=8)
+    spec = tmp_path / "cell.json"
+    spec.write_text(cell.to_json())
+    proc = subprocess.run(
+        [
+            "salloc",
+            "--nodes=2",
+            "--ntasks=2",
+            "--mem=1000",
+            "--gres=gpu:2",
+            "srun",
+            "--ntasks=1",
+            "--nodes=1",
+            sys.executable,
+            "-c",
+            START,
+            str(spec),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    srun_log = (tmp_path / "srun.log").read_text() if (tmp_path / "srun.log").exists() else ""
+    assert proc.returncode == 0, proc.stderr[-2000:] + srun_log[-2000:]
+    ranks = ranks_of(tmp_path, 2)
+    assert len({r["node"] for r in ranks}) == 2
+    assert all(r["device_count"] == 1 and r["gpu"]["ordinal"] == 0 for r in ranks), ranks
+    assert shared_gpus(ranks) == []
