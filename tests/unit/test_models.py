@@ -21,20 +21,43 @@ def _num_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# Models small enough to build and train on a CPU in a test (the GPU-sized decoders are built
+# on the meta device only).
+GPU_SIZED = ("gpt2_124m", "gpt2_350m")
+CPU_NAMES = [n for n in names() if n not in GPU_SIZED]
+
+
 def test_registry_names_and_order() -> None:
-    assert names() == ["resnet50", "resnet18", "cnn_small", "transformer_small", "resnet34"]
+    assert names() == [
+        "resnet50",
+        "resnet18",
+        "cnn_small",
+        "transformer_small",
+        "resnet34",
+        "gpt2_tiny",
+        "gpt2_124m",
+        "gpt2_350m",
+    ]
 
 
 def test_every_model_has_a_builder_by_convention() -> None:
     """Each spec's ``arch`` names a module of every framework package defining ``from_spec``;
-    PyTorch (and Horovod, which uses the PyTorch models) supports every registered model."""
+    PyTorch (and Horovod, which uses the PyTorch models) supports every registered model. The
+    decoders are built by PyTorch only, and models.builds says so for every framework."""
     assert torch_models.names() == names()
     for name in names():
         spec = get_spec(name)
         assert spec.arch.isidentifier() and spec.param_count > 0
         for package in ("torch", "tf", "mxnet"):
             path = Path(models.__file__).parent / package / f"{spec.arch}.py"
+            if spec.family == models.DECODER and package != "torch":
+                assert not path.exists(), path
+                continue
             assert "\ndef from_spec(" in path.read_text(), path  # TF/MXNet are not importable here
+        for framework, package in models.FRAMEWORK_PACKAGES.items():
+            assert models.builds(framework, name) == (
+                package == "torch" or spec.family != models.DECODER
+            )
 
 
 def test_missing_builder_names_the_framework(monkeypatch) -> None:
@@ -68,6 +91,9 @@ def test_spec_is_consistent(name: str) -> None:
         assert len(spec.input_shape) == 3
         assert spec.input_dtype == "float32"
         assert spec.vocab_size is None
+    elif spec.family == models.DECODER:  # one next-token label per position
+        assert len(spec.input_shape) == 1 and spec.input_dtype == "int64"
+        assert spec.num_classes == spec.vocab_size
     else:
         assert spec.family == "sequence"
         assert len(spec.input_shape) == 1
@@ -99,7 +125,16 @@ def test_spec_module_does_not_import_torch() -> None:
 
 @pytest.mark.parametrize("name", names())
 def test_parameter_count(name: str) -> None:
-    assert _num_params(build(name)) == get_spec(name).param_count
+    with torch.device("meta" if name in GPU_SIZED else "cpu"):
+        model = build(name)
+    assert _num_params(model) == get_spec(name).param_count
+
+
+def test_published_gpt2_parameter_counts() -> None:
+    """GPT-2 small and medium with the vocabulary padded to 50304 (nanoGPT's choice): the
+    published 124,439,808 and 354,823,168 (vocabulary 50257) plus 47 x d_model."""
+    assert get_spec("gpt2_124m").param_count == 124_439_808 + 47 * 768 == 124_475_904
+    assert get_spec("gpt2_350m").param_count == 354_823_168 + 47 * 1024 == 354_871_296
 
 
 def test_resnet50_is_v1_5() -> None:
@@ -109,20 +144,23 @@ def test_resnet50_is_v1_5() -> None:
     assert block.conv2.stride == (2, 2)
 
 
-@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("name", CPU_NAMES)
 def test_example_batch(name: str) -> None:
     spec = get_spec(name)
     torch.manual_seed(0)
     inputs, labels = example_batch(spec, 4)
     assert tuple(inputs.shape) == (4, *spec.input_shape)
     assert inputs.dtype == getattr(torch, spec.input_dtype)
-    assert labels.shape == (4,) and labels.dtype == torch.int64
+    rows = 4 * spec.input_shape[0] if spec.family == models.DECODER else 4
+    assert labels.shape == (rows,) and labels.dtype == torch.int64
+    if spec.family == models.DECODER:  # the labels are the next tokens
+        assert torch.equal(labels.view(4, -1)[:, :-1], inputs[:, 1:])
     assert 0 <= labels.min() and labels.max() < spec.num_classes
     if spec.family == "sequence":
         assert 0 <= inputs.min() and inputs.max() < spec.vocab_size
 
 
-@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("name", CPU_NAMES)
 def test_forward_backward(name: str) -> None:
     """Forward+backward at batch 2 (ResNet-50 at 224x224 takes a few seconds on CPU)."""
     spec = get_spec(name)
@@ -130,14 +168,14 @@ def test_forward_backward(name: str) -> None:
     model = build(name).train()
     inputs, labels = example_batch(spec, 2)
     logits = model(inputs)
-    assert logits.shape == (2, spec.num_classes)
+    assert logits.shape == (len(labels), spec.num_classes)
     torch.nn.functional.cross_entropy(logits, labels).backward()
     for pname, param in model.named_parameters():
         assert param.grad is not None, pname
         assert torch.isfinite(param.grad).all(), pname
 
 
-@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("name", CPU_NAMES)
 def test_channels_last_and_bf16_autocast(name: str) -> None:
     spec = get_spec(name)
     torch.manual_seed(0)
@@ -148,7 +186,7 @@ def test_channels_last_and_bf16_autocast(name: str) -> None:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(inputs)
-    assert logits.shape == (2, spec.num_classes)
+    assert logits.shape == (len(labels), spec.num_classes)
     assert logits.dtype == torch.bfloat16
     loss = torch.nn.functional.cross_entropy(logits.float(), labels)
     loss.backward()

@@ -17,14 +17,36 @@ and must work in every framework environment.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILDER", "ModelSpec", "SPECS", "find_builder", "get_spec", "names", "supported"]
+__all__ = [
+    "BUILDER",
+    "DECODER",
+    "FRAMEWORK_PACKAGES",
+    "builds",
+    "cell_seq_len",
+    "ModelSpec",
+    "SPECS",
+    "decoder_param_count",
+    "find_builder",
+    "get_spec",
+    "names",
+    "seq_len_of",
+    "spec_for",
+    "supported",
+]
+
+#: The family of decoder-only language models (next-token prediction over a token sequence):
+#: the models whose sequence length is a study parameter (config ``seq_len``) and whose
+#: throughput is also stated in tokens per second.
+DECODER = "decoder"
 
 #: The function every architecture module ``dlscale.models.<framework>.<arch>`` defines:
 #: ``from_spec(spec, **spec.arch_kwargs)`` returns that framework's model for ``spec``.
@@ -37,12 +59,14 @@ class ModelSpec:
 
     Attributes:
         name: Registry key, e.g. ``"resnet50"``.
-        family: ``"vision"`` (image classifiers) or ``"sequence"`` (token classifiers).
+        family: ``"vision"`` (image classifiers), ``"sequence"`` (token classifiers) or
+            ``"decoder"`` (decoder-only language models: one next-token label per position).
         input_shape: Per-sample input shape without the batch dimension: ``(C, H, W)``
             (channels-first) for vision models, ``(seq_len,)`` for sequence models.
         input_dtype: ``"float32"`` for vision models, ``"int64"`` (token ids) for
             sequence models.
-        num_classes: Number of output logits per sample.
+        num_classes: Number of output logits per sample (per position for a decoder: the
+            vocabulary).
         vocab_size: Token vocabulary size for sequence models, ``None`` for vision models.
         description: One-line human-readable description.
         param_count: Trainable parameters (PyTorch's ``parameters()``; BatchNorm running
@@ -73,6 +97,34 @@ _IMAGENET = dict(
     num_classes=1000,
     vocab_size=None,
 )
+
+
+def decoder_param_count(
+    vocab_size: int, seq_len: int, d_model: int, num_layers: int, dim_feedforward: int, **_
+) -> int:
+    """Trainable parameters of dlscale's GPT-2-class decoder (dlscale.models.torch.gpt): token
+    and position embeddings, per layer four d x d attention projections and the two FFN
+    matrices with their biases and two LayerNorms, a final LayerNorm; the head is tied to the
+    token embedding and adds none."""
+    d, f = d_model, dim_feedforward
+    per_layer = 4 * d * d + 4 * d + 2 * d * f + f + d + 2 * 2 * d
+    return vocab_size * d + seq_len * d + num_layers * per_layer + 2 * d
+
+
+def _decoder(name: str, description: str, vocab_size: int, seq_len: int, **arch) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family=DECODER,
+        input_shape=(seq_len,),
+        input_dtype="int64",
+        num_classes=vocab_size,
+        vocab_size=vocab_size,
+        description=description,
+        param_count=decoder_param_count(vocab_size, seq_len, **arch),
+        arch="gpt",
+        arch_kwargs=arch,
+    )
+
 
 SPECS: dict[str, ModelSpec] = {
     spec.name: spec
@@ -140,6 +192,41 @@ SPECS: dict[str, ModelSpec] = {
             arch="resnet",
             arch_kwargs={"block": "basic", "layers": (3, 4, 6, 3)},
         ),
+        # Decoder-only language models (GPT-2 class): seq_len is the default of config
+        # `seq_len`; the parameter counts are checked against the built models in the tests.
+        _decoder(
+            "gpt2_tiny",
+            "GPT-2-class decoder for CPU tests (2 layers, d_model 64, 2 heads, FFN 256, "
+            "tied head), seq_len 32, vocab 4096",
+            vocab_size=4096,
+            seq_len=32,
+            d_model=64,
+            num_layers=2,
+            num_heads=2,
+            dim_feedforward=256,
+        ),
+        _decoder(
+            "gpt2_124m",
+            "GPT-2 small (Radford et al. 2019; 12 layers, d_model 768, 12 heads, FFN 3072, "
+            "tied head), seq_len 1024, vocab 50304 (GPT-2's 50257 padded to a multiple of 64)",
+            vocab_size=50304,
+            seq_len=1024,
+            d_model=768,
+            num_layers=12,
+            num_heads=12,
+            dim_feedforward=3072,
+        ),
+        _decoder(
+            "gpt2_350m",
+            "GPT-2 medium (Radford et al. 2019; 24 layers, d_model 1024, 16 heads, FFN 4096, "
+            "tied head), seq_len 1024, vocab 50304 (GPT-2's 50257 padded to a multiple of 64)",
+            vocab_size=50304,
+            seq_len=1024,
+            d_model=1024,
+            num_layers=24,
+            num_heads=16,
+            dim_feedforward=4096,
+        ),
     )
 }
 
@@ -161,13 +248,78 @@ def get_spec(name: str) -> ModelSpec:
         raise KeyError(f"unknown model {name!r}; allowed: {', '.join(names())}") from None
 
 
+def spec_for(name: str, seq_len: int | None = None) -> ModelSpec:
+    """The spec of model ``name`` at sequence length ``seq_len`` (a cell's ``seq_len``; None:
+    the registry's). Only a decoder takes a sequence length: its input shape and its position
+    table (and so its parameter count) follow it.
+
+    Raises:
+        KeyError: ``name`` is unknown.
+        ValueError: a sequence length for a model that is not a decoder, or one below 1.
+    """
+    spec = get_spec(name)
+    if seq_len is None or (seq_len == spec.input_shape[0] and spec.family == DECODER):
+        return spec
+    if spec.family != DECODER:
+        decoders = ", ".join(n for n, s in SPECS.items() if s.family == DECODER)
+        raise ValueError(
+            f"seq_len {seq_len}: model {name!r} ({spec.family}) takes no sequence length; "
+            f"only decoder models do: {decoders}"
+        )
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len {seq_len!r}: must be an integer >= 1")
+    return dataclasses.replace(
+        spec,
+        input_shape=(seq_len,),
+        param_count=decoder_param_count(spec.vocab_size, seq_len, **spec.arch_kwargs),
+    )
+
+
+def seq_len_of(spec: ModelSpec) -> int | None:
+    """Tokens per sample of a model that reads token sequences (decoder and sequence models),
+    None for vision models."""
+    return spec.input_shape[0] if spec.family in (DECODER, "sequence") else None
+
+
+def cell_seq_len(name: str, seq_len: int | None) -> int | None:
+    """A cell's ``seq_len`` (dlscale.cell.Cell): for a decoder the study's ``seq_len`` or, where
+    that is null, the registry's; None for every other model (their cells keep their identity)."""
+    spec = SPECS.get(name)
+    if spec is None or spec.family != DECODER:
+        return None
+    return seq_len if seq_len is not None else spec.input_shape[0]
+
+
+# The model package each framework builds its models from (dlscale.models.<package>).
+FRAMEWORK_PACKAGES = {
+    "pytorch": "torch",
+    "horovod": "torch",
+    "tensorflow": "tf",
+    "keras": "tf",
+    "mxnet": "mxnet",
+}
+
+
+def builds(framework: str, name: str) -> bool:
+    """Whether ``framework`` has a builder for model ``name``: its model package has the
+    spec's architecture module (looked up as a file: importing a framework package imports
+    the framework)."""
+    package = FRAMEWORK_PACKAGES.get(framework)
+    spec = SPECS.get(name)
+    if package is None or spec is None:
+        return True  # unknown names are refused by the schema, with the allowed values
+    return (Path(__file__).parent / package / f"{spec.arch}.py").is_file()
+
+
 def supported(package: str) -> list[str]:
     """Registered names, in registry order, whose architecture module exists in the
     framework package ``package`` (e.g. ``"dlscale.models.tf"``); imports no such module."""
     return [n for n, s in SPECS.items() if importlib.util.find_spec(f"{package}.{s.arch}")]
 
 
-def find_builder(package: str, framework: str, name: str) -> Callable[[], Any]:
+def find_builder(
+    package: str, framework: str, name: str, seq_len: int | None = None
+) -> Callable[[], Any]:
     """The zero-argument builder of model ``name`` in the framework package ``package``:
     ``<package>.<spec.arch>.from_spec`` bound to the spec and its ``arch_kwargs``.
 
@@ -175,13 +327,14 @@ def find_builder(package: str, framework: str, name: str) -> Callable[[], Any]:
         package: The framework package, e.g. ``"dlscale.models.torch"``.
         framework: Its human-readable name for messages, e.g. ``"PyTorch"``.
         name: A registered model name.
+        seq_len: A decoder's sequence length (:func:`spec_for`); None: the registry's.
 
     Raises:
         KeyError: ``name`` is unknown (the message lists the registered names), or the
             framework has no builder for it (the message names the framework, the missing
             module or function, and the names the framework does support).
     """
-    spec = get_spec(name)
+    spec = spec_for(name, seq_len)
     module_name = f"{package}.{spec.arch}"
     try:
         module = importlib.import_module(module_name)

@@ -1,0 +1,177 @@
+"""Model FLOPs and model FLOPs utilisation (MFU).
+
+Two halves, one module:
+
+- **FLOPs per sample** of a model spec (forward + backward of one training step), counted by
+  PyTorch's FLOP counter (``torch.utils.flop_counter.FlopCounterMode``) once per spec and
+  sequence length (:func:`count_flops_per_sample`, cached in the process): the model is built
+  on the ``meta`` device (no memory, no arithmetic), one batch of COUNT_BATCH samples runs
+  forward and backward with attention in PyTorch's math backend (so attention's two batched
+  matrix products are counted; the CPU's fused attention kernel is not in the counter's
+  registry). The counter counts matrix multiplications, convolutions and attention products;
+  elementwise operations, normalisation, softmax, the loss and the optimizer's update are not
+  counted, and recomputation is not counted (none is done). The ranks of a PyTorch cell record
+  the count in their ``rank_start`` (``model_flops``) before any step, off the timed path.
+- **MFU** from a cell's measured throughput: achieved TFLOP/s per device =
+  flops_per_sample x throughput_samples_per_s / world_size / 1e12, against the **dense** peak of
+  the cell's hardware entry and precision (hardware file ``peak_tflops``, the datasheet's figure
+  without structured sparsity, kept with its source). An entry without a peak for the
+  precision has an "unknown peak" and no MFU.
+
+The decoder's cross-check (:func:`decoder_flops_per_token`): per token, 6 N (N = trainable
+parameters) + 12 L d S (attention scores and the weighted sum of values, L layers, width d,
+sequence length S; PaLM, Chowdhery et al. 2022, appendix B). What the counter counts exactly is
+6 (N - S d - non-matrix parameters) + 12 L d S: the position table, biases and LayerNorms hold
+parameters but do no matrix product.
+
+Importing this module imports no framework (the analysis side reads its formulas).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+# The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
+# and tf32 (fp32 cells whose math ran on TF32 tensor cores, per the cell's recorded fast paths).
+PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PEAK_KEY = "peak_tflops"
+COUNT_BATCH = 2  # samples per counted batch; FLOPs per sample = the count / COUNT_BATCH
+
+FLOP_METHOD = (
+    "torch.utils.flop_counter.FlopCounterMode over one forward and backward of "
+    f"{COUNT_BATCH} samples on the meta device (attention in the math backend), divided by "
+    f"{COUNT_BATCH}: matrix multiplications, convolutions and attention products; elementwise "
+    "operations, normalisation, softmax, loss and optimizer update not counted; counted once "
+    "per model and sequence length, before the first step"
+)
+MFU_METHOD = (
+    "achieved TFLOP/s per device = FLOPs per sample (counted, forward + backward) x the cell's "
+    "throughput in samples/s / world size / 1e12; MFU = that / the dense peak TFLOP/s of the "
+    "hardware entry at the cell's precision (hardware file peak_tflops, with its source; "
+    "sparse peaks are refused); fp32 cells whose fast paths ran TF32 (matmuls for sequence "
+    "models, cuDNN for vision models) are held against the tf32 peak"
+)
+UNKNOWN_PEAK = "unknown peak"
+
+
+@functools.cache
+def count_flops_per_sample(model: str, seq_len: int | None = None) -> dict:
+    """FLOPs of one training sample (forward + backward) of a registered model, counted by
+    PyTorch's FLOP counter on the meta device (FLOP_METHOD); cached per (model, seq_len).
+
+    Returns ``{"flops_per_sample": int, "seq_len": int | None, "method": str,
+    "seconds": float}`` (seconds: how long the count took)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .models import spec_for
+    from .models.torch import build, example_batch
+
+    started = time.perf_counter()
+    spec = spec_for(model, seq_len)
+    with torch.device("meta"):
+        net = build(model, seq_len)
+    net.train()
+    x, y = example_batch(spec, COUNT_BATCH, device="meta")
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+    total = counter.get_total_flops()
+    if total % COUNT_BATCH:
+        raise RuntimeError(f"{model}: {total} FLOPs for {COUNT_BATCH} samples is not a multiple")
+    return {
+        "flops_per_sample": total // COUNT_BATCH,
+        "seq_len": seq_len if seq_len is not None else _seq_len(spec),
+        "method": FLOP_METHOD,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _seq_len(spec) -> int | None:
+    from .models import seq_len_of
+
+    return seq_len_of(spec)
+
+
+def decoder_flops_per_token(spec) -> dict:
+    """A decoder spec's FLOPs per token (forward + backward) by formula:
+
+    - ``six_n``: 6 N, N = the trainable parameters (spec.param_count);
+    - ``attention``: 12 L d S, the attention scores (Q K^T) and the weighted values (A V),
+      2 S d FLOPs each per token and layer forward, 3x for forward + backward;
+    - ``six_n_plus_attention``: their sum (the formula the count is checked against);
+    - ``counted``: what FlopCounterMode counts, exactly: 6 x the parameters that take part in a
+      matrix product (the tied token embedding as the head, the blocks' weight matrices:
+      L (4 d^2 + 2 d f)) + 12 L d S. The difference to six_n_plus_attention is 6 x the
+      position table (S d), biases and LayerNorm parameters, which do no matrix product.
+    """
+    a = spec.arch_kwargs
+    d, layers, f = a["d_model"], a["num_layers"], a["dim_feedforward"]
+    s = spec.input_shape[0]
+    matmul_params = spec.vocab_size * d + layers * (4 * d * d + 2 * d * f)
+    attention = 12 * layers * d * s
+    return {
+        "six_n": 6 * spec.param_count,
+        "attention": attention,
+        "six_n_plus_attention": 6 * spec.param_count + attention,
+        "counted": 6 * matmul_params + attention,
+    }
+
+
+def peak_problems(key: str, peak) -> list[str]:
+    """What is wrong with a hardware entry's ``peak_tflops`` beyond its schema: sparse peaks
+    are refused (a key or a value that names sparsity), with the reason."""
+    if not isinstance(peak, dict):
+        return []
+    problems = []
+    for name, value in peak.items():
+        flagged = "sparse" in str(name).lower() or (
+            not isinstance(value, (int, float)) and "sparse" in str(value).lower()
+        )
+        if name == "source":
+            flagged = "sparse" in str(value).lower() and "dense" not in str(value).lower()
+        if flagged:
+            problems.append(
+                f"{key}.{PEAK_KEY}.{name}: sparse peaks are refused: MFU is measured against "
+                "the dense peak (the datasheet's figure without structured sparsity, e.g. H100 "
+                f"SXM bf16 989.4, not 1,979); allowed keys: {', '.join(PEAK_PRECISIONS)}, source"
+            )
+    return problems
+
+
+def peak_key(precision: str, tf32: bool = False) -> str:
+    """The peak_tflops key a cell is held against: its precision, tf32 for an fp32 cell whose
+    math ran on TF32 tensor cores."""
+    return "tf32" if precision == "fp32" and tf32 else precision
+
+
+def peak_of(entry: dict | None, precision: str, tf32: bool = False) -> tuple[float | None, str]:
+    """(dense peak TFLOP/s, how it is known) of a hardware entry at a cell's precision:
+    (value, 'hardware file peak_tflops.<key>: <source>') or (None, 'unknown peak (...why)')."""
+    key = peak_key(precision, tf32)
+    peak = (entry or {}).get(PEAK_KEY) or {}
+    value = peak.get(key)
+    if not isinstance(value, (int, float)) or value <= 0:
+        return None, f"{UNKNOWN_PEAK} (no {PEAK_KEY}.{key} in the hardware entry)"
+    return float(value), f"{PEAK_KEY}.{key} {value:g}: {peak.get('source', 'no source given')}"
+
+
+def achieved_tflops_per_device(
+    flops_per_sample: float | None, throughput_samples_per_s: float | None, world_size: int
+) -> float | None:
+    """Model TFLOP/s per device: FLOPs per sample x the cell's samples/s (summed over its
+    ranks) / world size / 1e12; None when either is unknown."""
+    if not flops_per_sample or throughput_samples_per_s is None or not world_size:
+        return None
+    return flops_per_sample * throughput_samples_per_s / world_size / 1e12
+
+
+def mfu(achieved_tflops: float | None, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation (0..1): achieved over dense peak TFLOP/s; None when either is
+    unknown."""
+    if achieved_tflops is None or not peak_tflops:
+        return None
+    return achieved_tflops / peak_tflops
