@@ -15,6 +15,7 @@ the same call builds the tables of a complete study and of a study with failed c
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from .metrics import MetricsError, read_metrics
 from .stats import add_speedup, scaling_summary, stragglers
 from .status import cell_status
 from .systems import cell_systems, probe_seconds, systems_table
+from .telemetry import QUANTITIES
 from .tta import convergence_rows, convergence_tables
 
 CELL_FIELDS = [
@@ -49,6 +51,70 @@ def _largest(summary: dict, key: str):
 
 def _scaled(value, factor):
     return None if value is None else value * factor
+
+
+def rank_telemetry(rank_end: dict) -> dict:
+    """A rank's telemetry columns (dlscale.telemetry.QUANTITIES: the window's mean of each),
+    None where not sampled (a quantity it could not read, or a cell measured before)."""
+    quantities = (rank_end.get("telemetry") or {}).get("quantities") or {}
+    return {q: (quantities.get(q) or {}).get("mean") for q in QUANTITIES}
+
+
+def cell_telemetry(records: list[dict], ranks: list[dict]) -> dict:
+    """A cell's telemetry columns: per quantity the mean over its ranks and the lowest and
+    highest rank (`{q}_mean`, `{q}_rank_min`, `{q}_rank_max`), the fewest samples a rank took,
+    and what could not be read (reasons, once each)."""
+    row = {}
+    for q in QUANTITIES:
+        values = [r[q] for r in ranks if r.get(q) is not None]
+        row[f"{q}_mean"] = sum(values) / len(values) if values else None
+        row[f"{q}_rank_min"] = min(values, default=None)
+        row[f"{q}_rank_max"] = max(values, default=None)
+    records_t = [r["value"].get("telemetry") for r in records if r["event"] == RANK_END]
+    taken = [t["samples"] for t in records_t if t]
+    row["telemetry_samples_min"] = min(taken, default=None)
+    reasons = sorted({f"{q}: {why}" for t in records_t if t for q, why in t["unavailable"].items()})
+    row["telemetry_unavailable"] = "; ".join(reasons) or None
+    return row
+
+
+# what the straggler detail shows of a slow rank's telemetry, in this order: (quantity, label)
+STRAGGLER_TELEMETRY = (
+    ("gpu_util_pct", "GPU util"),
+    ("sm_clock_mhz", "SM clock"),
+    ("gpu_temperature_c", "temperature"),
+    ("gpu_power_w", "power"),
+    ("cpu_util_pct", "CPU util"),
+    ("rss_mb", "RSS"),
+)
+
+
+def straggler_detail(slow: list[dict], ranks: list[dict]) -> str | None:
+    """Each slow rank with its node, GPU board and telemetry beside the cell's median rank,
+    e.g. 'rank 3 (n2, GPU gres:1): 61.2 samples/s vs median 80.4; GPU util 45 % (median
+    97 %), SM clock 1410 MHz (median 1980 MHz)'; ranks joined by ' | '."""
+    if not slow:
+        return None
+
+    def median_of(q):
+        values = [r[q] for r in ranks if r.get(q) is not None]
+        return statistics.median(values) if values else None
+
+    parts = []
+    for r in slow:
+        where = r["node"] + (f", GPU {r['gpu']}" if r.get("gpu") else "")
+        shown = []
+        for q, label in STRAGGLER_TELEMETRY:
+            if r.get(q) is None:
+                continue
+            unit = QUANTITIES[q][0]
+            shown.append(f"{label} {r[q]:.0f} {unit} (median {median_of(q):.0f} {unit})")
+        parts.append(
+            f"rank {r['rank']} ({where}): {r['throughput_samples_per_s']:.3g} samples/s vs "
+            f"median {median_of('throughput_samples_per_s'):.3g}; "
+            + (", ".join(shown) or "no telemetry")
+        )
+    return " | ".join(parts)
 
 
 # The value of a key for metrics files written before that key existed.
@@ -87,6 +153,8 @@ def cell_rows(
                 "threads": st["threads"],
                 "host_busy_cpus": probe.get(rec["rank"], {}).get("busy_cpus"),
                 "device_model": st["device_model"],
+                "gpu": (st.get("gpu") or {}).get("key"),
+                **rank_telemetry(end),
             }
         )
     slow = stragglers([r["throughput_samples_per_s"] for r in ranks], straggler_threshold)
@@ -134,6 +202,8 @@ def cell_rows(
         ),
         "straggler": bool(slow),
         "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
+        "straggler_detail": straggler_detail([ranks[i] for i in slow], ranks),
+        **cell_telemetry(records, ranks),
         "host_busy_cpus_max": summary["host_busy_cpus_max"],
         "device_model": prov["device_model"],
         "libraries": " ".join(f"{k}={v}" for k, v in sorted(prov["libraries"].items())),

@@ -4,9 +4,9 @@ before any cell runs, without importing matplotlib or pandas.
 
 Layout (`figure_layout`):
 
-- one figure *family* (throughput, speedup, efficiency, frameworks, breakdown) is drawn per
-  hardware key into ``{hardware}/{family}.pdf``;
-- scaling families (throughput, speedup, efficiency) and the breakdown have one panel per
+- one figure *family* (throughput, speedup, efficiency, frameworks, breakdown, telemetry) is
+  drawn per hardware key into ``{hardware}/{family}.pdf``;
+- scaling families (throughput, speedup, efficiency), the breakdown and telemetry have one panel per
   model x batch policy, and one series per framework x precision (colour = framework, marker
   and line style = precision); the frameworks family has one panel per batch policy with the
   page's models on the x axis and one bar per series;
@@ -35,7 +35,7 @@ SCALING = {
     "speedup": ("speedup", "Speedup"),
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
-FAMILIES = [*SCALING, "frameworks", "breakdown"]
+FAMILIES = [*SCALING, "frameworks", "breakdown", "telemetry"]
 # The scaling model's extensions (dlscale.scalemodel), drawn in the series' colour; how far they
 # reach follows plan.max_extrapolation and plan.max_extrapolation_unvalidated (predicted_caption).
 # (the defaults are dlscale.scalemodel's, repeated here: this module imports neither numpy nor
@@ -88,6 +88,11 @@ FAMILY_CAPTIONS = {
     "breakdown": "Median step time split into compute (solid: the same step without gradient "
     "allreduce) and communication (hatched: the rest) per node count; grey: the framework "
     "exposes no compute-only step; one panel per model and batch policy.",
+    "telemetry": "Device utilisation during the timed window against node count (dlscale."
+    "telemetry): GPU utilisation (NVML, the rank's own board) on GPU hardware, else the rank "
+    "process's CPU utilisation (% of one core); solid: mean over the cell's ranks, dotted: its "
+    "lowest rank (a straggler shows here); median over repetitions; one panel per model and "
+    "batch policy.",
 }
 WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
 # A figure file's name in its hardware folder, without .pdf: {family} or {family}-{part}

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from .layout import FAMILIES, SCALING, with_variant  # noqa: E402
@@ -382,6 +383,54 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     return _finish(fig, axes, out, extra)
 
 
+# the telemetry family's quantity: GPU utilisation where the hardware's cells sampled it, else
+# the rank process's CPU utilisation (dlscale.telemetry)
+TELEMETRY_AXES = {
+    "gpu_util_pct": "GPU utilisation (%, NVML)",
+    "cpu_util_pct": "CPU utilisation (% of one core)",
+}
+
+
+def _numeric(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A column as numbers, NaN where absent (tables written before the column existed)."""
+    if column not in rows:
+        return pd.Series(np.nan, index=rows.index)
+    return pd.to_numeric(rows[column], errors="coerce")
+
+
+def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Device utilisation during the timed window against nodes: per series the mean over a
+    cell's ranks (solid) and its lowest rank (dotted), medians over repetitions."""
+    hw = scaling[scaling["hardware"] == spec["hardware"]]
+    gpu = _numeric(hw, "gpu_util_pct_mean_median").notna().any()
+    quantity = "gpu_util_pct" if gpu else "cpu_util_pct"
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    hue = _Hue(spec)
+    for ax, _, part in _panels(scaling, spec, axes):
+        for framework, precision in spec["series"]:
+            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
+            line = line.sort_values("nodes")
+            mean = _numeric(line, f"{quantity}_mean_median")
+            if mean.isna().all():
+                continue
+            colour = hue.colour[framework]
+            ax.plot(
+                line["nodes"],
+                mean,
+                marker=hue.marker(precision),
+                color=colour,
+                label=hue.label(framework, precision),
+            )
+            lowest = _numeric(line, f"{quantity}_rank_min_median")
+            ax.plot(line["nodes"], lowest, linestyle=":", color=colour, linewidth=0.9)
+        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        ax.set_ylim(bottom=0)
+    _label_outer(axes, len(panels), TELEMETRY_AXES[quantity], "Nodes")
+    extra = [Line2D([], [], color="0.3", linestyle=":", label="lowest rank")]
+    return _finish(fig, axes, out, extra)
+
+
 def plot_figure(
     scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
 ) -> dict:
@@ -398,6 +447,8 @@ def plot_figure(
             return plot_frameworks(scaling, spec, out)
         if family == "breakdown":
             return plot_breakdown(scaling, spec, out)
+        if family == "telemetry":
+            return plot_telemetry(scaling, spec, out)
         raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")
 
 

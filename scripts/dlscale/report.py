@@ -34,6 +34,7 @@ from .method import (
 from .stats import CI_METHOD, EXACT, GROUP, NONE, RANGE
 from .systems import MAX_VALUES as MAX_SYSTEM_VALUES
 from .systems import MLPERF_FIELDS, MLPERF_NOT_COVERED
+from .telemetry import TELEMETRY_INTERVAL_S
 from .tta_report import convergence_macros, write_convergence_table
 
 _LATEX_SPECIAL = {
@@ -131,6 +132,7 @@ def build_macros(
         "AllreduceSizes": " and ".join(f"{b >> 20}" for b in ALLREDUCE_BYTES),
         "AllreduceRepeats": ALLREDUCE_REPEATS,
         "CompetingBusyCpus": COMPETING_BUSY_CPUS,
+        "TelemetryInterval": TELEMETRY_INTERVAL_S,
         "MlperfCovered": _join(
             sorted({f.strip() for v in MLPERF_FIELDS.values() for f in v.split(",")})
         ),
@@ -151,6 +153,8 @@ def build_macros(
         "EfficiencyAtMaxNodesMax",
         "CellsCompeting",
         "CellsStraggler",
+        "StragglerDetail",
+        "TelemetryNote",
         "SharedGpuNote",
         "EnergyNote",
         "CompileNote",
@@ -203,6 +207,8 @@ def build_macros(
             else "No two ranks of a node used the same GPU."
         )
         m["CellsStraggler"] = int(cells["straggler"].sum())
+        m["StragglerDetail"] = straggler_note(cells)
+        m["TelemetryNote"] = telemetry_note(cells)
         energy = cells["joules_per_sample"].dropna()
         m.update(execution_notes(cells))
         m["EnergyNote"] = (
@@ -217,6 +223,53 @@ def build_macros(
         m["RepsMin"] = int(scaling["n"].min())
         m["RepsMax"] = int(scaling["n"].max())
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
+
+
+STRAGGLERS_NAMED = 3  # straggler cells the report details; cells.csv has every one
+
+
+def straggler_note(cells: pd.DataFrame) -> str:
+    """The slow ranks of the first straggler cells with their node, GPU and telemetry
+    (cells.csv straggler_detail, dlscale.collect.straggler_detail)."""
+    slow = cells[cells["straggler"].fillna(False).astype(bool)]
+    if slow.empty or "straggler_detail" not in slow:
+        return ""
+    shown = [
+        f"{cell_label(row)}: {row['straggler_detail']}"
+        for _, row in slow.head(STRAGGLERS_NAMED).iterrows()
+    ]
+    more = len(slow) - len(shown)
+    return (
+        "Slow ranks: "
+        + "; ".join(shown)
+        + (f"; and {more} more cell(s) (cells.csv straggler_detail)" if more > 0 else "")
+        + "."
+    )
+
+
+def telemetry_note(cells: pd.DataFrame) -> str:
+    """What the ranks' devices did during the timed window (dlscale.telemetry): the median
+    over cells of the mean rank's utilisation and the lowest rank's, where sampled."""
+    parts = []
+    for quantity, what in (
+        ("gpu_util_pct", "GPU utilisation (NVML, each rank's own board)"),
+        ("cpu_util_pct", "CPU utilisation of the rank processes (% of one core)"),
+    ):
+        if f"{quantity}_mean" not in cells:
+            continue  # tables written before telemetry
+        mean = pd.to_numeric(cells[f"{quantity}_mean"], errors="coerce")
+        if mean.dropna().empty:
+            continue
+        lowest = pd.to_numeric(cells[f"{quantity}_rank_min"], errors="coerce").dropna()
+        parts.append(
+            f"{what}: median over {int(mean.notna().sum())} cells {mean.median():.0f} % "
+            f"(mean rank), lowest rank of any cell {lowest.min():.0f} %"
+        )
+    missing = cells["telemetry_unavailable"] if "telemetry_unavailable" in cells else None
+    reasons = sorted(missing.dropna().unique()) if missing is not None else []
+    if not parts:
+        return "No telemetry was sampled" + (f" ({'; '.join(reasons)})" if reasons else "") + "."
+    return "; ".join(parts) + (f". Not sampled: {'; '.join(reasons)}" if reasons else "") + "."
 
 
 def execution_notes(cells: pd.DataFrame) -> dict[str, str]:

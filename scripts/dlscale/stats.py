@@ -163,6 +163,11 @@ MEDIAN_ONLY = [
     "allreduce_busbw_gb_per_s",
     "joules_per_sample",
     "peak_rss_mb_max",
+    # telemetry (dlscale.telemetry): the utilisation the telemetry figure draws
+    "gpu_util_pct_mean",
+    "gpu_util_pct_rank_min",
+    "cpu_util_pct_mean",
+    "cpu_util_pct_rank_min",
 ]
 
 

@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 "first_step_deadline": run["first_step_deadline"],
                 "peak_device_memory_mb": adapter.peak_device_memory_mb(),
                 "energy": run["energy"],
+                "telemetry": run["telemetry"],
                 "breakdown": run["breakdown"],
                 "allreduce": run["allreduce"],
                 **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),

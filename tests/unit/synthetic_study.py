@@ -70,6 +70,11 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 "allreduce_busbw_gb_per_s": 1.0,
                 "joules_per_sample": None,
                 "peak_rss_mb_max": 100.0,
+                # telemetry (dlscale.telemetry): GPU utilisation on GPU hardware, else CPU
+                "gpu_util_pct_mean": None if hw == "cpu" else 95.0 * efficiency,
+                "gpu_util_pct_rank_min": None if hw == "cpu" else 90.0 * efficiency,
+                "cpu_util_pct_mean": 98.0,
+                "cpu_util_pct_rank_min": 96.0,
                 "competing": False,
                 "straggler": False,
             }

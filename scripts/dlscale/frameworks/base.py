@@ -54,6 +54,7 @@ from ..method import (
     TIMER,
 )
 from ..provenance import gpu_activity, host_activity
+from ..telemetry import Telemetry
 
 if TYPE_CHECKING:
     from ..cell import Cell
@@ -645,8 +646,8 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     breakdown's compute-only steps. `before_step(i)`, if given, runs before every warm-up and
     timed step (fault injection); `audit` counts host synchronisations in the window (tests).
     Returns {"step_seconds", "window_seconds", "first_step_seconds", "warmup_seconds", "timer",
-    "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "breakdown", "allreduce"}
-    and "sync_audit" where audited."""
+    "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "telemetry" (dlscale.telemetry),
+    "breakdown", "allreduce"} and "sync_audit" where audited."""
     spec = adapter.spec
     first_step_s = max(COLLECTIVE_TIMEOUT_S, spec.first_step_timeout_s)
     warmup = []
@@ -665,6 +666,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
         probe["gpus"] = gpu_activity()
     probe["competing"] = (probe["busy_cpus"] or 0.0) > COMPETING_BUSY_CPUS
     meter = EnergyMeter(spec.device, adapter.gpu)
+    telemetry = Telemetry(spec.device, adapter.gpu)
     adapter.barrier()
     # re-warm: the device idled through the probe; untimed steps right before the window
     rewarm = max(REWARM_STEPS, adapter.steps_before_window() - spec.warmup_steps)
@@ -672,6 +674,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
         adapter.step()
     timer = adapter.step_timer()
     meter.start()
+    telemetry.start()  # sampled by a background thread, off the step's path
     adapter.sync()
     window_start = time.perf_counter()
     with audit.window() if audit else contextlib.nullcontext():
@@ -684,6 +687,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     adapter.sync()
     window = time.perf_counter() - window_start
     energy = meter.stop(samples=spec.per_rank_batch * spec.steps)
+    telemetry_record = telemetry.stop()
     times = timer.step_seconds()
     adapter.barrier()
     run = {
@@ -702,6 +706,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
         },
         "idle_probe": probe,
         "energy": energy,
+        "telemetry": telemetry_record,
         "breakdown": _breakdown(adapter, times),
         "allreduce": _allreduce_probe(adapter),
     }
