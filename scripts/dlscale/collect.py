@@ -184,6 +184,7 @@ def cell_rows(
         "allreduce_algbw_gb_per_s": _scaled(_largest(summary, "algbw_bytes_per_s"), 1e-9),
         "joules_per_sample": summary.get("joules_per_sample"),
         "energy_unavailable": summary.get("energy_unavailable"),
+        "energy_short_window": summary.get("energy_short_window"),
         "peak_rss_mb_max": summary.get("peak_rss_mb_max"),
         "peak_device_memory_mb_max": max(
             (

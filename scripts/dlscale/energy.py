@@ -14,6 +14,10 @@ import time
 
 RAPL_GLOB = "/sys/class/powercap/intel-rapl:[0-9]*"
 NVML_INTERVAL_S = 0.05
+# NVML's power reading on Ampere and newer boards is an average over about 1 s (NVML's
+# documentation of nvmlDeviceGetPowerUsage): sampled energy over a shorter window lags the
+# window's own power, so such windows are flagged (the counter has no such averaging).
+POWER_AVERAGING_S = 1.0
 
 
 class _Rapl:
@@ -158,6 +162,7 @@ class EnergyMeter:
             joules = self.meter.stop()
         except Exception as exc:  # noqa: BLE001 (a reading that fails is recorded)
             return {"available": False, "reason": f"energy reading failed: {exc}"}
+        short = getattr(self.meter, "method", None) == "sampled" and seconds < POWER_AVERAGING_S
         return {
             "available": True,
             "source": self.source,
@@ -165,4 +170,10 @@ class EnergyMeter:
             "seconds": seconds,
             "watts": joules / seconds if seconds else None,
             "joules_per_sample": joules / samples if samples else None,
+            "short_window": (
+                f"the window ({seconds:.3g} s) is shorter than the board's power averaging "
+                f"(about {POWER_AVERAGING_S:g} s): sampled power lags it"
+                if short
+                else None
+            ),
         }

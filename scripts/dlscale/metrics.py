@@ -313,7 +313,12 @@ def _energy_summary(ends: dict, starts: dict) -> dict:
         key = (starts[rank]["node"], "node") if energy["source"].startswith("rapl") else rank
         readings.setdefault(key, energy["joules"])
     samples = sum(e["throughput_samples_per_s"] * e["seconds_total"] for e in ends.values())
-    return {"joules_per_sample": sum(readings.values()) / samples, "energy_unavailable": None}
+    short = [e["energy"]["short_window"] for e in ends.values() if e["energy"].get("short_window")]
+    return {
+        "joules_per_sample": sum(readings.values()) / samples,
+        "energy_unavailable": None,
+        "energy_short_window": short[0] if short else None,
+    }
 
 
 def convergence_outcome(cell: Cell, rank_records: dict[int, list[dict]], started: float) -> dict:

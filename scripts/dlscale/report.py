@@ -211,9 +211,19 @@ def build_macros(
         m["TelemetryNote"] = telemetry_note(cells)
         energy = cells["joules_per_sample"].dropna()
         m.update(execution_notes(cells))
+        short = (
+            int(cells["energy_short_window"].notna().sum()) if "energy_short_window" in cells else 0
+        )
         m["EnergyNote"] = (
             f"measured for {len(energy)} of {len(cells)} cells "
             f"(median {_fmt(energy.median())} J/sample)"
+            + (
+                f"; in {short} of them power was sampled over a window shorter than the "
+                "board's power averaging (about 1 s), so their energy lags "
+                "(cells.csv energy_short_window)"
+                if short
+                else ""
+            )
             if len(energy)
             else "not available: "
             + "; ".join(sorted(cells["energy_unavailable"].dropna().unique()))

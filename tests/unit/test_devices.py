@@ -178,6 +178,7 @@ def test_energy_from_the_boards_counter(nvml):
     out = meter.stop(samples=100)
     assert out["available"] and out["joules"] == pytest.approx(250.0), out
     assert "counter" in out["source"] and "uuid" in out["source"]
+    assert out["short_window"] is None  # the counter is not averaged
     assert n.state["lookups"] == [("uuid", "GPU-abc")]
     # a counter that did not advance is no reading of 0 J
     nvml(counter=True, energy_mj=(5, 5, 5))
@@ -194,6 +195,7 @@ def test_energy_sampled_without_a_counter_covers_a_short_window(nvml):
     out = meter.stop(samples=10)  # a window far shorter than one sampling interval
     assert out["available"] and out["joules"] > 0, out
     assert "sampled" in out["source"]
+    assert "shorter than the board's power averaging (about 1 s)" in out["short_window"]
 
 
 def test_energy_reading_that_fails_is_unavailable_never_zero(nvml):
@@ -322,3 +324,23 @@ def test_account_qos_reservation_reach_the_job_and_no_hash():
     # task binding is a different measurement (peer access), so it is hashed
     task = validate_hardware(_hardware(gpu_binding="task"), schema)["g"]
     assert hashed_hardware(task) != hashed_hardware(plain)
+
+
+def test_a_short_sampled_window_is_flagged_in_the_cell_summary():
+    from dlscale.metrics import _energy_summary
+
+    note = "the window (0.5 s) is shorter than the board's power averaging (about 1 s)"
+    end = {"throughput_samples_per_s": 100.0, "seconds_total": 0.5}
+    ends = {
+        0: {**end, "energy": {"available": True, "source": "nvml", "joules": 10.0}},
+        1: {
+            **end,
+            "energy": {"available": True, "source": "nvml", "joules": 10.0, "short_window": note},
+        },
+    }
+    out = _energy_summary(ends, {0: {"node": "n1"}, 1: {"node": "n1"}})
+    assert out == {
+        "joules_per_sample": pytest.approx(20.0 / 100),
+        "energy_unavailable": None,
+        "energy_short_window": note,
+    }
