@@ -70,9 +70,14 @@ rule collect:
         f"{LOGS}/collect.log",
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
+        validity_tolerance=STUDY.config["convergence"]["validity_tolerance"],
     run:
         from dlscale.collect import write_named_tables
 
         write_named_tables(
-            input.metrics, dict(output.items()), params.straggler_threshold, log[0]
+            input.metrics,
+            dict(output.items()),
+            params.straggler_threshold,
+            log[0],
+            validity_tolerance=params.validity_tolerance,
         )

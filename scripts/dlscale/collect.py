@@ -29,7 +29,7 @@ from .stats import add_speedup, scaling_summary, stragglers
 from .status import cell_status
 from .systems import cell_systems, probe_seconds, systems_table
 from .telemetry import QUANTITIES
-from .tta import convergence_rows, convergence_tables
+from .tta import DEFAULT_VALIDITY_TOLERANCE, convergence_rows, convergence_tables
 
 CELL_FIELDS = [
     "world_size",
@@ -232,10 +232,14 @@ def collect(
 CONVERGENCE_TABLES = ("convergence", "epochs", "time_to_accuracy")
 
 
-def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[str, pd.DataFrame]:
+def collect_tables(
+    paths: list[str],
+    straggler_threshold: float = 0.1,
+    validity_tolerance: float = DEFAULT_VALIDITY_TOLERANCE,
+) -> dict[str, pd.DataFrame]:
     """Every table, by name: ranks, cells, scaling (throughput cells), quarantine, status
     (every planned cell), systems, and convergence, epochs, time_to_accuracy (convergence
-    cells; dlscale.tta)."""
+    cells; dlscale.tta; `validity_tolerance`: convergence.validity_tolerance)."""
     cells, ranks, quarantine, status, seen, systems = [], [], [], [], {}, []
     conv_cells, conv_epochs = [], []
     for path in paths:
@@ -298,12 +302,16 @@ def collect_tables(paths: list[str], straggler_threshold: float = 0.1) -> dict[s
         "quarantine": quarantine_df,
         "status": status_df,
         "systems": systems_table(systems),
-        **convergence_tables(conv_cells, conv_epochs),
+        **convergence_tables(conv_cells, conv_epochs, validity_tolerance),
     }
 
 
 def write_named_tables(
-    paths: list[str], outputs: dict[str, str], straggler_threshold: float, log: str | None = None
+    paths: list[str],
+    outputs: dict[str, str],
+    straggler_threshold: float,
+    log: str | None = None,
+    validity_tolerance: float = DEFAULT_VALIDITY_TOLERANCE,
 ) -> None:
     """write_tables with the outputs by table name (rule collect's named outputs)."""
     write_tables(
@@ -313,6 +321,7 @@ def write_named_tables(
         log=log,
         systems_csv=outputs.get("systems"),
         convergence_csvs={k: outputs[k] for k in CONVERGENCE_TABLES if k in outputs},
+        validity_tolerance=validity_tolerance,
     )
 
 
@@ -327,10 +336,11 @@ def write_tables(
     log: str | None = None,
     systems_csv: str | None = None,
     convergence_csvs: dict[str, str] | None = None,
+    validity_tolerance: float = DEFAULT_VALIDITY_TOLERANCE,
 ) -> None:
     """The tables as CSV files; `convergence_csvs`: CONVERGENCE_TABLES name -> path."""
     started = time.perf_counter()
-    tables = collect_tables(paths, straggler_threshold)
+    tables = collect_tables(paths, straggler_threshold, validity_tolerance)
     outs = {
         "ranks": ranks_csv,
         "cells": cells_csv,

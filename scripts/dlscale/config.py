@@ -372,7 +372,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"{key}: {shown} must be {words}"
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
-        return f"{key}: {shown} must be {op} {error.validator_value}"
+        allowed = error.schema.get("x-dlscale-allowed")
+        return f"{key}: {shown} must be {op} {error.validator_value}" + (
+            f" (allowed: {allowed})" if allowed else ""
+        )
     if v == "uniqueItems":
         seen, dup = set(), []
         for item in val:
@@ -603,5 +606,9 @@ def config_hash(config: dict, hardware: dict) -> str:
         del measured["workloads"]
     if "convergence" not in config.get("workloads", ["throughput"]):
         measured.pop("convergence", None)
+    elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement
+        measured["convergence"] = {
+            k: v for k, v in measured["convergence"].items() if k != "validity_tolerance"
+        }
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -45,6 +45,7 @@ def build_from_existing(
         straggler_threshold=config["straggler_threshold"],
         systems_csv=out["systems"],
         convergence_csvs={k: out[k] for k in CONVERGENCE_TABLES},
+        validity_tolerance=config["convergence"]["validity_tolerance"],
     )
     tables = write_report_inputs(out, config=config, n_planned=n_planned)
     for fig in figures:

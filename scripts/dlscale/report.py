@@ -709,11 +709,17 @@ def write_report_inputs(
     macros = build_macros(config, **tables, n_planned=n_planned)
     # the time-to-accuracy section (real data; dlscale.tta_report), apart from the throughput
     conv = {k: pd.read_csv(paths[k]) for k in ("convergence", "time_to_accuracy") if k in paths}
+    tolerance = config["convergence"]["validity_tolerance"]
     if len(conv) < 2:  # tables from before the convergence workload: an empty section
         from .tta import CELL_COLUMNS, time_to_accuracy_summary
 
         conv = {"convergence": pd.DataFrame(columns=CELL_COLUMNS)}
-        conv["time_to_accuracy"] = time_to_accuracy_summary(conv["convergence"])
+        conv["time_to_accuracy"] = time_to_accuracy_summary(conv["convergence"], tolerance)
+    elif len(conv["convergence"]) and "convergence_validity" not in conv["time_to_accuracy"]:
+        # a summary from before convergence validity: summarised again from its cells
+        from .tta import time_to_accuracy_summary
+
+        conv["time_to_accuracy"] = time_to_accuracy_summary(conv["convergence"], tolerance)
     macros.update(
         {
             _macro_name(k): tex_escape(v)

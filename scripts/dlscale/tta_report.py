@@ -20,8 +20,18 @@ from .method import (
     TIME_TO_ACCURACY_METHOD,
     VALIDATION_METHOD,
 )
-from .stats import CI, CI_LEVEL, GROUP, RANGE
-from .tta import numbers
+from .stats import CI, CI_LEVEL, GROUP, NONE, RANGE
+from .tta import (
+    FIXED,
+    IN_BAND,
+    NO_REFERENCE,
+    NOT_REACHED,
+    REFERENCE,
+    TOO_FAST,
+    TOO_SLOW,
+    VALIDITY_METHOD,
+    numbers,
+)
 
 INFINITY = (
     "$\\infty$"  # the open end of an interval with a repetition that did not reach the target
@@ -82,7 +92,11 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
         "ConvInputBoundCells",
         "ConvInputBoundList",
         "ConvStaging",
+        "ConvValidityBands",
+        "ConvValidityCounts",
+        "ConvValidityFlagged",
     ]
+    m["ConvValidityMethod"] = VALIDITY_METHOD
     m.update({k: "n/a" for k in measured})
     if len(cells):
         m["ConvReferenceBatch"] = _join(sorted(cells["reference_batch"].unique()))
@@ -122,7 +136,86 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
             )
         )
         m.update(_input_pipeline(cells))
+        if "convergence_validity" in tta:
+            m.update(validity_macros(tta))
     return m
+
+
+# How the report names a validity flag (dlscale.tta).
+VALIDITY_WORDS = {
+    REFERENCE: "reference",
+    IN_BAND: "in band",
+    TOO_FAST: "too fast",
+    TOO_SLOW: "too slow",
+    NOT_REACHED: "not reached",
+    NO_REFERENCE: "no reference",
+}
+
+
+def _point(r) -> str:
+    return (
+        f"{r.framework}/{r.model}/{r.policy}/n{int(r.nodes)} (global batch {int(r.global_batch)})"
+    )
+
+
+def _band_text(r) -> str:
+    """The band of a point's series and how it was derived, with the reference's n."""
+    n = int(r.reference_n)
+    if r.epochs_band == FIXED:
+        return (
+            f"{_fmt(r.epochs_band_low)}--{_fmt(r.epochs_band_high)} epochs (fixed tolerance "
+            f"+/-{r.validity_tolerance * 100:g} %: the reference has n = 1, no band from "
+            "repetitions)"
+        )
+    if r.epochs_band == NONE:
+        return "none (the reference did not reach the target)"
+    high = "open above" if np.isinf(r.epochs_band_high) else _fmt(r.epochs_band_high)
+    kind = f"{CI_LEVEL:.0%} CI".replace("%", " %") if r.epochs_band == CI else "range"
+    return f"{_fmt(r.epochs_band_low)}--{high} epochs ({kind} of the reference, n = {n})"
+
+
+def validity_macros(tta: pd.DataFrame) -> dict[str, str]:
+    """The convergence validity paragraph: how each series' band was derived, how many
+    points fell where, and which were flagged."""
+    refs = tta[tta["convergence_validity"] == REFERENCE]
+    kinds = refs["epochs_band"].value_counts()
+    fixed = refs.loc[refs["epochs_band"] == FIXED, "validity_tolerance"].dropna().unique()
+    tolerance = " or ".join(f"+/-{x * 100:g} %" for x in sorted(fixed))
+    parts = [
+        f"{kinds[kind]} with {words}"
+        for kind, words in (
+            (CI, f"the {CI_LEVEL:.0%} CI of the reference's median (n >= 6)".replace("%", " %")),
+            (RANGE, "the min-max range of the reference's repetitions (2 to 5: no CI)"),
+            (
+                FIXED,
+                f"the fixed tolerance {tolerance} (convergence.validity_tolerance), as the "
+                "reference has one repetition and so no band from repetitions",
+            ),
+            (NONE, "no band (the reference did not reach the target)"),
+        )
+        if kinds.get(kind, 0)
+    ]
+    compared = tta[tta["convergence_validity"] != REFERENCE]
+    counts = compared["convergence_validity"].value_counts()
+    flagged = compared[compared["convergence_validity"].isin([TOO_FAST, TOO_SLOW])]
+    return {
+        "ConvValidityBands": f"{len(refs)} series: " + "; ".join(parts),
+        "ConvValidityCounts": (
+            f"{len(compared)} point(s) compared with their series' reference: "
+            + ", ".join(
+                f"{int(counts.get(flag, 0))} {VALIDITY_WORDS[flag]}"
+                for flag in (IN_BAND, TOO_FAST, TOO_SLOW, NOT_REACHED, NO_REFERENCE)
+            )
+        ),
+        "ConvValidityFlagged": "none"
+        if flagged.empty
+        else "; ".join(
+            f"{_point(r)}: {VALIDITY_WORDS[r.convergence_validity]}, "
+            f"{_fmt(r.epochs_to_accuracy_median)} epochs (n = {int(r.n)}) against "
+            f"{_band_text(r)}"
+            for r in flagged.itertuples()
+        ),
+    }
 
 
 def _input_pipeline(cells: pd.DataFrame) -> dict[str, str]:
@@ -228,6 +321,7 @@ def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
         f"repetitions in seconds, with its {CI_LEVEL:.0%} order-statistic CI in square "
         "brackets (n $\\geq$ 6), the min--max range in parentheses (2 to 5), nothing for one; "
         "a repetition that did not reach the target counts as longer than any that did. "
+        "Reached: the repetitions that reached the target / the point's repetitions (n). "
         "Ideal: the smallest node count's time divided by the ratio of world sizes. "
         "Epochs: median (min--max). Loader / train: the input pipeline alone against training, "
         f"the smallest over ranks and repetitions; IB: below {INPUT_BOUND_MARGIN:g}, "
@@ -236,8 +330,80 @@ def write_convergence_table(tta: pd.DataFrame, out: str, escape) -> None:
         "\\begin{longtable}{llllrrlrlrlrr}\n\\toprule\n"
         "Framework & Model & Policy & Prec. & Nodes & Global & LR rule & Reached & "
         "Time to target [s] & Ideal [s] & Epochs & Best & Loader \\\\\n"
-        "& & & & & batch & (eff.\\ LR) & n/N & median [CI]/(range) & & & val.\\ acc. "
+        "& & & & & batch & (eff.\\ LR) & /reps & median [CI]/(range) & & & val.\\ acc. "
         "& / train \\\\\n\\midrule\\endhead\n"
         + "\n".join(rows)
         + "\n\\bottomrule\n\\end{longtable}}\n"
+        + (validity_table(tta, escape) if "convergence_validity" in tta else "")
+    )
+
+
+def _epochs_interval_cell(r) -> str:
+    """median [CI] or (range) of a point's epochs to target; its value for one repetition."""
+    if pd.isna(r.epochs_to_accuracy_median):
+        return "--"
+    med = f"{r.epochs_to_accuracy_median:g}"
+    low, high = r.epochs_to_accuracy_ci_low, r.epochs_to_accuracy_ci_high
+    high_text = INFINITY if np.isinf(high) else f"{high:g}"
+    if r.interval == CI:
+        return f"{med} [{low:g}, {high_text}]"
+    if r.interval == RANGE:
+        return f"{med} ({low:g}--{high_text})"
+    return med
+
+
+def _band_cell(r) -> str:
+    if r.epochs_band == NONE:
+        return "none"
+    high = INFINITY if np.isinf(r.epochs_band_high) else _fmt(r.epochs_band_high)
+    kind = {
+        CI: f"{CI_LEVEL:.0%} CI".replace("%", "\\,\\%"),
+        RANGE: "range",
+        FIXED: f"fixed $\\pm${r.validity_tolerance * 100:g}\\,\\%",
+    }[r.epochs_band]
+    return f"{_fmt(r.epochs_band_low)}--{high} ({kind}, n={int(r.reference_n)})"
+
+
+def validity_table(tta: pd.DataFrame, escape) -> str:
+    """Convergence validity: per point its repetitions, its epochs to target with their
+    interval, its series' reference point, the band and the flag (dlscale.tta)."""
+    rows = []
+    for r in tta.sort_values([*GROUP, "global_batch", "nodes"]).itertuples(index=False):
+        flag = VALIDITY_WORDS[r.convergence_validity]
+        if r.convergence_validity in (TOO_FAST, TOO_SLOW):
+            flag = f"\\textbf{{{flag}}}"
+        rows.append(
+            " & ".join(
+                [
+                    escape(r.framework),
+                    escape(r.model),
+                    escape(r.policy),
+                    escape(f"{r.precision} {r.mode}" if r.mode != "eager" else r.precision),
+                    str(int(r.nodes)),
+                    str(int(r.global_batch)),
+                    str(int(r.n)),
+                    _epochs_interval_cell(r),
+                    f"n{int(r.reference_nodes)}/{int(r.reference_global_batch)}",
+                    _band_cell(r),
+                    _fmt(r.epochs_ratio),
+                    flag,
+                ]
+            )
+            + r" \\"
+        )
+    return (
+        "\n\\noindent Convergence validity: epochs to target per point against its series' "
+        "reference convergence point (Ref.: its node count / global batch, the smallest global "
+        "batch of the series). Reps: the repetitions of the point. Epochs: median with its "
+        "interval as above ([CI], (range), nothing for one repetition). Band: from the "
+        "reference's repetitions (CI or range, n its repetitions) or, where the reference has "
+        "one, the fixed tolerance (convergence.validity\\_tolerance). Ratio: median epochs over "
+        "the reference's. Flagged too fast or too slow when the point's interval (its value "
+        "for one repetition) lies wholly outside the band.\n\n"
+        "{\\footnotesize\\setlength\\tabcolsep{1.5pt}\n"
+        "\\begin{longtable}{llllrrrlllrl}\n\\toprule\n"
+        "Framework & Model & Policy & Prec. & Nodes & Global & Reps & Epochs & Ref. & "
+        "Band [epochs] & Ratio & Validity \\\\\n"
+        "& & & & & batch & & median [CI]/(range) & & (kind, n of ref.) & & \\\\\n"
+        "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n"
     )
