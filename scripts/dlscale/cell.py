@@ -151,6 +151,9 @@ class Cell:
     # how the launcher binds a cuda cell's GPUs to its ranks (hardware.yaml gpu_binding,
     # dlscale.devices.GPU_BINDINGS); None for a CPU cell
     gpu_binding: str | None = None
+    # A decoder model's sequence length in tokens (config seq_len, else the model's registry
+    # default; dlscale.models.spec_for); None for every other model
+    seq_len: int | None = None
     # How long the first warm-up step (compilation) may wait for its peers (config
     # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
@@ -242,7 +245,9 @@ LATER_FIELDS = {
 }
 # The fields only a convergence cell sets.
 CONVERGENCE_FIELDS = tuple(
-    k for k in LATER_FIELDS if k not in ("workload", "first_step_timeout_s", "gpu_binding")
+    k
+    for k in LATER_FIELDS
+    if k not in ("workload", "first_step_timeout_s", "gpu_binding", "seq_len")
 )
 
 

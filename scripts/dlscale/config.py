@@ -22,6 +22,7 @@ import jsonschema
 import yaml
 
 from .cell import AXES  # noqa: F401  (re-exported: the axes of a study's matrix)
+from .flops import PEAK_KEY, peak_problems
 
 
 class ConfigError(ValueError):
@@ -532,6 +533,7 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
                 "use no GPU)"
             )
+        problems += peak_problems(key, entry.get(PEAK_KEY))
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
                 f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
@@ -555,6 +557,8 @@ SCHEDULING_KEYS = ("account", "qos", "reservation")
 # (name and hash of its pinned requirements) covers the variant, and compute_capability only
 # refuses cells before any job; no hardware hash includes them.
 ENVIRONMENT_KEYS = ("environment_variant", "compute_capability")
+# Hardware keys only the analysis reads: the dense peak (dlscale.flops, MFU); part of no hash.
+ANALYSIS_KEYS = ("peak_tflops",)
 
 # Hardware keys added after studies were measured, hashed only away from their default: at the
 # default they ask exactly what an entry without them asked, so existing cells stay measured.
@@ -576,6 +580,7 @@ def hashed_hardware(entry: dict) -> dict:
         and k not in CELL_HARDWARE_KEYS
         and k not in SCHEDULING_KEYS
         and k not in ENVIRONMENT_KEYS
+        and k not in ANALYSIS_KEYS
         and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
     }
 
@@ -604,6 +609,8 @@ def config_hash(config: dict, hardware: dict) -> str:
     # cells hashes as it did before workloads existed)
     if measured.get("workloads") == ["throughput"]:
         del measured["workloads"]
+    if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
+        measured.pop("seq_len", None)
     if "convergence" not in config.get("workloads", ["throughput"]):
         measured.pop("convergence", None)
     elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement

@@ -175,3 +175,113 @@ def mfu(achieved_tflops: float | None, peak_tflops: float | None) -> float | Non
     if achieved_tflops is None or not peak_tflops:
         return None
     return achieved_tflops / peak_tflops
+
+
+# ---- the cells table's columns (dlscale.collect) --------------------------------------------
+
+#: cells.csv columns this module adds, in order (after the cell's throughput).
+CELL_COLUMNS = (
+    "seq_len",
+    "per_rank_batch_tokens",
+    "global_batch_tokens",
+    "throughput_tokens_per_s",
+    "flops_per_sample",
+    "achieved_tflops_per_device",
+    "peak_precision",
+)
+#: cells.csv columns add_mfu adds (the peak comes from the hardware file, at analysis time).
+MFU_COLUMNS = ("peak_tflops", "mfu", "mfu_note")
+
+
+def cell_columns(cell: dict, summary: dict, rank0: dict) -> dict:
+    """A cell's token and FLOP columns from its metrics: sequence length (a decoder's cell
+    seq_len; a sequence classifier's input length; None for vision models), the batches and
+    throughput in tokens (sequences x seq_len), FLOPs per sample as rank 0 counted them
+    (None where the framework does not count: TensorFlow, Keras, MXNet, or files from before),
+    achieved TFLOP/s per device, and the precision whose peak the cell is held against."""
+    from .models import SPECS, seq_len_of
+
+    spec = SPECS.get(cell["model"])
+    seq_len = cell.get("seq_len") or (seq_len_of(spec) if spec is not None else None)
+    thr = summary.get("throughput_samples_per_s")
+    flops = (rank0.get("model_flops") or {}).get("flops_per_sample")
+    fast = rank0.get("fast_paths") or {}
+    vision = spec is not None and spec.family == "vision"
+    tf32 = bool(fast.get("tf32_cudnn") if vision else fast.get("tf32_matmul"))
+    return {
+        "seq_len": seq_len,
+        "per_rank_batch_tokens": cell["per_rank_batch"] * seq_len if seq_len else None,
+        "global_batch_tokens": cell["global_batch"] * seq_len if seq_len else None,
+        "throughput_tokens_per_s": thr * seq_len if seq_len and thr is not None else None,
+        "flops_per_sample": flops,
+        "achieved_tflops_per_device": achieved_tflops_per_device(
+            flops, thr, cell.get("world_size") or summary.get("world_size")
+        ),
+        "peak_precision": peak_key(cell["precision"], tf32 and cell.get("device") == "cuda"),
+    }
+
+
+def hardware_peaks(hardware: dict) -> dict:
+    """hardware key -> its peak_tflops (or None): what collect needs of the hardware file."""
+    return {key: (entry or {}).get(PEAK_KEY) for key, entry in hardware.items()}
+
+
+def add_mfu(cells, peaks: dict | None):
+    """cells.csv with MFU_COLUMNS: each cell's dense peak (hardware file, `peaks`: hardware key
+    -> peak_tflops), its MFU, and how the MFU is known or why it is not ("unknown peak ...",
+    "no FLOP count ...")."""
+    cells = cells.copy()
+    if cells.empty:
+        for c in MFU_COLUMNS:
+            cells[c] = None
+        return cells
+    peak_col, mfu_col, notes = [], [], []
+    for row in cells.to_dict("records"):
+        if "peak_precision" not in row:  # a table without the FLOP columns
+            row["peak_precision"] = row["precision"]
+        if peaks is None:
+            value, note = None, f"{UNKNOWN_PEAK} (no hardware peaks given to the analysis)"
+        else:
+            value, note = peak_of({PEAK_KEY: peaks.get(row["hardware"])}, row["peak_precision"])
+        achieved = row.get("achieved_tflops_per_device")
+        achieved = None if achieved is None or achieved != achieved else achieved  # NaN
+        if achieved is None:
+            note = f"no FLOP count ({row['framework']} cells do not count FLOPs); {note}"
+        peak_col.append(value)
+        mfu_col.append(mfu(achieved, value))
+        notes.append(note)
+    cells["peak_tflops"], cells["mfu"], cells["mfu_note"] = peak_col, mfu_col, notes
+    return cells
+
+
+def mfu_summary(cells) -> str:
+    """The report's sentence on MFU at the largest node count of the throughput cells: the
+    range of the groups' medians over repetitions where the peak is known, else "unknown peak"
+    with the achieved TFLOP/s per device, else why there is no number."""
+    if cells is None or cells.empty or "mfu" not in cells:
+        return "no cells with a FLOP count"
+    top = cells[cells["nodes"] == cells["nodes"].max()]
+    group = ["hardware", "framework", "model", "policy", "precision", "mode"]
+    nodes = int(top["nodes"].iloc[0])
+    medians = top.groupby(group)[["mfu", "achieved_tflops_per_device"]].median()
+    known = medians["mfu"].dropna()
+    achieved = medians["achieved_tflops_per_device"].dropna()
+    where = f"at the largest node count ({nodes})"
+    if not known.empty:
+        low, high = 100 * known.min(), 100 * known.max()
+        span = f"{low:.3g} %" if low == high else f"{low:.3g} % to {high:.3g} %"
+        text = (
+            f"MFU {where}: {span} of the dense peak (medians over repetitions of "
+            f"{len(known)} group(s))"
+        )
+        if len(known) < len(medians):
+            text += f"; {len(medians) - len(known)} group(s) with an unknown peak or no FLOP count"
+        return text
+    if not achieved.empty:
+        low, high = achieved.min(), achieved.max()
+        span = f"{low:.3g}" if low == high else f"{low:.3g} to {high:.3g}"
+        return (
+            f"MFU {where}: {UNKNOWN_PEAK} (no dense peak_tflops in the hardware file for the "
+            f"cells' hardware and precision); achieved {span} TFLOP/s per device"
+        )
+    return f"MFU {where}: no FLOP count (the cells' frameworks count no FLOPs)"

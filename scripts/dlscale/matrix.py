@@ -29,6 +29,7 @@ from .config import (
     validate_hardware,
 )
 from .frameworks import ENVIRONMENTS, VARIANTS, environment_name
+from .models import FRAMEWORK_PACKAGES, builds, cell_seq_len
 
 
 @dataclass
@@ -217,11 +218,33 @@ def models_names() -> list[str]:
     return names()
 
 
+def _builder_problems(config: dict, workload: str, axes: dict) -> list[str]:
+    """Models a framework of the study has no builder for (dlscale.models.builds: the decoders
+    are built by PyTorch's adapters only), unless `exclude` leaves the pair out."""
+    problems = []
+    for framework in axes["framework"]:
+        for model in axes["model"]:
+            pair = {"framework": framework, "model": model}
+            if builds(framework, model) or any(
+                set(e) <= set(pair) and all(pair[k] == v for k, v in e.items())
+                for e in config["exclude"]
+            ):
+                continue
+            able = [f for f in FRAMEWORK_PACKAGES if builds(f, model)]
+            problems.append(
+                f"{axis_key(config, workload, 'model')}: framework {framework!r} has no builder "
+                f"for model {model!r}; frameworks that build it: {', '.join(able)} (or exclude "
+                f"{{framework: {framework}, model: {model}}})"
+            )
+    return problems
+
+
 def _semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
     problems = []
     by_workload = workload_axes(config)
     for workload, axes in by_workload.items():
         problems += _axes_problems(config, workload, axes, hardware, hardware_source)
+        problems += _builder_problems(config, workload, axes)
     if "convergence" in by_workload:
         problems += _convergence_problems(config, by_workload["convergence"])
     for i, entry in enumerate(config["exclude"]):
@@ -415,6 +438,7 @@ def build_matrix(
                         hardware_hash=hardware_hashes[combo["hardware"]],
                         environment=environments[combo["framework"], environment_variant(hw)],
                         gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
+                        seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
                         **common,
                         **extra,
                     )

@@ -90,6 +90,8 @@ class TrainSpec:
     workload: str = "throughput"  # or "convergence" (dlscale.cell.WORKLOADS)
     # the first warm-up step's deadline (config first_step_timeout_s; dlscale.method)
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
+    # a decoder model's sequence length (the cell's seq_len); None: the model's own input shape
+    seq_len: int | None = None
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -109,6 +111,7 @@ class TrainSpec:
             seed=0,
             workload=cell.workload,
             first_step_timeout_s=cell.first_step_timeout_s,
+            seq_len=cell.seq_len,
         )
 
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..models import get_spec
+from ..models import spec_for
 from ..models.torch import build, example_batch
 from ..provenance import cpu_model
 from .base import COLLECTIVE_TIMEOUT_S, HostTimer, StepTimer
@@ -152,14 +152,14 @@ class TorchModel:
         spec = self.spec
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: autotune convolutions once
-        self.model_spec = get_spec(spec.model)
+        self.model_spec = spec_for(spec.model, spec.seq_len)
         self.vision = self.model_spec.family == "vision"
         self.memory_format = (
             torch.channels_last
             if self.vision and spec.device == "cuda"
             else torch.contiguous_format
         )
-        model = build(spec.model).to(self.device).to(memory_format=self.memory_format)
+        model = build(spec.model, spec.seq_len).to(self.device).to(memory_format=self.memory_format)
         self.model = model  # unwrapped (evaluation runs on it, outside any collective)
         self.param_count = sum(p.numel() for p in model.parameters())
         self.loss_fn = torch.nn.CrossEntropyLoss()
@@ -291,6 +291,17 @@ class TorchModel:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         return None
 
+    def model_flops(self) -> dict:
+        """FLOPs per sample of this cell's model (dlscale.flops.count_flops_per_sample: counted
+        once per model and sequence length on the meta device, before the first step), or
+        why not: a failed count is a missing number, never a failed cell."""
+        from ..flops import count_flops_per_sample
+
+        try:
+            return {"available": True, **count_flops_per_sample(self.spec.model, self.spec.seq_len)}
+        except Exception as exc:  # noqa: BLE001 - any counter failure is reported, not raised
+            return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+
     def build_info(self) -> dict:
         cuda = torch.cuda.is_available()
         nccl = None
@@ -323,6 +334,7 @@ class TorchModel:
             else ("NCHW" if self.vision else "tokens"),
             "input_shape": list(self.model_spec.input_shape),
             "param_count": self.param_count,
+            **({"model_flops": self.model_flops()} if self.ctx.rank == 0 else {}),
             "data": "synthetic (one fixed batch per rank, generated on the device)",
             "sync_method": self.sync_method,
             "autocast": str(self.autocast_dtype).replace("torch.", "")
