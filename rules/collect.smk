@@ -5,6 +5,7 @@
 # It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
 # dlscale.collect (pandas, scipy) is imported in the job, not at parse time: every Slurm job's
 # snakemake parses the workflow again (benchmarks/planning.py, parse only).
+from dlscale.flops import hardware_peaks
 from dlscale.htmlreport import table_caption, table_category, table_labels
 
 
@@ -71,6 +72,8 @@ rule collect:
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
         validity_tolerance=STUDY.config["convergence"]["validity_tolerance"],
+        # each hardware key's dense peak TFLOP/s (hardware file peak_tflops): cells.csv's MFU
+        peaks=hardware_peaks(STUDY.hardware),
     run:
         from dlscale.collect import write_named_tables
 
@@ -80,4 +83,5 @@ rule collect:
             params.straggler_threshold,
             log[0],
             validity_tolerance=params.validity_tolerance,
+            peaks=params.peaks,
         )

@@ -23,6 +23,7 @@ import pandas as pd
 
 from .archive import earlier_measurements
 from .cell import KEY, cell_label, parse_cell_path
+from .flops import add_mfu, cell_columns
 from .method import IDLE_PROBE, RANK_END, RANK_START
 from .metrics import MetricsError, read_metrics
 from .stats import add_speedup, scaling_summary, stragglers
@@ -165,6 +166,8 @@ def cell_rows(
         "rank_throughput_median": summary["rank_throughput_median"],
         "rank_throughput_max": summary["rank_throughput_max"],
         "step_seconds_median": summary["step_seconds_median"],
+        # tokens and model FLOPs (dlscale.flops); MFU is added from the hardware file (add_mfu)
+        **cell_columns(cell, summary, rank_start[0]),
         "nodes_seen": len(summary["nodes_seen"]),
         "hosts": " ".join(prov["hosts"]),
         "wall_seconds": summary["wall_seconds"],
@@ -236,6 +239,7 @@ def collect_tables(
     paths: list[str],
     straggler_threshold: float = 0.1,
     validity_tolerance: float = DEFAULT_VALIDITY_TOLERANCE,
+    peaks: dict | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table, by name: ranks, cells, scaling (throughput cells), quarantine, status
     (every planned cell), systems, and convergence, epochs, time_to_accuracy (convergence
@@ -292,6 +296,8 @@ def collect_tables(
             ],
         )
     )
+    # MFU against the hardware file's dense peaks (`peaks`: dlscale.flops.hardware_peaks)
+    cells_df = add_mfu(cells_df, peaks)
     ranks_df = pd.DataFrame(ranks)
     quarantine_df = pd.DataFrame(quarantine, columns=["metrics_path", "reason"])
     status_df = pd.DataFrame(status).astype({"failed_rank": "Int64", "exit_code": "Int64"})
@@ -312,6 +318,7 @@ def write_named_tables(
     straggler_threshold: float,
     log: str | None = None,
     validity_tolerance: float = DEFAULT_VALIDITY_TOLERANCE,
+    peaks: dict | None = None,
 ) -> None:
     """write_tables with the outputs by table name (rule collect's named outputs)."""
     write_tables(
@@ -322,6 +329,7 @@ def write_named_tables(
         systems_csv=outputs.get("systems"),
         convergence_csvs={k: outputs[k] for k in CONVERGENCE_TABLES if k in outputs},
         validity_tolerance=validity_tolerance,
+        peaks=peaks,
     )
 
 
@@ -337,10 +345,12 @@ def write_tables(
     systems_csv: str | None = None,
     convergence_csvs: dict[str, str] | None = None,
     validity_tolerance: float = DEFAULT_VALIDITY_TOLERANCE,
+    peaks: dict | None = None,
 ) -> None:
-    """The tables as CSV files; `convergence_csvs`: CONVERGENCE_TABLES name -> path."""
+    """The tables as CSV files; `convergence_csvs`: CONVERGENCE_TABLES name -> path; `peaks`:
+    each hardware key's dense peak_tflops (MFU; dlscale.flops.hardware_peaks)."""
     started = time.perf_counter()
-    tables = collect_tables(paths, straggler_threshold, validity_tolerance)
+    tables = collect_tables(paths, straggler_threshold, validity_tolerance, peaks)
     outs = {
         "ranks": ranks_csv,
         "cells": cells_csv,

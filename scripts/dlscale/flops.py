@@ -260,8 +260,10 @@ def mfu_summary(cells) -> str:
     with the achieved TFLOP/s per device, else why there is no number."""
     if cells is None or cells.empty or "mfu" not in cells:
         return "no cells with a FLOP count"
+    from .stats import GROUP
+
     top = cells[cells["nodes"] == cells["nodes"].max()]
-    group = ["hardware", "framework", "model", "policy", "precision", "mode"]
+    group = [k for k in GROUP if k in top]
     nodes = int(top["nodes"].iloc[0])
     medians = top.groupby(group)[["mfu", "achieved_tflops_per_device"]].median()
     known = medians["mfu"].dropna()

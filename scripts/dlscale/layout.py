@@ -35,7 +35,7 @@ SCALING = {
     "speedup": ("speedup", "Speedup"),
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
-FAMILIES = [*SCALING, "frameworks", "breakdown", "telemetry"]
+FAMILIES = [*SCALING, "frameworks", "breakdown", "telemetry", "mfu"]
 # The scaling model's extensions (dlscale.scalemodel), drawn in the series' colour; how far they
 # reach follows plan.max_extrapolation and plan.max_extrapolation_unvalidated (predicted_caption).
 # (the defaults are dlscale.scalemodel's, repeated here: this module imports neither numpy nor
@@ -93,6 +93,12 @@ FAMILY_CAPTIONS = {
     "process's CPU utilisation (% of one core); solid: mean over the cell's ranks, dotted: its "
     "lowest rank (a straggler shows here); median over repetitions; one panel per model and "
     "batch policy.",
+    "mfu": "Model FLOPs utilisation against node count (dlscale.flops): model FLOPs per sample "
+    "(forward + backward, counted once per model by PyTorch's FLOP counter) x samples/s / world "
+    "size, over the dense peak of the hardware entry at the cell's precision (hardware file "
+    "peak_tflops, sparse peaks refused); where the hardware has no peak (unknown peak) the "
+    "achieved TFLOP/s per device instead; median over repetitions; frameworks that count no "
+    "FLOPs are absent; one panel per model and batch policy.",
 }
 WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
 # A figure file's name in its hardware folder, without .pdf: {family} or {family}-{part}

@@ -431,6 +431,44 @@ def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     return _finish(fig, axes, out, extra)
 
 
+# the MFU family's quantity: MFU where the hardware has a dense peak, else achieved TFLOP/s
+MFU_AXES = {
+    "mfu": "MFU (% of dense peak)",
+    "achieved_tflops_per_device": "TFLOP/s per device (unknown peak)",
+}
+
+
+def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Model FLOPs utilisation against nodes (medians over repetitions), or the achieved model
+    TFLOP/s per device where the hardware entry has no dense peak ('unknown peak')."""
+    hw = scaling[scaling["hardware"] == spec["hardware"]]
+    known = _numeric(hw, "mfu_median").notna().any()
+    quantity = "mfu" if known else "achieved_tflops_per_device"
+    scale = 100.0 if known else 1.0
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    hue = _Hue(spec)
+    for ax, _, part in _panels(scaling, spec, axes):
+        for framework, precision in spec["series"]:
+            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
+            line = line.sort_values("nodes")
+            values = _numeric(line, f"{quantity}_median") * scale
+            if values.isna().all():
+                continue
+            ax.plot(
+                line["nodes"],
+                values,
+                marker=hue.marker(precision),
+                linestyle=hue.linestyle(precision),
+                color=hue.colour[framework],
+                label=hue.label(framework, precision),
+            )
+        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        ax.set_ylim(bottom=0)
+    _label_outer(axes, len(panels), MFU_AXES[quantity], "Nodes")
+    return _finish(fig, axes, out)
+
+
 def plot_figure(
     scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
 ) -> dict:
@@ -449,6 +487,8 @@ def plot_figure(
             return plot_breakdown(scaling, spec, out)
         if family == "telemetry":
             return plot_telemetry(scaling, spec, out)
+        if family == "mfu":
+            return plot_mfu(scaling, spec, out)
         raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")
 
 

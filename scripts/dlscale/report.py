@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .cell import DEFAULT_WORKLOAD, WORKLOADS, cell_label
+from .flops import FLOP_METHOD, MFU_METHOD, mfu_summary
 from .layout import MAX_PANELS, MAX_SERIES
 from .method import (
     ALLREDUCE_BYTES,
@@ -111,6 +112,10 @@ def build_macros(
         "ThroughputCellsMeasured": len(cells),  # cells.csv: the measured throughput cells
         "CellsCsvRows": len(cells),
         "CellsCsvColumns": len(cells.columns),
+        # model FLOPs utilisation at the largest node count, or "unknown peak" (dlscale.flops)
+        "MfuSummary": mfu_summary(cells),
+        "MfuMethod": MFU_METHOD,
+        "FlopMethod": FLOP_METHOD,
         "CellsQuarantined": len(quarantine),
         "CellsFailed": int((status["status"] == "failed").sum()) if not status.empty else 0,
         "CellsMissing": int((status["status"] == "missing").sum()) if not status.empty else 0,

@@ -168,6 +168,10 @@ MEDIAN_ONLY = [
     "gpu_util_pct_rank_min",
     "cpu_util_pct_mean",
     "cpu_util_pct_rank_min",
+    # tokens and model FLOPs (dlscale.flops): the MFU figure draws these
+    "throughput_tokens_per_s",
+    "achieved_tflops_per_device",
+    "mfu",
 ]
 
 

@@ -75,6 +75,9 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 "gpu_util_pct_rank_min": None if hw == "cpu" else 90.0 * efficiency,
                 "cpu_util_pct_mean": 98.0,
                 "cpu_util_pct_rank_min": 96.0,
+                # model FLOPs (dlscale.flops): 1 GFLOP per sample; a dense peak on GPUs only
+                "achieved_tflops_per_device": 1e-3 * throughput / nodes,
+                "mfu": None if hw == "cpu" else 0.4 * efficiency,
                 "competing": False,
                 "straggler": False,
             }
