@@ -131,6 +131,19 @@ def environment(env=None) -> dict:
     }
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc/self/stat start time against
+    /proc/uptime, 10 ms resolution); None where they cannot be read."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def host_facts() -> dict:
     """Facts about the process and host a rank runs on."""
     try:

@@ -26,7 +26,7 @@ from .frameworks.base import SYNC_AUDIT_ENV, SyncAudit, TrainSpec, run_timed
 from .launch import discover
 from .method import IDLE_PROBE, RANK_END, RANK_START, STEP
 from .metrics import RankWriter, first_step_overhead, rank_summary
-from .provenance import host_facts
+from .provenance import host_facts, process_age_s
 from .sysprobe import PACKAGES_FILE, cpu_affinity, node_description, package_list
 
 
@@ -190,6 +190,18 @@ def dataset_description(cell: Cell, info, staging: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # where the rank's time goes before its timed work (rank_end `phases`; benchmarks/
+    # cell_phases.py): seconds since the process started at each point
+    age = process_age_s()
+    clock = time.perf_counter()
+    stamps = {"interpreter_and_imports": age}
+
+    def stamp(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        stamps[name] = round(now - clock, 4)
+        clock = now
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -200,12 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     preflight(ctx, cell.world_size, cell.ranks_per_node)
     spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
+    stamp("framework_import")
     convergence = cell.workload == "convergence"
     info, staging = stage_dataset(cell, open_dataset(cell)) if convergence else (None, None)
     writer = RankWriter(args.rank_dir, ctx.rank)
     try:
         adapter.setup()
+        stamp("setup")  # process group, model, optimizer
         system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
+        stamp("describe_node")
         facts = host_facts()  # load average just before the timed window
         writer.write(
             RANK_START,
@@ -254,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_device_memory_mb": adapter.peak_device_memory_mb(),
                 "energy": run["energy"],
                 "telemetry": run["telemetry"],
+                "phases": {**stamps, **run["phases"]},
                 "breakdown": run["breakdown"],
                 "allreduce": run["allreduce"],
                 **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),

@@ -650,9 +650,16 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     timed step (fault injection); `audit` counts host synchronisations in the window (tests).
     Returns {"step_seconds", "window_seconds", "first_step_seconds", "warmup_seconds", "timer",
     "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "telemetry" (dlscale.telemetry),
-    "breakdown", "allreduce"} and "sync_audit" where audited."""
+    "breakdown", "allreduce", "phases" (seconds of each part)} and "sync_audit" where audited."""
     spec = adapter.spec
     first_step_s = max(COLLECTIVE_TIMEOUT_S, spec.first_step_timeout_s)
+    phases, clock = {}, [time.perf_counter()]
+
+    def phase(name: str) -> None:  # seconds since the previous phase ended
+        now = time.perf_counter()
+        phases[name] = round(now - clock[0], 4)
+        clock[0] = now
+
     warmup = []
     for i in range(spec.warmup_steps):
         deadline = adapter.first_step_deadline(first_step_s) if i == 0 else None
@@ -664,6 +671,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
             adapter.sync()
             warmup.append(time.perf_counter() - t0)
     adapter.barrier()
+    phase("warmup")
     probe = host_activity(IDLE_PROBE_SECONDS)
     if adapter.spec.device == "cuda":
         probe["gpus"] = gpu_activity()
@@ -673,8 +681,10 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     adapter.barrier()
     # re-warm: the device idled through the probe; untimed steps right before the window
     rewarm = max(REWARM_STEPS, adapter.steps_before_window() - spec.warmup_steps)
+    phase("idle_probe")
     for _ in range(rewarm):
         adapter.step()
+    phase("rewarm")
     timer = adapter.step_timer()
     meter.start()
     telemetry.start()  # sampled by a background thread, off the step's path
@@ -693,6 +703,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     telemetry_record = telemetry.stop()
     times = timer.step_seconds()
     adapter.barrier()
+    phase("timed_window")  # with the energy meter's and telemetry's reads at its ends
     run = {
         "step_seconds": times,
         "window_seconds": window,
@@ -711,8 +722,11 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
         "energy": energy,
         "telemetry": telemetry_record,
         "breakdown": _breakdown(adapter, times),
-        "allreduce": _allreduce_probe(adapter),
     }
+    phase("breakdown")
+    run["allreduce"] = _allreduce_probe(adapter)
+    phase("allreduce_probe")
+    run["phases"] = phases
     if audit:
         run["sync_audit"] = audit.record()
     return run
