@@ -19,7 +19,10 @@ from dlscale.cell import (
     STUDY_DIR,
     TRAIN_LOG_PATTERNS,
     TRAIN_RULES,
+    cell_pattern,
     key_of,
+    train_log_pattern,
+    train_rule,
 )
 from dlscale.matrix import load_workflow_study
 from dlscale.resume import previous_driver
@@ -301,7 +304,7 @@ from dlscale.layout import (
 
 FIGURE_LAYOUT = figure_layout(
     [
-        (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode))
+        (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode, c.parallelism))
         for c in STUDY.cells_of("throughput")
     ],
     column_width_in=STUDY.config["report"]["column_width_in"],

@@ -2,8 +2,9 @@
 # with srun inside the cell's Slurm allocation, and writes the cell's metrics file atomically.
 # Its one input is the cell, serialised whole (dlscale.cell.Cell.to_json).
 #
-# One rule per resource class and workload (dlscale.cell.TRAIN_RULES: train_<hardware>_n<nodes>
-# for throughput cells, converge_<hardware>_n<nodes> for convergence cells): the cells of a
+# One rule per resource class, workload and parallelism (dlscale.cell.train_rule:
+# train_<hardware>_n<nodes> for throughput cells, converge_<hardware>_n<nodes> for convergence
+# cells, with _<parallelism> appended for a strategy other than ddp): the cells of a
 # class request identical Slurm resources, which a job array needs (the Slurm plugin submits
 # the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
 # `slurm-array-jobs`). Every Slurm resource derives from the class's hardware entry in
@@ -13,21 +14,22 @@
 # workload's, dlscale.cell.CELL_PATTERNS) and a convergence cell's dataset input differ.
 from dlscale.resources import class_resources
 
-for _workload, _hardware, _nodes in STUDY.train_classes():
+for _workload, _hardware, _nodes, _parallelism in STUDY.train_rules():
     _threads, _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
 
     rule:
         name:
-            TRAIN_RULES[_workload].format(hardware=_hardware, nodes=_nodes)
+            train_rule(_workload, _parallelism).format(hardware=_hardware, nodes=_nodes)
         input:
             **train_inputs(_workload),
         output:
-            metrics=CELL_PATTERNS[_workload],
+            metrics=cell_pattern(_workload, _parallelism),
         log:
-            TRAIN_LOG_PATTERNS[_workload],
+            train_log_pattern(_workload, _parallelism),
         wildcard_constraints:
             hardware=re.escape(_hardware),
             nodes=str(_nodes),
+            parallelism=re.escape(_parallelism),
         conda:
             "../envs/{framework}.yaml"
         threads: _threads

@@ -20,7 +20,13 @@ from pathlib import Path
 from .method import FIRST_STEP_TIMEOUT_S
 
 # The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
-AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "nodes")
+AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism", "nodes")
+# How a cell's ranks share the model (dlscale.parallel): data parallel (ddp, every cell measured
+# before the axis existed), sharded (fsdp; hsdp: sharded within a node, replicated across),
+# tensor parallel within a node (tp), or both (fsdp+tp). The default is no segment of a cell's
+# path (PARALLEL_AXIS_PATH adds one for the others), so every earlier cell keeps its path.
+PARALLELISMS = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+DEFAULT_PARALLELISM = "ddp"
 # What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
 # scaling study); `convergence`: training on a real dataset until a target validation accuracy
 # or an epoch cap (time-to-accuracy). A key of every cell, but not a segment of its axis path:
@@ -32,9 +38,18 @@ KEY = ("workload", *AXES, "rep")
 _PLACE = (*AXES, "rep")  # the part of the key its axis path names
 _INT_KEYS = ("nodes", "rep")
 _PATH_PREFIX = {"nodes": "n", "rep": "r"}  # path segment n2, r1: a number never stands alone
+# a ddp cell's path names every axis but its parallelism (the default)
+_DDP_PLACE = tuple(k for k in _PLACE if k != "parallelism")
 
-# One folder per cell, naming every axis and the repetition: {hardware}/.../n{nodes}/r{rep}
-AXIS_PATH = "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in _PLACE)
+
+def _axis_path(place: tuple) -> str:
+    return "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in place)
+
+
+# One folder per cell, naming every axis and the repetition: {hardware}/.../n{nodes}/r{rep};
+# a cell of another parallelism than ddp has it after its mode: .../{mode}/fsdp/n{nodes}/r{rep}
+AXIS_PATH = _axis_path(_DDP_PLACE)
+PARALLEL_AXIS_PATH = _axis_path(_PLACE)
 
 # Every study has its own results folder: its cells, tables, figures, report and logs, so any
 # number of studies live side by side in one checkout.
@@ -47,13 +62,21 @@ WORKLOAD_DIRS = {"throughput": "runs", "convergence": "convergence"}
 # A cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
 CELL_PATTERNS = {w: f"{STUDY_DIR}/{d}/{AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()}
 CELL_PATTERN = CELL_PATTERNS[DEFAULT_WORKLOAD]
-PATH_KEY = ("study", *_PLACE)  # the wildcards of every cell pattern, in order
+PATH_KEY = ("study", *_DDP_PLACE)  # the wildcards of every ddp cell pattern, in order
+# The same for a cell of another parallelism (its own train rules; dlscale.cell.train_rule).
+PARALLEL_CELL_PATTERNS = {
+    w: f"{STUDY_DIR}/{d}/{PARALLEL_AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()
+}
+PARALLEL_PATH_KEY = ("study", *_PLACE)
 # The launcher's log of a cell (the train rules' `log:`).
 TRAIN_LOG_PATTERNS = {
     "throughput": f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log",
     "convergence": f"{STUDY_DIR}/logs/convergence/{AXIS_PATH}.log",
 }
 TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
+PARALLEL_TRAIN_LOG_PATTERNS = {
+    w: p.replace(AXIS_PATH, PARALLEL_AXIS_PATH) for w, p in TRAIN_LOG_PATTERNS.items()
+}
 # The executor plugin's logs (profiles/slurm `slurm-logdir`), shared by all studies: a job's
 # folder is named by its wildcards, the study's name first.
 SLURM_LOGS = "results/logs/slurm"
@@ -64,6 +87,37 @@ TRAIN_RULES = {
     "convergence": "converge_{hardware}_n{nodes}",
 }
 TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
+
+
+def cell_pattern(workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM) -> str:
+    """The metrics pattern of a workload's cells of one parallelism."""
+    patterns = CELL_PATTERNS if parallelism == DEFAULT_PARALLELISM else PARALLEL_CELL_PATTERNS
+    return patterns[workload]
+
+
+def train_log_pattern(
+    workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM
+) -> str:
+    """The launcher's log pattern of a workload's cells of one parallelism."""
+    if parallelism == DEFAULT_PARALLELISM:
+        return TRAIN_LOG_PATTERNS[workload]
+    return PARALLEL_TRAIN_LOG_PATTERNS[workload]
+
+
+def train_rule(workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM) -> str:
+    """The train rule's name pattern of a workload's cells of one parallelism: TRAIN_RULES for
+    ddp, with the parallelism appended for the others (train_cpu_n2_fsdp, ..._fsdp_tp)."""
+    rule = TRAIN_RULES[workload]
+    if parallelism == DEFAULT_PARALLELISM:
+        return rule
+    return f"{rule}_{re.sub(r'[^A-Za-z0-9]+', '_', parallelism)}"
+
+
+def path_key(parallelism: str = DEFAULT_PARALLELISM) -> tuple:
+    """The wildcards of a cell's pattern, in order (PATH_KEY, PARALLEL_PATH_KEY)."""
+    return PATH_KEY if parallelism == DEFAULT_PARALLELISM else PARALLEL_PATH_KEY
+
+
 # What every cell rule's name starts with (the rules that measure; the rest aggregate).
 CELL_RULE_PREFIXES = tuple(rule.split("{")[0] for rule in TRAIN_RULES.values())
 
@@ -93,13 +147,15 @@ def study_dir_of(metrics_path: str | Path) -> Path | None:
     """The study folder (STUDY_DIR) a cell's metrics path lies in (relative or absolute), or
     None for a metrics file outside a study's layout."""
     parts = Path(metrics_path).parts
-    if len(parts) < _CELL_DEPTH + 2:
-        return None
-    try:  # match the pattern from its results/ folder on
-        parse_cell_path(Path(*parts[-(_CELL_DEPTH + 2) :]).as_posix())
-    except ValueError:
-        return None
-    return Path(metrics_path).parents[_CELL_DEPTH - 1]
+    for depth in (_CELL_DEPTH, _CELL_DEPTH + 1):  # a ddp cell's path, another parallelism's
+        if len(parts) < depth + 2:
+            return None
+        try:  # match the pattern from its results/ folder on
+            parse_cell_path(Path(*parts[-(depth + 2) :]).as_posix())
+        except ValueError:
+            continue
+        return Path(metrics_path).parents[depth - 1]
+    return None
 
 
 TAIL_LINES = 20  # log lines kept in failure records and the status table
@@ -151,6 +207,10 @@ class Cell:
     # how the launcher binds a cuda cell's GPUs to its ranks (hardware.yaml gpu_binding,
     # dlscale.devices.GPU_BINDINGS); None for a CPU cell
     gpu_binding: str | None = None
+    # How its ranks share the model (PARALLELISMS; dlscale.parallel.ParallelDims) and its
+    # tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
+    parallelism: str = DEFAULT_PARALLELISM
+    tp_degree: int = 1
     # A decoder model's sequence length in tokens (config seq_len, else the model's registry
     # default; dlscale.models.spec_for); None for every other model
     seq_len: int | None = None
@@ -168,8 +228,10 @@ class Cell:
 
     @property
     def path(self) -> str:
-        """The cell's metrics file (CELL_PATTERNS of its workload)."""
-        return CELL_PATTERNS[self.workload].format(**self.key_dict(), study=self.study)
+        """The cell's metrics file (CELL_PATTERNS of its workload; PARALLEL_CELL_PATTERNS
+        for a parallelism other than ddp)."""
+        pattern = cell_pattern(self.workload, self.parallelism)
+        return pattern.format(**self.key_dict(), study=self.study)
 
     def key_dict(self) -> dict:
         return {k: getattr(self, k) for k in KEY}
@@ -247,52 +309,71 @@ LATER_FIELDS = {
 CONVERGENCE_FIELDS = tuple(
     k
     for k in LATER_FIELDS
-    if k not in ("workload", "first_step_timeout_s", "gpu_binding", "seq_len")
+    if k
+    not in (
+        "workload",
+        "first_step_timeout_s",
+        "gpu_binding",
+        "parallelism",
+        "tp_degree",
+        "seq_len",
+    )
 )
 
 
 def key_of(values, workload: str | None = None) -> tuple:
     """A cell's key from a mapping of key names to values, strings or not (wildcards, which
     name no workload: `workload`, else the default)."""
-    values = {"workload": workload or DEFAULT_WORKLOAD, **values}
+    values = {
+        "workload": workload or DEFAULT_WORKLOAD,
+        "parallelism": DEFAULT_PARALLELISM,
+        **values,
+    }
     return tuple(int(values[k]) if k in _INT_KEYS else str(values[k]) for k in KEY)
 
 
 def format_key(pattern: str, cell: dict) -> str:
     """A pattern over PATH_KEY (CELL_PATTERNS, TRAIN_LOG_PATTERNS, TRAIN_RULES) for a cell's
     values."""
-    return pattern.format(**{k: cell[k] for k in PATH_KEY if k in cell})
+    return pattern.format(**{k: cell[k] for k in PARALLEL_PATH_KEY if k in cell})
 
 
 def cell_label(cell: dict) -> str:
     """A cell's place in its study, as tables and the report name it: its axis path, under its
     workload's folder for any workload but the default (throughput)."""
-    place = format_key(AXIS_PATH, cell)
+    parallel = cell.get("parallelism", DEFAULT_PARALLELISM) != DEFAULT_PARALLELISM
+    place = format_key(PARALLEL_AXIS_PATH if parallel else AXIS_PATH, cell)
     workload = cell.get("workload", DEFAULT_WORKLOAD)
     return place if workload == DEFAULT_WORKLOAD else f"{WORKLOAD_DIRS[workload]}/{place}"
 
 
-_CELL_RES = {
-    workload: re.compile(
+def _pattern_re(pattern: str) -> re.Pattern:
+    return re.compile(
         re.escape(pattern)
         .replace(r"\{", "{")
         .replace(r"\}", "}")
-        .format(**{k: f"(?P<{k}>[^/]+)" for k in PATH_KEY})
+        .format(**{k: f"(?P<{k}>[^/]+)" for k in PARALLEL_PATH_KEY})
     )
-    for workload, pattern in CELL_PATTERNS.items()
-}
+
+
+# a ddp cell's pattern first: it is one folder shorter, so no path matches both
+_CELL_RES = [
+    *((w, _pattern_re(p)) for w, p in CELL_PATTERNS.items()),
+    *((w, _pattern_re(p)) for w, p in PARALLEL_CELL_PATTERNS.items()),
+]
 
 
 def parse_cell_path(path: str) -> dict:
     """Study, workload and key values named by a cell's metrics path (the inverse of
     Cell.path)."""
-    for workload, regex in _CELL_RES.items():
+    for workload, regex in _CELL_RES:
         m = regex.fullmatch(str(path))
         if m:
             d = m.groupdict()
             return {
                 "study": d["study"],
                 "workload": workload,
+                "parallelism": DEFAULT_PARALLELISM,
                 **d,
                 **{k: int(d[k]) for k in _INT_KEYS},
             }

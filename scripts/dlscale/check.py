@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .cell import AXES
+from .cell import AXES, DEFAULT_PARALLELISM
 from .config import ConfigError, load_schema, schema_problems
 from .references import (  # noqa: F401 (re-exported: the check's references, light to import)
     DEFAULT_REFERENCES,
@@ -103,7 +103,19 @@ MAX_LISTED = 60  # rows of the report's verdict table
 def cell_name(point) -> str:
     """A point's name below its hardware folder: framework/model/policy/precision/mode/n<nodes>
     (the cell's path, dlscale.cell.AXIS_PATH, without hardware and repetition)."""
-    return "/".join(("n" if a == "nodes" else "") + str(point[a]) for a in AXES[1:])
+    return "/".join(
+        ("n" if a == "nodes" else "") + str(point[a])
+        for a in AXES[1:]
+        if a != "parallelism" or _value(point, a) not in (None, DEFAULT_PARALLELISM)
+    )
+
+
+def _value(point, key):
+    """A point's value of a key it may lack (tables from before the key existed)."""
+    try:
+        return point[key]
+    except (KeyError, IndexError):
+        return None
 
 
 def best_reference(refs: list[Reference], hardware: str, cell: str, metric: str):

@@ -119,7 +119,36 @@ def straggler_detail(slow: list[dict], ranks: list[dict]) -> str | None:
 
 
 # The value of a key for metrics files written before that key existed.
-BEFORE_AXIS = {"mode": "eager", "workload": "throughput"}
+BEFORE_AXIS = {"mode": "eager", "workload": "throughput", "parallelism": "ddp"}
+
+# What a rank holds in memory (rank_end `memory`, Adapter.memory_per_rank): bytes of
+# parameters, gradients and optimizer state held locally, and peak device memory.
+MEMORY_BYTES = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+MEMORY_PEAKS = ("peak_allocated_mb", "peak_reserved_mb")
+
+
+def rank_memory(rank_end: dict) -> dict:
+    """A rank's memory columns (None for a cell measured before they were recorded)."""
+    memory = rank_end.get("memory") or {}
+    return {k: memory.get(k) for k in MEMORY_BYTES}
+
+
+def cell_memory(ends: list[dict]) -> dict:
+    """Per cell, the largest value over its ranks of each memory figure (the rank that must
+    fit), the sum of a rank's parameter, gradient and optimizer-state bytes
+    (state_bytes_per_rank_max), and the tensor-parallel degree."""
+    memories = [e.get("memory") or {} for e in ends]
+
+    def largest(key):
+        values = [m[key] for m in memories if m.get(key) is not None]
+        return max(values) if values else None
+
+    state = [sum(m[k] for k in MEMORY_BYTES) for m in memories if all(k in m for k in MEMORY_BYTES)]
+    return {
+        **{f"{k}_per_rank_max": largest(k) for k in MEMORY_BYTES},
+        "state_bytes_per_rank_max": max(state) if state else None,
+        **{f"{k}_max": largest(k) for k in MEMORY_PEAKS},
+    }
 
 
 def cell_rows(
@@ -150,6 +179,7 @@ def cell_rows(
                 "step_seconds_median": end["step_seconds_median"],
                 "timed_steps": end["steps"],
                 "peak_rss_mb": end["peak_rss_mb"],
+                **rank_memory(end),
                 "loadavg_1m": st["loadavg_1m"],
                 "threads": st["threads"],
                 "host_busy_cpus": probe.get(rec["rank"], {}).get("busy_cpus"),
@@ -198,6 +228,8 @@ def cell_rows(
             default=0,
         )
         or None,
+        **cell_memory([r["value"] for r in records if r["event"] == RANK_END]),
+        "tp_degree": cell.get("tp_degree", 1),
         "competing": summary["competing"],
         # ranks of one node that used one GPU board (dlscale.devices.shared_gpus): "n1:0,1"
         "shared_gpu_ranks": " ".join(

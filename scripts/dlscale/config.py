@@ -21,7 +21,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .cell import AXES  # noqa: F401  (re-exported: the axes of a study's matrix)
+from .cell import (
+    AXES,  # noqa: F401  (re-exported: the axes of a study's matrix)
+    DEFAULT_PARALLELISM,
+)
 from .flops import PEAK_KEY, peak_problems
 
 
@@ -609,6 +612,11 @@ def config_hash(config: dict, hardware: dict) -> str:
     # cells hashes as it did before workloads existed)
     if measured.get("workloads") == ["throughput"]:
         del measured["workloads"]
+    # the parallelism axis and its degree at their defaults: every cell ddp, as before them
+    if measured.get("tp_degree", 0) is None:
+        del measured["tp_degree"]
+    if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
+        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
         measured.pop("seq_len", None)
     if "convergence" not in config.get("workloads", ["throughput"]):

@@ -115,16 +115,20 @@ TEXT_COLUMNS = 2  # text width = this many column widths
 GroupKey = tuple[str, str, str, str, str]
 
 
-def variant(precision: str, mode: str) -> str:
-    """The figure series' second part: the precision, with the mode where it is not eager (so
-    an eager-only study's labels are its precisions)."""
-    return precision if mode == "eager" else f"{precision} {mode}"
+def variant(precision: str, mode: str, parallelism: str = "ddp") -> str:
+    """The figure series' second part: the precision, with the mode where it is not eager and
+    the parallelism where it is not ddp (so an eager ddp study's labels are its precisions)."""
+    label = precision if mode == "eager" else f"{precision} {mode}"
+    return label if parallelism in ("ddp", None) else f"{label} {parallelism}"
 
 
 def with_variant(scaling):
     """The scaling table with its `variant` column (a pandas DataFrame; see variant())."""
     out = scaling.copy()
-    out["variant"] = [variant(p, m) for p, m in zip(out["precision"], out["mode"])]
+    strategies = out["parallelism"] if "parallelism" in out else ["ddp"] * len(out)
+    out["variant"] = [
+        variant(p, m, s) for p, m, s in zip(out["precision"], out["mode"], strategies)
+    ]
     return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from math import lcm
 from pathlib import Path
 
-from .cell import AXES, Cell
+from .cell import AXES, DEFAULT_PARALLELISM, Cell
 from .config import (
     ConfigError,
     config_hash,
@@ -30,6 +30,7 @@ from .config import (
 )
 from .frameworks import ENVIRONMENTS, VARIANTS, environment_name
 from .models import FRAMEWORK_PACKAGES, builds, cell_seq_len
+from .parallel import cell_tp_degree
 
 
 @dataclass
@@ -47,6 +48,11 @@ class Study:
         these two (dlscale.resources, rules/train.smk), so the cells of one pair can share a job
         array."""
         return sorted({(c.hardware, c.nodes) for c in self.cells})
+
+    def train_rules(self) -> list[tuple[str, str, int, str]]:
+        """The (workload, hardware, nodes, parallelism) of the study: one train rule each
+        (dlscale.cell.train_rule), its Slurm resources those of (hardware, nodes)."""
+        return sorted({(c.workload, c.hardware, c.nodes, c.parallelism) for c in self.cells})
 
     def train_classes(self) -> list[tuple[str, str, int]]:
         """The (workload, hardware, nodes) triples of the study: one train rule each
@@ -84,6 +90,8 @@ def workload_axes(config: dict) -> dict[str, dict]:
         out["convergence"] = {
             a: own[a] if own.get(a) is not None else config["axes"][a] for a in AXES
         }
+        # a convergence cell trains data parallel (its adapters' epochs and evaluation)
+        out["convergence"]["parallelism"] = [DEFAULT_PARALLELISM]
     return out
 
 
@@ -168,7 +176,65 @@ def _axes_problems(
                     f"by world size(s) {bad}; choose a multiple of "
                     f"{lcm(*(n * rpn for n in axes['nodes']))}"
                 )
+    problems += _parallelism_problems(config, axes, hardware)
     return problems
+
+
+def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
+    """Strategies the frameworks do not declare, tensor parallel of a model without a plan,
+    and degrees that do not fit the ranks per node (dlscale.parallel): refused before any job,
+    unless `exclude` leaves the combination out."""
+    from .frameworks import STRATEGIES
+    from .models import get_spec
+    from .parallel import TENSOR_PARALLEL, TP_PLANS, degree_problems
+
+    problems = []
+    exclude = config["exclude"]
+    for strategy in axes.get("parallelism", [DEFAULT_PARALLELISM]):
+        for framework in axes["framework"]:
+            if strategy in STRATEGIES[framework] or _excluded_pair(
+                {"framework": framework, "parallelism": strategy}, exclude
+            ):
+                continue
+            able = [f for f in STRATEGIES if strategy in STRATEGIES[f]]
+            problems.append(
+                f"axes.parallelism: {strategy!r} is not supported by framework {framework!r} "
+                f"(it supports: {', '.join(STRATEGIES[framework])}); frameworks that run "
+                f"{strategy}: {', '.join(able)} (or exclude "
+                f"{{framework: {framework}, parallelism: {strategy}}})"
+            )
+        if strategy not in TENSOR_PARALLEL:
+            continue
+        for model in axes["model"]:
+            arch = get_spec(model).arch if model in models_names() else None
+            if arch in TP_PLANS or _excluded_pair(
+                {"model": model, "parallelism": strategy}, exclude
+            ):
+                continue
+            able = [m for m in models_names() if get_spec(m).arch in TP_PLANS]
+            problems.append(
+                f"axes.parallelism: {strategy!r} needs a model with a tensor-parallel plan "
+                f"(dlscale.parallel.TP_PLANS), and model {model!r} has none; allowed models: "
+                f"{', '.join(able)} (or exclude {{model: {model}, parallelism: {strategy}}})"
+            )
+        for hw_key in axes["hardware"]:
+            if hw_key not in hardware:
+                continue
+            rpn = ranks_per_node(config, hardware[hw_key])
+            for nodes in axes["nodes"]:
+                problems += [
+                    p
+                    for p in degree_problems(
+                        strategy, nodes, rpn, config["tp_degree"], f"hardware {hw_key!r}"
+                    )
+                    if p not in problems
+                ]
+    return problems
+
+
+def _excluded_pair(pair: dict, exclude: list[dict]) -> bool:
+    """Whether an exclude entry naming only these axes leaves every such cell out."""
+    return any(set(e) <= set(pair) and all(pair[k] == v for k, v in e.items()) for e in exclude)
 
 
 def _convergence_problems(config: dict, axes: dict) -> list[str]:
@@ -438,6 +504,7 @@ def build_matrix(
                         hardware_hash=hardware_hashes[combo["hardware"]],
                         environment=environments[combo["framework"], environment_variant(hw)],
                         gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
+                        tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
                         seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
                         **common,
                         **extra,

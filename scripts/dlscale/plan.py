@@ -44,7 +44,7 @@ import pandas as pd
 
 from .config import PLANNING_KEYS  # noqa: F401 (the hardware keys read here)
 from .partitions import Partition, partitions_from_hardware  # noqa: F401 (re-exported)
-from .stats import GROUP
+from .stats import GROUP, with_axes
 
 MIN_TIME, MIN_NODE_HOURS = "min_time", "min_node_hours"
 OBJECTIVES = (MIN_TIME, MIN_NODE_HOURS)
@@ -95,6 +95,7 @@ def options(
     node-hours (x node_hour_cost), energy (kWh; NaN where the power is unknown)."""
     parts = {p.name: p for p in partitions}
     rows = []
+    predictions = with_axes(predictions)
     pred = predictions[predictions["hardware"].isin(parts)] if len(predictions) else predictions
     for j, job in enumerate(jobs):
         sel = pred[pred["model"] == job["model"]] if len(pred) else pred

@@ -359,7 +359,7 @@ def _opt(value, digits: int = 2, scale: float = 1.0) -> str:
 # The cell summary: one row per group (GROUP) when that fits in about two pages, else the
 # first coarser level that does; the text above the table says which.
 SUMMARY_LEVELS = [
-    (GROUP, "hardware, framework, model, batch policy, precision and mode"),
+    (GROUP, "hardware, framework, model, batch policy, precision, mode and parallelism"),
     (
         ["hardware", "framework", "policy", "precision", "mode"],
         "hardware, framework, batch policy, precision and mode",
@@ -486,6 +486,10 @@ def write_cell_summary(
     Returns the number of rows written."""
     table, level, n_groups = cell_summary(scaling, status, max_rows)
     keys, words = SUMMARY_LEVELS[level]
+    if "parallelism" in keys and set(table.get("parallelism", [])) <= {"ddp"}:
+        # a study of ddp cells only reads as it did before the parallelism axis
+        keys = [k for k in keys if k != "parallelism"]
+        words = words.replace(", mode and parallelism", " and mode")
     heads = {
         "hardware": "HW",
         "framework": "Framework",
@@ -493,6 +497,7 @@ def write_cell_summary(
         "policy": "Policy",
         "precision": "Prec.",
         "mode": "Mode",
+        "parallelism": "Parallelism",
     }
     if level == 0:
         intro = (

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cell import CELL_RULE_PREFIXES, PATH_KEY, TRAIN_RULES, parse_cell_path
+from .cell import CELL_RULE_PREFIXES, parse_cell_path, path_key, train_rule
 
 JOURNAL_FILE = "logs/slurm_jobs.jsonl"  # in the study's results folder
 DRIVER_FILE = "logs/driver.json"
@@ -292,8 +292,9 @@ def plugin_comment(cell_path: str) -> str:
     wildcards in the order of the cell's path, '/' replaced by '_'): the fallback that finds a
     cell's live job when no id was recorded."""
     cell = parse_cell_path(cell_path)
-    rule = TRAIN_RULES[cell["workload"]].format(hardware=cell["hardware"], nodes=cell["nodes"])
-    values = "_".join(str(cell[k]) for k in PATH_KEY).replace("/", "_")
+    rule = train_rule(cell["workload"], cell["parallelism"])
+    rule = rule.format(hardware=cell["hardware"], nodes=cell["nodes"])
+    values = "_".join(str(cell[k]) for k in path_key(cell["parallelism"])).replace("/", "_")
     return f"rule_{rule}_wildcards_{values}"
 
 

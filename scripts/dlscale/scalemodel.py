@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit, nnls
 
-from .stats import GROUP, NONE, RANGE, bootstrap_interval
+from .stats import GROUP, NONE, RANGE, bootstrap_interval, with_axes
 
 COMMUNICATION, USL, AMDAHL = "communication", "usl", "amdahl"
 # Bootstrap resamples per series (each refits the model): enough for a 95 % percentile interval
@@ -286,7 +286,7 @@ def series_of(cells: pd.DataFrame) -> list[Series]:
     """Every series of the cells table (one row per measured cell and repetition)."""
     if cells.empty:
         return []
-    data = cells.copy()
+    data = with_axes(cells).copy()
     for c in _MEASURES.values():
         data[c] = pd.to_numeric(data[c], errors="coerce") if c in data else np.nan
     out = []

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binom
 
-from .cell import AXES
+from .cell import AXES, DEFAULT_PARALLELISM
 
 # A scaling group: every axis but the node count (speedup and efficiency compare the node counts
 # of one group; a cell's key, dlscale.cell.KEY, adds the node count and the repetition).
@@ -130,9 +130,17 @@ CI_METHOD = (
 )
 
 
+def with_axes(cells: pd.DataFrame) -> pd.DataFrame:
+    """The table with every axis column: an axis added after it was written (parallelism)
+    takes the value every earlier cell had."""
+    if "parallelism" in cells.columns:
+        return cells
+    return cells.assign(parallelism=DEFAULT_PARALLELISM)
+
+
 def add_speedup(cells: pd.DataFrame) -> pd.DataFrame:
     """Per-cell speedup and efficiency against the group's baseline (median over its reps)."""
-    out = cells.copy()
+    out = with_axes(cells)
     if out.empty:
         for col in ("baseline_nodes", "baseline_throughput", "speedup", "scaling_efficiency"):
             out[col] = pd.Series(dtype=float)
@@ -193,6 +201,7 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     )
     if cells.empty:
         return pd.DataFrame(columns=columns)
+    cells = with_axes(cells)
     data = cells.copy()
     for c in ("competing", "straggler"):
         data[c] = data[c].fillna(False).astype(bool) if c in data else False

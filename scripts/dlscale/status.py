@@ -16,25 +16,31 @@ import subprocess
 from pathlib import Path
 
 from .cell import (
+    DEFAULT_PARALLELISM,
     DEFAULT_WORKLOAD,
     FAILURE_FILE,
-    PATH_KEY,
     SLURM_JOB_FILE,
     SLURM_LOGS,
-    TRAIN_LOG_PATTERNS,
-    TRAIN_RULES,
     format_key,
     parse_cell_path,
+    path_key,
     tail_lines,
+    train_log_pattern,
+    train_rule,
 )
 
 
 def train_log(cell: dict) -> Path:
-    return Path(format_key(TRAIN_LOG_PATTERNS[cell.get("workload", DEFAULT_WORKLOAD)], cell))
+    pattern = train_log_pattern(cell.get("workload", DEFAULT_WORKLOAD), _parallelism(cell))
+    return Path(format_key(pattern, cell))
+
+
+def _parallelism(cell: dict) -> str:
+    return cell.get("parallelism") or DEFAULT_PARALLELISM
 
 
 def _rule_logs(cell: dict) -> Path:
-    rule = TRAIN_RULES[cell.get("workload", DEFAULT_WORKLOAD)]
+    rule = train_rule(cell.get("workload", DEFAULT_WORKLOAD), _parallelism(cell))
     return Path(SLURM_LOGS) / f"rule_{format_key(rule, cell)}"
 
 
@@ -46,7 +52,9 @@ def slurm_log(cell: dict, job: dict) -> Path:
     # the plugin names a job's log folder by its wildcards (PATH_KEY, in pattern order) joined
     # by _
     return (
-        _rule_logs(cell) / "_".join(str(cell[k]) for k in PATH_KEY) / f"{job['slurm_job_id']}.log"
+        _rule_logs(cell)
+        / "_".join(str(cell[k]) for k in path_key(_parallelism(cell)))
+        / f"{job['slurm_job_id']}.log"
     )
 
 

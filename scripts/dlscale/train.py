@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rewarm_steps": run["rewarm_steps"],
                 "first_step_deadline": run["first_step_deadline"],
                 "peak_device_memory_mb": adapter.peak_device_memory_mb(),
+                "memory": adapter.memory_per_rank(),
                 "energy": run["energy"],
                 "telemetry": run["telemetry"],
                 "phases": {**stamps, **run["phases"]},

@@ -39,8 +39,8 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
     """One row per cell with the cells.csv columns the statistics and figures read."""
     rng = np.random.default_rng(seed)
     rows = []
-    for hw, fw, model, policy, prec, mode, nodes, rep in itertools.product(
-        *(axes[k] for k in [*GROUP, "nodes", "rep"])
+    for hw, fw, model, policy, prec, mode, parallelism, nodes, rep in itertools.product(
+        *(axes.get(k, ["ddp"]) for k in [*GROUP, "nodes", "rep"])
     ):
         base = 100.0 * (1 + axes["model"].index(model)) * (1 + 0.3 * axes["framework"].index(fw))
         efficiency = 0.95 ** np.log2(nodes) * (0.9 if policy == "strong" else 1.0)
@@ -55,6 +55,7 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 "policy": policy,
                 "precision": prec,
                 "mode": mode,
+                "parallelism": parallelism,
                 "nodes": nodes,
                 "rep": rep,
                 "world_size": nodes,
@@ -95,6 +96,8 @@ def study_tables(axes: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 def groups(axes: dict) -> list[tuple]:
     """The figure layout's groups (dlscale.layout.GroupKey) of a study with these axes."""
     return [
-        (hw, fw, model, policy, variant(prec, mode))
-        for hw, fw, model, policy, prec, mode in itertools.product(*(axes[k] for k in GROUP))
+        (hw, fw, model, policy, variant(prec, mode, parallelism))
+        for hw, fw, model, policy, prec, mode, parallelism in itertools.product(
+            *(axes.get(k, ["ddp"]) for k in GROUP)
+        )
     ]

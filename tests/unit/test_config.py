@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dlscale import frameworks, models
-from dlscale.cell import CELL_PATTERN
+from dlscale.cell import CELL_PATTERN, PARALLEL_CELL_PATTERNS
 from dlscale.config import AXES, ConfigError, load_schema, load_yaml, validate_config
 from dlscale.matrix import load_study
 
@@ -137,7 +137,7 @@ def test_matrix_size_is_product_minus_exclusions(root, base_config, exclude, rem
     axes = config["axes"]
     product = 1
     for axis in AXES:
-        product *= len(axes[axis])
+        product *= len(axes.get(axis, ["ddp"]))  # parallelism: the schema's default
     product *= config["repetitions"]
     # the throughput cells (the demo's convergence block: tests/unit/test_convergence.py)
     assert len(s.cells_of("throughput")) == product - removed
@@ -147,7 +147,9 @@ def test_matrix_size_is_product_minus_exclusions(root, base_config, exclude, rem
 def test_cell_path_names_every_axis(root, base_config):
     cell = study(root, base_config).cells[0]
     for field in (*AXES, "rep"):
-        assert f"{{{field}}}" in CELL_PATTERN
+        # a ddp cell's path has no parallelism segment (every cell measured before the axis)
+        assert (f"{{{field}}}" in CELL_PATTERN) == (field != "parallelism")
+        assert f"{{{field}}}" in PARALLEL_CELL_PATTERNS["throughput"]
     assert cell.path == (
         f"results/{cell.study}/runs/{cell.hardware}/{cell.framework}/{cell.model}/"
         f"{cell.policy}/{cell.precision}/{cell.mode}/n{cell.nodes}/r{cell.rep}/metrics.jsonl"

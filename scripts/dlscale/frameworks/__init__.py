@@ -56,10 +56,22 @@ CUDA_LIMITS = {
 # that both agree).
 WORKLOADS = {
     "pytorch": ("throughput", "convergence"),
-    "tensorflow": ("throughput",),
-    "keras": ("throughput",),
+    "tensorflow": ("throughput", "convergence"),
+    "keras": ("throughput", "convergence"),
     "horovod": ("throughput", "convergence"),
-    "mxnet": ("throughput",),
+    "mxnet": ("throughput", "convergence"),
+}
+
+
+# name -> the parallelisms (dlscale.cell.PARALLELISMS) its adapter runs, stated here so the
+# workflow refuses any other combination before any job without importing a framework
+# (base.Adapter.strategies declares the same; tests/unit/test_parallelism.py checks both agree).
+STRATEGIES = {
+    "pytorch": ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp"),
+    "tensorflow": ("ddp",),
+    "keras": ("ddp",),
+    "horovod": ("ddp",),
+    "mxnet": ("ddp",),
 }
 
 

@@ -90,6 +90,9 @@ class TrainSpec:
     workload: str = "throughput"  # or "convergence" (dlscale.cell.WORKLOADS)
     # the first warm-up step's deadline (config first_step_timeout_s; dlscale.method)
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
+    # how the ranks share the model (dlscale.parallel) and the tensor-parallel degree
+    parallelism: str = "ddp"
+    tp_degree: int = 1
     # a decoder model's sequence length (the cell's seq_len); None: the model's own input shape
     seq_len: int | None = None
 
@@ -111,6 +114,8 @@ class TrainSpec:
             seed=0,
             workload=cell.workload,
             first_step_timeout_s=cell.first_step_timeout_s,
+            parallelism=cell.parallelism,
+            tp_degree=cell.tp_degree,
             seq_len=cell.seq_len,
         )
 
@@ -135,6 +140,20 @@ class RankContext:
         ranks are placed node-major, so rank r sits on node r // ranks_per_node; the port is
         base_port + rank, unique even when simulated nodes share one host."""
         return f"{self.hosts[rank // self.local_world_size]}:{base_port + rank}"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM) in MiB (getrusage where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
@@ -182,6 +201,10 @@ class Adapter:
     # any job from dlscale.frameworks.WORKLOADS, which states the same). Where it is declared,
     # the adapter implements the convergence contract below (data_loaders ... allreduce_sum).
     convergence_method: str = ""
+    # How the ranks may share the model (dlscale.cell.PARALLELISMS): data parallel only unless
+    # an adapter declares more; the workflow refuses the others before any job from
+    # dlscale.frameworks.STRATEGIES, which states the same.
+    strategies: tuple[str, ...] = ("ddp",)
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
@@ -190,6 +213,7 @@ class Adapter:
         self.check_precision()
         self.check_mode()
         self.check_workload()
+        self.check_parallelism()
 
     # ------------------------------------------------------------------ shared by every framework
     def choose_gpu(self, device_count: int, identify=None) -> int:
@@ -276,6 +300,20 @@ class Adapter:
                 f"workload {self.spec.workload} is not supported by {self.title or self.name}; "
                 f"use one of: {', '.join(self.workloads())}"
             )
+
+    def check_parallelism(self) -> None:
+        """Refuse a parallelism this framework does not run, naming the ones it does."""
+        if self.spec.parallelism not in self.strategies:
+            raise ValueError(
+                f"parallelism {self.spec.parallelism} is not supported by "
+                f"{self.title or self.name}; use one of: {', '.join(self.strategies)}"
+            )
+
+    def memory_per_rank(self) -> dict:
+        """What this rank holds in memory (metrics `memory`): its peak resident set (VmHWM,
+        the CPU's figure) and, where the framework says, peak device memory and the bytes of
+        parameters, gradients and optimizer state held locally."""
+        return {"peak_rss_mb": peak_rss_mb()}
 
     def cannot_compile_here(self) -> str | None:
         """Why this cell's step cannot be compiled although the framework can compile (None:

@@ -367,6 +367,26 @@ class Adapter(TorchModel, BaseAdapter):
         "warm-up step, restored after it"
     )
     ddp_steps = 0  # DDP steps with gradient sync so far (the Reducer's num_iterations_)
+    # every parallelism (dlscale.parallel): ddp by DistributedDataParallel, the others by
+    # PyTorch's device mesh, fully_shard and tensor parallel (dlscale.frameworks.torch_parallel)
+    strategies = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+    parallel_facts: dict | None = None  # what parallelize did (another strategy than ddp)
+
+    @classmethod
+    def has_breakdown(cls, spec) -> bool:
+        """The compute-only step skips DDP's allreduce; a sharded or tensor-parallel step
+        communicates inside its forward and backward, so it has none."""
+        return spec.parallelism == "ddp"
+
+    @property
+    def ddp(self) -> bool:
+        """Whether the step runs under DistributedDataParallel (ddp above one rank)."""
+        return self.data_parallel and self.spec.parallelism == "ddp"
+
+    @property
+    def sharded_or_split(self) -> bool:
+        """Another strategy than ddp above one rank (dlscale.frameworks.torch_parallel)."""
+        return self.data_parallel and self.spec.parallelism != "ddp"
 
     @property
     def fused_optimizer(self) -> bool:
@@ -402,24 +422,100 @@ class Adapter(TorchModel, BaseAdapter):
                 timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
             )
         model = self.prepare_model()
-        if self.data_parallel:
+        if self.sharded_or_split:
+            model = self.parallelize(model)
+        if self.ddp:
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if spec.device == "cuda" else None
             )
-        if self.data_parallel:
+        if self.ddp:
             model._set_ddp_runtime_logging_sample_rate(DDP_RUNTIME_LOGGING_SAMPLE_RATE)
         self.module = model
         self.forward = self.compile_forward(model)
         self.optimizer = self.sgd(model.parameters(), fused=self.fused_optimizer)
+        if self.sharded_or_split and spec.parallelism == "tp" and self.dims.dp_replicate > 1:
+            from .torch_parallel import gradient_averager
+
+            group = self.mesh["dp_replicate"].get_group()
+            self.optimizer.register_step_pre_hook(
+                gradient_averager(model, group, self.dims.dp_replicate)
+            )
+
+    def parallelize(self, model):
+        """Another strategy than ddp (dlscale.frameworks.torch_parallel): every rank starts
+        from rank 0's weights, one device mesh from the cell's ParallelDims, a tensor-parallel
+        group trains on its ranks' batches together (the same global batch as ddp), then
+        tensor parallel and fully_shard as the strategy asks."""
+        from ..parallel import ParallelDims
+        from .torch_parallel import broadcast_from_rank0, build_mesh, group_batch, parallelize
+
+        spec, ctx = self.spec, self.ctx
+        self.dims = ParallelDims.of(
+            spec.parallelism,
+            ctx.world_size // ctx.local_world_size,
+            ctx.local_world_size,
+            spec.tp_degree,
+        )
+        broadcast_from_rank0(model)
+        self.mesh = build_mesh(self.dims, self.device.type)
+        if self.dims.tp > 1:
+            group = self.mesh["tp"].get_group()
+            self.x = group_batch(self.x, group, self.dims.tp)
+            self.y = group_batch(self.y, group, self.dims.tp)
+        self.parallel_facts = parallelize(
+            model, self.model_spec.arch, spec.parallelism, self.dims, self.mesh
+        )
+        return model
+
+    def execution(self) -> dict:
+        out = super().execution()
+        out["parallelism"] = {
+            "strategy": self.spec.parallelism,
+            "tp_degree": self.spec.tp_degree,
+            **(self.parallel_facts or {}),
+        }
+        return out
+
+    def memory_per_rank(self) -> dict:
+        """Peak RSS (base), peak allocated and reserved device memory on CUDA, and the bytes of
+        parameters, gradients and optimizer state this rank holds (a DTensor's local shard)."""
+        from .torch_parallel import state_bytes
+
+        out = super().memory_per_rank()
+        cuda = self.device.type == "cuda"
+        out["peak_allocated_mb"] = (
+            torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None
+        )
+        out["peak_reserved_mb"] = (
+            torch.cuda.max_memory_reserved(self.device) / 2**20 if cuda else None
+        )
+        out.update(state_bytes(self.module, self.optimizer))
+        out["method"] = (
+            "torch.cuda.max_memory_allocated/max_memory_reserved; "
+            if cuda
+            else "peak resident set (VmHWM); "
+        ) + "bytes of parameters, .grad and optimizer state held locally (DTensor: to_local())"
+        return out
 
     def wrapper(self) -> str:
+        if self.sharded_or_split:
+            parts = {
+                "fsdp": "torch.distributed.fsdp.fully_shard (FSDP2) over dp_shard",
+                "hsdp": "torch.distributed.fsdp.fully_shard (FSDP2, hybrid) over "
+                "(dp_replicate, dp_shard)",
+                "tp": "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel) over "
+                "tp, gradients averaged over dp_replicate",
+                "fsdp+tp": "torch.distributed.tensor.parallel over tp, then fully_shard (FSDP2) "
+                "over dp_shard",
+            }
+            return parts[self.spec.parallelism]
         if self.data_parallel:
             return "torch.nn.parallel.DistributedDataParallel"
         return super().wrapper()
 
     def fast_paths(self) -> dict:
         paths = super().fast_paths()
-        if self.data_parallel:
+        if self.ddp:
             paths["ddp_runtime_logging"] = (
                 f"sample rate {DDP_RUNTIME_LOGGING_SAMPLE_RATE} "
                 "(DistributedDataParallel._set_ddp_runtime_logging_sample_rate); its "
@@ -430,7 +526,7 @@ class Adapter(TorchModel, BaseAdapter):
 
     def step(self) -> None:
         self.train_step(self.forward, self.optimizer)
-        self.ddp_steps += self.data_parallel and self.module.require_backward_grad_sync
+        self.ddp_steps += self.ddp and self.module.require_backward_grad_sync
 
     def step_without_allreduce(self) -> None:
         with self.module.no_sync():
@@ -439,7 +535,7 @@ class Adapter(TorchModel, BaseAdapter):
     def steps_before_window(self) -> int:
         """Under DDP, its always-sampled iterations all before the window: the forward of
         iteration k + 1 synchronises on iteration k's events for k <= DDP_ALWAYS_SAMPLED."""
-        return DDP_ALWAYS_SAMPLED + 1 if self.data_parallel else 0
+        return DDP_ALWAYS_SAMPLED + 1 if self.ddp else 0
 
     def first_step_deadline(self, seconds: float):
         if not self.data_parallel:
@@ -456,7 +552,7 @@ class Adapter(TorchModel, BaseAdapter):
             set_timeout(datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
     def window_facts(self) -> dict:
-        if not self.data_parallel:
+        if not self.ddp:
             return {}
         data = self.module._get_ddp_logging_data()
         return {"ddp_steps": self.ddp_steps, "ddp_last_sampled_iteration": data.get("iteration")}

@@ -1,0 +1,148 @@
+"""PyTorch's own parallel APIs for a cell's parallelism (dlscale.parallel): one ParallelDims in,
+one device mesh out (torch.distributed.device_mesh.init_device_mesh, dimensions dp_replicate,
+dp_shard, tp), then tensor parallel per block (torch.distributed.tensor.parallel
+.parallelize_module with ColwiseParallel/RowwiseParallel, the model's TP_PLANS entry), then
+fully_shard (FSDP2) per block and on the root over the data-parallel dimensions: dp_shard
+alone (fsdp, fsdp+tp) or (dp_replicate, dp_shard) for hsdp. Replicas of a tensor-parallel
+model (tp at more than one node) average their gradients over dp_replicate before each
+optimizer step. ddp keeps DistributedDataParallel (dlscale.frameworks.pytorch).
+
+Works on CPUs with gloo (every collective these APIs use) and on GPUs with NCCL."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..parallel import FSDP_UNITS, SHARDED, TENSOR_PARALLEL, TP_PLANS, ParallelDims
+
+
+def build_mesh(dims: ParallelDims, device_type: str):
+    """The cell's device mesh: (dp_replicate, dp_shard, tp), outermost first (a tensor-parallel
+    group is consecutive ranks, i.e. ranks of one node)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape, names = dims.mesh()
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does at
+    construction (each rank built its model with its own seed)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, 0)
+
+
+def _matching(model: nn.Module, patterns) -> list[tuple[str, nn.Module]]:
+    """The modules whose names match a pattern at its depth (a `*` is one name, no dots)."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if name
+        and any(fnmatch.fnmatchcase(name, p) and name.count(".") == p.count(".") for p in patterns)
+    ]
+
+
+def apply_tensor_parallel(model: nn.Module, arch: str, tp_mesh) -> list[str]:
+    """Split the Linear layers of the model's TP_PLANS entry over the tensor-parallel mesh;
+    returns the names of the modules split."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {}
+    for pattern, style in TP_PLANS[arch].items():
+        for name, module in _matching(model, [pattern]):
+            if not isinstance(module, nn.Linear):
+                raise TypeError(f"tensor-parallel plan of {arch}: {name} is not an nn.Linear")
+            plan[name] = styles[style]()
+    if not plan:
+        raise ValueError(f"tensor-parallel plan of {arch} matched no module")
+    parallelize_module(model, tp_mesh, plan)
+    return sorted(plan)
+
+
+def shard_units(model: nn.Module, arch: str) -> list[tuple[str, nn.Module]]:
+    """The blocks fully_shard wraps one by one before the root: the arch's FSDP_UNITS
+    patterns, else the model's top-level children that hold parameters."""
+    if arch in FSDP_UNITS:
+        return _matching(model, FSDP_UNITS[arch])
+    return [(n, m) for n, m in model.named_children() if any(True for _ in m.parameters())]
+
+
+def apply_fully_shard(model: nn.Module, arch: str, dp_mesh) -> list[str]:
+    from torch.distributed.fsdp import fully_shard
+
+    units = shard_units(model, arch)
+    for _, module in units:
+        fully_shard(module, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    return [name for name, _ in units]
+
+
+def gradient_averager(model: nn.Module, group, size: int):
+    """An optimizer step pre-hook that averages the gradients (their local shards) over a
+    process group: the replicas of a tensor-parallel model. One flat all-reduce per step."""
+
+    def hook(optimizer, args, kwargs):
+        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(synced)
+
+    return hook
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's local part: a DTensor's shard on this rank, a plain tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def nbytes(tensors) -> int:
+    """Bytes held on this rank by these tensors (a DTensor's local shard only)."""
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Parameter, gradient and optimizer-state bytes held by this rank."""
+    params = list(model.parameters())
+    opt = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    return {
+        "param_bytes": nbytes(params),
+        "grad_bytes": nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state_bytes": nbytes(t for t in opt if t.dim() > 0),
+    }
+
+
+def group_batch(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """The batches of a tensor-parallel group's ranks, concatenated in rank order: every rank
+    of the group trains on the same input (their per-rank batches together), so a step trains
+    on the same global batch as ddp."""
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def parallelize(model: nn.Module, arch: str, parallelism: str, dims: ParallelDims, mesh) -> dict:
+    """Apply a strategy other than ddp to a model whose weights agree on every rank; returns
+    what was done (recorded in the rank's metrics)."""
+    done = {"dims": dims.as_dict(), "mesh": list(mesh.mesh_dim_names)}
+    if parallelism in TENSOR_PARALLEL:
+        done["tensor_parallel"] = apply_tensor_parallel(model, arch, mesh["tp"])
+    if parallelism in SHARDED:
+        hybrid = parallelism == "hsdp"
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if hybrid else mesh["dp_shard"]
+        done["fully_shard"] = apply_fully_shard(model, arch, dp_mesh)
+    return done

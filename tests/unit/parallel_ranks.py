@@ -1,0 +1,121 @@
+"""Real ranks of a parallelism (dlscale.parallel) for the equivalence tests: each rank is its own
+process running the production PyTorch adapter (setup: device mesh, tensor parallel,
+fully_shard; three training steps), on gloo over TCP, with a dropout-free tiny transformer (the
+registry's transformer_small architecture at a smaller size: dropout draws different masks on a
+sharded activation by construction, so it is off for a comparison of losses).
+
+    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json
+
+writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
+global batch) and the bytes of parameters, gradients and optimizer state it holds.
+`reference_loss` computes the same loss in one process: rank 0's initial weights, the
+ranks' batches together as one batch, plain SGD."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+STEPS = 3
+PER_RANK_BATCH = 4
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+TINY = {"d_model": 64, "num_layers": 2, "num_heads": 2, "dim_feedforward": 128, "dropout": 0.0}
+SEQ_LEN, VOCAB = 16, 256
+
+
+def use_tiny_model() -> None:
+    """transformer_small's registry entry, made tiny and dropout-free, in this process."""
+    from dlscale import models
+
+    spec = models.SPECS["transformer_small"]
+    models.SPECS["transformer_small"] = dataclasses.replace(
+        spec, input_shape=(SEQ_LEN,), vocab_size=VOCAB, arch_kwargs=TINY
+    )
+
+
+def train_spec(parallelism: str, tp_degree: int):
+    from dlscale.frameworks.base import TrainSpec
+
+    return TrainSpec(
+        framework="pytorch",
+        model="transformer_small",
+        per_rank_batch=PER_RANK_BATCH,
+        warmup_steps=0,
+        steps=STEPS,
+        precision="fp32",
+        device="cpu",
+        threads=1,
+        learning_rate=LEARNING_RATE,
+        momentum=MOMENTUM,
+        parallelism=parallelism,
+        tp_degree=tp_degree,
+    )
+
+
+def run_rank(rank, world, rpn, port, parallelism, tp_degree) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from dlscale.frameworks.base import RankContext
+    from dlscale.frameworks.pytorch import Adapter
+
+    use_tiny_model()
+    ctx = RankContext(rank, world, rank % rpn, rpn, rank // rpn, "n", "127.0.0.1", port, "test")
+    adapter = Adapter(train_spec(parallelism, tp_degree), ctx)
+    adapter.setup()
+    try:
+        for _ in range(STEPS):
+            adapter.step()
+        with torch.no_grad():
+            loss = adapter.loss_fn(adapter.forward(adapter.x), adapter.y).detach().clone()
+        if world > 1:
+            dist.all_reduce(loss)
+            loss /= world
+        return {
+            "loss": float(loss),
+            "memory": adapter.memory_per_rank(),
+            "wrapper": adapter.wrapper(),
+            "execution": adapter.execution()["parallelism"],
+        }
+    finally:
+        adapter.teardown()
+
+
+def reference_loss(world: int) -> float:
+    """The loss after STEPS steps of the single-process program on the global batch: rank 0's
+    weights, rank r's batch drawn as rank r draws it (seed r, the model built first)."""
+    import torch
+
+    from dlscale.models import get_spec
+    from dlscale.models.torch import build, example_batch
+
+    use_tiny_model()
+    spec = get_spec("transformer_small")
+    xs, ys = [], []
+    for r in range(world):
+        torch.manual_seed(r)
+        model = build("transformer_small")
+        x, y = example_batch(spec, PER_RANK_BATCH)
+        xs.append(x)
+        ys.append(y)
+        if r == 0:
+            reference = model
+    x, y = torch.cat(xs), torch.cat(ys)
+    opt = torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for _ in range(STEPS):
+        loss = loss_fn(reference(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        return float(loss_fn(reference(x), y))
+
+
+if __name__ == "__main__":
+    rank, world, rpn, port = (int(a) for a in sys.argv[1:5])
+    parallelism, tp_degree, out = sys.argv[5], int(sys.argv[6]), sys.argv[7]
+    result = run_rank(rank, world, rpn, port, parallelism, tp_degree)
+    with open(out, "w") as f:
+        json.dump(result, f)

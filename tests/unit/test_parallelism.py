@@ -1,0 +1,303 @@
+"""The parallelism axis (issue 31): one typed record of parallel dimensions, strategies declared
+by the frameworks and refused before any job, degrees checked against the ranks per node, ddp
+cells unchanged (path, identity, hash), and on real ranks (gloo, separate processes): every
+strategy trains to the single-process program's loss, fsdp holds 1/world of ddp's parameter,
+gradient and optimizer-state bytes, and cells of each strategy run through the launcher with
+their memory per rank in the metrics and cells.csv."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscale import frameworks
+from dlscale.cell import (
+    CELL_PATTERN,
+    Cell,
+    cell_label,
+    parse_cell_path,
+    path_key,
+    study_dir_of,
+    train_rule,
+)
+from dlscale.config import ConfigError, config_hash
+from dlscale.matrix import load_study
+from dlscale.parallel import ParallelDims, degree_problems
+
+from cells import cell_dict, launch_cell
+
+HERE = Path(__file__).resolve().parent
+RTOL = 1e-4  # the issue's target: relative loss difference after 3 steps, fp32
+
+
+# ---- the typed record -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "strategy, nodes, rpn, tp, dims",
+    [
+        ("ddp", 2, 2, 1, (4, 1, 1)),
+        ("fsdp", 2, 2, 1, (1, 4, 1)),
+        ("hsdp", 2, 2, 1, (2, 2, 1)),
+        ("hsdp", 2, 1, 1, (2, 1, 1)),
+        ("tp", 2, 2, 2, (2, 1, 2)),
+        ("fsdp+tp", 2, 4, 2, (1, 4, 2)),
+        ("tp", 1, 4, 4, (1, 1, 4)),
+    ],
+)
+def test_each_strategy_maps_to_degrees_whose_product_is_the_world(strategy, nodes, rpn, tp, dims):
+    d = ParallelDims.of(strategy, nodes, rpn, tp)
+    assert (d.dp_replicate, d.dp_shard, d.tp) == dims
+    assert d.world_size == nodes * rpn and d.pp == 1
+    assert d.mesh() == (dims, ("dp_replicate", "dp_shard", "tp"))
+
+
+def test_impossible_degrees_are_refused_with_the_allowed_values():
+    with pytest.raises(
+        ValueError,
+        match="must divide the ranks per node .4.: its ranks share a node; allowed: 1, 2, 4",
+    ):
+        ParallelDims(1, 1, 3, ranks_per_node=4)
+    with pytest.raises(ValueError, match="dp_shard must be an integer >= 1"):
+        ParallelDims(1, 0, 1, ranks_per_node=1)
+    with pytest.raises(ValueError, match="allowed values: ddp, fsdp, hsdp, tp, fsdp\\+tp"):
+        ParallelDims.of("zero3", 1, 1)
+    (msg,) = degree_problems("tp", 2, 4, 3, "hardware 'cpu'")
+    assert "tp_degree: 3" in msg and "allowed: 2, 4" in msg
+    (msg,) = degree_problems("fsdp+tp", 2, 1, None, "hardware 'cpu'")
+    assert "at least 2 ranks per node" in msg and "ranks_per_node 1" in msg
+    assert degree_problems("fsdp", 2, 1, 3, "x") == []  # tp_degree only for tp strategies
+
+
+# ---- the study: refused before any job --------------------------------------------------------
+def parallel_config(base_config, **changes) -> dict:
+    config = copy.deepcopy(base_config)
+    config["workloads"] = ["throughput"]
+    config["axes"]["model"] = ["transformer_small"]
+    config["axes"]["parallelism"] = ["ddp", "fsdp", "hsdp", "tp", "fsdp+tp"]
+    config["ranks_per_node"] = 2
+    for key, value in changes.items():
+        if key in config["axes"]:
+            config["axes"][key] = value
+        else:
+            config[key] = value
+    return config
+
+
+def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, base_config):
+    study = load_study(parallel_config(base_config), root)
+    by = {}
+    for cell in study.cells:
+        by.setdefault(cell.parallelism, []).append(cell)
+    assert sorted(by) == ["ddp", "fsdp", "fsdp+tp", "hsdp", "tp"]
+    assert {c.tp_degree for c in by["tp"] + by["fsdp+tp"]} == {2}  # null: the ranks per node
+    assert {c.tp_degree for c in by["fsdp"] + by["hsdp"] + by["ddp"]} == {1}
+    fsdp = by["fsdp"][0]
+    assert "/eager/fsdp/n" in fsdp.path and "/eager/n" in by["ddp"][0].path
+    assert parse_cell_path(fsdp.path)["parallelism"] == "fsdp"
+    assert parse_cell_path(by["ddp"][0].path)["parallelism"] == "ddp"
+    assert study_dir_of(fsdp.path) == study_dir_of(by["ddp"][0].path) == Path("results/demo")
+    assert "/fsdp+tp/" in cell_label(parse_cell_path(by["fsdp+tp"][0].path))
+    assert Cell.from_json(fsdp.to_json()) == fsdp
+    assert len({c.path for c in study.cells}) == len(study.cells)
+    assert ("throughput", "cpu", 1, "fsdp+tp") in study.train_rules()
+    assert train_rule("throughput", "fsdp+tp").format(hardware="cpu", nodes=2) == (
+        "train_cpu_n2_fsdp_tp"
+    )
+    assert "parallelism" in path_key("fsdp") and "parallelism" not in path_key("ddp")
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"framework": ["pytorch", "tensorflow"], "parallelism": ["ddp", "fsdp"]},
+            "'fsdp' is not supported by framework 'tensorflow' \\(it supports: ddp\\); "
+            "frameworks that run fsdp: pytorch",
+        ),
+        (
+            {"model": ["cnn_small"], "parallelism": ["tp"]},
+            "'tp' needs a model with a tensor-parallel plan .*model 'cnn_small' has none; "
+            "allowed models: transformer_small",
+        ),
+        ({"ranks_per_node": 1, "parallelism": ["fsdp+tp"]}, "at least 2 ranks per node"),
+        (
+            {"ranks_per_node": 4, "tp_degree": 3, "parallelism": ["tp"]},
+            "tp_degree: 3 .*allowed: 2, 4",
+        ),
+        ({"parallelism": ["zero3"]}, "zero3.*ddp, fsdp, hsdp, tp, fsdp\\+tp"),
+    ],
+)
+def test_unsupported_combinations_are_refused_before_any_job(root, base_config, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        load_study(parallel_config(base_config, **changes), root)
+
+
+def test_an_excluded_combination_is_not_refused(root, base_config):
+    config = parallel_config(
+        base_config,
+        framework=["pytorch", "tensorflow"],
+        parallelism=["ddp", "fsdp"],
+        exclude=[{"framework": "tensorflow", "parallelism": "fsdp"}],
+    )
+    study = load_study(config, root)
+    assert not [c for c in study.cells if c.framework == "tensorflow" and c.parallelism == "fsdp"]
+
+
+def test_frameworks_declare_the_strategies_their_adapters_run():
+    from dlscale.frameworks import pytorch
+
+    assert pytorch.Adapter.strategies == frameworks.STRATEGIES["pytorch"]
+    folder = Path(pytorch.__file__).parent
+    for name in ("tensorflow", "keras", "mxnet", "horovod"):
+        assert frameworks.STRATEGIES[name] == ("ddp",)
+        assert "strategies =" not in (folder / f"{name}.py").read_text()  # the base's ddp
+
+
+def test_the_adapter_refuses_a_strategy_it_does_not_run():
+    from dlscale.frameworks.base import Adapter, RankContext
+
+    sys.path.insert(0, str(HERE))
+    from parallel_ranks import train_spec
+
+    ctx = RankContext(0, 1, 0, 1, 0, "n", "127.0.0.1", 1, "test")
+
+    class DdpOnly(Adapter):
+        name, precisions = "ddp_only", {"fp32": None}
+
+    with pytest.raises(ValueError, match="parallelism fsdp is not supported by ddp_only; use"):
+        DdpOnly(train_spec("fsdp", 1), ctx)
+
+
+def test_ddp_cells_keep_their_path_identity_and_hash(root, base_config):
+    """Every cell of the demo: the axis at its default adds nothing to a cell's path, identity,
+    serialisation or the study's hash, stated or not (the hashes before and after the axis
+    were compared on a clean checkout of the commit before it: identical)."""
+    plain = load_study(copy.deepcopy(base_config), root)
+    stated = copy.deepcopy(base_config)
+    stated["axes"]["parallelism"] = ["ddp"]
+    stated["tp_degree"] = None
+    explicit = load_study(stated, root)
+    assert [(c.path, c.config_hash, c.to_json()) for c in plain.cells] == [
+        (c.path, c.config_hash, c.to_json()) for c in explicit.cells
+    ]
+    assert config_hash(plain.config, plain.hardware) == config_hash(
+        explicit.config, explicit.hardware
+    )
+    for cell in plain.cells:
+        assert "parallelism" not in cell.identity() and "tp_degree" not in cell.identity()
+        assert "parallelism" not in json.loads(cell.to_json())
+        assert cell.path == CELL_PATTERN.format(**cell.key_dict(), study=cell.study) or (
+            cell.workload == "convergence"
+        )
+    tp = dict(base_config, tp_degree=2)  # ignored by ddp cells: no identity, but the study's
+    assert [c.config_hash for c in load_study(tp, root).cells] == [
+        c.config_hash for c in plain.cells
+    ]
+
+
+# ---- real ranks -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(tmp_path, parallelism: str, nodes: int, rpn: int, tp: int = 1) -> list[dict]:
+    """Start nodes x rpn ranks of the production adapter (parallel_ranks.py), one process each."""
+    world, port = nodes * rpn, free_port()
+    outs = [tmp_path / f"{parallelism}-{world}-{r}.json" for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "parallel_ranks.py"), str(r), str(world), str(rpn)]
+            + [str(port), parallelism, str(tp), str(outs[r])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def state_bytes(memory: dict) -> int:
+    return memory["param_bytes"] + memory["grad_bytes"] + memory["optimizer_state_bytes"]
+
+
+@pytest.fixture(scope="module")
+def references():
+    sys.path.insert(0, str(HERE))
+    from parallel_ranks import reference_loss
+
+    return {world: reference_loss(world) for world in (2, 4)}
+
+
+@pytest.mark.parametrize(
+    "parallelism, nodes, rpn, tp",
+    [
+        ("ddp", 2, 1, 1),
+        ("fsdp", 2, 1, 1),
+        ("hsdp", 2, 1, 1),
+        ("tp", 1, 2, 2),
+        ("fsdp+tp", 2, 2, 2),
+        ("hsdp", 2, 2, 1),
+        ("tp", 2, 2, 2),
+    ],
+)
+def test_every_strategy_trains_to_the_single_process_loss(
+    tmp_path, references, parallelism, nodes, rpn, tp
+):
+    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp)
+    reference = references[nodes * rpn]
+    losses = {r["loss"] for r in ranks}
+    assert len(losses) == 1  # all-reduced: every rank the same
+    loss = losses.pop()
+    rel = abs(loss - reference) / abs(reference)
+    print(f"{parallelism} {nodes}x{rpn}: loss {loss:.8f}, reference {reference:.8f}, rel {rel:.2e}")
+    assert rel <= RTOL
+    facts = ranks[0]["execution"]
+    assert facts["strategy"] == parallelism
+    if parallelism != "ddp":
+        assert facts["dims"]["world_size"] == nodes * rpn
+        assert ("tensor_parallel" in facts) == (tp > 1)
+
+
+def test_fsdp_holds_a_world_size_share_of_ddps_state(tmp_path):
+    ddp = run_ranks(tmp_path, "ddp", 2, 1)
+    fsdp = run_ranks(tmp_path, "fsdp", 2, 1)
+    full = state_bytes(ddp[0]["memory"])
+    for rank in fsdp:
+        ratio = state_bytes(rank["memory"]) / full
+        print(f"fsdp/ddp state bytes per rank, world 2: {ratio:.4f}")
+        assert ratio <= 1 / 2 * 1.10
+        assert rank["memory"]["peak_rss_mb"] > 0 and rank["memory"]["peak_allocated_mb"] is None
+    assert {state_bytes(r["memory"]) for r in ddp} == {full}
+
+
+def test_cells_of_each_strategy_record_memory_per_rank(tmp_path):
+    """Through the launcher, as a study runs them: an fsdp cell and a ddp cell of the same
+    model; the metrics carry each rank's memory, cells.csv its largest per rank."""
+    from dlscale.collect import cell_rows
+    from dlscale.metrics import read_metrics
+
+    paths = {}
+    for parallelism in ("ddp", "fsdp"):
+        cell = cell_dict(model="transformer_small", parallelism=parallelism, steps=1)
+        code, out = launch_cell(tmp_path / parallelism, cell)
+        assert code == 0
+        paths[parallelism] = out
+    cells = {
+        p: cell_rows(read_metrics(out, steps=False), str(out), 0.1)[0] for p, out in paths.items()
+    }
+    assert cells["fsdp"]["parallelism"] == "fsdp" and cells["ddp"]["parallelism"] == "ddp"
+    ratio = cells["fsdp"]["state_bytes_per_rank_max"] / cells["ddp"]["state_bytes_per_rank_max"]
+    assert ratio <= 1 / 2 * 1.10
+    assert cells["ddp"]["param_bytes_per_rank_max"] == 4 * 5_289_986  # fp32, full replica
+    assert "fully_shard" in cells["fsdp"]["wrapper"]
