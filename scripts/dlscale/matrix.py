@@ -221,6 +221,20 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
             if hw_key not in hardware:
                 continue
             rpn = ranks_per_node(config, hardware[hw_key])
+            tp = cell_tp_degree(strategy, rpn, config["tp_degree"])
+            for model in axes["model"]:
+                heads = (
+                    get_spec(model).arch_kwargs.get("num_heads")
+                    if model in models_names()
+                    else None
+                )
+                if heads and get_spec(model).arch == "gpt" and heads % tp:
+                    problems.append(
+                        f"axes.parallelism: {strategy!r} splits the attention heads of model "
+                        f"{model!r} ({heads} heads) over tensor-parallel degree {tp} (hardware "
+                        f"{hw_key!r}); allowed tp_degree: a divisor of both "
+                        f"{heads} and ranks_per_node {rpn} above 1"
+                    )
             for nodes in axes["nodes"]:
                 problems += [
                     p

@@ -40,12 +40,23 @@ TP_PLANS = {
         "encoder.layers.*.linear1": "colwise",
         "encoder.layers.*.linear2": "rowwise",
     },
+    # the GPT-2-class decoder (dlscale.models.torch.gpt): attention by heads (query, key and
+    # value projections by columns, the output projection by rows) and the MLP; embeddings,
+    # LayerNorms and the tied head whole on every rank of the group. Its heads must divide.
+    "gpt": {
+        "blocks.*.attn.wq": "colwise",
+        "blocks.*.attn.wk": "colwise",
+        "blocks.*.attn.wv": "colwise",
+        "blocks.*.attn.wo": "rowwise",
+        "blocks.*.mlp.fc": "colwise",
+        "blocks.*.mlp.proj": "rowwise",
+    },
 }
 
 
 # The blocks fully_shard wraps one by one (then the root), by architecture: fnmatch patterns
 # over named_modules; an architecture not named here has its top-level children wrapped.
-FSDP_UNITS = {"transformer": ("encoder.layers.*",)}
+FSDP_UNITS = {"transformer": ("encoder.layers.*",), "gpt": ("blocks.*",)}
 
 
 @dataclass(frozen=True)

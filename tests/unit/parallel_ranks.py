@@ -4,7 +4,10 @@ fully_shard; three training steps), on gloo over TCP, with a dropout-free tiny t
 registry's transformer_small architecture at a smaller size: dropout draws different masks on a
 sharded activation by construction, so it is off for a comparison of losses).
 
-    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json
+    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json [MODEL]
+
+(MODEL: transformer_small, made tiny as above, or gpt2_tiny, the registry's tiny decoder as it
+is: it has no dropout)
 
 writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
 global batch) and the bytes of parameters, gradients and optimizer state it holds.
@@ -34,12 +37,12 @@ def use_tiny_model() -> None:
     )
 
 
-def train_spec(parallelism: str, tp_degree: int):
+def train_spec(parallelism: str, tp_degree: int, model: str = "transformer_small"):
     from dlscale.frameworks.base import TrainSpec
 
     return TrainSpec(
         framework="pytorch",
-        model="transformer_small",
+        model=model,
         per_rank_batch=PER_RANK_BATCH,
         warmup_steps=0,
         steps=STEPS,
@@ -53,7 +56,7 @@ def train_spec(parallelism: str, tp_degree: int):
     )
 
 
-def run_rank(rank, world, rpn, port, parallelism, tp_degree) -> dict:
+def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_small") -> dict:
     import torch
     import torch.distributed as dist
 
@@ -62,7 +65,7 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree) -> dict:
 
     use_tiny_model()
     ctx = RankContext(rank, world, rank % rpn, rpn, rank // rpn, "n", "127.0.0.1", port, "test")
-    adapter = Adapter(train_spec(parallelism, tp_degree), ctx)
+    adapter = Adapter(train_spec(parallelism, tp_degree, model), ctx)
     adapter.setup()
     try:
         for _ in range(STEPS):
@@ -82,7 +85,7 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree) -> dict:
         adapter.teardown()
 
 
-def reference_loss(world: int) -> float:
+def reference_loss(world: int, name: str = "transformer_small") -> float:
     """The loss after STEPS steps of the single-process program on the global batch: rank 0's
     weights, rank r's batch drawn as rank r draws it (seed r, the model built first)."""
     import torch
@@ -91,11 +94,11 @@ def reference_loss(world: int) -> float:
     from dlscale.models.torch import build, example_batch
 
     use_tiny_model()
-    spec = get_spec("transformer_small")
+    spec = get_spec(name)
     xs, ys = [], []
     for r in range(world):
         torch.manual_seed(r)
-        model = build("transformer_small")
+        model = build(name)
         x, y = example_batch(spec, PER_RANK_BATCH)
         xs.append(x)
         ys.append(y)
@@ -116,6 +119,7 @@ def reference_loss(world: int) -> float:
 if __name__ == "__main__":
     rank, world, rpn, port = (int(a) for a in sys.argv[1:5])
     parallelism, tp_degree, out = sys.argv[5], int(sys.argv[6]), sys.argv[7]
-    result = run_rank(rank, world, rpn, port, parallelism, tp_degree)
+    model = sys.argv[8] if len(sys.argv) > 8 else "transformer_small"
+    result = run_rank(rank, world, rpn, port, parallelism, tp_degree, model)
     with open(out, "w") as f:
         json.dump(result, f)

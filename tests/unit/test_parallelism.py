@@ -130,6 +130,10 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
             "tp_degree: 3 .*allowed: 2, 4",
         ),
         ({"parallelism": ["zero3"]}, "zero3.*ddp, fsdp, hsdp, tp, fsdp\\+tp"),
+        (
+            {"model": ["gpt2_tiny"], "ranks_per_node": 4, "tp_degree": 4, "parallelism": ["tp"]},
+            "heads of model 'gpt2_tiny' \\(2 heads\\) over tensor-parallel degree 4",
+        ),
     ],
 )
 def test_unsupported_combinations_are_refused_before_any_job(root, base_config, changes, message):
@@ -207,14 +211,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(tmp_path, parallelism: str, nodes: int, rpn: int, tp: int = 1) -> list[dict]:
+def run_ranks(
+    tmp_path, parallelism: str, nodes: int, rpn: int, tp: int = 1, model="transformer_small"
+) -> list[dict]:
     """Start nodes x rpn ranks of the production adapter (parallel_ranks.py), one process each."""
     world, port = nodes * rpn, free_port()
-    outs = [tmp_path / f"{parallelism}-{world}-{r}.json" for r in range(world)]
+    outs = [tmp_path / f"{model}-{parallelism}-{world}-{r}.json" for r in range(world)]
     procs = [
         subprocess.Popen(
             [sys.executable, str(HERE / "parallel_ranks.py"), str(r), str(world), str(rpn)]
-            + [str(port), parallelism, str(tp), str(outs[r])],
+            + [str(port), parallelism, str(tp), str(outs[r]), model],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -236,31 +242,40 @@ def references():
     sys.path.insert(0, str(HERE))
     from parallel_ranks import reference_loss
 
-    return {world: reference_loss(world) for world in (2, 4)}
+    return {
+        (model, world): reference_loss(world, model)
+        for model in ("transformer_small", "gpt2_tiny")
+        for world in (2, 4)
+    }
 
 
 @pytest.mark.parametrize(
-    "parallelism, nodes, rpn, tp",
+    "model, parallelism, nodes, rpn, tp",
     [
-        ("ddp", 2, 1, 1),
-        ("fsdp", 2, 1, 1),
-        ("hsdp", 2, 1, 1),
-        ("tp", 1, 2, 2),
-        ("fsdp+tp", 2, 2, 2),
-        ("hsdp", 2, 2, 1),
-        ("tp", 2, 2, 2),
+        ("transformer_small", "ddp", 2, 1, 1),
+        ("transformer_small", "fsdp", 2, 1, 1),
+        ("transformer_small", "hsdp", 2, 1, 1),
+        ("transformer_small", "tp", 1, 2, 2),
+        ("transformer_small", "fsdp+tp", 2, 2, 2),
+        ("transformer_small", "hsdp", 2, 2, 1),
+        ("transformer_small", "tp", 2, 2, 2),
+        # the tiny decoder (GPT-2 class): attention split by heads under tensor parallel
+        ("gpt2_tiny", "fsdp", 2, 1, 1),
+        ("gpt2_tiny", "tp", 1, 2, 2),
+        ("gpt2_tiny", "fsdp+tp", 2, 2, 2),
+        ("gpt2_tiny", "hsdp", 2, 2, 1),
     ],
 )
 def test_every_strategy_trains_to_the_single_process_loss(
-    tmp_path, references, parallelism, nodes, rpn, tp
+    tmp_path, references, model, parallelism, nodes, rpn, tp
 ):
-    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp)
-    reference = references[nodes * rpn]
+    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp, model)
+    reference = references[model, nodes * rpn]
     losses = {r["loss"] for r in ranks}
     assert len(losses) == 1  # all-reduced: every rank the same
     loss = losses.pop()
     rel = abs(loss - reference) / abs(reference)
-    print(f"{parallelism} {nodes}x{rpn}: loss {loss:.8f}, reference {reference:.8f}, rel {rel:.2e}")
+    print(f"{model} {parallelism} {nodes}x{rpn}: loss {loss:.8f}, ref {reference:.8f}, {rel:.2e}")
     assert rel <= RTOL
     facts = ranks[0]["execution"]
     assert facts["strategy"] == parallelism
