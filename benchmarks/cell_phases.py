@@ -5,7 +5,9 @@ split into phases.
     .venv/bin/python benchmarks/cell_phases.py [--frameworks pytorch,tensorflow,keras,horovod,mxnet]
                                                [--repeats 5] [--steps 10] [--warmup 2]
 
-The cells are the 1-node cells of config/studies/frameworks.yaml (cnn_small, fp32, eager; the
+A `git worktree` of another commit (with .venv and .venvs linked) measures "before": its own
+dlscale runs in the launcher and the ranks (PYTHONPATH). The cells are the 1-node cells of
+config/studies/frameworks.yaml (cnn_small, fp32, eager; the
 real environment of each framework: .venv for PyTorch, .venvs/<env> for the others), with
 --steps/--warmup. Frameworks alternate within each repetition. Phases, from the rank's own
 record (rank_end `phases`, dlscale.train and run_timed) and the launcher's wall time measured
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -100,7 +103,9 @@ def run_once(cell, work: Path) -> dict:
         python_of(cell.framework),
     ]
     started = time.time()
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
+    # this checkout's dlscale in the launcher and its ranks (a `git worktree` measures "before")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env)
     ended = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"{cell.framework}: the cell failed\n{proc.stderr[-3000:]}")

@@ -352,7 +352,7 @@ def wait_all(procs) -> tuple[int, int] | None:
             if code != 0:
                 _stop([rp for rp in pending.values()])
                 return rank, code
-        time.sleep(0.2)
+        time.sleep(0.05)
     return None
 
 

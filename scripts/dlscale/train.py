@@ -309,5 +309,19 @@ def converge(cell: Cell, adapter, info, writer: RankWriter, before_step=None) ->
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the rank without the interpreter's finalisation, which takes about 1 s once torch
+    is loaded (benchmarks/cell_phases.py) and holds up the cell's end: by now every record is
+    written and closed and the framework torn down. A rank with child processes (data-loading
+    workers) exits normally, so they are reaped."""
+    import multiprocessing
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if multiprocessing.active_children():
+        sys.exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
