@@ -70,7 +70,7 @@ MIN_NODE_COUNTS_LOO = 3  # leaving one out must leave two: enough for Amdahl or 
 GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients (mixed precision keeps float32 parameters)
 # Node counts predicted beyond the largest measured one: at most this factor (plan and figures)
 # for a series validated by leave-one-node-count-out, and at most the second for one that is not
-# (plan.max_extrapolation, plan.max_extrapolation_unvalidated; config/README.md).
+# (plan.max_extrapolation, plan.max_extrapolation_unvalidated; docs/pages/configuration.md).
 DEFAULT_MAX_EXTRAPOLATION = 8
 DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED = 2
 VALIDATED = "validated"

@@ -45,7 +45,7 @@ __all__ = [
     "webdataset_shards",
 ]
 
-#: The on-disk formats a study can point at (config/README.md, "Datasets").
+#: The on-disk formats a study can point at (docs/pages/datasets.md).
 FORMATS = ("cifar_binary", "image_folder", "webdataset")
 #: The two parts of every dataset root.
 SPLITS = ("train", "val")
@@ -348,7 +348,8 @@ def inspect_dataset(
             key,
             [
                 f"{key}: dataset {str(root)!r}: {what} "
-                f"(allowed formats: {', '.join(FORMATS)}; layouts: {LAYOUTS}; see config/README.md)"
+                f"(allowed formats: {', '.join(FORMATS)}; layouts: {LAYOUTS}; "
+                "see docs/pages/datasets.md)"
             ],
         )
 
