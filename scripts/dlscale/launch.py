@@ -43,6 +43,9 @@ from .cell import (
     study_dir_of,
     tail_lines,
 )
+from .fit import DOES_NOT_FIT
+from .fit import rank_records as fit_records
+from .fit import reason as fit_reason
 from .frameworks.base import RankContext
 from .method import RANK_END
 from .provenance import git_commit
@@ -435,6 +438,9 @@ def record_failure(
             record["rank"], record["exit_code"] = int(first.group(1)), int(first.group(2))
             failed_log = rank_dir / f"rank{first.group(1)}.log"
             record["log_tail"] = {first.group(1): tail_lines(failed_log)}
+    fit = fit_records(rank_dir)  # out of memory: a result, "does not fit" (dlscale.fit)
+    if fit:
+        record.update(status=DOES_NOT_FIT, reason=fit_reason(fit), does_not_fit=fit)
     _write_beside(output, FAILURE_FILE, record)
     return record
 

@@ -35,7 +35,7 @@ SCALING = {
     "speedup": ("speedup", "Speedup"),
     "efficiency": ("scaling_efficiency", "Scaling efficiency"),
 }
-FAMILIES = [*SCALING, "frameworks", "breakdown", "telemetry", "mfu"]
+FAMILIES = [*SCALING, "frameworks", "breakdown", "telemetry", "mfu", "memory"]
 # The scaling model's extensions (dlscale.scalemodel), drawn in the series' colour; how far they
 # reach follows plan.max_extrapolation and plan.max_extrapolation_unvalidated (predicted_caption).
 # (the defaults are dlscale.scalemodel's, repeated here: this module imports neither numpy nor
@@ -99,6 +99,11 @@ FAMILY_CAPTIONS = {
     "peak_tflops, sparse peaks refused); where the hardware has no peak (unknown peak) the "
     "achieved TFLOP/s per device instead; median over repetitions; frameworks that count no "
     "FLOPs are absent; one panel per model and batch policy.",
+    "memory": "Memory per rank against node count, per parallelism (docs/pages/parallelism.md): "
+    "solid: the bytes of parameters, gradients and optimizer state the largest rank holds (a "
+    "shard's under fsdp, hsdp and tensor parallel); dotted: its peak memory (peak allocated "
+    "device memory on GPUs, the peak resident set on CPUs); MiB, median over repetitions; a "
+    "series per framework, precision and parallelism; one panel per model and batch policy.",
 }
 WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}
 # A figure file's name in its hardware folder, without .pdf: {family} or {family}-{part}

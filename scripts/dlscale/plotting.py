@@ -469,6 +469,45 @@ def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     return _finish(fig, axes, out)
 
 
+def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Memory per rank against nodes (medians over repetitions): the parameter, gradient and
+    optimizer-state bytes of the largest rank (solid) and its peak memory (dotted: allocated
+    device memory on GPUs, the resident set on CPUs), in MiB."""
+    hw = scaling[scaling["hardware"] == spec["hardware"]]
+    on_device = _numeric(hw, "peak_allocated_mb_max_median").notna().any()
+    peak = "peak_allocated_mb_max_median" if on_device else "peak_rss_mb_max_median"
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    hue = _Hue(spec)
+    for ax, _, part in _panels(scaling, spec, axes):
+        for framework, precision in spec["series"]:
+            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
+            line = line.sort_values("nodes")
+            state = _numeric(line, "state_bytes_per_rank_max_median") / 2**20
+            if state.isna().all():
+                continue
+            colour = hue.colour[framework]
+            ax.plot(
+                line["nodes"],
+                state,
+                marker=hue.marker(precision),
+                linestyle=hue.linestyle(precision),
+                color=colour,
+                label=hue.label(framework, precision),
+            )
+            ax.plot(line["nodes"], _numeric(line, peak), linestyle=":", color=colour, lw=0.9)
+        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        ax.set_ylim(bottom=0)
+    _label_outer(axes, len(panels), "MiB per rank", "Nodes")
+    extra = [
+        Line2D([], [], color="0.3", label="params + grads + optimizer state"),
+        Line2D(
+            [], [], color="0.3", linestyle=":", label="peak allocated" if on_device else "peak RSS"
+        ),
+    ]
+    return _finish(fig, axes, out, extra)
+
+
 def plot_figure(
     scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
 ) -> dict:
@@ -489,6 +528,8 @@ def plot_figure(
             return plot_telemetry(scaling, spec, out)
         if family == "mfu":
             return plot_mfu(scaling, spec, out)
+        if family == "memory":
+            return plot_memory(scaling, spec, out)
         raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")
 
 

@@ -611,6 +611,9 @@ def write_status_table(status: pd.DataFrame, out: str) -> None:
             + r" \\"
         )
     counts = ", ".join(f"{(bad['status'] == s).sum()} {s}" for s in ("failed", "missing"))
+    unfit = int((bad["status"] == "does_not_fit").sum()) if not bad.empty else 0
+    if unfit:  # out of memory at this size: a result (dlscale.fit)
+        counts += f", {unfit} did not fit in memory"
     Path(out).write_text(
         f"\\noindent {len(status) - len(bad)} of {len(status)} planned cells were measured "
         f"({workload_counts_text(status)}); {counts}.\n\n"

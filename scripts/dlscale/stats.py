@@ -171,6 +171,9 @@ MEDIAN_ONLY = [
     "allreduce_busbw_gb_per_s",
     "joules_per_sample",
     "peak_rss_mb_max",
+    # memory per rank (the memory figure; Adapter.memory_per_rank)
+    "state_bytes_per_rank_max",
+    "peak_allocated_mb_max",
     # telemetry (dlscale.telemetry): the utilisation the telemetry figure draws
     "gpu_util_pct_mean",
     "gpu_util_pct_rank_min",

@@ -28,6 +28,7 @@ from .cell import (
     train_log_pattern,
     train_rule,
 )
+from .fit import DOES_NOT_FIT
 
 
 def train_log(cell: dict) -> Path:
@@ -147,7 +148,8 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
             rec = {"reason": f"unreadable {failure}"}
         tails = rec.get("log_tail") or {}
         row.update(
-            status="failed",
+            # "does_not_fit": its ranks ran out of memory, a result (dlscale.fit)
+            status=DOES_NOT_FIT if rec.get("status") == DOES_NOT_FIT else "failed",
             reason=rec.get("reason", ""),
             failed_rank=rec.get("rank"),
             exit_code=rec.get("exit_code"),
@@ -165,7 +167,7 @@ def cell_status(path: str, ok: bool, invalid_reason: str | None = None) -> dict:
                 f": {stepd}" if stepd else ""
             )
             row.update(
-                status="failed",
+                status=DOES_NOT_FIT if row["status"] == DOES_NOT_FIT else "failed",
                 reason=(row["reason"] + "; " if row["reason"] else "") + slurm_reason,
             )
     log = train_log(cell)

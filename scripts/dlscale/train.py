@@ -59,6 +59,8 @@ def fault_hook(rank: int, rank_dir: str):
                 flush=True,
             )
             time.sleep(24 * 3600)
+        if code == "oom":  # a rank that runs out of memory (dlscale.fit)
+            raise MemoryError(f"{FAULT_ENV}: rank {rank} out of memory before step {step}")
         if code.startswith("sleep"):
             print(
                 f"[dlscale.train] {FAULT_ENV}: rank {rank} sleeps {code[5:]} s before step {step}",
@@ -276,6 +278,15 @@ def main(argv: list[str] | None = None) -> int:
                 **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),
             },
         )
+    except Exception as exc:
+        if not adapter.out_of_memory(exc):
+            raise
+        # does not fit at this size: a result (dlscale.fit), recorded before the rank ends
+        from .fit import DOES_NOT_FIT_EXIT, record_rank
+
+        record_rank(args.rank_dir, ctx.rank, exc, adapter.memory_per_rank())
+        print(f"[dlscale.train] rank {ctx.rank} does not fit: {exc}", file=sys.stderr, flush=True)
+        return DOES_NOT_FIT_EXIT
     finally:
         writer.close()
         adapter.teardown()

@@ -71,6 +71,9 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 "allreduce_busbw_gb_per_s": 1.0,
                 "joules_per_sample": None,
                 "peak_rss_mb_max": 100.0,
+                # memory per rank (the memory figure): a shard of the state under fsdp
+                "state_bytes_per_rank_max": 3 * 4e6 / (nodes if parallelism == "fsdp" else 1),
+                "peak_allocated_mb_max": None if hw == "cpu" else 900.0,
                 # telemetry (dlscale.telemetry): GPU utilisation on GPU hardware, else CPU
                 "gpu_util_pct_mean": None if hw == "cpu" else 95.0 * efficiency,
                 "gpu_util_pct_rank_min": None if hw == "cpu" else 90.0 * efficiency,

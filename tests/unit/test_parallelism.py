@@ -316,3 +316,42 @@ def test_cells_of_each_strategy_record_memory_per_rank(tmp_path):
     assert ratio <= 1 / 2 * 1.10
     assert cells["ddp"]["param_bytes_per_rank_max"] == 4 * 5_289_986  # fp32, full replica
     assert "fully_shard" in cells["fsdp"]["wrapper"]
+
+
+# ---- out of memory: a result -----------------------------------------------------------------
+def test_a_rank_out_of_memory_records_does_not_fit(tmp_path, monkeypatch):
+    """A rank that runs out of memory (here: DLSCALE_FAULT's oom before its first timed step)
+    records what it held; the cell's failure record and status row say "does not fit", not
+    "failed"."""
+    from dlscale.cell import FAILURE_FILE
+    from dlscale.fit import DOES_NOT_FIT
+    from dlscale.status import cell_status
+
+    monkeypatch.setenv("DLSCALE_FAULT", "cell:1:1:oom")
+    cell = cell_dict(model="transformer_small", parallelism="fsdp")
+    code, out = launch_cell(tmp_path, cell)
+    assert code != 0 and not out.exists()
+    record = json.loads((out.parent / FAILURE_FILE).read_text())
+    assert record["status"] == DOES_NOT_FIT
+    assert record["reason"].startswith("does not fit: rank 1 ran out of memory (MemoryError")
+    (rank,) = record["does_not_fit"]
+    assert rank["rank"] == 1 and rank["memory"]["param_bytes"] == 4 * 5_289_986 // 2
+    monkeypatch.chdir(tmp_path)  # the same record at the cell's place in a study
+    study_cell = Cell.from_dict(cell)
+    metrics = Path(study_cell.path)
+    metrics.parent.mkdir(parents=True)
+    (metrics.parent / FAILURE_FILE).write_text(json.dumps(record))
+    row = cell_status(study_cell.path, ok=False)
+    assert row["status"] == DOES_NOT_FIT and row["reason"] == record["reason"]
+
+
+def test_the_pytorch_adapter_knows_out_of_memory_errors():
+    import torch
+
+    from dlscale.frameworks.pytorch import Adapter
+
+    oom = Adapter.out_of_memory
+    assert oom(None, torch.OutOfMemoryError("CUDA out of memory"))
+    assert oom(None, RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
+    assert oom(None, MemoryError())
+    assert not oom(None, RuntimeError("some other failure"))

@@ -98,7 +98,7 @@ def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
         re.S,
     )
     assert r"\dlsCellsCsvRows{} rows" in tex
-    assert tex.count(r"]{../figures/") == len(layout) == 56
+    assert tex.count(r"]{../figures/") == len(layout) == 64
     assert tex.count(r"\includegraphics") == len(layout) + 1  # + the plan (Recommendations)
     assert tex.count(r"\subsection{Hardware") == 4
     assert "big\\_study" in tex and "model0, model1" in tex

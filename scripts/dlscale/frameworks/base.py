@@ -309,6 +309,11 @@ class Adapter:
                 f"{self.title or self.name}; use one of: {', '.join(self.strategies)}"
             )
 
+    def out_of_memory(self, error: BaseException) -> bool:
+        """Whether an error means this rank ran out of memory (dlscale.fit: the cell does not
+        fit at this size, a result rather than a failure)."""
+        return isinstance(error, MemoryError)
+
     def memory_per_rank(self) -> dict:
         """What this rank holds in memory (metrics `memory`): its peak resident set (VmHWM,
         the CPU's figure) and, where the framework says, peak device memory and the bytes of

@@ -286,6 +286,15 @@ class TorchModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def out_of_memory(self, error: BaseException) -> bool:
+        """torch.OutOfMemoryError (a device allocation), the CPU allocator's failure, or
+        Python's MemoryError."""
+        return (
+            isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or isinstance(error, RuntimeError)
+            and "can't allocate memory" in str(error)
+        )
+
     def peak_device_memory_mb(self) -> float | None:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20
