@@ -102,7 +102,8 @@ FAMILY_CAPTIONS = {
     "memory": "Memory per rank against node count, per parallelism (docs/pages/parallelism.md): "
     "solid: the bytes of parameters, gradients and optimizer state the largest rank holds (a "
     "shard's under fsdp, hsdp and tensor parallel); dotted: its peak memory (peak allocated "
-    "device memory on GPUs, the peak resident set on CPUs); MiB, median over repetitions; a "
+    "device memory on GPUs, the peak resident set on CPUs); MiB on a log axis, median over "
+    "repetitions; a "
     "series per framework, precision and parallelism; one panel per model and batch policy.",
 }
 WITH_CI = {"throughput", "speedup", "efficiency", "frameworks"}

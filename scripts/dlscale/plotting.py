@@ -497,8 +497,10 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
             )
             ax.plot(line["nodes"], _numeric(line, peak), linestyle=":", color=colour, lw=0.9)
         _nodes_axis(ax, sorted(part["nodes"].unique()))
-        ax.set_ylim(bottom=0)
-    _label_outer(axes, len(panels), "MiB per rank", "Nodes")
+        # log: a process's peak (on a CPU its whole resident set, the runtime included) and a
+        # small model's state differ by orders of magnitude; lines only, no bars
+        ax.set_yscale("log")
+    _label_outer(axes, len(panels), "MiB per rank (log)", "Nodes")
     extra = [
         Line2D([], [], color="0.3", label="params + grads + optimizer state"),
         Line2D(
