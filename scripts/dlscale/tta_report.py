@@ -95,6 +95,8 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
         "ConvValidityBands",
         "ConvValidityCounts",
         "ConvValidityFlagged",
+        "ConvFrameworkComparison",
+        "ConvFrameworkInit",
     ]
     m["ConvValidityMethod"] = VALIDITY_METHOD
     m.update({k: "n/a" for k in measured})
@@ -136,9 +138,103 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
             )
         )
         m.update(_input_pipeline(cells))
+        m.update(framework_macros(tta))
         if "convergence_validity" in tta:
             m.update(validity_macros(tta))
     return m
+
+
+# How each framework's convergence cells start and order their data (the adapters'
+# convergence_method and dlscale.data's loaders): a comparison of epochs to accuracy across
+# frameworks at equal global batch is a comparison of these as well.
+INITIALISATION_AND_DATA_ORDER = {
+    "pytorch": (
+        "weights from torch.manual_seed(seed + rank), rank 0's on every rank (DDP's broadcast "
+        "at wrap); data in DistributedSampler's order: the whole training split reshuffled "
+        "every epoch and dealt across the ranks"
+    ),
+    "horovod": (
+        "weights from torch.manual_seed(seed + rank), rank 0's broadcast by "
+        "hvd.broadcast_parameters; data in DistributedSampler's order, as PyTorch"
+    ),
+    "tensorflow": (
+        "weights from Keras 3's initializers after keras.utils.set_random_seed(seed + rank), "
+        "worker 0's on every worker (MultiWorkerMirroredStrategy); data by tf.data: each rank "
+        "a fixed part of the split (positions rank, rank + world size, ...), reshuffled within "
+        "the part every epoch"
+    ),
+    "keras": (
+        "weights from tf_keras' initializers after set_random_seed(seed + rank), worker 0's on "
+        "every worker (MultiWorkerMirroredStrategy); data by tf.data, as TensorFlow"
+    ),
+    "mxnet": (
+        "weights from mx.random.seed(seed) on every rank (the same draw), rank 0's broadcast "
+        "through the kvstore before the first epoch; data by a Gluon DataLoader in "
+        "DistributedSampler's order, as PyTorch"
+    ),
+}
+
+
+def _plain_interval(median, low, high, kind: str, digits: int = 3) -> str:
+    """A median and the interval its n allows, as plain text (a macro's value is escaped):
+    [low, high] for a confidence interval, (low-high, range) for fewer repetitions."""
+    text = _fmt(median, digits)
+    high_text = "open" if np.isinf(high) else _fmt(high, digits)
+    if kind == CI:
+        return f"{text} [{_fmt(low, digits)}, {high_text}]"
+    if kind == RANGE:
+        return f"{text} (range {_fmt(low, digits)}-{high_text})"
+    return text
+
+
+def _framework_point(r) -> str:
+    if pd.isna(r.time_to_accuracy_s_median):
+        return f"{r.framework} not reached (n = {int(r.n)})"
+    epochs = _plain_interval(
+        r.epochs_to_accuracy_median,
+        r.epochs_to_accuracy_min,
+        r.epochs_to_accuracy_max,
+        RANGE if r.n > 1 and r.epochs_to_accuracy_min != r.epochs_to_accuracy_max else NONE,
+    )
+    seconds = _plain_interval(
+        r.time_to_accuracy_s_median,
+        r.time_to_accuracy_s_ci_low,
+        r.time_to_accuracy_s_ci_high,
+        r.interval,
+    )
+    return f"{r.framework} {epochs} epochs, {seconds} s (n = {int(r.n)})"
+
+
+def framework_macros(tta: pd.DataFrame) -> dict[str, str]:
+    """ConvFrameworkComparison: at each global batch that more than one framework trained at
+    (every other axis equal), every framework's epochs and time to accuracy, fastest
+    first, with the interval its n allows; ConvFrameworkInit: the initialisation and data order
+    of each framework measured."""
+    names = sorted(tta["framework"].unique())
+    init = "; ".join(
+        f"{name}: {INITIALISATION_AND_DATA_ORDER.get(name, 'not stated')}" for name in names
+    )
+    parts = []
+    # every axis but the framework held equal (those the table has), and the global batch
+    keys = [a for a in [*GROUP, "nodes"] if a != "framework" and a in tta] + ["global_batch"]
+    for _, group in tta.groupby(keys, sort=True):
+        if group["framework"].nunique() < 2:
+            continue
+        first = group.iloc[0]
+        model, policy, nodes, batch = (
+            first[k] for k in ("model", "policy", "nodes", "global_batch")
+        )
+        order = group.assign(_t=group["time_to_accuracy_s_median"].fillna(np.inf)).sort_values(
+            ["_t", "framework"]
+        )
+        rows = ", ".join(_framework_point(r) for r in order.itertuples())
+        parts.append(f"global batch {int(batch)} ({model}, {policy}, {int(nodes)} node(s)): {rows}")
+    return {
+        "ConvFrameworkComparison": "; ".join(parts)
+        if parts
+        else "no global batch was trained by more than one framework",
+        "ConvFrameworkInit": init,
+    }
 
 
 # How the report names a validity flag (dlscale.tta).

@@ -103,6 +103,7 @@ class Adapter(tfa.Adapter):
         with strategy.scope():
             self.optimizer.build(model.trainable_variables)
         self._local_train_function = None
+        self._setup_convergence()
         if self.has_breakdown(spec):
             # the compute-only step's own train function, traced (not run) now so that no
             # tracing is timed; fit's function stays the model's train_function
@@ -113,6 +114,39 @@ class Adapter(tfa.Adapter):
                 self._local_train_function.get_concrete_function(self.iterator)
             finally:
                 self.optimizer.skip_aggregation = False
+
+    # ---- the convergence contract: the tensorflow adapter's (data, evaluation, collectives),
+    # with fit's own step
+    convergence_method = (
+        "epochs over the rank's tf.data pipeline of the training split (dlscale.data.tf_data, "
+        "as the tensorflow adapter), a custom loop calling Model.train_step -- fit's own step: "
+        "compiled loss scaled by 1/replicas, optimizer.minimize with the gradient all-reduce, "
+        "the loss metric -- under strategy.run in one tf.function per batch, the learning rate "
+        "of each step set from dlscale.lr; not Model.fit, whose data handler, callbacks and "
+        "validation would sit inside its epochs (the clock of time-to-accuracy holds training "
+        "only) and whose schedules change the rate per epoch, not per step as dlscale.lr does"
+    )
+
+    def _setup_convergence(self) -> None:
+        strategy, model = self.strategy, self.model
+
+        @tf.function
+        def conv_step(x, y):
+            def replica_fn(x, y):
+                for metric in model.metrics:  # the loss metric then holds this batch only
+                    metric.reset_state()
+                return model.train_step((x, y))["loss"]  # the replica's mean loss
+
+            out = strategy.run(replica_fn, args=(x, y))
+            return strategy.experimental_local_results(out)[0]
+
+        def forward_backward(x, y):
+            with tf.GradientTape() as tape:
+                loss = model.compute_loss(x, y, model(x, training=True))
+            return tape.gradient(loss, model.trainable_variables)
+
+        self._conv_step, self._conv_loss_scale = conv_step, self.spec.per_rank_batch
+        self._forward_backward_fn = forward_backward
 
     def _run(self, function) -> None:
         with self.strategy.scope():

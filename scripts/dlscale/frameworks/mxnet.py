@@ -271,13 +271,16 @@ class Adapter(BaseAdapter):
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.global_batch = spec.per_rank_batch * ctx.world_size
         self.loss_scaling = spec.precision == "fp16"
+        self.converging = spec.workload == "convergence"
+        self.gather_keys: dict[int, tuple] = {}  # kvstore key -> shape, initialised once
         self.trainer = gluon.Trainer(
             self.net.collect_params(),
             "sgd",
             self._sgd(),
             kvstore=self.kv,
-            # dynamic loss scaling changes the gradient scale every step: update on the workers
-            update_on_kvstore=False if self.loss_scaling else None,
+            # dynamic loss scaling changes the gradient scale every step, and a convergence
+            # cell's learning rate every step (dlscale.lr): update on the workers
+            update_on_kvstore=False if self.loss_scaling or self.converging else None,
         )
         if self.loss_scaling:
             self.amp.init_trainer(self.trainer)
@@ -342,6 +345,121 @@ class Adapter(BaseAdapter):
             key, buf = self.probe_keys[numel]
             self.kv.pushpull(key, buf, out=buf)
             buf.wait_to_read()
+
+    # ------------------------------------------------------------------ the convergence contract
+    convergence_method = (
+        "epochs over a Gluon DataLoader of the rank's shard of the training split "
+        "(dlscale.data.mxnet_data: torch DistributedSampler's order, reshuffled from seed + "
+        "epoch), Gluon Trainer on the dist_sync kvstore with the update on the workers "
+        "(update_on_kvstore=False: the gradients' sum is pulled, every worker runs the same SGD "
+        "step) so that the learning rate of each step can be set from dlscale.lr; validation "
+        "with rank 0's normalisation statistics, counts summed through the kvstore"
+    )
+    GATHER_KEY, STATS_KEY = 3_000_000, 4_000_000  # far above the parameters' and probes' keys
+
+    def data_loaders(self, info, *, workers: int, seed: int):
+        from ..data.mxnet_data import make_loader
+
+        rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
+        train, sampler = make_loader(info, "train", rank, world, batch, workers=workers, seed=seed)
+        val, _ = make_loader(
+            info, "val", rank, world, batch, workers=workers, seed=seed, train=False
+        )
+        return train, sampler, val
+
+    def _on_device(self, batch):
+        x, y = batch
+        return x.as_in_context(self.device), y.as_in_context(self.device)
+
+    def train_batch(self, batch, learning_rate: float):
+        x, y = self._on_device(batch)
+        self.trainer.set_learning_rate(learning_rate)
+        with self.watchdog("a training step"):
+            with self.autograd.record():
+                loss = self.loss_fn(self.net(x), y)  # per-sample losses
+                if self.loss_scaling:
+                    with self.amp.scale_loss(loss, self.trainer) as scaled:
+                        self.autograd.backward(scaled)
+            if not self.loss_scaling:
+                loss.backward()  # gradient of the summed loss
+            # rescale_grad = 1 / global batch: the kvstore's sum over workers becomes the mean
+            self.trainer.step(self.global_batch)
+        return loss.sum(), int(y.shape[0])
+
+    def _running_stats(self) -> list:
+        """The normalisation statistics (Gluon parameters with grad_req 'null')."""
+        params = self.net.collect_params().values()
+        return [p for p in params if p.grad_req == "null"]
+
+    def warmup_pass(self, batch) -> None:
+        """One forward and backward pass without update (hybridize's graph is built here, and
+        the shapes of deferred parameters are known from here on); the normalisation statistics
+        it moved are restored. Then the kvstore is set up and rank 0's weights broadcast
+        (Trainer's lazy start, else in the first step)."""
+        x, y = self._on_device(batch)
+        saved = [p.data().copy() for p in self._running_stats()]
+        with self.autograd.record():
+            loss = self.loss_fn(self.net(x), y)
+        loss.backward()
+        for p, value in zip(self._running_stats(), saved):
+            p.set_data(value)
+        self.mx.nd.waitall()
+        if not self.trainer._kv_initialized:
+            with self.watchdog("kvstore start-up (parameters)"):
+                self.trainer._init_kvstore()
+                self.trainer._init_params()
+                self.mx.nd.waitall()
+
+    def _pushpull_sum(self, key: int, buf):
+        """The element-wise sum of `buf` over all workers through the dist_sync kvstore (no
+        optimizer on the servers: update_on_kvstore=False, so they return the merged pushes)."""
+        if key not in self.gather_keys:
+            self.kv.init(key, self.mx.nd.zeros(buf.shape, dtype=buf.dtype))
+            self.gather_keys[key] = buf.shape
+        self.kv.pushpull(key, buf, out=buf)
+        return buf
+
+    def _broadcast_stats(self) -> None:
+        """Rank 0's normalisation statistics on every rank (each rank's last training forward
+        moved its own), so that every shard is evaluated by the same model."""
+        if not self.data_parallel:
+            return
+        with self.watchdog("a broadcast of normalisation statistics"):
+            for i, p in enumerate(self._running_stats()):
+                mine = p.data().copy() if self.ctx.rank == 0 else self.mx.nd.zeros_like(p.data())
+                p.set_data(self._pushpull_sum(self.STATS_KEY + i, mine))
+            self.mx.nd.waitall()
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self._broadcast_stats()
+        correct, count = 0, 0
+        for batch in batches:
+            x, y = self._on_device(batch)
+            hits = self.net(x).argmax(axis=1) == y  # predict mode: the running statistics
+            correct += int(hits.sum().asscalar())
+            count += int(y.shape[0])
+        return correct, count
+
+    def to_host(self, value) -> float:
+        return float(value.asscalar()) if hasattr(value, "asscalar") else float(value)
+
+    def _gathered(self, values: list[float]):
+        """(world_size, k): every rank's `values`, each in its own row of a summed buffer."""
+        np, k = self.np, len(values)
+        rows = np.zeros((self.ctx.world_size, k), dtype=np.float64)
+        rows[self.ctx.rank] = [float(v) for v in values]
+        if not self.data_parallel:
+            return rows
+        with self.watchdog("an all-reduce of epoch figures"):
+            buf = self.mx.nd.array(rows.ravel(), ctx=self.device, dtype="float64")
+            out = self._pushpull_sum(self.GATHER_KEY + k, buf).asnumpy()
+        return out.reshape(self.ctx.world_size, k)
+
+    def allreduce_sum(self, values: list[float]) -> list[float]:
+        return self._gathered(values).sum(axis=0).tolist()
+
+    def allreduce_max(self, values: list[float]) -> list[float]:
+        return self._gathered(values).max(axis=0).tolist()
 
     def sync(self) -> None:
         self.mx.nd.waitall()

@@ -170,6 +170,45 @@ def stop_health_check(strategy) -> None:
             pass
 
 
+class Batches:
+    """A tf.data dataset of one rank's batches with its length (batches per epoch), as
+    dlscale.converge needs; each iteration is one pass (the training dataset reshuffles on
+    every iteration: dlscale.data.tf_data)."""
+
+    def __init__(self, dataset, batches: int):
+        self.dataset, self.batches = dataset, batches
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+class EpochSampler:
+    """dlscale.converge calls set_epoch(e) before each epoch: tf.data reshuffles a rank's fixed
+    part on every iteration by itself (seed + rank), so there is nothing to set."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+def make_gather(strategy):
+    """A tf.function that gathers a float64 vector from every replica (one per rank):
+    (world_size, k) on every rank, through the strategy's collectives."""
+
+    @tf.function
+    def gather(values):
+        def replica_fn(v):
+            v = tf.identity(v)
+            return tf.distribute.get_replica_context().all_gather(v[None, :], axis=0)
+
+        out = strategy.run(replica_fn, args=(values,))
+        return strategy.experimental_local_results(out)[0]
+
+    return gather
+
+
 def device_model(spec) -> str:
     if spec.device == "cuda":
         gpus = tf.config.get_visible_devices("GPU")
@@ -197,6 +236,112 @@ class Adapter(BaseAdapter):
         "step (the gradient all-reduce and the update stay outside it)"
     )
 
+    # ---- the convergence contract (base.Adapter; run by dlscale.converge)
+    convergence_method = (
+        "epochs over the rank's tf.data pipeline of the training split (dlscale.data.tf_data: "
+        "a fixed part per rank, reshuffled every epoch from seed + rank), the custom loop's "
+        "tf.function step under MultiWorkerMirroredStrategy (the throughput step) with the "
+        "learning rate of each step set from dlscale.lr, validation in replica context "
+        "with rank 0's normalisation statistics, counts summed by all_gather"
+    )
+
+    def data_loaders(self, info, *, workers: int, seed: int):
+        # `workers`: tf.data has no worker processes; its map runs on TensorFlow's own threads
+        # (AUTOTUNE), bounded by the rank's intra-op threads
+        from ..data.tf_data import make_dataset
+
+        rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
+        train = make_dataset(info, "train", rank, world, batch, seed=seed)
+        val = make_dataset(info, "val", rank, world, batch, seed=seed, train=False)
+        steps = (info.samples("train") // world) // batch
+        return Batches(train, steps), EpochSampler(), val
+
+    def _convergence_functions(self) -> None:
+        """The evaluation step and the gather, traced lazily (outside the clock: the first
+        validation and the first all-reduce follow the first epoch's synchronisation)."""
+        if getattr(self, "_predict", None) is not None:
+            return
+        strategy, model = self.strategy, self.model
+
+        @tf.function(reduce_retracing=True)
+        def predict(x, y):
+            def replica_fn(x, y):
+                logits = model(x, training=False)
+                hits = tf.equal(tf.argmax(logits, axis=1), tf.cast(y, tf.int64))
+                return tf.reduce_sum(tf.cast(hits, tf.int64))
+
+            out = strategy.run(replica_fn, args=(x, y))
+            return strategy.experimental_local_results(out)[0]
+
+        self._predict = predict
+        self._gather = make_gather(strategy) if self.data_parallel else None
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self.optimizer.learning_rate.assign(learning_rate)
+
+    def train_batch(self, batch, learning_rate: float):
+        x, y = batch
+        self.set_learning_rate(learning_rate)
+        return self._conv_step(x, y) * self._conv_loss_scale, int(y.shape[0])
+
+    def _saved_state(self) -> list:
+        return [tf.identity(v) for v in self.model.non_trainable_variables]
+
+    def _restore_state(self, saved: list) -> None:
+        for v, value in zip(self.model.non_trainable_variables, saved):
+            v.assign(value)
+
+    def warmup_pass(self, batch) -> None:
+        """The step's tf.function traced (not run) on the batch's shapes, then one forward and
+        backward pass without update; the normalisation statistics it moved are restored."""
+        x, y = batch
+        self._convergence_functions()
+        self._conv_step.get_concrete_function(x, y)
+        saved = self._saved_state()
+        self.strategy.run(self._forward_backward_fn, args=(x, y))
+        self._restore_state(saved)
+
+    def _broadcast_stats(self) -> None:
+        """Rank 0's normalisation statistics on every rank (each rank's last training forward
+        moved its own), so that every shard is evaluated by the same model, as in the PyTorch
+        adapters: the floating non-trainable variables in one all_gather, row 0 assigned."""
+        variables = [v for v in self.model.non_trainable_variables if "float" in str(v.dtype)]
+        if not self.data_parallel or not variables:
+            return
+        with tf.device(self.device_name):
+            flat = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], 0)
+        first, offset = self._gather(flat)[0], 0
+        for v in variables:
+            size = int(numpy.prod(v.shape))
+            v.assign(tf.cast(tf.reshape(first[offset : offset + size], v.shape), v.dtype))
+            offset += size
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self._convergence_functions()
+        self._broadcast_stats()
+        correct, count = 0, 0
+        for x, y in batches:
+            correct += int(self._predict(x, y).numpy())
+            count += int(y.shape[0])
+        return correct, count
+
+    def to_host(self, value) -> float:
+        return float(value.numpy()) if hasattr(value, "numpy") else float(value)
+
+    def _gathered(self, values: list[float]):
+        if not self.data_parallel:
+            return numpy.array([[float(v) for v in values]])
+        self._convergence_functions()
+        with tf.device(self.device_name):
+            local = tf.constant([float(v) for v in values], tf.float64)
+        return self._gather(local).numpy()
+
+    def allreduce_sum(self, values: list[float]) -> list[float]:
+        return self._gathered(values).sum(axis=0).tolist()
+
+    def allreduce_max(self, values: list[float]) -> list[float]:
+        return self._gathered(values).max(axis=0).tolist()
+
     def wrapper(self) -> str:
         if self.data_parallel:
             return "tf.distribute.MultiWorkerMirroredStrategy"
@@ -217,7 +362,10 @@ class Adapter(BaseAdapter):
         return spec.precision != "fp16" and super().has_breakdown(spec)
 
     def seed_framework(self, seed: int) -> None:
-        tf.random.set_seed(seed)
+        # Python's, NumPy's and TensorFlow's generators and Keras' own: Keras 3's initializers
+        # draw from its global SeedGenerator, which tf.random.set_seed alone leaves unseeded
+        # (two runs of one seed then started from different weights)
+        tf.keras.utils.set_random_seed(seed)
 
     # -- shared set-up, also used by the keras adapter
     def _setup_common(self) -> None:
@@ -302,6 +450,9 @@ class Adapter(BaseAdapter):
             return strategy.experimental_local_results(loss)[0]
 
         self._train_step, self._local_step = train_step, local_step
+        # convergence: the same step; its loss is the replica's per-example sum / global batch
+        self._conv_step, self._conv_loss_scale = train_step, global_batch
+        self._forward_backward_fn = forward_backward
         with strategy.scope():
             optimizer.build(model.trainable_variables)
         if self.has_breakdown(spec):
