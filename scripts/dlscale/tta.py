@@ -41,7 +41,7 @@ import pandas as pd
 
 from .cell import KEY
 from .method import CONVERGENCE, EPOCH, RANK_START
-from .stats import CI_LEVEL, GROUP, NONE, median_interval
+from .stats import CI_LEVEL, GROUP, NONE, median_interval, with_axes
 
 EPOCH_FIELDS = [
     "epoch",
@@ -304,6 +304,7 @@ def time_to_accuracy_summary(
     ]
     if cells.empty:
         return pd.DataFrame(columns=columns)
+    cells = with_axes(cells)  # a table from before the parallelism axis: every cell ddp
     rows, epoch_values = [], []
     for key, part in cells.groupby(keys, sort=True):
         tta = _censored(part, "time_to_accuracy_s", "training_seconds")
