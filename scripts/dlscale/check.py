@@ -57,7 +57,7 @@ from .references import (  # noqa: F401 (re-exported: the check's references, li
     read_reference_file,
     schema_path,
 )
-from .stats import CI, EXACT, GROUP, RANGE, interval_label
+from .stats import CI, EXACT, GROUP, RANGE, interval_label, with_axes
 
 # The metrics a reference may name: unit, and the scaling.csv column prefix of the measured
 # median (None: dlscale does not measure it). Interval columns exist for the first two.
@@ -388,7 +388,7 @@ def write_verdicts(
     log: str | None = None,
 ) -> pd.DataFrame:
     """The verdicts rule: tables + references -> verdicts.csv (and the report's table)."""
-    scaling = pd.read_csv(scaling_csv)
+    scaling = with_axes(pd.read_csv(scaling_csv))  # before the parallelism axis: ddp
     status = pd.read_csv(status_csv) if status_csv and Path(status_csv).exists() else pd.DataFrame()
     refs = load_references(references_file, schema)
     table = verdicts(scaling, status, refs)
@@ -525,7 +525,7 @@ def bless(
     if not scaling_csv.is_file():
         print(f"dlscale bless: {scaling_csv} not found (run the study first)", file=out)
         return 2
-    scaling = pd.read_csv(scaling_csv)
+    scaling = with_axes(pd.read_csv(scaling_csv))  # before the parallelism axis: ddp
     proposed = proposed_references(scaling, system, tolerance)
     if not proposed:
         present = ", ".join(sorted(map(str, scaling["hardware"].unique()))) or "none"
@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (tables / "scaling.csv").is_file():
                 print(f"dlscale check: {tables / 'scaling.csv'} not found", file=sys.stderr)
                 return 2
-            scaling = pd.read_csv(tables / "scaling.csv")
+            scaling = with_axes(pd.read_csv(tables / "scaling.csv"))
             status_csv = tables / "status.csv"
             status = pd.read_csv(status_csv) if status_csv.is_file() else pd.DataFrame()
             refs = load_references(a.references)

@@ -30,7 +30,15 @@ import numpy as np
 import pandas as pd
 
 from .check import cell_name
-from .stats import CI, GROUP, RANGE, interval_label, median_interval, ratio_interval
+from .stats import (
+    CI,
+    GROUP,
+    RANGE,
+    interval_label,
+    median_interval,
+    ratio_interval,
+    with_axes,
+)
 
 POINT = [*GROUP, "nodes"]
 MEASURE = "throughput_samples_per_s"
@@ -166,7 +174,8 @@ def provenance_differences(
 
 
 def _read(results: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, str]:
-    cells = pd.read_csv(results / "tables" / "cells.csv")
+    # a study measured before the parallelism axis: every cell ddp (stats.with_axes)
+    cells = with_axes(pd.read_csv(results / "tables" / "cells.csv"))
     systems_csv = results / "tables" / "systems.csv"
     systems = pd.read_csv(systems_csv, keep_default_na=False) if systems_csv.is_file() else None
     study = str(cells["study"].iloc[0]) if len(cells) and "study" in cells else results.name

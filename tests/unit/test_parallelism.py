@@ -355,3 +355,30 @@ def test_the_pytorch_adapter_knows_out_of_memory_errors():
     assert oom(None, RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
     assert oom(None, MemoryError())
     assert not oom(None, RuntimeError("some other failure"))
+
+
+def test_tables_from_before_the_axis_read_as_ddp():
+    """A cells.csv or scaling.csv written before the axis (an archived study, `dlscale check`
+    or `compare` on an older results folder) has no parallelism column: every cell was ddp; a
+    reference's cell name keeps its old form for ddp and names another strategy."""
+    import pandas as pd
+
+    from dlscale.check import cell_name
+    from dlscale.stats import with_axes
+
+    old = pd.DataFrame({"hardware": ["cpu"], "nodes": [1]})
+    assert list(with_axes(old)["parallelism"]) == ["ddp"]
+    point = {
+        "hardware": "cpu",
+        "framework": "pytorch",
+        "model": "gpt2_tiny",
+        "policy": "weak",
+        "precision": "fp32",
+        "mode": "eager",
+        "nodes": 2,
+    }
+    assert cell_name(point) == "pytorch/gpt2_tiny/weak/fp32/eager/n2"
+    assert cell_name({**point, "parallelism": "ddp"}) == "pytorch/gpt2_tiny/weak/fp32/eager/n2"
+    assert cell_name({**point, "parallelism": "fsdp"}) == (
+        "pytorch/gpt2_tiny/weak/fp32/eager/fsdp/n2"
+    )
