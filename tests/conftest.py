@@ -1,9 +1,12 @@
-"""Shared fixtures: the repository root, valid configs, and a private copy of the workflow."""
+"""Shared fixtures: the repository root, valid configs, and a private copy of the workflow; the
+groups the test command runs in parallel (pytest-xdist, see pytest_collection_modifyitems)."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +20,85 @@ BIN = Path(sys.executable).parent
 WORKFLOW_PARTS = ["Snakefile", "rules", "config", "profiles", "scripts", "envs", "report"]
 UP = ROOT / "scripts" / "slurm" / "cluster-up.sh"
 DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
+
+
+# ---- parallel groups (scripts/test.sh: `pytest -n N` on pytest-xdist workers) ----------------
+# The scheduler below runs each group on one worker, in one process, so a fixture shared by a
+# group is built once, and hands the groups out largest first, the Slurm group before all:
+#   - "slurm": every test under tests/slurm/. They share the one local Slurm cluster and change
+#     it (a node DOWN, slurmctld restarted, accounting switched on), so they run one after
+#     another on one worker, which starts the cluster once and stops it once;
+#   - a test module that defines a module- or session-scoped fixture (the tiny study run to the
+#     PDF and read by many tests, a model built once): the whole module, so the fixture is built
+#     on one worker only and never twice at the same time;
+#   - every other test on its own, wherever a worker is free.
+# (pytest-xdist's own `--dist loadgroup` marks do not group under pytest 9.2: xdist 3.8.0 renames
+# `item._nodeid`, which pytest 9 no longer reads, so the groups are given by the scheduler.)
+# pytest_collection_modifyitems checks, from the fixtures each test really uses, that the groups
+# cover every test that needs one, so a new test cannot slip out of its group unnoticed.
+# Outputs never collide: each worker has its own basetemp (tmp_path, tmp_path_factory).
+TESTS = Path(__file__).resolve().parent
+SLURM_TESTS = "tests/slurm/"
+_SHARED_FIXTURE = re.compile(r"fixture\(\s*scope=[\"'](module|package|session)[\"']")
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The group of a test, from its id alone (what the xdist controller knows)."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(SLURM_TESTS):
+        return "slurm"
+    try:
+        if _SHARED_FIXTURE.search((ROOT / path).read_text()):
+            return path
+    except OSError:
+        pass
+    return nodeid
+
+
+def _own_fixture(fixturedef) -> bool:
+    """A fixture defined in this test suite (not pytest's own, e.g. tmp_path_factory)."""
+    try:
+        source = Path(inspect.getsourcefile(fixturedef.func) or "").resolve()
+    except TypeError:
+        return False
+    return TESTS in source.parents
+
+
+def _needed_group(item: pytest.Item) -> str | None:
+    """The group a test needs, from the marks and fixtures it really uses."""
+    if item.get_closest_marker("slurm") or "cluster" in item.fixturenames:
+        return "slurm"
+    for name in item.fixturenames:
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            if fixturedef.scope in ("module", "package", "session") and _own_fixture(fixturedef):
+                return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        needed = _needed_group(item)
+        if needed and xdist_scope(item.nodeid) != needed:
+            raise pytest.UsageError(
+                f"{item.nodeid} needs the parallel group {needed!r} (a Slurm test belongs "
+                f"under {SLURM_TESTS}; a shared fixture is declared `@pytest.fixture(scope=...)` "
+                "in the test's own module): see tests/conftest.py"
+            )
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if "slurm" in self.workqueue:  # the longest group starts first
+                self.workqueue.move_to_end("slurm", last=False)
+            super()._assign_work_unit(node)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture
