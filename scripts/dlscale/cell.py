@@ -23,9 +23,10 @@ from .method import FIRST_STEP_TIMEOUT_S
 AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism", "nodes")
 # How a cell's ranks share the model (dlscale.parallel): data parallel (ddp, every cell measured
 # before the axis existed), sharded (fsdp; hsdp: sharded within a node, replicated across),
-# tensor parallel within a node (tp), or both (fsdp+tp). The default is no segment of a cell's
+# tensor parallel within a node (tp), or both (fsdp+tp), or pipeline stages with micro-batches
+# (pp). The default is no segment of a cell's
 # path (PARALLEL_AXIS_PATH adds one for the others), so every earlier cell keeps its path.
-PARALLELISMS = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+PARALLELISMS = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp")
 DEFAULT_PARALLELISM = "ddp"
 # What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
 # scaling study); `convergence`: training on a real dataset until a target validation accuracy
@@ -211,6 +212,10 @@ class Cell:
     # tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
     tp_degree: int = 1
+    # pipeline stages and micro-batches per step of a pp cell (config pp_degree, microbatches;
+    # 1 for every other strategy)
+    pp_degree: int = 1
+    microbatches: int = 1
     # A decoder model's sequence length in tokens (config seq_len, else the model's registry
     # default; dlscale.models.spec_for); None for every other model
     seq_len: int | None = None
@@ -316,6 +321,8 @@ CONVERGENCE_FIELDS = tuple(
         "gpu_binding",
         "parallelism",
         "tp_degree",
+        "pp_degree",
+        "microbatches",
         "seq_len",
     )
 )

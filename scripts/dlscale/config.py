@@ -613,8 +613,9 @@ def config_hash(config: dict, hardware: dict) -> str:
     if measured.get("workloads") == ["throughput"]:
         del measured["workloads"]
     # the parallelism axis and its degree at their defaults: every cell ddp, as before them
-    if measured.get("tp_degree", 0) is None:
-        del measured["tp_degree"]
+    for key in ("tp_degree", "pp_degree", "microbatches"):
+        if key in measured and measured[key] is None:
+            del measured[key]
     if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
         measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells

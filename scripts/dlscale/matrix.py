@@ -30,7 +30,7 @@ from .config import (
 )
 from .frameworks import ENVIRONMENTS, VARIANTS, environment_name
 from .models import FRAMEWORK_PACKAGES, builds, cell_seq_len
-from .parallel import cell_tp_degree
+from .parallel import cell_microbatches, cell_pp_degree, cell_tp_degree
 
 
 @dataclass
@@ -203,6 +203,8 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                 f"{strategy}: {', '.join(able)} (or exclude "
                 f"{{framework: {framework}, parallelism: {strategy}}})"
             )
+        if strategy == "pp":
+            problems += [p for p in _pipeline_problems(config, axes, hardware) if p not in problems]
         if strategy not in TENSOR_PARALLEL:
             continue
         for model in axes["model"]:
@@ -243,6 +245,46 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                     )
                     if p not in problems
                 ]
+    return problems
+
+
+def _pipeline_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
+    """pp: a model the pipeline can split (PIPELINE_ARCHS), stages that divide the ranks and
+    do not outnumber the layers, micro-batches that divide a pipeline's batch."""
+    from .models import get_spec
+    from .parallel import PIPELINE_ARCHS, pipeline_problems
+
+    problems = []
+    for model in axes["model"]:
+        spec = get_spec(model) if model in models_names() else None
+        if spec is None or _excluded_pair({"model": model, "parallelism": "pp"}, config["exclude"]):
+            continue
+        if spec.arch not in PIPELINE_ARCHS:
+            able = [m for m in models_names() if get_spec(m).arch in PIPELINE_ARCHS]
+            problems.append(
+                f"axes.parallelism: 'pp' needs a model the pipeline can split into stages, and "
+                f"model {model!r} ({spec.arch}) is not one; allowed models: {', '.join(able)} "
+                f"(or exclude {{model: {model}, parallelism: pp}})"
+            )
+            continue
+        for hw_key in axes["hardware"]:
+            if hw_key not in hardware:
+                continue
+            rpn = ranks_per_node(config, hardware[hw_key])
+            for nodes in axes["nodes"]:
+                for policy in axes["policy"]:
+                    world = nodes * rpn
+                    per_rank = config["per_rank_batch"]
+                    if policy == "strong":
+                        per_rank = max(1, strong_global_batch(config, hardware[hw_key]) // world)
+                    problems += pipeline_problems(
+                        world,
+                        config["pp_degree"],
+                        config["microbatches"],
+                        per_rank,
+                        spec.arch_kwargs.get("num_layers"),
+                        f"hardware {hw_key!r} at {nodes} node(s)",
+                    )
     return problems
 
 
@@ -519,6 +561,12 @@ def build_matrix(
                         environment=environments[combo["framework"], environment_variant(hw)],
                         gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
                         tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
+                        pp_degree=cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
+                        microbatches=cell_microbatches(
+                            combo["parallelism"],
+                            cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
+                            config["microbatches"],
+                        ),
                         seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
                         **common,
                         **extra,

@@ -12,7 +12,10 @@ to degrees:
 - hsdp: sharded within a node, replicated across nodes (dp_shard = ranks per node,
   dp_replicate = nodes);
 - tp: tensor parallel over tp_degree ranks of a node, replicas across (dp_replicate = world/tp);
-- fsdp+tp: tensor parallel inside a node, sharded data parallel across (dp_shard = world/tp).
+- fsdp+tp: tensor parallel inside a node, sharded data parallel across (dp_shard = world/tp);
+- pp: pipeline stages over pp_degree ranks (outermost: across nodes), each stage a contiguous
+  run of the model's layers, GPipe over `microbatches` micro-batches per step; replicas of the
+  pipeline average their gradients (dp_replicate = world/pp).
 
 Pure Python: the workflow checks a study's degrees at parse time without importing a framework.
 """
@@ -92,8 +95,15 @@ class ParallelDims:
 
     def mesh(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The device mesh's shape and dimension names, outermost first: (dp_replicate,
-        dp_shard, tp); a tensor-parallel group is consecutive ranks (one node's)."""
-        return (self.dp_replicate, self.dp_shard, self.tp), ("dp_replicate", "dp_shard", "tp")
+        dp_shard, tp); a tensor-parallel group is consecutive ranks (one node's). A pipeline
+        adds its stages outermost: (pp, dp_replicate, dp_shard, tp)."""
+        shape, names = (
+            (self.dp_replicate, self.dp_shard, self.tp),
+            ("dp_replicate", "dp_shard", "tp"),
+        )
+        if self.pp > 1:
+            return (self.pp, *shape), ("pp", *names)
+        return shape, names
 
     def as_dict(self) -> dict:
         return {
@@ -106,7 +116,12 @@ class ParallelDims:
 
     @classmethod
     def of(
-        cls, parallelism: str, nodes: int, ranks_per_node: int, tp_degree: int = 1
+        cls,
+        parallelism: str,
+        nodes: int,
+        ranks_per_node: int,
+        tp_degree: int = 1,
+        pp_degree: int = 1,
     ) -> ParallelDims:
         """The degrees of a strategy at a node count (degree_problems first for a message
         that names the configuration's keys)."""
@@ -122,6 +137,8 @@ class ParallelDims:
             return cls(world // tp, 1, tp, ranks_per_node)
         if parallelism == "fsdp+tp":
             return cls(1, world // tp, tp, ranks_per_node)
+        if parallelism == "pp":
+            return cls(world // pp_degree, 1, 1, ranks_per_node, pp=pp_degree)
         raise ValueError(
             f"unknown parallelism {parallelism!r}; allowed values: {', '.join(PARALLELISMS)}"
         )
@@ -129,6 +146,66 @@ class ParallelDims:
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# Models a pipeline can split into stages, by architecture (dlscale.frameworks.torch_parallel
+# .pipeline_stage): the encoder's layers; the GPT-2-class decoders tie their head to their token
+# embedding, which two stages cannot share.
+PIPELINE_ARCHS = ("transformer",)
+
+
+def cell_pp_degree(parallelism: str, world_size: int, pp_degree: int | None) -> int:
+    """A cell's pipeline stages: 1 unless pp, then the config's pp_degree or all its ranks."""
+    if parallelism != "pp":
+        return 1
+    return pp_degree if pp_degree is not None else world_size
+
+
+def cell_microbatches(parallelism: str, pp: int, microbatches: int | None) -> int:
+    """A pp cell's micro-batches per step: the config's, or as many as stages."""
+    if parallelism != "pp":
+        return 1
+    return microbatches if microbatches is not None else pp
+
+
+def pipeline_problems(
+    world_size: int,
+    pp_degree: int | None,
+    microbatches: int | None,
+    per_rank_batch: int,
+    layers: int | None,
+    where: str,
+) -> list[str]:
+    """Why a pp cell cannot run (empty: it can), with the allowed values. A pipeline's ranks
+    train on their per-rank batches together (per_rank_batch x stages), which the micro-batches
+    must divide; every stage needs a layer."""
+    allowed = [d for d in divisors(world_size) if d > 1]
+    pp = cell_pp_degree("pp", world_size, pp_degree)
+    if not allowed:
+        return [
+            f"axes.parallelism: pp needs at least 2 ranks, and {where} has {world_size}; "
+            "drop pp there (exclude it) or raise nodes or ranks_per_node"
+        ]
+    if pp not in allowed:
+        return [
+            f"pp_degree: {pp} does not divide the {world_size} ranks of {where}; allowed: "
+            f"{', '.join(map(str, allowed))} or null (all ranks)"
+        ]
+    problems = []
+    if layers is not None and layers < pp:
+        problems.append(
+            f"pp_degree: {pp} stages but the model has {layers} layers ({where}); allowed: "
+            f"at most {layers}"
+        )
+    batch = per_rank_batch * pp
+    mb = cell_microbatches("pp", pp, microbatches)
+    if batch % mb:
+        problems.append(
+            f"microbatches: {mb} does not divide a pipeline's batch of {batch} (per_rank_batch "
+            f"{per_rank_batch} x {pp} stages, {where}); allowed: "
+            f"{', '.join(map(str, divisors(batch)))} or null (as many as stages)"
+        )
+    return problems
 
 
 def cell_tp_degree(parallelism: str, ranks_per_node: int, tp_degree: int | None) -> int:
@@ -171,6 +248,10 @@ __all__ = [
     "SHARDED",
     "TENSOR_PARALLEL",
     "TP_PLANS",
+    "PIPELINE_ARCHS",
+    "cell_pp_degree",
+    "cell_microbatches",
+    "pipeline_problems",
     "ParallelDims",
     "cell_tp_degree",
     "degree_problems",

@@ -37,7 +37,12 @@ def use_tiny_model() -> None:
     )
 
 
+MICROBATCHES = 2  # pp: GPipe over 2 micro-batches per step
+
+
 def train_spec(parallelism: str, tp_degree: int, model: str = "transformer_small"):
+    """The rank-side cell; `tp_degree` is the pipeline's stages for pp."""
+    pp = parallelism == "pp"
     from dlscale.frameworks.base import TrainSpec
 
     return TrainSpec(
@@ -52,7 +57,9 @@ def train_spec(parallelism: str, tp_degree: int, model: str = "transformer_small
         learning_rate=LEARNING_RATE,
         momentum=MOMENTUM,
         parallelism=parallelism,
-        tp_degree=tp_degree,
+        tp_degree=1 if pp else tp_degree,
+        pp_degree=tp_degree if pp else 1,
+        microbatches=MICROBATCHES if pp else 1,
     )
 
 
@@ -70,11 +77,21 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
     try:
         for _ in range(STEPS):
             adapter.step()
-        with torch.no_grad():
-            loss = adapter.loss_fn(adapter.forward(adapter.x), adapter.y).detach().clone()
-        if world > 1:
+        if parallelism == "pp":
+            # one more step: its forward's loss is the loss after STEPS updates (the last
+            # stage's micro-batch losses; their mean is the batch's loss)
+            adapter.step()
+            last = adapter.pipe_stage.is_last
+            loss = torch.stack(adapter.pipeline_losses).mean().detach() if last else None
+            loss = loss if last else torch.zeros(())
             dist.all_reduce(loss)
-            loss /= world
+            loss /= adapter.dims.dp_replicate
+        else:
+            with torch.no_grad():
+                loss = adapter.loss_fn(adapter.forward(adapter.x), adapter.y).detach().clone()
+            if world > 1:
+                dist.all_reduce(loss)
+                loss /= world
         return {
             "loss": float(loss),
             "memory": adapter.memory_per_rank(),

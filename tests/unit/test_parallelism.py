@@ -78,7 +78,7 @@ def parallel_config(base_config, **changes) -> dict:
     config = copy.deepcopy(base_config)
     config["workloads"] = ["throughput"]
     config["axes"]["model"] = ["transformer_small"]
-    config["axes"]["parallelism"] = ["ddp", "fsdp", "hsdp", "tp", "fsdp+tp"]
+    config["axes"]["parallelism"] = ["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp"]
     config["ranks_per_node"] = 2
     for key, value in changes.items():
         if key in config["axes"]:
@@ -93,7 +93,9 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
     by = {}
     for cell in study.cells:
         by.setdefault(cell.parallelism, []).append(cell)
-    assert sorted(by) == ["ddp", "fsdp", "fsdp+tp", "hsdp", "tp"]
+    assert sorted(by) == ["ddp", "fsdp", "fsdp+tp", "hsdp", "pp", "tp"]
+    assert {(c.world_size, c.pp_degree, c.microbatches) for c in by["pp"]} == {(2, 2, 2), (4, 4, 4)}
+    assert {(c.pp_degree, c.microbatches) for c in by["ddp"] + by["tp"]} == {(1, 1)}
     assert {c.tp_degree for c in by["tp"] + by["fsdp+tp"]} == {2}  # null: the ranks per node
     assert {c.tp_degree for c in by["fsdp"] + by["hsdp"] + by["ddp"]} == {1}
     fsdp = by["fsdp"][0]
@@ -130,6 +132,19 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
             "tp_degree: 3 .*allowed: 2, 4",
         ),
         ({"parallelism": ["zero3"]}, "zero3.*ddp, fsdp, hsdp, tp, fsdp\\+tp"),
+        (
+            {"model": ["gpt2_tiny"], "parallelism": ["pp"]},
+            "'pp' needs a model the pipeline can split .*allowed models: transformer_small",
+        ),
+        (
+            {"ranks_per_node": 4, "nodes": [2], "parallelism": ["pp"]},
+            "8 stages but the model has 4",
+        ),
+        ({"pp_degree": 3, "parallelism": ["pp"]}, "pp_degree: 3 does not divide the 2 ranks"),
+        (
+            {"microbatches": 3, "parallelism": ["pp"]},
+            "microbatches: 3 does not divide a pipeline's batch of 64",
+        ),
         (
             {"model": ["gpt2_tiny"], "ranks_per_node": 4, "tp_degree": 4, "parallelism": ["tp"]},
             "heads of model 'gpt2_tiny' \\(2 heads\\) over tensor-parallel degree 4",
@@ -264,6 +279,9 @@ def references():
         ("gpt2_tiny", "tp", 1, 2, 2),
         ("gpt2_tiny", "fsdp+tp", 2, 2, 2),
         ("gpt2_tiny", "hsdp", 2, 2, 1),
+        # pipeline (GPipe, 2 micro-batches): 2 stages over 2 nodes; 2 stages x 2 replicas
+        ("transformer_small", "pp", 2, 1, 2),
+        ("transformer_small", "pp", 2, 2, 2),
     ],
 )
 def test_every_strategy_trains_to_the_single_process_loss(
@@ -281,7 +299,9 @@ def test_every_strategy_trains_to_the_single_process_loss(
     assert facts["strategy"] == parallelism
     if parallelism != "ddp":
         assert facts["dims"]["world_size"] == nodes * rpn
-        assert ("tensor_parallel" in facts) == (tp > 1)
+        assert ("tensor_parallel" in facts) == (tp > 1 and parallelism != "pp")
+    if parallelism == "pp":
+        assert facts["dims"]["pp"] == tp and facts["pipeline"]["stages"] == tp
 
 
 def test_fsdp_holds_a_world_size_share_of_ddps_state(tmp_path):
@@ -355,6 +375,22 @@ def test_the_pytorch_adapter_knows_out_of_memory_errors():
     assert oom(None, RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
     assert oom(None, MemoryError())
     assert not oom(None, RuntimeError("some other failure"))
+
+
+def test_a_pipeline_cell_runs_through_the_launcher(tmp_path):
+    """pp across 2 nodes: each rank holds its stage's layers, GPipe over 2 micro-batches."""
+    from dlscale.metrics import read_metrics
+
+    cell = cell_dict(model="transformer_small", parallelism="pp", pp_degree=2, microbatches=2)
+    code, out = launch_cell(tmp_path, cell)
+    assert code == 0
+    records = read_metrics(out)
+    starts = {r["rank"]: r["value"] for r in records if r["event"] == "rank_start"}
+    assert [starts[r]["parallelism"]["pipeline"]["stage"] for r in (0, 1)] == [0, 1]
+    ends = [r["value"] for r in records if r["event"] == "rank_end"]
+    held = sum(e["memory"]["param_bytes"] for e in ends)
+    assert held == 4 * 5_289_986  # the stages together hold the model once
+    assert all(e["memory"]["param_bytes"] < held for e in ends)
 
 
 def test_tables_from_before_the_axis_read_as_ddp():

@@ -67,7 +67,7 @@ WORKLOADS = {
 # workflow refuses any other combination before any job without importing a framework
 # (base.Adapter.strategies declares the same; tests/unit/test_parallelism.py checks both agree).
 STRATEGIES = {
-    "pytorch": ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp"),
+    "pytorch": ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp"),
     "tensorflow": ("ddp",),
     "keras": ("ddp",),
     "horovod": ("ddp",),

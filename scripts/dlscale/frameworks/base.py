@@ -93,6 +93,8 @@ class TrainSpec:
     # how the ranks share the model (dlscale.parallel) and the tensor-parallel degree
     parallelism: str = "ddp"
     tp_degree: int = 1
+    pp_degree: int = 1  # pipeline stages (pp) and micro-batches per step
+    microbatches: int = 1
     # a decoder model's sequence length (the cell's seq_len); None: the model's own input shape
     seq_len: int | None = None
 
@@ -116,6 +118,8 @@ class TrainSpec:
             first_step_timeout_s=cell.first_step_timeout_s,
             parallelism=cell.parallelism,
             tp_degree=cell.tp_degree,
+            pp_degree=cell.pp_degree,
+            microbatches=cell.microbatches,
             seq_len=cell.seq_len,
         )
 

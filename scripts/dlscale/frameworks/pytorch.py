@@ -378,7 +378,7 @@ class Adapter(TorchModel, BaseAdapter):
     ddp_steps = 0  # DDP steps with gradient sync so far (the Reducer's num_iterations_)
     # every parallelism (dlscale.parallel): ddp by DistributedDataParallel, the others by
     # PyTorch's device mesh, fully_shard and tensor parallel (dlscale.frameworks.torch_parallel)
-    strategies = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+    strategies = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp")
     parallel_facts: dict | None = None  # what parallelize did (another strategy than ddp)
 
     @classmethod
@@ -442,7 +442,8 @@ class Adapter(TorchModel, BaseAdapter):
         self.module = model
         self.forward = self.compile_forward(model)
         self.optimizer = self.sgd(model.parameters(), fused=self.fused_optimizer)
-        if self.sharded_or_split and spec.parallelism == "tp" and self.dims.dp_replicate > 1:
+        replicated = spec.parallelism in ("tp", "pp")  # replicas average their gradients
+        if self.sharded_or_split and replicated and self.dims.dp_replicate > 1:
             from .torch_parallel import gradient_averager
 
             group = self.mesh["dp_replicate"].get_group()
@@ -464,9 +465,12 @@ class Adapter(TorchModel, BaseAdapter):
             ctx.world_size // ctx.local_world_size,
             ctx.local_world_size,
             spec.tp_degree,
+            spec.pp_degree,
         )
         broadcast_from_rank0(model)
         self.mesh = build_mesh(self.dims, self.device.type)
+        if spec.parallelism == "pp":
+            return self.pipeline(model)
         if self.dims.tp > 1:
             group = self.mesh["tp"].get_group()
             self.x = group_batch(self.x, group, self.dims.tp)
@@ -475,6 +479,52 @@ class Adapter(TorchModel, BaseAdapter):
             model, self.model_spec.arch, spec.parallelism, self.dims, self.mesh
         )
         return model
+
+    pipelined = False  # pp: the step runs a pipeline schedule
+    pipeline_losses: list = []  # pp: the last stage's micro-batch losses of the latest step
+
+    def pipeline(self, model):
+        """pp (torch.distributed.pipelining): this rank's stage of the model, its pipeline's
+        ranks training on their batches together, GPipe over the cell's micro-batches."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        from .torch_parallel import group_batch, pipeline_stage
+
+        pp, mesh = self.dims.pp, self.mesh["pp"]
+        group, stage = mesh.get_group(), mesh.get_local_rank()
+        self.x = group_batch(self.x, group, pp)
+        self.y = group_batch(self.y, group, pp)
+        module = pipeline_stage(model, self.model_spec.arch, stage, pp)
+        self.pipe_stage = PipelineStage(module, stage, pp, self.device, group=group)
+        self.schedule = ScheduleGPipe(self.pipe_stage, self.spec.microbatches, loss_fn=self.loss_fn)
+        self.pipelined, self.pipeline_losses = True, []
+        self.parallel_facts = {
+            "dims": self.dims.as_dict(),
+            "mesh": list(self.mesh.mesh_dim_names),
+            "pipeline": {
+                "stage": stage,
+                "stages": pp,
+                "microbatches": self.spec.microbatches,
+                "schedule": "torch.distributed.pipelining.ScheduleGPipe",
+                "layers": len(module.layers),
+            },
+        }
+        return module
+
+    def pipeline_step(self) -> None:
+        """One step of the pipeline: the first stage feeds the batch, the last computes the
+        loss against the labels (its micro-batch losses kept), then the optimizer update."""
+        self.optimizer.zero_grad(set_to_none=True)
+        stage = self.pipe_stage
+        self.pipeline_losses = []
+        with self._autocast():
+            if stage.is_first:
+                self.schedule.step(self.x)
+            elif stage.is_last:
+                self.schedule.step(target=self.y, losses=self.pipeline_losses)
+            else:
+                self.schedule.step()
+        self.optimizer.step()
 
     def execution(self) -> dict:
         out = super().execution()
@@ -516,6 +566,8 @@ class Adapter(TorchModel, BaseAdapter):
                 "tp, gradients averaged over dp_replicate",
                 "fsdp+tp": "torch.distributed.tensor.parallel over tp, then fully_shard (FSDP2) "
                 "over dp_shard",
+                "pp": "torch.distributed.pipelining (PipelineStage, ScheduleGPipe) over pp, "
+                "gradients averaged over dp_replicate",
             }
             return parts[self.spec.parallelism]
         if self.data_parallel:
@@ -534,6 +586,9 @@ class Adapter(TorchModel, BaseAdapter):
         return paths
 
     def step(self) -> None:
+        if self.pipelined:
+            self.pipeline_step()
+            return
         self.train_step(self.forward, self.optimizer)
         self.ddp_steps += self.ddp and self.module.require_backward_grad_sync
 
