@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dlscale.metrics import read_metrics
-from dlscale.models import get_spec, names
+from dlscale.models import builds, get_spec, names
 
 from cells import cell_dict, launch_cell
 
@@ -30,7 +30,14 @@ PYTHON = ROOT / ".venvs" / "tensorflow" / "bin" / "python"
 FRAMEWORKS = ("tensorflow", "keras")
 # The registry's counts (the PyTorch references, dlscale.models.torch), which every framework
 # must reproduce.
-TORCH_PARAMS = {n: get_spec(n).param_count for n in names()}
+#: The models TensorFlow/Keras build (every registered one but the PyTorch-only decoders).
+BUILT = [n for n in names() if builds("tensorflow", n)]
+TORCH_PARAMS = {n: get_spec(n).param_count for n in BUILT}
+
+
+def test_only_the_decoders_have_no_tensorflow_builder():
+    assert {get_spec(n).arch for n in names() if n not in BUILT} == {"gpt"}
+    assert len(BUILT) >= 5
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +85,10 @@ def run_tf(
 # ----------------------------------------------------------------------------- the models
 COUNTS = """
     import json
-    from dlscale.models import names
+    from dlscale.models import supported
     from dlscale.models.tf import build, param_count
-    print("COUNTS " + json.dumps({n: param_count(build(n)) for n in names()}))
+    built = supported("dlscale.models.tf")
+    print("COUNTS " + json.dumps({n: param_count(build(n)) for n in built}))
 """
 
 
@@ -88,15 +96,15 @@ COUNTS = """
 def test_parameter_counts_equal_the_torch_models(tf_python, legacy):
     out = run_tf(tf_python, COUNTS, legacy=legacy)
     counts = json.loads(next(line for line in out.splitlines() if line.startswith("COUNTS "))[7:])
-    assert set(counts) == set(names())
-    assert counts == {n: TORCH_PARAMS[n] for n in names()}
+    assert set(counts) == set(BUILT)
+    assert counts == TORCH_PARAMS
 
 
 def test_torch_reference_counts_are_the_constants():
     torch = pytest.importorskip("torch")
     from dlscale.models.torch import build
 
-    assert {n: sum(p.numel() for p in build(n).parameters()) for n in names()} == TORCH_PARAMS
+    assert {n: sum(p.numel() for p in build(n).parameters()) for n in BUILT} == TORCH_PARAMS
     del torch
 
 
@@ -105,14 +113,14 @@ COMPARE = """
     import json, sys
     import numpy as np
     import tensorflow as tf
-    from dlscale.models import names
+    from dlscale.models import supported
     from dlscale.models.tf import build
 
     def conv(w): return w.transpose(2, 3, 1, 0)
     def lin(w): return w.T
 
     out = {}
-    for n in names():
+    for n in supported("dlscale.models.tf"):
         d = np.load(f"{sys.argv[1]}/{n}.npz")
         used = set()
         def g(k):
@@ -178,7 +186,7 @@ def torch_reference(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("torch_reference")
     torch.manual_seed(0)
-    for n in names():
+    for n in BUILT:
         model = build(n).eval()
         with torch.no_grad():
             for mod in model.modules():
@@ -203,7 +211,7 @@ def test_models_compute_what_the_torch_models_compute(tf_python, torch_reference
     """Every PyTorch tensor loads into exactly one Keras weight and the outputs agree."""
     out = run_tf(tf_python, COMPARE, str(torch_reference), legacy=legacy)
     result = json.loads(next(line for line in out.splitlines() if line.startswith("COMPARE "))[8:])
-    for n in names():
+    for n in BUILT:
         assert result[n]["unused"] == [], (n, result[n])
         assert result[n]["rel_err"] < 1e-4, (n, result[n])
 
