@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dlscale.layout import CONVERGENCE_FAMILIES, FAMILIES
+
 from conftest import copy_workflow, snakemake, tiny_study
 
 pytestmark = pytest.mark.workflow
@@ -467,7 +469,8 @@ def test_snakemake_report_holds_every_figure_and_table_of_the_pdf(finished_study
     study = work / "results/tiny"
     tex = (study / "report/report.tex").read_text()
     figures = re.findall(r"\\includegraphics\[[^]]*\]\{\.\./figures/([^}]+)\}", tex)
-    assert len(figures) == 5 + 3  # throughput and convergence families
+    # every throughput family and every convergence family (one file each in the tiny study)
+    assert len(figures) == len(FAMILIES) + len(CONVERGENCE_FAMILIES)
     # the PDF's tables come from these (cells.csv is attached to it; verdicts: Regression check)
     tables = ["cells", "scaling", "status", "quarantine", "systems", "verdicts", "ranks"]
     tables += ["convergence", "epochs", "time_to_accuracy"]
