@@ -255,6 +255,14 @@ def _pipeline_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
     from .parallel import PIPELINE_ARCHS, pipeline_problems
 
     problems = []
+    if "compiled" in axes["mode"] and not _excluded_pair(
+        {"mode": "compiled", "parallelism": "pp"}, config["exclude"]
+    ):
+        problems.append(
+            "axes.mode: 'compiled' with parallelism 'pp': the pipeline runs its stages eagerly "
+            "(torch.distributed.pipelining), so a compiled pp cell would not be one; allowed "
+            "with pp: eager (exclude {mode: compiled, parallelism: pp})"
+        )
     for model in axes["model"]:
         spec = get_spec(model) if model in models_names() else None
         if spec is None or _excluded_pair({"model": model, "parallelism": "pp"}, config["exclude"]):

@@ -142,6 +142,7 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
             "8 stages but the model has 4",
         ),
         ({"pp_degree": 3, "parallelism": ["pp"]}, "pp_degree: 3 does not divide the 2 ranks"),
+        ({"mode": ["eager", "compiled"], "parallelism": ["pp"]}, "allowed with pp: eager"),
         (
             {"microbatches": 3, "parallelism": ["pp"]},
             "microbatches: 3 does not divide a pipeline's batch of 64",
