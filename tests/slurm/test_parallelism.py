@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 def sharded_study(cluster, tmp_path_factory):
     config = yaml.safe_load((ROOT / "config/studies/parallelism.yaml").read_text())
     config["axes"].update(model=["gpt2_tiny"], nodes=[2], parallelism=["fsdp", "hsdp"])
-    config.update(ranks_per_node=1, steps=4)
+    config.update(ranks_per_node=1, steps=4, exclude=[])  # the study's exclude names pp
     work = copy_workflow(tmp_path_factory.mktemp("parallelism"), config)
     proc = snakemake(work, "--profile", "profiles/slurm", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
