@@ -1,5 +1,6 @@
 """Every framework through `snakemake --profile profiles/slurm`: a 1-rank cell and a 2-rank cell
-across the 2 nodes of the local cluster each, in one mixed study that ends in the report."""
+across the 2 nodes of the local cluster each, throughput and time to accuracy (digits, one
+repetition per point), in one mixed study that ends in the report."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def mixed_study(cluster, tmp_path_factory):
     config = yaml.safe_load((ROOT / "config/studies/frameworks.yaml").read_text())
     config["axes"]["model"] = ["cnn_small"]
     config["steps"] = 4
+    # the study's time to accuracy in every framework over srun, once per point (the study
+    # itself runs 6 repetitions for an order-statistic interval: 60 cells, 20-30 min here)
+    config["convergence"]["repetitions"] = 1
     work = copy_workflow(tmp_path_factory.mktemp("frameworks"), config)
     proc = snakemake(work, "--profile", "profiles/slurm", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -63,3 +67,27 @@ def test_mixed_study_report(mixed_study):
     cells = pd.read_csv(mixed_study / "results/frameworks/tables/cells.csv")
     assert sorted(cells["framework"].unique()) == sorted(FRAMEWORKS)
     assert (mixed_study / "results/frameworks/report/report.pdf").stat().st_size > 0
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_framework_reaches_the_target_over_srun(mixed_study, framework):
+    import pandas as pd
+
+    cells = pd.read_csv(mixed_study / "results/frameworks/tables/convergence.csv")
+    mine = cells[cells["framework"] == framework].set_index("nodes")
+    assert sorted(mine.index) == [1, 2]
+    for nodes in (1, 2):
+        row = mine.loc[nodes]
+        assert row["reached"], (framework, nodes, row.to_dict())
+        assert row["best_val_accuracy"] >= 0.95
+        assert row["epochs_to_accuracy"] <= 10
+
+
+def test_the_report_compares_time_to_accuracy_across_frameworks(mixed_study):
+    import pandas as pd
+
+    tta = pd.read_csv(mixed_study / "results/frameworks/tables/time_to_accuracy.csv")
+    assert sorted(tta["framework"].unique()) == sorted(FRAMEWORKS)
+    assert set(tta["convergence_validity"]) <= {"reference", "in_band", "too_fast", "too_slow"}
+    figure = mixed_study / "results/frameworks/figures/cpu/convergence/time_to_accuracy.pdf"
+    assert figure.stat().st_size > 0
