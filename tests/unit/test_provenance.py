@@ -15,11 +15,16 @@ def test_idle_probe_sees_a_busy_process():
 
         time.sleep(0.3)
         probe = host_activity(0.6)
+        # every busy process listed: on a loaded machine (the suite's own parallel workers)
+        # the hog need not be among the 3 busiest, but it is seen using the CPU
+        everyone = host_activity(0.6, top=10_000)
     finally:
         hog.kill()
         hog.wait()
     assert probe["busy_cpus"] > 0.6, probe
-    assert hog.pid in [p["pid"] for p in probe["top_processes"]], probe
+    assert len(probe["top_processes"]) <= 3
+    hog_seen = [p for p in everyone["top_processes"] if p["pid"] == hog.pid]
+    assert hog_seen and hog_seen[0]["cpus"] > 0.1, everyone
 
 
 def test_host_facts_and_gpu_activity_without_gpu():
