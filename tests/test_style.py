@@ -24,3 +24,12 @@ def test_style(command):
         [str(BIN / command[0]), *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_no_two_test_modules_share_a_name():
+    """The tests run in pytest's default import mode without packages: two test files of one
+    basename in different folders stop the whole run at collection ("import file mismatch")."""
+    names = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {n: ps for n, ps in names.items() if len(ps) > 1} == {}
