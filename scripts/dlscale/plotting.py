@@ -241,6 +241,15 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
     return list(ext["nodes"])
 
 
+def _series(part: pd.DataFrame, spec: dict):
+    """(framework, precision, rows sorted by nodes) for every series of `spec` with rows in
+    `part` (a panel's rows)."""
+    for framework, precision in spec["series"]:
+        line = part[(part["framework"] == framework) & (part["variant"] == precision)]
+        if not line.empty:
+            yield framework, precision, line.sort_values("nodes")
+
+
 def plot_scaling(
     scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
 ) -> dict:
@@ -252,11 +261,7 @@ def plot_scaling(
     top = 1.1
     for ax, _, part in _panels(scaling, spec, axes):
         predicted: list = []
-        for framework, precision in spec["series"]:
-            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
-            if line.empty:
-                continue
-            line = line.sort_values("nodes")
+        for framework, precision, line in _series(part, spec):
             med = line[f"{column}_median"]
             ax.errorbar(
                 line["nodes"],
@@ -408,9 +413,7 @@ def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision in spec["series"]:
-            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
-            line = line.sort_values("nodes")
+        for framework, precision, line in _series(part, spec):
             mean = _numeric(line, f"{quantity}_mean_median")
             if mean.isna().all():
                 continue
@@ -449,9 +452,7 @@ def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision in spec["series"]:
-            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
-            line = line.sort_values("nodes")
+        for framework, precision, line in _series(part, spec):
             values = _numeric(line, f"{quantity}_median") * scale
             if values.isna().all():
                 continue
@@ -480,9 +481,7 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision in spec["series"]:
-            line = part[(part["framework"] == framework) & (part["variant"] == precision)]
-            line = line.sort_values("nodes")
+        for framework, precision, line in _series(part, spec):
             state = _numeric(line, "state_bytes_per_rank_max_median") / 2**20
             if state.isna().all():
                 continue

@@ -18,6 +18,8 @@ import pytest
 from dlscale.capability import cuda_build, environment_problems, main
 from dlscale.cell import Cell
 
+from cells import cell_dict
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -125,29 +127,18 @@ GPU = {"device": "cuda", "compute_capability": 8.0}
 
 
 def cells(framework: str, hardware: str, n: int = 1) -> list[Cell]:
+    """Cells of 1..n nodes on `hardware` (tests/unit/cells.py's small cell, over srun)."""
+    device = "cpu" if hardware == "cpu" else "cuda"
     return [
-        Cell(
-            hardware=hardware,
-            framework=framework,
-            model="cnn_small",
-            policy="weak",
-            precision="fp32",
-            mode="eager",
-            nodes=nodes,
-            rep=1,
-            device="cuda" if hardware != "cpu" else "cpu",
-            ranks_per_node=1,
-            per_rank_batch=4,
-            global_batch=4 * nodes,
-            cpus_per_rank=1,
-            warmup_steps=1,
-            steps=2,
-            learning_rate=0.01,
-            momentum=0.9,
-            launcher="srun",
-            hardware_hash="h",
-            environment="e",
-            study="t",
+        Cell.from_dict(
+            cell_dict(
+                hardware=hardware,
+                framework=framework,
+                nodes=nodes,
+                device=device,
+                global_batch=4 * nodes,
+                launcher="srun",
+            )
         )
         for nodes in range(1, n + 1)
     ]
