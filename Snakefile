@@ -11,7 +11,7 @@ min_version("9.0")
 report: "report/workflow.rst"
 
 
-# config/config.yaml is read by rules/common.smk (dlscale.matrix.workflow_config), not by a
+# config/config.yaml is read by rules/common.smk (dlscale.study.matrix.workflow_config), not by a
 # `configfile:` directive: Snakemake's reader would evaluate a `__use_yte__` template.
 include: "rules/common.smk"
 include: "rules/data.smk"
@@ -54,7 +54,7 @@ onerror:
 
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before
 # the first job (rules/common.smk). Then the driver records itself and resumes the jobs an
-# earlier driver of the study left behind (dlscale.resume, README "Resume").
+# earlier driver of the study left behind (dlscale.workflow.resume, README "Resume").
 onstart:
     check_launcher_matches_executor()
     start_driver()

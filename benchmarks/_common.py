@@ -8,11 +8,11 @@
 - write_bare(): the bare Snakefile with the same N outputs (one wildcard rule, one aggregation
   over all N, rule all);
 - run_child(): wall time and peak RSS (os.wait4 rusage of the child) of one command;
-- cell_records(): a synthetic metrics file of one real Cell (dlscale.metrics.make_record,
-  rank_summary, assemble), to be written with dlscale.metrics.write_atomic;
+- cell_records(): a synthetic metrics file of one real Cell (dlscale.store.metrics.make_record,
+  rank_summary, assemble), to be written with dlscale.store.metrics.write_atomic;
 - stats()/report(): the printed medians, ranges and ratios.
 
-Only the CLI, the config format, dlscale.matrix.load_study/Cell and dlscale.metrics
+Only the CLI, the config format, dlscale.study.matrix.load_study/Cell and dlscale.store.metrics
 (make_record, rank_summary, assemble, write_atomic) are relied on here, never the rules' internals.
 """
 
@@ -292,12 +292,13 @@ def write_bare(dest: Path, cell_paths: list[str], config_path: Path) -> tuple[Pa
     """The bare workflow: Snakefile, cells.txt, and a copy of the study config (passed with the
     same --configfile flag as the project, unused)."""
     dest.mkdir(parents=True)
-    # the measured checkout's own cell pattern (dlscale.cell.CELL_PATTERN; dlscale.matrix's
+    # the measured checkout's own cell pattern (dlscale.study.cell.CELL_PATTERN;
+    # dlscale.study.matrix's
     # before the cell module existed): the same wildcards as the study's train rules
     try:
-        from dlscale.cell import CELL_PATTERN as pattern
+        from dlscale.study.cell import CELL_PATTERN as pattern
     except ImportError:
-        from dlscale.matrix import CELL_PATTERN as pattern
+        from dlscale.study.matrix import CELL_PATTERN as pattern
     (dest / "Snakefile").write_text(BARE_SNAKEFILE.replace("CELL_PATTERN", pattern))
     (dest / "cells.txt").write_text("\n".join(cell_paths) + "\n")
     cfg = dest / config_path.name

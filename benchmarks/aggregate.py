@@ -1,9 +1,10 @@
 """Aggregation at scale: N synthetic cell records (the real metrics format, built with
-dlscale.metrics.assemble and written with write_atomic) collected into the tidy tables.
+dlscale.store.metrics.assemble and written with write_atomic) collected into the tidy tables.
 
     .venv/bin/python benchmarks/aggregate.py [--cells 10000] [--repeats 3] [--workdir DIR]
 
-Prints the median wall time of dlscale.collect.collect over the repeats (files already on disk,
+Prints the median wall time of dlscale.analysis.collect.collect over the repeats (files already on
+disk,
 page cache warm after the first repeat) and its split into reading+validation and statistics.
 Goal (issue 7): <= 2 s median for 10,000 cells.
 """
@@ -20,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlscale import metrics
-from dlscale.cell import Cell
-from dlscale.collect import collect
+from dlscale.analysis.collect import collect
+from dlscale.store import metrics
+from dlscale.study.cell import Cell
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402

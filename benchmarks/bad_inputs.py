@@ -30,7 +30,7 @@ import os; os.chdir(ws)
 name = {name!r}
 started = time.perf_counter()
 if name == "(valid demo study)":
-    from dlscale.matrix import load_workflow_study
+    from dlscale.study.matrix import load_workflow_study
     load_workflow_study({{}}, ws)
     message = ""
 else:

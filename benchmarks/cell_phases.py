@@ -1,5 +1,6 @@
 """Where a cell's time goes: one 1-node, 1-rank throughput cell per framework through the
-project's launcher (`python -m dlscale.launch`, as a cell's job runs it), repeated, its wall time
+project's launcher (`python -m dlscale.run.launch`, as a cell's job runs it), repeated, its wall
+time
 split into phases.
 
     .venv/bin/python benchmarks/cell_phases.py [--frameworks pytorch,tensorflow,keras,horovod,mxnet]
@@ -10,7 +11,7 @@ dlscale runs in the launcher and the ranks (PYTHONPATH). The cells are the 1-nod
 config/studies/frameworks.yaml (cnn_small, fp32, eager; the
 real environment of each framework: .venv for PyTorch, .venvs/<env> for the others), with
 --steps/--warmup. Frameworks alternate within each repetition. Phases, from the rank's own
-record (rank_end `phases`, dlscale.train and run_timed) and the launcher's wall time measured
+record (rank_end `phases`, dlscale.run.train and run_timed) and the launcher's wall time measured
 here around the child process:
 
   launcher start   the launcher process until its rank's process started (wall - the rest)
@@ -48,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from dlscale.frameworks import environment_name  # noqa: E402
-from dlscale.matrix import load_study  # noqa: E402
+from dlscale.study.matrix import load_study  # noqa: E402
 
 RANK_PHASES = [
     "interpreter_and_imports",
@@ -92,7 +93,7 @@ def run_once(cell, work: Path) -> dict:
     argv = [
         sys.executable,
         "-m",
-        "dlscale.launch",
+        "dlscale.run.launch",
         "--cell-json",
         cell.to_json(),
         "--output",

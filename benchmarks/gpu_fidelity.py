@@ -1,4 +1,4 @@
-"""Measurement fidelity: the project's cell (dlscale.launch, one rank) against a plain training
+"""Measurement fidelity: the project's cell (dlscale.run.launch, one rank) against a plain training
 loop written here, side by side, on a GPU where there is one and on the CPU otherwise.
 
     python benchmarks/gpu_fidelity.py [--device cuda|cpu] [--repeats N]
@@ -16,7 +16,7 @@ eager, two repetitions).
 
 For every case (model:precision:per-rank batch) and mode, the two sides alternate (the harness
 first in odd repetitions, the plain loop first in even ones), `--repeats` times each:
-  - harness: a one-rank cell through `python -m dlscale.launch` (a fresh process, as in a
+  - harness: a one-rank cell through `python -m dlscale.run.launch` (a fresh process, as in a
     study), its throughput as the metrics file reports it (samples over the timed window);
   - plain: a fresh process running the loop below: the same model builder
     (dlscale.models.torch.build), the same synthetic batch, SGD with the config's defaults,
@@ -93,7 +93,7 @@ print(json.dumps({"throughput": batch * steps / (time.perf_counter() - t0)}))
 
 def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> float:
     """One one-rank cell through the launcher, as a study runs it; its reported throughput."""
-    from dlscale.cell import Cell
+    from dlscale.study.cell import Cell
 
     model, precision, batch = case
     cell = Cell(
@@ -127,7 +127,7 @@ def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> 
         [
             python,
             "-m",
-            "dlscale.launch",
+            "dlscale.run.launch",
             "--cell-json",
             cell.to_json(),
             "--output",
@@ -172,7 +172,8 @@ def plain(case: tuple, device: str, mode: str, a, python: str) -> float:
     return json.loads(proc.stdout.strip().splitlines()[-1])["throughput"]
 
 
-# What the harness side imports besides torch (dlscale.metrics: jsonschema; the PyTorch adapter:
+# What the harness side imports besides torch (dlscale.store.metrics: jsonschema; the PyTorch
+# adapter:
 # numpy), and the extra folder they were installed to from --wheels (None: already importable).
 HARNESS_NEEDS = ("numpy", "jsonschema")
 EXTRA_SITE: list[str] = []

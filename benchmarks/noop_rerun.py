@@ -8,7 +8,8 @@ Setup (once; reused from --workdir when that holds a setup of the same N and wor
 a copy of the workflow of --workflow-dir with a study config of N cells (the generator of
 planning.py; node counts 1 and 2 by default so that N synthetic files stay small), one synthetic
 metrics file per cell in the real format at the real cell path (the real Cell dicts of
-dlscale.matrix.load_study, records built with dlscale.metrics.make_record/rank_summary/assemble
+dlscale.study.matrix.load_study, records built with
+dlscale.store.metrics.make_record/rank_summary/assemble
 and written with write_atomic), then the real downstream once (`snakemake --cores 2`: collect
 over all N cells, figures, report; its wall time is printed), falling back to
 `snakemake --touch` only where that run fails (said so). The bare workflow: the same N cell
@@ -40,8 +41,8 @@ SETUP_VERSION = 2
 def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
     """Build the project copy with every output up to date, and the bare workflow; returns the
     facts printed with the results (also stored in root/setup.json for a cached rerun)."""
-    from dlscale import metrics
-    from dlscale.matrix import load_study
+    from dlscale.store import metrics
+    from dlscale.study.matrix import load_study
 
     facts = {}
     wf = common.copy_workflow(src, root / "project", venvs)

@@ -1,8 +1,10 @@
-"""The planner at the issue's size: 5 jobs x 4 partitions x 1..64 nodes (dlscale.plan, CBC).
+"""The planner at the issue's size: 5 jobs x 4 partitions x 1..64 nodes (dlscale.decisions.planner,
+CBC).
 
     PYTHONPATH=scripts .venv/bin/python benchmarks/plan_solve.py [--repeats 5] [--frameworks 2]
 
-The predictions come from scaling models fitted (dlscale.scalemodel) to synthetic cells of
+The predictions come from scaling models fitted (dlscale.analysis.scaling_model) to synthetic cells
+of
 known parameters measured at 1..8 nodes (2 repetitions, 2 % noise) on each partition, extended
 to 64 nodes (max_extrapolation 8): 5 models x 4 partitions x --frameworks series. Each repeat
 plans three cases: min_time without limits, min_time within a charged node-hour budget (half of
@@ -23,8 +25,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from dlscale import plan as pl
-from dlscale import scalemodel as sm
+from dlscale.analysis import scaling_model as sm
+from dlscale.decisions import planner as pl
 
 PARTITIONS = {  # name: (throughput per node at 1 node, USL sigma, node-hour cost, power W)
     "cpu": (400.0, 0.02, 0.2, 400.0),

@@ -13,7 +13,7 @@ the same flags (--configfile included) once untimed (which also checks that N tr
 planned), then --rounds times, alternating which goes first. Prints median/min/max/n of the wall
 time and of the peak RSS of the snakemake process (os.wait4 rusage of the child) and the
 project/bare ratios; and, timed inside this process, dlscale's own parse step
-(dlscale.matrix.load_study of the generated config), its share of the project's dry run; then
+(dlscale.study.matrix.load_study of the generated config), its share of the project's dry run; then
 the parse alone (`snakemake --list-rules`, alternating), which every Slurm job's snakemake
 repeats before it runs its one cell.
 
@@ -73,7 +73,7 @@ def main() -> None:
     a = p.parse_args()
     sizes = [int(x) for x in a.cells.split(",") if x]
     src, venvs, root, shim = common.start(a, "dlscale-planning-")
-    from dlscale.matrix import load_study
+    from dlscale.study.matrix import load_study
 
     # `--quiet` alone (= progress, rules) skips the per-job lines; in Snakemake 9.27
     # `--quiet all` still formats and prints every job (resources, shell command)

@@ -3,7 +3,7 @@
     PYTHONPATH=scripts .venv/bin/python benchmarks/probe_cost.py [--repeat 20]
     PYTHONPATH=scripts .venvs/tensorflow/bin/python benchmarks/probe_cost.py --framework tensorflow
 
-Times `dlscale.train.describe_node`, the function each node's local rank 0 calls after setup
+Times `dlscale.run.train.describe_node`, the function each node's local rank 0 calls after setup
 and before the timed window: every sysprobe section (OS, CPU, memory, nvidia-smi, network,
 Slurm version and, in a Slurm job on rank 0, `scontrol show job`), the environment's package
 list and its hash, the framework's build description, and writing the list beside the part
@@ -20,8 +20,8 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-from dlscale.sysprobe import cpu_affinity
-from dlscale.train import describe_node
+from dlscale.run.node_probes import cpu_affinity
+from dlscale.run.train import describe_node
 
 
 def build_info_of(framework: str):

@@ -8,7 +8,7 @@ project's local cluster.
 The cells: pytorch cnn_small on `cpu`, 1 node, 1 rank, weak and strong, N / 2 repetitions each,
 1 warm-up and 1 timed step (well under a second of training; a cell's launcher, rank start-up
 included, takes a few seconds). Both routes run exactly the same cells with the same command
-(`python -m dlscale.launch --cell-json ... --output ...`, launcher srun) and the same Slurm
+(`python -m dlscale.run.launch --cell-json ... --output ...`, launcher srun) and the same Slurm
 request (1 node, 1 task, 1 CPU, the cell's memory and time limit):
 
   dlscale   `snakemake --profile profiles/slurm` to the finished report (as a user runs it);
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from dlscale.jobstep import IN_JOB_ENV
+from dlscale.workflow.jobstep import IN_JOB_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from submission import cluster_ready, study_config  # noqa: E402
@@ -154,7 +154,7 @@ def run_dlscale(
 def planned_cells(work: Path):
     """The study's cells as the workflow plans them (launcher srun, as the profile sets it)."""
     sys.path.insert(0, str(work / "scripts"))
-    from dlscale.matrix import load_workflow_study
+    from dlscale.study.matrix import load_workflow_study
 
     return load_workflow_study({"launcher": "srun"}, work).cells
 
@@ -181,7 +181,7 @@ def run_sbatch_loop(work: Path, log: Path, cells: int) -> dict:
                 [
                     python,
                     "-m",
-                    "dlscale.launch",
+                    "dlscale.run.launch",
                     "--cell-json",
                     cell.to_json(),
                     "--output",
@@ -235,7 +235,7 @@ def main() -> None:
         "--snakemake-in-job",
         action="store_true",
         help="also run dlscale with the plugin's own job command (Snakemake started twice in "
-        f"every job, {IN_JOB_ENV}=1), as before dlscale.jobstep",
+        f"every job, {IN_JOB_ENV}=1), as before dlscale.workflow.jobstep",
     )
     p.add_argument("--workdir", type=Path, default=None)
     a = p.parse_args()

@@ -38,11 +38,11 @@ PLACEHOLDERS = {
 
 
 def load_schema(name: str) -> dict:
-    """The schema as the workflow sees it: dlscale.config.load_schema fills the registries'
+    """The schema as the workflow sees it: dlscale.study.config.load_schema fills the registries'
     enums (frameworks, models, dataset formats); without the package, the file as it is."""
     path = SCHEMAS / f"{name}.schema.json"
     try:
-        from dlscale.config import load_schema as dlscale_load
+        from dlscale.study.config import load_schema as dlscale_load
 
         return dlscale_load(path)
     except ImportError:

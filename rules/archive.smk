@@ -1,10 +1,10 @@
-# One archive per study (dlscale.studyarchive): the study and hardware configurations, the
+# One archive per study (dlscale.store.study_archive): the study and hardware configurations, the
 # profiles, the environment lists, every cell's metrics (all kept measurements) and logs, the
 # tables, figures and report, with a checksum manifest. Not part of `all`; ask for it by name:
 #   snakemake --profile profiles/local study_archive
 # It depends on the study's final targets, so it completes the study first. Check an archive
-# with `python -m dlscale.studyarchive verify results/<study>/archive/<study>.tar.gz`.
-from dlscale.studyarchive import create_logged as create_study_archive
+# with `python -m dlscale.store.study_archive verify results/<study>/archive/<study>.tar.gz`.
+from dlscale.store.study_archive import create_logged as create_study_archive
 
 
 rule study_archive:

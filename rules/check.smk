@@ -1,19 +1,19 @@
-# Regression references and verdicts (dlscale.check) and the comparison of two studies
-# (dlscale.compare).
+# Regression references and verdicts (dlscale.decisions.regression_check) and the comparison of two studies
+# (dlscale.decisions.compare).
 #
 # verdicts: the study's scaling table against config/references.yaml (the study's
 #   `references_file`) -> tables/verdicts.csv and the report's Regression check section. A final
 #   target: it never fails on a FAIL verdict, so the report shows it.
 # check: asked for by name (`snakemake --profile profiles/local check`): prints the verdicts and
-#   exits 1 on any FAIL (cron, CI). `python -m dlscale.check results/<study>` does the same from a
-#   results folder; `python -m dlscale.check bless ...` records references.
+#   exits 1 on any FAIL (cron, CI). `python -m dlscale.decisions.regression_check results/<study>` does the same from a
+#   results folder; `python -m dlscale.decisions.regression_check bless ...` records references.
 # compare: `snakemake --profile profiles/local results/<study>/compare/<other study>/summary.md`
 #   compares this study (B) with another study's results folder (A) cell by cell.
 import time
 
-from dlscale.references import failed_since, load_references
-from dlscale.references import schema_path as references_schema_path
-from dlscale.htmlreport import table_caption, table_category, table_labels
+from dlscale.study.references import failed_since, load_references
+from dlscale.study.references import schema_path as references_schema_path
+from dlscale.outputs.snakemake_report import table_caption, table_category, table_labels
 
 REFERENCES_PATH = str(Path(workflow.basedir) / STUDY.config["references_file"])
 REFERENCES_SCHEMA = str(references_schema_path(workflow.basedir))
@@ -59,7 +59,7 @@ rule check:
     log:
         CHECK_LOG,
     run:
-        from dlscale.check import enforce_verdicts
+        from dlscale.decisions.regression_check import enforce_verdicts
 
         enforce_verdicts(input.verdicts, log[0])
 

@@ -3,10 +3,10 @@
 # first serialise all of the study's inputs for the script, which grows quadratically with the
 # number of cells (10,000 cells: tens of seconds before the first file is read; issue 7).
 # It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
-# dlscale.collect (pandas, scipy) is imported in the job, not at parse time: every Slurm job's
+# dlscale.analysis.collect (pandas, scipy) is imported in the job, not at parse time: every Slurm job's
 # snakemake parses the workflow again (benchmarks/planning.py, parse only).
-from dlscale.flops import hardware_peaks
-from dlscale.htmlreport import table_caption, table_category, table_labels
+from dlscale.analysis.mfu import hardware_peaks
+from dlscale.outputs.snakemake_report import table_caption, table_category, table_labels
 
 
 rule collect:
@@ -75,7 +75,7 @@ rule collect:
         # each hardware key's dense peak TFLOP/s (hardware file peak_tflops): cells.csv's MFU
         peaks=hardware_peaks(STUDY.hardware),
     run:
-        from dlscale.collect import write_named_tables
+        from dlscale.analysis.collect import write_named_tables
 
         write_named_tables(
             input.metrics,

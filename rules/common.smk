@@ -1,6 +1,6 @@
 # Load + validate the configuration, build the matrix once per workflow run, and provide the
 # wildcard constraints, input functions and final targets. The logic lives in the dlscale
-# package (scripts/dlscale/config.py, matrix.py) so it is unit-tested without Snakemake.
+# package (scripts/dlscale/study/config.py, matrix.py) so it is unit-tested without Snakemake.
 import importlib.resources
 import os
 import re
@@ -9,11 +9,16 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from dlscale.capability import environment_problems
-from dlscale.config import ConfigError, environment_variant
+from dlscale.workflow.capability import environment_problems
+from dlscale.study.config import ConfigError, environment_variant
 from dlscale.frameworks import environment_name
-from dlscale.archive import REMEASURE_FLAG, adopt_unarchived, changed_cells, describe_changes
-from dlscale.cell import (
+from dlscale.store.measurements import (
+    REMEASURE_FLAG,
+    adopt_unarchived,
+    changed_cells,
+    describe_changes,
+)
+from dlscale.study.cell import (
     CELL_PATTERNS,
     DEFAULT_WORKLOAD,
     STUDY_DIR,
@@ -24,15 +29,15 @@ from dlscale.cell import (
     train_log_pattern,
     train_rule,
 )
-from dlscale.matrix import load_workflow_study
-from dlscale.resume import previous_driver
-from dlscale.studyarchive import ARCHIVE_DIR as STUDY_ARCHIVE_DIR
-from dlscale.studyarchive import ARCHIVE_LOG as STUDY_ARCHIVE_LOG
+from dlscale.study.matrix import load_workflow_study
+from dlscale.workflow.resume import previous_driver
+from dlscale.store.study_archive import ARCHIVE_DIR as STUDY_ARCHIVE_DIR
+from dlscale.store.study_archive import ARCHIVE_LOG as STUDY_ARCHIVE_LOG
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
 # `--config study_file=...`, then the rest of --config; every file bounded and strict
-# (dlscale.config.load_config_file). Files given with --configfile are checked the same way.
+# (dlscale.study.config.load_config_file). Files given with --configfile are checked the same way.
 try:
     STUDY = load_workflow_study(config, workflow.basedir, workflow.overwrite_configfiles)
 except ConfigError as exc:
@@ -43,7 +48,7 @@ CELLS = STUDY.by_key()
 RESULTS = STUDY_DIR.format(study=STUDY.config["study"])
 LOGS = f"{RESULTS}/logs"
 
-# A measured cell is never silently destroyed (dlscale.archive): every existing measurement
+# A measured cell is never silently destroyed (dlscale.store.measurements): every existing measurement
 # has a folder of its own before anything could remove its metrics.jsonl, and a cell measured
 # with another configuration than the one planned now stops the run unless the user asks to
 # re-measure it. Checked by the driver (not again inside each Slurm job).
@@ -52,10 +57,10 @@ if workflow.is_main_process:
         print(
             "dlscale: results/runs/ holds cells in the layout before studies had their own "
             "results folders; they are not used. Move them (nothing is deleted) with: "
-            "python -m dlscale.migrate",
+            "python -m dlscale.store.migrate",
             file=sys.stderr,
         )
-    # A study survives its driver (dlscale.resume): the locks of a previous driver that is gone
+    # A study survives its driver (dlscale.workflow.resume): the locks of a previous driver that is gone
     # are removed and named; a live one is named with its pid, host and command (Snakemake's
     # lock check then refuses this run).
     for _line in previous_driver(RESULTS, unlock=not workflow.dryrun):
@@ -73,7 +78,7 @@ if workflow.is_main_process:
         )
 
 
-# Every planned cell's environment must exist and drive its device (dlscale.capability: a GPU
+# Every planned cell's environment must exist and drive its device (dlscale.workflow.capability: a GPU
 # cell in a CPU build of its framework is refused here, on the login node, before any job or
 # queue wait; dry runs included). Files are read, nothing is imported.
 def _environment_dir(name):
@@ -112,7 +117,7 @@ def cell_of(wildcards, workload=DEFAULT_WORKLOAD):
 
 
 def cell_json(wildcards):
-    """The cell, serialised whole: the launcher's one input (dlscale.cell.Cell.to_json)."""
+    """The cell, serialised whole: the launcher's one input (dlscale.study.cell.Cell.to_json)."""
     return cell_of(wildcards).to_json()
 
 
@@ -150,7 +155,7 @@ def train_inputs(workload):
     shipped_data(), an ancient input)."""
     if workload != "convergence":
         return {}
-    from dlscale.matrix import SHIPPED_DATASETS, data_path
+    from dlscale.study.matrix import SHIPPED_DATASETS, data_path
 
     conv = STUDY.config["convergence"]
     if conv["dataset"] in SHIPPED_DATASETS:
@@ -179,7 +184,7 @@ def check_launcher_matches_executor():
     plugin = workflow.executor_plugin
     if plugin is None or not workflow.is_main_process:
         return
-    from dlscale.matrix import launcher_problem
+    from dlscale.study.matrix import launcher_problem
 
     problem = launcher_problem(
         plugin.name, STUDY.config["launcher"], in_allocation="SLURM_JOB_ID" in os.environ
@@ -190,14 +195,14 @@ def check_launcher_matches_executor():
 
 # The driver records itself and, under the Slurm executor, adopts the jobs an earlier driver of
 # the study left queued or running, journals every submission and handles SIGHUP/SIGTERM
-# (dlscale.resume.Resume), and has each cell's job run its launcher with no Snakemake inside
-# the allocation (dlscale.jobstep): the workflow's `onstart`, after the launcher check, before
+# (dlscale.workflow.resume.Resume), and has each cell's job run its launcher with no Snakemake inside
+# the allocation (dlscale.workflow.jobstep): the workflow's `onstart`, after the launcher check, before
 # any job.
 def start_driver():
     if not workflow.is_main_process:
         return
-    from dlscale import jobstep
-    from dlscale.resume import say, start
+    from dlscale.workflow import jobstep
+    from dlscale.workflow.resume import say, start
 
     route = jobstep.install(workflow)
     if route:
@@ -223,7 +228,7 @@ def report_title_param(wildcards):
 # report_tex, so editing it regenerates the report.
 REPORT_TEMPLATE = str(importlib.resources.files("dlscale") / "templates" / "report.tex.j2")
 
-# Every downstream output in one place: the rules and the onerror handler (dlscale.finalize)
+# Every downstream output in one place: the rules and the onerror handler (dlscale.workflow.finalize)
 # write the same files.
 OUT = {
     "ranks": f"{RESULTS}/tables/ranks.csv",
@@ -232,7 +237,7 @@ OUT = {
     "quarantine": f"{RESULTS}/tables/quarantine.csv",
     "status": f"{RESULTS}/tables/status.csv",
     "systems": f"{RESULTS}/tables/systems.csv",
-    # the convergence workload's tables (dlscale.tta)
+    # the convergence workload's tables (dlscale.analysis.time_to_accuracy)
     "convergence": f"{RESULTS}/tables/convergence.csv",
     "epochs": f"{RESULTS}/tables/epochs.csv",
     "time_to_accuracy": f"{RESULTS}/tables/time_to_accuracy.csv",
@@ -264,8 +269,8 @@ OUT_PARTIAL = {key: path.replace(f"{RESULTS}/", f"{PARTIAL}/", 1) for key, path 
 
 def build_from_existing_cells():
     """onerror: tables, figures and the report from the cells that exist (<study>/partial/)."""
-    from dlscale import resume
-    from dlscale.finalize import build_from_existing
+    from dlscale.workflow import resume
+    from dlscale.workflow.finalize import build_from_existing
 
     build_from_existing(
         metrics_files(),
@@ -288,13 +293,13 @@ def remove_partial_outputs():
 
 
 # Figures: a bounded set of files per hardware key, computed here from the planned cells so
-# Snakemake knows every file at parse time (dlscale.layout.figure_layout: one family per
+# Snakemake knows every file at parse time (dlscale.outputs.figure_layout.figure_layout: one family per
 # hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and
 # MAX_SERIES framework x precision series per panel; larger studies split into numbered parts).
 # FIGURE_LAYOUT is also the report's figure list (file relative to the figures folder, caption,
 # hardware, width) and the onerror build's.
 
-from dlscale.layout import (
+from dlscale.outputs.figure_layout import (
     CONVERGENCE_FIGURE_NAME_PATTERN,
     FIGURE_NAME_PATTERN,
     convergence_layout,
@@ -312,7 +317,7 @@ FIGURE_LAYOUT = figure_layout(
 )
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
 # The convergence workload's figures (time-to-accuracy, epochs-to-accuracy, validation
-# accuracy curves), in their own folder per hardware key (dlscale.layout.convergence_layout).
+# accuracy curves), in their own folder per hardware key (dlscale.outputs.figure_layout.convergence_layout).
 CONVERGENCE_LAYOUT = convergence_layout(
     [
         (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode))

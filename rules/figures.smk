@@ -1,11 +1,11 @@
 # One rule draws every figure file: results/<study>/figures/{hardware}/{figure}.pdf, where
-# {figure} is a family (dlscale.layout.FAMILIES) or {family}-{part} when a hardware key needs more than one
+# {figure} is a family (dlscale.outputs.figure_layout.FAMILIES) or {family}-{part} when a hardware key needs more than one
 # file (the list is FIGURE_LAYOUT in common.smk; params.spec says what the file holds). It reads
 # only the scaling table, so figures regenerate without touching any cell:
 # `snakemake --profile profiles/local --forcerun figure`.
 # In Snakemake's report (`--report`) each file is filed under its family and hardware and
-# labelled by the axis values it shows (dlscale.htmlreport); its caption is the layout's.
-from dlscale.htmlreport import figure_category, figure_labels, figure_subcategory
+# labelled by the axis values it shows (dlscale.outputs.snakemake_report); its caption is the layout's.
+from dlscale.outputs.snakemake_report import figure_category, figure_labels, figure_subcategory
 
 
 rule figure:
@@ -32,7 +32,7 @@ rule figure:
         "../scripts/figure.py"
 
 
-# The convergence workload's figures (dlscale.layout.CONVERGENCE_FAMILIES): one rule for every
+# The convergence workload's figures (dlscale.outputs.figure_layout.CONVERGENCE_FAMILIES): one rule for every
 # file of results/<study>/figures/{hardware}/convergence/, from the time-to-accuracy tables only
 # (rules/collect.smk), so they regenerate without touching any cell:
 # `snakemake --profile profiles/local --forcerun convergence_figure`.

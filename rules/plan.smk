@@ -1,11 +1,11 @@
 # The scaling model and the planner (issue 16): per series a fitted model of throughput against
-# node count (dlscale.scalemodel: predictions with intervals, leave-one-node-count-out errors),
-# then the plan for the `plan:` jobs on the hardware file's partitions (dlscale.plan, PuLP/CBC).
+# node count (dlscale.analysis.scaling_model: predictions with intervals, leave-one-node-count-out errors),
+# then the plan for the `plan:` jobs on the hardware file's partitions (dlscale.decisions.planner, PuLP/CBC).
 # Both read only the cell table: `snakemake --forcerun scaling_model` replans without any cell;
-# `python -m dlscale.plan results/<study>` plans from an existing results folder by hand.
+# `python -m dlscale.decisions.planner results/<study>` plans from an existing results folder by hand.
 # (the fitting and solving modules are imported in the jobs, not at every parse: scipy.optimize
 # and pulp stay out of each Slurm job's snakemake start-up)
-from dlscale.partitions import partitions_from_hardware
+from dlscale.study.partitions import partitions_from_hardware
 
 OUT.update(
     {
@@ -38,7 +38,7 @@ rule scaling_model:
         max_extrapolation_unvalidated=PLAN_CONFIG["max_extrapolation_unvalidated"],
         plan_nodes=PLAN_NODES,
     run:
-        from dlscale.scalemodel import write_model_tables
+        from dlscale.analysis.scaling_model import write_model_tables
 
         write_model_tables(
             input.cells,
@@ -70,7 +70,7 @@ rule plan:
         models=STUDY.config["axes"]["model"],
         width_in=STUDY.config["report"]["column_width_in"],
     run:
-        from dlscale.plan import run_plan_rule
+        from dlscale.decisions.planner import run_plan_rule
 
         run_plan_rule(
             input.predictions,

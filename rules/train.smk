@@ -1,18 +1,18 @@
-# One job per cell: the launcher (scripts/dlscale/launch.py) starts the cell's ranks, locally or
+# One job per cell: the launcher (scripts/dlscale/run/launch.py) starts the cell's ranks, locally or
 # with srun inside the cell's Slurm allocation, and writes the cell's metrics file atomically.
-# Its one input is the cell, serialised whole (dlscale.cell.Cell.to_json).
+# Its one input is the cell, serialised whole (dlscale.study.cell.Cell.to_json).
 #
-# One rule per resource class, workload and parallelism (dlscale.cell.train_rule:
+# One rule per resource class, workload and parallelism (dlscale.study.cell.train_rule:
 # train_<hardware>_n<nodes> for throughput cells, converge_<hardware>_n<nodes> for convergence
 # cells, with _<parallelism> appended for a strategy other than ddp): the cells of a
 # class request identical Slurm resources, which a job array needs (the Slurm plugin submits
 # the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
 # `slurm-array-jobs`). Every Slurm resource derives from the class's hardware entry in
-# config/hardware.yaml (site facts) through dlscale.resources.class_resources, computed once per
+# config/hardware.yaml (site facts) through dlscale.study.resources.class_resources, computed once per
 # class; nothing partition- or sbatch-specific is typed here.
 # Every class rule is the same rule; only its wildcard constraints, its output folder (the
-# workload's, dlscale.cell.CELL_PATTERNS) and a convergence cell's dataset input differ.
-from dlscale.resources import class_resources
+# workload's, dlscale.study.cell.CELL_PATTERNS) and a convergence cell's dataset input differ.
+from dlscale.study.resources import class_resources
 
 for _workload, _hardware, _nodes, _parallelism in STUDY.train_rules():
     _threads, _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
@@ -33,7 +33,7 @@ for _workload, _hardware, _nodes, _parallelism in STUDY.train_rules():
         conda:
             "../envs/{framework}.yaml"
         threads: _threads
-        # the Slurm plugin's resource names (dlscale.resources.class_resources): nodes, tasks,
+        # the Slurm plugin's resource names (dlscale.study.resources.class_resources): nodes, tasks,
         # cpus_per_task, mem_mb, runtime, slurm_partition, slurm_extra, and constraint, gres,
         # tasks_per_gpu when the hardware entry asks for them (options the plugin owns and
         # refuses in slurm_extra); dlscale_cell=1 for the profiles' cell limit
@@ -41,9 +41,9 @@ for _workload, _hardware, _nodes, _parallelism in STUDY.train_rules():
             **_resources,
         params:
             # everything the cell's measurement depends on (its launcher included): a change
-            # re-measures the cell only when the user asks (rules/common.smk, dlscale.archive)
+            # re-measures the cell only when the user asks (rules/common.smk, dlscale.store.measurements)
             cell=CELL_JSON[_workload],
             python=framework_python,
         shell:
-            "{params.python:q} -m dlscale.launch --cell-json {params.cell:q}"
+            "{params.python:q} -m dlscale.run.launch --cell-json {params.cell:q}"
             " --output {output.metrics:q} > {log:q} 2>&1"

@@ -1,9 +1,9 @@
 """Snakemake `script:` wrapper: this study (B) against another study's results (A), cell by
-cell (dlscale.compare)."""
+cell (dlscale.decisions.compare)."""
 
 from pathlib import Path
 
-from dlscale.compare import compare_outputs
+from dlscale.decisions.compare import compare_outputs
 
 table, summary = compare_outputs(
     Path(snakemake.input.baseline_cells).parents[1],  # noqa: F821 (injected by Snakemake)

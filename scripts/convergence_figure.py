@@ -1,9 +1,9 @@
 """Snakemake `script:` wrapper: one convergence figure file from the time-to-accuracy tables
-(dlscale.plotting; the layout entry comes from CONVERGENCE_LAYOUT in rules/common.smk)."""
+(dlscale.outputs.plotting; the layout entry comes from CONVERGENCE_LAYOUT in rules/common.smk)."""
 
 import pandas as pd
 
-from dlscale.plotting import plot_convergence_figure
+from dlscale.outputs.plotting import plot_convergence_figure
 
 plot_convergence_figure(
     pd.read_csv(snakemake.input.time_to_accuracy),  # noqa: F821 (injected by Snakemake)

@@ -1,9 +1,9 @@
 """Snakemake `script:` wrapper: one figure file of the layout from the scaling table
-(dlscale.plotting; the layout entry comes from FIGURE_LAYOUT in rules/common.smk)."""
+(dlscale.outputs.plotting; the layout entry comes from FIGURE_LAYOUT in rules/common.smk)."""
 
 import pandas as pd
 
-from dlscale.plotting import plot_figure
+from dlscale.outputs.plotting import plot_figure
 
 plot_figure(
     pd.read_csv(snakemake.input.scaling),  # noqa: F821 (injected by Snakemake)

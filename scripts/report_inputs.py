@@ -1,6 +1,7 @@
-"""Snakemake `script:` wrapper: tables -> report macros and LaTeX tables (dlscale.report)."""
+"""Snakemake `script:` wrapper: tables -> report macros and LaTeX tables
+(dlscale.outputs.report)."""
 
-from dlscale.report import write_report_inputs
+from dlscale.outputs.report import write_report_inputs
 
 write_report_inputs(
     {

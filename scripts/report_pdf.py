@@ -1,5 +1,5 @@
-"""Snakemake `script:` wrapper: compile report.tex with latexmk (dlscale.report)."""
+"""Snakemake `script:` wrapper: compile report.tex with latexmk (dlscale.outputs.report)."""
 
-from dlscale.report import compile_pdf
+from dlscale.outputs.report import compile_pdf
 
 compile_pdf(snakemake.input.tex, log=snakemake.log[0])  # noqa: F821 (injected by Snakemake)

@@ -1,6 +1,6 @@
-"""Snakemake `script:` wrapper: render report.tex from the template (dlscale.report)."""
+"""Snakemake `script:` wrapper: render report.tex from the template (dlscale.outputs.report)."""
 
-from dlscale.report import render_tex
+from dlscale.outputs.report import render_tex
 
 render_tex(
     snakemake.output.tex,

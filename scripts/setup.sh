@@ -11,7 +11,7 @@
 #     cuda): pytorch-cuda, tensorflow-cuda (also keras), horovod-cuda (Horovod built with NCCL:
 #     needs CUDA_HOME, the site's CUDA toolkit), mxnet-cuda (CUDA 11.7, pre-Hopper GPUs);
 #     installed from PyPI with pip --isolated (no local CPU wheel can stand in) and checked
-#     to be CUDA builds (python -m dlscale.capability) before they are marked ready.
+#     to be CUDA builds (python -m dlscale.workflow.capability) before they are marked ready.
 # Usage: setup.sh [ENV ...]   (default: every CPU framework environment; `setup.sh none` builds
 # only the driver; e.g. `setup.sh pytorch-cuda tensorflow-cuda horovod-cuda` on a GPU site).
 # Needs root (or sudo) for apt. A venv is rebuilt only when its inputs change.
@@ -101,7 +101,7 @@ for env in "${ENVS[@]}"; do
   if [ "$env" = horovod-cuda ]; then bash scripts/build-horovod.sh --cuda "$target"; fi
   if [ "$base" != "$env" ]; then
     # the environment must drive a GPU (read from its files: no GPU needed on this host)
-    "$target/bin/python" -m dlscale.capability --env-dir "$target" --framework "$base" --expect-cuda \
+    "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda \
       || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; exit 1; }
   fi
   echo "$want" > "$target/.dlscale-setup"

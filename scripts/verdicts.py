@@ -1,6 +1,7 @@
-"""Snakemake `script:` wrapper: scaling table + references -> verdicts (dlscale.check)."""
+"""Snakemake `script:` wrapper: scaling table + references -> verdicts
+(dlscale.decisions.regression_check)."""
 
-from dlscale.check import write_verdicts
+from dlscale.decisions.regression_check import write_verdicts
 
 write_verdicts(
     snakemake.input.scaling,  # noqa: F821 (injected by Snakemake)

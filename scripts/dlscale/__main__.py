@@ -1,5 +1,6 @@
 """`dlscale <command> ...` (console script) and `python -m dlscale <command> ...`: the everyday
-commands that work on results folders. Each is also its own module (`python -m dlscale.check`).
+commands that work on results folders. Each is also its own module (`python -m
+dlscale.decisions.regression_check`).
 """
 
 from __future__ import annotations
@@ -8,10 +9,19 @@ import importlib
 import sys
 
 COMMANDS = {
-    "check": ("dlscale.check", "verdicts against the regression references; exit 1 on a FAIL"),
-    "bless": ("dlscale.check", "record a study's results as the references of one system"),
-    "compare": ("dlscale.compare", "two studies' results folders, cell by cell"),
-    "status": ("dlscale.progress", "a study's cells: measured, running, pending, failed, jobs"),
+    "check": (
+        "dlscale.decisions.regression_check",
+        "verdicts against the regression references; exit 1 on a FAIL",
+    ),
+    "bless": (
+        "dlscale.decisions.regression_check",
+        "record a study's results as the references of one system",
+    ),
+    "compare": ("dlscale.decisions.compare", "two studies' results folders, cell by cell"),
+    "status": (
+        "dlscale.workflow.status_command",
+        "a study's cells: measured, running, pending, failed, jobs",
+    ),
 }
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlscale import launch
-from dlscale.cell import Cell
 from dlscale.frameworks.base import SYNC_AUDIT_ENV, RankContext, TrainSpec, run_timed
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
-from dlscale.metrics import read_metrics
+from dlscale.run import launch
+from dlscale.store.metrics import read_metrics
+from dlscale.study.cell import Cell
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

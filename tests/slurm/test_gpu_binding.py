@@ -1,9 +1,9 @@
 """Which GPU does each rank take? On the local cluster's fake GPUs (GRES gpu:fake:2 per node, no
 hardware: Slurm allocates and binds them as it would real boards), the production launcher
-(dlscale.launch.start_srun) starts a 2-node x 2-rank cuda cell whose ranks run the production
-choice (python -m dlscale.devices: dlscale.launch.discover, dlscale.devices.pick_gpu and
+(dlscale.run.launch.start_srun) starts a 2-node x 2-rank cuda cell whose ranks run the production
+choice (python -m dlscale.run.devices: dlscale.run.launch.discover, dlscale.run.devices.pick_gpu and
 gpu_identity), under both bindings the hardware file offers; and a step that binds one GPU to
-two ranks is caught (dlscale.devices.shared_gpus), as the report's note states it."""
+two ranks is caught (dlscale.store.metrics.shared_gpus), as the report's note states it."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.cell import Cell
-from dlscale.devices import shared_gpus
+from dlscale.store.metrics import shared_gpus
+from dlscale.study.cell import Cell
 
 pytestmark = [pytest.mark.slurm]
 
@@ -25,10 +25,10 @@ pytestmark = [pytest.mark.slurm]
 START = """
 import sys
 from pathlib import Path
-from dlscale.cell import Cell
-from dlscale.launch import start_srun, wait_all
+from dlscale.study.cell import Cell
+from dlscale.run.launch import start_srun, wait_all
 cell, rank_dir = Cell.read(sys.argv[1]), Path(sys.argv[2])
-failed = wait_all(start_srun(cell, [sys.executable, "-m", "dlscale.devices"], rank_dir))
+failed = wait_all(start_srun(cell, [sys.executable, "-m", "dlscale.run.devices"], rank_dir))
 sys.exit(0 if failed is None else 1)
 """
 # 2 nodes x 2 GPUs; -O: 2 ranks on each 1-CPU node of the local cluster
@@ -122,7 +122,7 @@ def test_two_ranks_bound_to_one_board_are_flagged(cluster, tmp_path):
             str(tmp_path / "rank%t.log"),
             sys.executable,
             "-m",
-            "dlscale.devices",
+            "dlscale.run.devices",
         ],
         capture_output=True,
         text=True,

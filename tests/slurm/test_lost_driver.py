@@ -1,4 +1,5 @@
-"""A study survives losing its driver (dlscale.resume), on the project's real local Slurm cluster.
+"""A study survives losing its driver (dlscale.workflow.resume), on the project's real local Slurm
+cluster.
 
 The driver (`snakemake --profile profiles/slurm`, started as a user would) is killed with -9 or
 sent SIGHUP/SIGINT while its cells are queued and running, then started again. Slurm itself is
@@ -21,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlscale.metrics import read_metrics
-from dlscale.resume import JOURNAL_FILE, LIVE_STATES, plugin_comment
+from dlscale.store.metrics import read_metrics
+from dlscale.workflow.resume import JOURNAL_FILE, LIVE_STATES, plugin_comment
 
 from conftest import BIN, ROOT, copy_workflow
 
@@ -230,7 +231,7 @@ def test_restart_cancel_then_sigint_leave_nothing_in_the_queue(study):
 
 def test_cells_finished_while_no_driver_ran_are_accepted_without_a_new_job(study):
     """kill -9 while cells run and queue, let every job end with no driver: nothing marked
-    those cells complete (no Snakemake runs inside a cell's job, dlscale.jobstep), so the
+    those cells complete (no Snakemake runs inside a cell's job, dlscale.workflow.jobstep), so the
     restart accepts each one from its job's own valid measurement and submits nothing."""
     work, study = study
     first = start(work)

@@ -405,8 +405,8 @@ CORPUS: list[tuple[str, Callable, str]] = (
 def reject(ws: Path, setup: Callable) -> str:
     """Run one case in workspace `ws` (the working directory) and return the refusal's
     message; raises AssertionError when the input is accepted."""
-    from dlscale.config import ConfigError
-    from dlscale.matrix import launcher_problem, load_workflow_study
+    from dlscale.study.config import ConfigError
+    from dlscale.study.matrix import launcher_problem, load_workflow_study
 
     given = setup(ws)
     if "launcher" in given:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dlscale import launch
-from dlscale.cell import Cell
+from dlscale.run import launch
+from dlscale.study.cell import Cell
 
 
 def cell_dict(**changes) -> dict:

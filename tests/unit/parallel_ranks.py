@@ -1,4 +1,5 @@
-"""Real ranks of a parallelism (dlscale.parallel) for the equivalence tests: each rank is its own
+"""Real ranks of a parallelism (dlscale.study.parallel_dims) for the equivalence tests: each rank
+is its own
 process running the production PyTorch adapter (setup: device mesh, tensor parallel,
 fully_shard; three training steps), on gloo over TCP, with a dropout-free tiny transformer (the
 registry's transformer_small architecture at a smaller size: dropout draws different masks on a

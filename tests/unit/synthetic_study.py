@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from dlscale.layout import variant
-from dlscale.stats import GROUP, add_speedup, scaling_summary
+from dlscale.analysis.stats import GROUP, add_speedup, scaling_summary
+from dlscale.outputs.figure_layout import variant
 
 # 4 hardware x 5 frameworks x 10 models x 2 policies x 8 node counts x 3 repetitions = 9,600 cells
 LARGE = {
@@ -74,12 +74,12 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 # memory per rank (the memory figure): a shard of the state under fsdp
                 "state_bytes_per_rank_max": 3 * 4e6 / (nodes if parallelism == "fsdp" else 1),
                 "peak_allocated_mb_max": None if hw == "cpu" else 900.0,
-                # telemetry (dlscale.telemetry): GPU utilisation on GPU hardware, else CPU
+                # telemetry (dlscale.run.telemetry): GPU utilisation on GPU hardware, else CPU
                 "gpu_util_pct_mean": None if hw == "cpu" else 95.0 * efficiency,
                 "gpu_util_pct_rank_min": None if hw == "cpu" else 90.0 * efficiency,
                 "cpu_util_pct_mean": 98.0,
                 "cpu_util_pct_rank_min": 96.0,
-                # model FLOPs (dlscale.flops): 1 GFLOP per sample; a dense peak on GPUs only
+                # model FLOPs (dlscale.analysis.mfu): 1 GFLOP per sample; a dense peak on GPUs only
                 "achieved_tflops_per_device": 1e-3 * throughput / nodes,
                 "mfu": None if hw == "cpu" else 0.4 * efficiency,
                 "competing": False,
@@ -97,7 +97,8 @@ def study_tables(axes: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 
 def groups(axes: dict) -> list[tuple]:
-    """The figure layout's groups (dlscale.layout.GroupKey) of a study with these axes."""
+    """The figure layout's groups (dlscale.outputs.figure_layout.GroupKey) of a study with these
+    axes."""
     return [
         (hw, fw, model, policy, variant(prec, mode, parallelism))
         for hw, fw, model, policy, prec, mode, parallelism in itertools.product(

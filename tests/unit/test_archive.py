@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import archive, metrics
-from dlscale.cell import MEASUREMENTS_DIR, Cell
-from dlscale.migrate import migrate
+from dlscale.store import measurements as archive
+from dlscale.store import metrics
+from dlscale.store.migrate import migrate
+from dlscale.study.cell import MEASUREMENTS_DIR, Cell
 
 from cells import cell_dict
 from test_metrics import assembled

@@ -11,8 +11,8 @@ import copy
 import pytest
 import yaml
 
-from dlscale.config import ConfigError
-from dlscale.matrix import load_study
+from dlscale.study.config import ConfigError
+from dlscale.study.matrix import load_study
 
 HOSTILE = [
     "a;rm -rf ~",

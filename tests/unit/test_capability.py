@@ -1,4 +1,4 @@
-"""Can a planned cell's environment drive its device? (dlscale.capability, issue 29.)
+"""Can a planned cell's environment drive its device? (dlscale.workflow.capability, issue 29.)
 
 The project's own environments (.venv, .venvs/*) are CPU builds on this machine: each is read
 as it is and must be refused for a GPU cell with the command that builds the CUDA one. The CUDA
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.capability import cuda_build, environment_problems, main
-from dlscale.cell import Cell
+from dlscale.study.cell import Cell
+from dlscale.workflow.capability import cuda_build, environment_problems, main
 
 from cells import cell_dict
 

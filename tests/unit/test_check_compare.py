@@ -1,4 +1,5 @@
-"""Regression references and verdicts (dlscale.check) and study comparison (dlscale.compare) on
+"""Regression references and verdicts (dlscale.decisions.regression_check) and study comparison
+(dlscale.decisions.compare) on
 synthetic tables; the same on a real study's outputs is in tests/workflow/test_local_workflow.py."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import re
 import pandas as pd
 import pytest
 
-from dlscale.check import (
+from dlscale.decisions.compare import BOTH, ONLY_A, ONLY_B, compare_cells, provenance_differences
+from dlscale.decisions.regression_check import (
     FAIL,
     NO_REFERENCE,
     NOT_MEASURED,
@@ -20,8 +22,7 @@ from dlscale.check import (
     verdicts,
     write_verdicts_tex,
 )
-from dlscale.compare import BOTH, ONLY_A, ONLY_B, compare_cells, provenance_differences
-from dlscale.config import ConfigError, load_schema
+from dlscale.study.config import ConfigError, load_schema
 
 from synthetic_study import DEMO, study_tables
 

@@ -5,6 +5,7 @@ frameworks' declared capability, and a real launch on the shipped digits data.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,11 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dlscale import frameworks, metrics
-from dlscale.cell import CELL_PATTERNS, Cell, cell_label, parse_cell_path
-from dlscale.config import ConfigError
-from dlscale.matrix import load_study
-from dlscale.metrics import MetricsError
+from dlscale import frameworks
+from dlscale.store import metrics
+from dlscale.store.metrics import MetricsError
+from dlscale.study.cell import CELL_PATTERNS, Cell, cell_label, parse_cell_path
+from dlscale.study.config import ConfigError
+from dlscale.study.matrix import load_study
 
 from cells import cell_dict
 
@@ -37,7 +39,7 @@ CONVERGENCE = dict(
 )
 
 
-# The study settings the report's time-to-accuracy macros read (dlscale.tta_report).
+# The study settings the report's time-to-accuracy macros read (dlscale.outputs.tta_section).
 REPORT_CONFIG = {
     "workloads": ["throughput", "convergence"],
     "optimizer": {"momentum": 0.9},
@@ -291,7 +293,11 @@ def test_every_framework_is_accepted_for_convergence_and_one_without_it_is_refus
     config["convergence"] = {"axes": {"framework": frameworks.names(), "model": ["cnn_small"]}}
     study = load_study(config, root)
     assert {c.framework for c in study.cells_of("convergence")} == set(frameworks.names())
-    monkeypatch.setitem(frameworks.WORKLOADS, "tensorflow", ("throughput",))
+    monkeypatch.setitem(
+        frameworks.FRAMEWORKS,
+        "tensorflow",
+        dataclasses.replace(frameworks.get("tensorflow"), workloads=("throughput",)),
+    )
     with pytest.raises(ConfigError) as info:
         load_study(config, root)
     for fragment in (
@@ -315,8 +321,9 @@ CONTRACT = (
 
 
 def test_declared_capability_matches_the_adapters():
-    """dlscale.frameworks.WORKLOADS (read before any job) says what the adapters declare
-    (convergence_method), and each implements the whole contract; adapters whose framework is
+    """The registry's workloads (dlscale.frameworks.FRAMEWORKS, read before any job) say what
+    the adapters declare (convergence_method), and each implements the whole contract; adapters
+    whose framework is
     not in the driver environment are imported in their own environment."""
     import subprocess
 
@@ -326,7 +333,7 @@ def test_declared_capability_matches_the_adapters():
     from dlscale.frameworks.base import Adapter as Base
 
     for name, module in (("pytorch", pytorch), ("horovod", horovod)):
-        assert module.Adapter.workloads() == list(frameworks.WORKLOADS[name])
+        assert module.Adapter.workloads() == list(frameworks.get(name).workloads)
         assert all(getattr(module.Adapter, m) is not getattr(Base, m) for m in CONTRACT)
     scripts = Path(pytorch.__file__).parents[2]
     probe = (
@@ -344,7 +351,7 @@ def test_declared_capability_matches_the_adapters():
             check=True,
         )
         workloads, declared, missing = json.loads(out.stdout.strip().splitlines()[-1])
-        assert workloads == list(frameworks.WORKLOADS[name]) == ["throughput", "convergence"]
+        assert workloads == list(frameworks.get(name).workloads) == ["throughput", "convergence"]
         assert declared and missing == [], (name, missing)
     assert frameworks.supporting("convergence") == frameworks.names()
 
@@ -381,9 +388,9 @@ def test_the_input_pipeline_and_staging_reach_the_outcome_the_tables_and_the_rep
     """Each rank's loader-only measurement and staging: the outcome keeps the worst rank
     (smallest loader / train ratio, input-bound when any rank is; the longest staging, bytes
     summed), the time-to-accuracy table the worst repetition, the report marks it IB."""
-    from dlscale.collect import collect_tables
-    from dlscale.report import tex_escape
-    from dlscale.tta_report import convergence_macros, write_convergence_table
+    from dlscale.analysis.collect import collect_tables
+    from dlscale.outputs.report import tex_escape
+    from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
 
     staged = {
         0: {"stage_dir": "$TMPDIR", "path": "/tmp/x", "seconds": 0.4, "bytes_copied": 1000},
@@ -497,7 +504,7 @@ def write_cell(root: Path, cell: Cell, records: list[dict]) -> str:
 
 
 def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp_path, monkeypatch):
-    from dlscale.collect import collect_tables
+    from dlscale.analysis.collect import collect_tables
 
     monkeypatch.chdir(tmp_path)
     reached = {1: (0.7, 0.96), 2: (0.9, 0.97)}
@@ -552,7 +559,7 @@ def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp
     assert tta.loc[2, "effective_learning_rate"] == pytest.approx(0.1)
 
     # half or more not reached: no median, reported as not reached
-    from dlscale.tta import time_to_accuracy_summary
+    from dlscale.analysis.time_to_accuracy import time_to_accuracy_summary
 
     half = conv[conv["nodes"] == 2].copy()
     half.loc[half["rep"] == 1, "reached"] = False
@@ -560,10 +567,10 @@ def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp
     assert point["reached_reps"] == 1 and math.isnan(point["time_to_accuracy_s_median"])
 
     # figures and the report's table from these tables
-    from dlscale.layout import convergence_layout
-    from dlscale.plotting import plot_convergence_figure
-    from dlscale.report import tex_escape
-    from dlscale.tta_report import convergence_macros, write_convergence_table
+    from dlscale.outputs.figure_layout import convergence_layout
+    from dlscale.outputs.plotting import plot_convergence_figure
+    from dlscale.outputs.report import tex_escape
+    from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
 
     layout = convergence_layout([("cpu", "pytorch", "cnn_small", "weak", "fp32")], 3.5)
     assert [s["file"] for s in layout] == [
@@ -600,7 +607,7 @@ def digits(tmp_path_factory) -> Path:
 
 def test_the_shipped_digits_are_what_models_are_checked_against_before_any_job(digits):
     from dlscale.data import inspect_dataset
-    from dlscale.matrix import SHIPPED_DATASETS
+    from dlscale.study.matrix import SHIPPED_DATASETS
 
     info = inspect_dataset(digits, "cifar_binary")
     shipped = SHIPPED_DATASETS["digits"]
@@ -728,8 +735,8 @@ def test_the_report_compares_frameworks_at_equal_global_batch_and_states_their_s
     framework's epochs and seconds with the interval its n allows (a CI at n = 6, a labelled
     range at n = 3, an open end where a repetition missed), fastest first; a global batch only
     one framework trained at is not compared. ConvFrameworkInit names every framework's start."""
-    from dlscale.stats import CI, RANGE
-    from dlscale.tta_report import INITIALISATION_AND_DATA_ORDER, framework_macros
+    from dlscale.analysis.stats import CI, RANGE
+    from dlscale.outputs.tta_section import INITIALISATION_AND_DATA_ORDER, framework_macros
 
     def row(framework, nodes, median, low, high, interval, n, epochs=(3, 3, 4)):
         return {

@@ -3,7 +3,8 @@ global batch against its reference convergence point (the smallest global batch)
 fast or too slow outside a band from the reference's repetitions, or a stated fixed tolerance
 where the reference has one repetition; the tables, the report's macros and table, the config
 key (validated, in no hash). Constructed series go through the production functions: metrics
-files -> dlscale.collect.collect_tables -> dlscale.tta -> dlscale.tta_report."""
+files -> dlscale.analysis.collect.collect_tables -> dlscale.analysis.time_to_accuracy ->
+dlscale.outputs.tta_section."""
 
 from __future__ import annotations
 
@@ -19,17 +20,17 @@ import pandas as pd
 import pytest
 from test_convergence import REPORT_CONFIG, assembled, conv_cell, write_cell
 
-from dlscale.collect import collect_tables
-from dlscale.config import ConfigError
-from dlscale.matrix import load_study
-from dlscale.report import tex_escape, write_macros
-from dlscale.stats import median_interval
-from dlscale.tta import (
+from dlscale.analysis.collect import collect_tables
+from dlscale.analysis.stats import median_interval
+from dlscale.analysis.time_to_accuracy import (
     DEFAULT_VALIDITY_TOLERANCE,
     VALIDITY_COLUMNS,
     time_to_accuracy_summary,
 )
-from dlscale.tta_report import convergence_macros, write_convergence_table
+from dlscale.outputs.report import tex_escape, write_macros
+from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
+from dlscale.study.config import ConfigError
+from dlscale.study.matrix import load_study
 
 TEMPLATE = Path(__file__).parents[2] / "scripts" / "dlscale" / "templates" / "report.tex.j2"
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from dlscale.config import ConfigError
 from dlscale.data import CIFAR_RECORD_BYTES, FORMATS, DatasetInfo, inspect_dataset
 from dlscale.data.loader_bench import input_bound, measure_loader
 from dlscale.data.readers import (
@@ -37,6 +36,7 @@ from dlscale.data.shipped import digits_splits, sample_photos, write_digits, wri
 from dlscale.data.staging import stage, staged_path
 from dlscale.data.torch_data import make_loader
 from dlscale.data.writers import cifar_record, write_cifar_binary
+from dlscale.study.config import ConfigError
 
 
 @pytest.fixture(scope="module")

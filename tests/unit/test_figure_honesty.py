@@ -16,8 +16,11 @@ from matplotlib.container import BarContainer
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from dlscale import layout, plotting, scalemodel
-from dlscale.layout import (
+from dlscale.analysis import scaling_model as scalemodel
+from dlscale.analysis.stats import GROUP, scaling_summary
+from dlscale.outputs import figure_layout as layout
+from dlscale.outputs import plotting
+from dlscale.outputs.figure_layout import (
     CONVERGENCE_FAMILIES,
     FAMILIES,
     convergence_layout,
@@ -25,7 +28,6 @@ from dlscale.layout import (
     predicted_caption,
     variant,
 )
-from dlscale.stats import GROUP, scaling_summary
 
 from synthetic_study import DEMO, cells_table, groups
 
@@ -168,7 +170,7 @@ def test_no_figure_family_draws_a_bar_on_a_log_axis(saved, tmp_path):
         drawn_families.add(spec["family"])
     from test_plan import FAST_CHEAP, JOB, PARTS
 
-    from dlscale import plan as pl
+    from dlscale.decisions import planner as pl
 
     pl.plot_plan(pl.make_plan(FAST_CHEAP, JOB, PARTS), str(tmp_path / "plan.pdf"))
     pl.plot_plan(pl.PlanError("infeasible"), str(tmp_path / "plan_failed.pdf"))
@@ -295,7 +297,7 @@ def test_the_defaults_agree_across_schema_layout_and_model():
 def test_the_plan_key_is_in_no_hash():
     """The study's config hash leaves `plan` out (cells hash their own fields): raising the
     extrapolation changes no cell's identity."""
-    from dlscale.config import config_hash
+    from dlscale.study.config import config_hash
 
     base = {"axes": {"hardware": []}, "plan": {"max_extrapolation_unvalidated": 2}}
     more = {"axes": {"hardware": []}, "plan": {"max_extrapolation_unvalidated": 16}}

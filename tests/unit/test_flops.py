@@ -11,15 +11,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dlscale import flops
-from dlscale.config import (
+from dlscale.analysis import mfu
+from dlscale.models import DECODER, SPECS, get_spec, spec_for
+from dlscale.models import flops as counting
+from dlscale.study.config import (
     ConfigError,
     hashed_hardware,
     load_schema,
     load_yaml,
     validate_hardware,
 )
-from dlscale.models import DECODER, SPECS, get_spec, spec_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODERS = [n for n, s in SPECS.items() if s.family == DECODER]
@@ -40,12 +41,12 @@ def hand_count_per_token(vocab, seq_len, d, layers, ffn) -> int:
 
 def test_tiny_decoder_flops_match_the_hand_count() -> None:
     spec = get_spec("gpt2_tiny")
-    counted = flops.count_flops_per_sample("gpt2_tiny")
+    counted = counting.count_flops_per_sample("gpt2_tiny")
     per_token = hand_count_per_token(4096, 32, 64, 2, 256)
     assert per_token == 6 * (4096 * 64 + 2 * (4 * 64 * 64 + 2 * 64 * 256)) + 12 * 2 * 64 * 32
     assert counted["flops_per_sample"] == 32 * per_token == 70_778_880
     assert counted["seq_len"] == 32 and "FlopCounterMode" in counted["method"]
-    assert flops.decoder_flops_per_token(spec)["counted"] == per_token
+    assert counting.decoder_flops_per_token(spec)["counted"] == per_token
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -55,8 +56,8 @@ def test_decoder_flops_within_2_percent_of_6n_plus_attention(name: str) -> None:
     parameters that do no matrix product (position table, biases, LayerNorms)."""
     spec = get_spec(name)
     seq_len = spec.input_shape[0]
-    per_token = flops.count_flops_per_sample(name)["flops_per_sample"] / seq_len
-    formula = flops.decoder_flops_per_token(spec)
+    per_token = counting.count_flops_per_sample(name)["flops_per_sample"] / seq_len
+    formula = counting.decoder_flops_per_token(spec)
     assert per_token == formula["counted"]
     assert abs(per_token / formula["six_n_plus_attention"] - 1) < 0.02
     a = spec.arch_kwargs
@@ -71,7 +72,7 @@ def test_sequence_length_is_a_parameter() -> None:
     spec = spec_for("gpt2_tiny", 16)
     assert spec.input_shape == (16,)
     assert spec.param_count == get_spec("gpt2_tiny").param_count - 16 * 64
-    counted = flops.count_flops_per_sample("gpt2_tiny", 16)
+    counted = counting.count_flops_per_sample("gpt2_tiny", 16)
     assert counted["flops_per_sample"] == 16 * hand_count_per_token(4096, 16, 64, 2, 256)
     with pytest.raises(ValueError, match="only decoder models do: gpt2_tiny"):
         spec_for("cnn_small", 16)
@@ -79,10 +80,10 @@ def test_sequence_length_is_a_parameter() -> None:
 
 def test_mfu_from_constructed_numbers() -> None:
     # 1e9 FLOPs per sample x 2,000 samples/s over 4 devices = 0.5 TFLOP/s per device
-    achieved = flops.achieved_tflops_per_device(1e9, 2000.0, 4)
+    achieved = mfu.achieved_tflops_per_device(1e9, 2000.0, 4)
     assert achieved == pytest.approx(0.5)
-    assert flops.mfu(achieved, 2.0) == pytest.approx(0.25)
-    assert flops.mfu(achieved, None) is None and flops.mfu(None, 2.0) is None
+    assert mfu.mfu(achieved, 2.0) == pytest.approx(0.25)
+    assert mfu.mfu(achieved, None) is None and mfu.mfu(None, 2.0) is None
     peaks = {
         "h100": {"source": "whitepaper, dense", "fp32": 66.9, "bf16": 989.4},
         "cpu": None,
@@ -100,7 +101,7 @@ def test_mfu_from_constructed_numbers() -> None:
              "peak_precision": "bf16", "achieved_tflops_per_device": None},
         ]
     )  # fmt: skip
-    out = flops.add_mfu(cells, peaks)
+    out = mfu.add_mfu(cells, peaks)
     assert out["mfu"][0] == pytest.approx(100.0 / 989.4)
     assert out["peak_tflops"][0] == 989.4
     assert out["mfu_note"][0] == "peak_tflops.bf16 989.4: whitepaper, dense"
@@ -117,19 +118,19 @@ def test_cell_columns_tokens_flops_and_tf32() -> None:
     summary = {"throughput_samples_per_s": 100.0}
     rank0 = {"model_flops": {"available": True, "flops_per_sample": 70_778_880},
              "fast_paths": {"tf32_matmul": False, "tf32_cudnn": True}}  # fmt: skip
-    row = flops.cell_columns(cell, summary, rank0)
+    row = mfu.cell_columns(cell, summary, rank0)
     assert row["per_rank_batch_tokens"] == 128 and row["global_batch_tokens"] == 256
     assert row["throughput_tokens_per_s"] == 3200.0
     assert row["achieved_tflops_per_device"] == pytest.approx(70_778_880 * 100 / 2 / 1e12)
     assert row["peak_precision"] == "fp32"  # a decoder's matmuls ran fp32, not TF32
     vision = {**cell, "model": "cnn_small", "seq_len": None}
-    vis = flops.cell_columns(vision, summary, rank0)
+    vis = mfu.cell_columns(vision, summary, rank0)
     assert vis["peak_precision"] == "tf32"  # cuDNN convolutions on TF32 tensor cores
     assert vis["seq_len"] is None and vis["throughput_tokens_per_s"] is None
-    assert flops.cell_columns({**vision, "device": "cpu"}, summary, rank0)["peak_precision"] == (
+    assert mfu.cell_columns({**vision, "device": "cpu"}, summary, rank0)["peak_precision"] == (
         "fp32"
     )
-    tf = flops.cell_columns(cell, summary, {})  # a framework that counts no FLOPs
+    tf = mfu.cell_columns(cell, summary, {})  # a framework that counts no FLOPs
     assert tf["flops_per_sample"] is None and tf["achieved_tflops_per_device"] is None
 
 
@@ -142,11 +143,11 @@ def test_mfu_summary_known_and_unknown_peak() -> None:
             "achieved_tflops_per_device": [494.7, 395.8, 415.5],
         }
     )  # fmt: skip
-    text = flops.mfu_summary(cells)
+    text = mfu.mfu_summary(cells)
     assert text.startswith("MFU at the largest node count (2): 41 % of the dense peak")
     unknown = cells.assign(mfu=None)
-    assert "unknown peak" in flops.mfu_summary(unknown)
-    assert "achieved 406 TFLOP/s per device" in flops.mfu_summary(unknown)
+    assert "unknown peak" in mfu.mfu_summary(unknown)
+    assert "achieved 406 TFLOP/s per device" in mfu.mfu_summary(unknown)
 
 
 def _hardware() -> dict:
@@ -190,7 +191,7 @@ def test_peak_is_in_no_hash() -> None:
 
 
 def _study(**config):
-    from dlscale.matrix import load_workflow_study
+    from dlscale.study.matrix import load_workflow_study
 
     axes = {"framework": ["pytorch"], "model": ["gpt2_tiny", "cnn_small"], "hardware": ["cpu"],
             "nodes": [1], "policy": ["weak"], "precision": ["fp32"], "mode": ["eager"]}  # fmt: skip
@@ -219,7 +220,7 @@ def test_framework_without_a_decoder_builder_is_refused() -> None:
 def test_tiny_decoder_trains_through_the_launcher(tmp_path) -> None:
     """One real rank trains gpt2_tiny at seq_len 16 (1 warm-up + 2 timed steps); rank 0 records
     the FLOP count, and the cells table's columns follow from the metrics."""
-    from dlscale.metrics import read_metrics
+    from dlscale.store.metrics import read_metrics
 
     from cells import cell_dict, launch_cell
 
@@ -235,10 +236,10 @@ def test_tiny_decoder_trains_through_the_launcher(tmp_path) -> None:
         4096, 16, 64, 2, 256
     )
     summary = records[-1]["value"]
-    row = {**summary, **flops.cell_columns(records[0]["value"]["cell"], summary, start)}
+    row = {**summary, **mfu.cell_columns(records[0]["value"]["cell"], summary, start)}
     row.update(hardware="cpu", framework="pytorch", precision="fp32")
     assert row["seq_len"] == 16 and row["per_rank_batch_tokens"] == 64
     assert row["throughput_tokens_per_s"] == pytest.approx(16 * row["throughput_samples_per_s"])
     assert row["achieved_tflops_per_device"] > 0
-    cells = flops.add_mfu(pd.DataFrame([row]), {"cpu": None})
+    cells = mfu.add_mfu(pd.DataFrame([row]), {"cpu": None})
     assert pd.isna(cells["mfu"][0]) and cells["mfu_note"][0].startswith("unknown peak")

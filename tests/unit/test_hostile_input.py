@@ -10,12 +10,12 @@ import subprocess
 
 import pytest
 
-from dlscale.finalize import status_message
-from dlscale.matrix import launcher_problem
-from dlscale.metrics import current_umask
-from dlscale.provenance import NOT_A_CHECKOUT, git_commit, sources_hash
-from dlscale.report import tex_escape
-from dlscale.resources import class_resources, slurm_extra_args
+from dlscale.outputs.report import tex_escape
+from dlscale.run.provenance import NOT_A_CHECKOUT, git_commit, sources_hash
+from dlscale.store.metrics import current_umask
+from dlscale.study.matrix import launcher_problem
+from dlscale.study.resources import class_resources, slurm_extra_args
+from dlscale.workflow.finalize import status_message
 
 from cells import plugin_sbatch
 
@@ -72,7 +72,7 @@ def test_launcher_must_match_executor():
 
 
 def test_config_hash_includes_the_launcher(root, base_config):
-    from dlscale.matrix import load_study
+    from dlscale.study.matrix import load_study
 
     a = load_study(dict(base_config), root)
     b = load_study({**base_config, "launcher": "srun"}, root)
@@ -122,7 +122,7 @@ def test_provenance_ignores_an_enclosing_repository(tmp_path):
 
 @pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
 def test_metrics_files_honour_the_umask(tmp_path, mask):
-    from dlscale import metrics
+    from dlscale.store import metrics
 
     old = os.umask(mask)
     try:

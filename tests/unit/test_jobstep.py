@@ -1,4 +1,4 @@
-"""dlscale.jobstep: the command a cell's Slurm job runs instead of two Snakemake start-ups.
+"""dlscale.workflow.jobstep: the command a cell's Slurm job runs instead of two Snakemake start-ups.
 Submitted for real by the Slurm tests (tests/slurm: every cell job, arrays included)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from snakemake.settings.types import DeploymentMethod
 from snakemake_executor_plugin_slurm_jobstep import _decompress_array_task_call
 
-from dlscale import jobstep
+from dlscale.workflow import jobstep
 
 
 def payload(tmp_path, shell: str) -> dict:
@@ -37,7 +37,7 @@ def run_step(tmp_path, shell: str, *extra: str, env=None) -> subprocess.Complete
 
 
 def test_the_payload_round_trips_and_needs_no_quoting_inside_wrap():
-    shell = """python -m dlscale.launch --cell-json '{"a": "b $HOME `x`"}' > 'l o g' 2>&1"""
+    shell = """python -m dlscale.run.launch --cell-json '{"a": "b $HOME `x`"}' > 'l o g' 2>&1"""
     text = jobstep.encode({"shell": shell})
     assert re.fullmatch(r"[A-Za-z0-9_=-]+", text)
     assert jobstep.decode(text) == {"shell": shell}
@@ -102,7 +102,7 @@ def fake_job(rule: str, group: bool = False):
     return SimpleNamespace(
         rule=SimpleNamespace(name=rule, shadow_depth=None),
         is_group=lambda: group,
-        shellcmd="python -m dlscale.launch --cell-json '{}' --output o > l 2>&1",
+        shellcmd="python -m dlscale.run.launch --cell-json '{}' --output o > l 2>&1",
         benchmark=None,
         jobid=3,
         output=["o"],

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from dlscale import launch
-from dlscale.metrics import read_metrics
-from dlscale.train import PreflightError, preflight
+from dlscale.run import launch
+from dlscale.run.train import PreflightError, preflight
+from dlscale.store.metrics import read_metrics
 
 from cells import cell_dict
 

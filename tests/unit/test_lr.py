@@ -1,4 +1,5 @@
-"""Learning-rate scaling rules (dlscale.lr): none, linear with warm-up (Goyal et al. 2017), sqrt."""
+"""Learning-rate scaling rules (dlscale.study.lr): none, linear with warm-up (Goyal et al. 2017),
+sqrt."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from dlscale.lr import RULES, Schedule, scaled_lr
+from dlscale.study.lr import RULES, Schedule, scaled_lr
 
 
 @pytest.mark.parametrize(

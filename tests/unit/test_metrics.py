@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from dlscale import metrics
-from dlscale.cell import Cell
-from dlscale.metrics import MetricsError
+from dlscale.store import metrics
+from dlscale.store.metrics import MetricsError
+from dlscale.study.cell import Cell
 
 from cells import cell_dict
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.metrics import read_metrics
+from dlscale.store.metrics import read_metrics
 
 from cells import cell_dict, launch_cell
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import launch
-from dlscale.metrics import read_metrics
 from dlscale.models import builds, get_spec, names
+from dlscale.run import launch
+from dlscale.store.metrics import read_metrics
 
 from cells import cell_dict, launch_cell
 
@@ -218,7 +218,7 @@ import json, sys
 import numpy as np
 from dlscale.frameworks.base import TrainSpec
 from dlscale.frameworks.mxnet import Adapter
-from dlscale.launch import discover
+from dlscale.run.launch import discover
 out, model, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ctx = discover()
 a = Adapter(TrainSpec(framework="mxnet", model=model, per_rank_batch=4, warmup_steps=0,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dlscale import frameworks
-from dlscale.cell import (
+from dlscale.study.cell import (
     CELL_PATTERN,
     Cell,
     cell_label,
@@ -27,9 +27,9 @@ from dlscale.cell import (
     study_dir_of,
     train_rule,
 )
-from dlscale.config import ConfigError, config_hash
-from dlscale.matrix import load_study
-from dlscale.parallel import ParallelDims, degree_problems
+from dlscale.study.config import ConfigError, config_hash
+from dlscale.study.matrix import load_study
+from dlscale.study.parallel_dims import ParallelDims, degree_problems
 
 from cells import cell_dict, launch_cell
 
@@ -172,10 +172,10 @@ def test_an_excluded_combination_is_not_refused(root, base_config):
 def test_frameworks_declare_the_strategies_their_adapters_run():
     from dlscale.frameworks import pytorch
 
-    assert pytorch.Adapter.strategies == frameworks.STRATEGIES["pytorch"]
+    assert pytorch.Adapter.strategies == frameworks.get("pytorch").strategies
     folder = Path(pytorch.__file__).parent
     for name in ("tensorflow", "keras", "mxnet", "horovod"):
-        assert frameworks.STRATEGIES[name] == ("ddp",)
+        assert frameworks.get(name).strategies == ("ddp",)
         assert "strategies =" not in (folder / f"{name}.py").read_text()  # the base's ddp
 
 
@@ -319,8 +319,8 @@ def test_fsdp_holds_a_world_size_share_of_ddps_state(tmp_path):
 def test_cells_of_each_strategy_record_memory_per_rank(tmp_path):
     """Through the launcher, as a study runs them: an fsdp cell and a ddp cell of the same
     model; the metrics carry each rank's memory, cells.csv its largest per rank."""
-    from dlscale.collect import cell_rows
-    from dlscale.metrics import read_metrics
+    from dlscale.analysis.collect import cell_rows
+    from dlscale.store.metrics import read_metrics
 
     paths = {}
     for parallelism in ("ddp", "fsdp"):
@@ -343,9 +343,9 @@ def test_a_rank_out_of_memory_records_does_not_fit(tmp_path, monkeypatch):
     """A rank that runs out of memory (here: DLSCALE_FAULT's oom before its first timed step)
     records what it held; the cell's failure record and status row say "does not fit", not
     "failed"."""
-    from dlscale.cell import FAILURE_FILE
-    from dlscale.fit import DOES_NOT_FIT
-    from dlscale.status import cell_status
+    from dlscale.analysis.cell_status import cell_status
+    from dlscale.store.does_not_fit import DOES_NOT_FIT
+    from dlscale.study.cell import FAILURE_FILE
 
     monkeypatch.setenv("DLSCALE_FAULT", "cell:1:1:oom")
     cell = cell_dict(model="transformer_small", parallelism="fsdp")
@@ -379,7 +379,7 @@ def test_the_pytorch_adapter_knows_out_of_memory_errors():
 
 def test_a_pipeline_cell_runs_through_the_launcher(tmp_path):
     """pp across 2 nodes: each rank holds its stage's layers, GPipe over 2 micro-batches."""
-    from dlscale.metrics import read_metrics
+    from dlscale.store.metrics import read_metrics
 
     cell = cell_dict(model="transformer_small", parallelism="pp", pp_degree=2, microbatches=2)
     code, out = launch_cell(tmp_path, cell)
@@ -399,8 +399,8 @@ def test_tables_from_before_the_axis_read_as_ddp():
     reference's cell name keeps its old form for ddp and names another strategy."""
     import pandas as pd
 
-    from dlscale.check import cell_name
-    from dlscale.stats import with_axes
+    from dlscale.analysis.stats import with_axes
+    from dlscale.decisions.regression_check import cell_name
 
     old = pd.DataFrame({"hardware": ["cpu"], "nodes": [1]})
     assert list(with_axes(old)["parallelism"]) == ["ddp"]

@@ -1,5 +1,5 @@
 """The planner on constructed predictions whose optimum is known by hand, and checked against
-brute-force enumeration (dlscale.plan)."""
+brute-force enumeration (dlscale.decisions.planner)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlscale import plan as pl
+from dlscale.decisions import planner as pl
 
 HOUR = 3600.0
 
@@ -206,7 +206,7 @@ def test_command_line_plans_from_an_existing_results_folder(tmp_path, root, caps
 def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
     from test_scalemodel import cells
 
-    from dlscale.scalemodel import model_tables
+    from dlscale.analysis.scaling_model import model_tables
 
     fits, _ = model_tables(cells(nodes=(1, 2, 4), reps=2, noise=0.01))
     config = {"objective": pl.MIN_TIME, "budget_node_hours": 3.0, "max_extrapolation": 8}
@@ -229,7 +229,7 @@ def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
 def test_the_plan_table_says_which_intervals_carry_the_model_error():
     from test_scalemodel import cells
 
-    from dlscale.scalemodel import model_tables
+    from dlscale.analysis.scaling_model import model_tables
 
     parts = [pl.Partition("cpu", 64, 1.0, None)]
     job = [{"name": "j", "model": "cnn_small", "samples": 1e6}]

@@ -1,5 +1,5 @@
 """Figures stay readable at scale: a bounded number of files, panels and lines
-(dlscale.plotting)."""
+(dlscale.outputs.plotting)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections import Counter
 
 import pytest
 
-from dlscale.layout import (
+from dlscale.analysis.stats import GROUP
+from dlscale.outputs.figure_layout import (
     FAMILIES,
     FIGURE_NAME_PATTERN,
     MAX_PANELS,
@@ -19,8 +20,7 @@ from dlscale.layout import (
     figure_layout,
     variant,
 )
-from dlscale.plotting import plot_figure
-from dlscale.stats import GROUP
+from dlscale.outputs.plotting import plot_figure
 
 from synthetic_study import DEMO, LARGE, groups, study_tables
 

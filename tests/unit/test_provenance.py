@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from dlscale.provenance import gpu_activity, host_activity, host_facts
+from dlscale.run.provenance import gpu_activity, host_activity, host_facts
 
 
 def test_idle_probe_sees_a_busy_process():

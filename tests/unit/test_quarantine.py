@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.collect import collect
-from dlscale.provenance import REDACTED, environment
+from dlscale.analysis.collect import collect
+from dlscale.run.provenance import REDACTED, environment
 
 from test_metrics import CELL, assembled
 
@@ -125,7 +125,7 @@ def test_environment_redacts_secret_names():
 
 
 def test_missing_latex_gives_a_clear_message(tmp_path, monkeypatch):
-    from dlscale.report import LatexMissing, compile_pdf
+    from dlscale.outputs.report import LatexMissing, compile_pdf
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no latexmk, no pdflatex
     tex = tmp_path / "report.tex"

@@ -1,4 +1,5 @@
-"""The report's cell table is a bounded summary; the full cells.csv is attached (dlscale.report)."""
+"""The report's cell table is a bounded summary; the full cells.csv is attached
+(dlscale.outputs.report)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dlscale.layout import figure_layout
-from dlscale.report import (
+from dlscale.outputs.figure_layout import figure_layout
+from dlscale.outputs.report import (
     MAX_SUMMARY_ROWS,
     SUMMARY_LEVELS,
     cell_summary,
@@ -112,7 +113,7 @@ def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
 
 
 def test_failed_and_missing_table_is_bounded_and_lists_failed_cells_first(tmp_path):
-    from dlscale.report import MAX_LISTED_CELLS, write_status_table
+    from dlscale.outputs.report import MAX_LISTED_CELLS, write_status_table
 
     rows = []
     for rep in range(1, 201):
@@ -174,8 +175,8 @@ def test_summary_and_failed_missing_section_count_the_same_cells(tmp_path, faile
     """The Summary's "N of M planned cells measured" and the failed/missing section count the
     same cells: every planned cell, throughput and convergence named separately (the demo's
     Summary said 16 of 20 while its section said all 20 were measured)."""
-    from dlscale.config import apply_defaults, load_schema
-    from dlscale.report import build_macros, write_status_table
+    from dlscale.outputs.report import build_macros, write_status_table
+    from dlscale.study.config import apply_defaults, load_schema
 
     root = Path(__file__).resolve().parents[2]
     config = apply_defaults(load_schema(root / "config/schemas/config.schema.json"), {})
@@ -196,11 +197,11 @@ def test_summary_and_failed_missing_section_count_the_same_cells(tmp_path, faile
 
 
 def test_the_axis_list_is_written_once():
-    """The axes live in dlscale.cell (AXES; stats.GROUP without nodes): no other module types
+    """The axes live in dlscale.study.cell (AXES; stats.GROUP without nodes): no other module types
     the list again (tta_report._KEYS did)."""
     import ast
 
-    from dlscale.stats import GROUP
+    from dlscale.analysis.stats import GROUP
 
     package = Path(__file__).resolve().parents[2] / "scripts" / "dlscale"
     copies = []
@@ -212,4 +213,4 @@ def test_the_axis_list_is_written_once():
                 names = {e.value for e in node.elts if isinstance(e, ast.Constant)}
                 if set(GROUP) <= names:
                     copies.append(f"{path.relative_to(package)}:{node.lineno}")
-    assert not copies, f"the axis list typed again (use dlscale.cell.AXES): {copies}"
+    assert not copies, f"the axis list typed again (use dlscale.study.cell.AXES): {copies}"

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlscale import launch, status
-from dlscale.cell import SLURM_JOB_FILE, TRAIN_RULE, Cell
-from dlscale.matrix import build_matrix
-from dlscale.resources import class_resources
+from dlscale.analysis import cell_status as status
+from dlscale.run import launch
+from dlscale.study.cell import SLURM_JOB_FILE, TRAIN_RULE, Cell
+from dlscale.study.matrix import build_matrix
+from dlscale.study.resources import class_resources
 
 from cells import cell_dict, plugin_sbatch
 
@@ -23,7 +24,7 @@ HARDWARE = yaml.safe_load((ROOT / "config" / "hardware.yaml").read_text())
 
 
 def _study(**axes):
-    from dlscale.config import load_schema, validate_config, validate_hardware
+    from dlscale.study.config import load_schema, validate_config, validate_hardware
 
     schemas = ROOT / "config" / "schemas"
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -46,7 +47,7 @@ def test_every_cell_of_a_class_needs_exactly_the_class_resources():
             assert res["cpus_per_task"] == cell.cpus_per_rank
             assert threads == cell.world_size * cell.cpus_per_rank
             assert f"--ntasks-per-node={cell.ranks_per_node}" in res["slurm_extra"]
-        assert "mpi" not in res  # see dlscale.resources: it breaks job arrays
+        assert "mpi" not in res  # see dlscale.study.resources: it breaks job arrays
 
 
 def test_gpu_class_resources_and_retry_runtime():
@@ -121,7 +122,7 @@ CELL = Cell.from_dict(cell_dict(nodes=2, ranks_per_node=1, cpus_per_rank=1))
 
 
 def _run_srun(tmp_path) -> dict:
-    procs = launch.start_srun(CELL, ["python", "-m", "dlscale.train"], tmp_path)
+    procs = launch.start_srun(CELL, ["python", "-m", "dlscale.run.train"], tmp_path)
     assert procs[0][1].wait() == 0
     return json.loads((tmp_path / "srun.json").read_text())
 
@@ -199,7 +200,7 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
 
 
 def test_the_allocation_is_read_from_scontrol_show_job():
-    from dlscale.sysprobe import parse_allocation
+    from dlscale.run.node_probes import parse_allocation
 
     text = (
         "JobId=192 JobName=wrap Partition=cpu NumNodes=2 NumCPUs=2 NumTasks=2 "
@@ -224,7 +225,7 @@ def test_the_allocation_is_read_from_scontrol_show_job():
 
 
 def test_a_cpu_entry_with_gpus_needs_gpus_allocated_only():
-    from dlscale.config import ConfigError, load_schema, validate_hardware
+    from dlscale.study.config import ConfigError, load_schema, validate_hardware
 
     schema = load_schema(ROOT / "config" / "schemas" / "hardware.schema.json")
     entry = dict(device="cpu", gpus_per_node=2, gpu_type="fake")

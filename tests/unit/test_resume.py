@@ -1,4 +1,4 @@
-"""dlscale.resume and `dlscale status` without a cluster: stale locks, driver liveness, the
+"""dlscale.workflow.resume and `dlscale status` without a cluster: stale locks, driver liveness, the
 journal, the plugin's comment, and which measurement an adopted job may hand over. The adoption
 itself runs against the real Slurm plugin and cluster in tests/slurm/test_lost_driver.py."""
 
@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dlscale import progress, resume
-from dlscale.cell import PATH_KEY, Cell
+from dlscale.study.cell import PATH_KEY, Cell
+from dlscale.workflow import resume
+from dlscale.workflow import status_command as progress
 
 from cells import cell_dict, launch_cell
 
@@ -155,7 +156,7 @@ def test_status_counts_cells_from_the_record_and_the_journal(workdir, capsys):
 
 
 def test_a_driver_stopped_by_sigterm_does_not_blame_the_report_steps():
-    from dlscale.finalize import status_message
+    from dlscale.workflow.finalize import status_message
 
     out = {"pdf": "r/partial/report.pdf", "status": "r/partial/status.csv"}
     msg = status_message(

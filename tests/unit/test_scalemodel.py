@@ -1,4 +1,4 @@
-"""The scaling model on cells generated from known parameters (dlscale.scalemodel)."""
+"""The scaling model on cells generated from known parameters (dlscale.analysis.scaling_model)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlscale import scalemodel as sm
-from dlscale.stats import CI, NONE, RANGE, bootstrap_interval
+from dlscale.analysis import scaling_model as sm
+from dlscale.analysis.stats import CI, NONE, RANGE, bootstrap_interval
 
 ALPHA, BETA, C0, C1 = 2e-3, 1 / 5e8, 0.05, 0.002  # s, s/byte, s, s/sample
 MODEL = "cnn_small"

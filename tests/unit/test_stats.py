@@ -6,8 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlscale.metrics import bus_bandwidth
-from dlscale.stats import (
+from dlscale.analysis.stats import (
     CI,
     EXACT,
     NONE,
@@ -20,6 +19,7 @@ from dlscale.stats import (
     scaling_summary,
     stragglers,
 )
+from dlscale.store.metrics import bus_bandwidth
 
 
 def cells(rows):

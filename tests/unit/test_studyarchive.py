@@ -1,4 +1,5 @@
-"""The study archive (dlscale.studyarchive): what it holds, round trip, a changed file found."""
+"""The study archive (dlscale.store.study_archive): what it holds, round trip, a changed file
+found."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from dlscale import studyarchive
+from dlscale.store import study_archive as studyarchive
 
 CELL = "results/s1/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1"
 
@@ -123,7 +124,7 @@ def test_a_changed_missing_or_added_file_is_found(tmp_path):
 
 def test_cli_create_and_verify(tmp_path):
     study = workflow_tree(tmp_path)
-    run = [sys.executable, "-m", "dlscale.studyarchive"]
+    run = [sys.executable, "-m", "dlscale.store.study_archive"]
     made = subprocess.run(
         [*run, "create", str(study), "--root", str(tmp_path)], capture_output=True, text=True
     )

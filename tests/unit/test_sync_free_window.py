@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlscale.cell import Cell
 from dlscale.frameworks.base import SYNC_AUDIT_ENV, RankContext, SyncAudit, TrainSpec, run_timed
 from dlscale.frameworks.pytorch import DDP_ALWAYS_SAMPLED
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
-from dlscale.method import FIRST_STEP_TIMEOUT_S, REWARM_STEPS
-from dlscale.metrics import read_metrics
+from dlscale.store.metrics import read_metrics
+from dlscale.study.cell import Cell
+from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, REWARM_STEPS
 
 from cells import cell_dict, launch_cell
 

@@ -13,12 +13,12 @@ import types
 import pandas as pd
 import pytest
 
-from dlscale.collect import cell_rows, cell_telemetry, straggler_detail
-from dlscale.devices import gpu_identity
-from dlscale.layout import FAMILIES, figure_layout
-from dlscale.plotting import plot_figure
-from dlscale.report import straggler_note, telemetry_note
-from dlscale.telemetry import GPU_QUANTITIES, TELEMETRY_INTERVAL_S, Telemetry, summarize
+from dlscale.analysis.collect import cell_rows, cell_telemetry, straggler_detail
+from dlscale.outputs.figure_layout import FAMILIES, figure_layout
+from dlscale.outputs.plotting import plot_figure
+from dlscale.outputs.report import straggler_note, telemetry_note
+from dlscale.run.devices import gpu_identity
+from dlscale.run.telemetry import GPU_QUANTITIES, TELEMETRY_INTERVAL_S, Telemetry, summarize
 
 from cells import cell_dict, launch_cell
 

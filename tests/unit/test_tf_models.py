@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlscale.metrics import read_metrics
 from dlscale.models import builds, get_spec, names
+from dlscale.store.metrics import read_metrics
 
 from cells import cell_dict, launch_cell
 
@@ -272,7 +272,7 @@ RANK = """
     import numpy as np
     from dlscale.frameworks import get_adapter
     from dlscale.frameworks.base import TrainSpec
-    from dlscale.launch import discover
+    from dlscale.run.launch import discover
     framework, out = sys.argv[1], sys.argv[2]
     ctx = discover()
     spec = TrainSpec(framework=framework, model="cnn_small", per_rank_batch=4, warmup_steps=0,
@@ -382,7 +382,14 @@ def test_a_dead_peer_fails_the_surviving_rank(tmp_path, tf_python, framework):
     spec_file.write_text(
         json.dumps(cell_dict(framework=framework, nodes=2, warmup_steps=2, steps=3))
     )
-    argv = ["-m", "dlscale.train", "--cell", str(spec_file), "--rank-dir", str(tmp_path / "ranks")]
+    argv = [
+        "-m",
+        "dlscale.run.train",
+        "--cell",
+        str(spec_file),
+        "--rank-dir",
+        str(tmp_path / "ranks"),
+    ]
     procs = start_ranks(
         tf_python,
         lambda r: argv,

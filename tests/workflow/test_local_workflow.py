@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.layout import CONVERGENCE_FAMILIES, FAMILIES
+from dlscale.outputs.figure_layout import CONVERGENCE_FAMILIES, FAMILIES
 
 from conftest import copy_workflow, snakemake, tiny_study
 
@@ -245,7 +245,7 @@ def test_systems_table_and_the_study_archive(finished_study, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     archive = work / "results/tiny/archive/tiny.tar.gz"
     checksum = (work / "results/tiny/archive/tiny.tar.gz.sha256").read_text().split()[0]
-    verify = [sys.executable, "-m", "dlscale.studyarchive", "verify"]
+    verify = [sys.executable, "-m", "dlscale.store.study_archive", "verify"]
     ok = subprocess.run([*verify, str(archive)], capture_output=True, text=True, cwd=work)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     with tarfile.open(archive) as tar:
@@ -317,7 +317,7 @@ def test_missing_framework_environment_is_an_early_error(tmp_path, tiny_config):
     proc = snakemake(work, "--profile", "profiles/local", "-n")
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    # dlscale.capability, at parse time: the cells, the missing folder and the command
+    # dlscale.workflow.capability, at parse time: the cells, the missing folder and the command
     assert "2 cell(s) (results/tiny/runs/cpu/mxnet/cnn_small/" in out, out[-2000:]
     assert "of mxnet run in .venvs/mxnet, which does not exist" in out
     assert "build it with: bash scripts/setup.sh mxnet" in out
@@ -533,8 +533,8 @@ def test_check_passes_on_the_study_and_fails_on_a_doctored_copy(finished_study, 
     import pandas as pd
     import yaml
 
-    from dlscale.check import main as check
-    from dlscale.collect import write_tables
+    from dlscale.analysis.collect import write_tables
+    from dlscale.decisions.regression_check import main as check
 
     work = finished_study
     study = work / "results/tiny"
@@ -596,7 +596,7 @@ def test_compare_itself_within_noise_and_a_slower_framework_flagged(
     A only: exactly the slower framework's cells are flagged; the lone cell is listed."""
     import pandas as pd
 
-    from dlscale.compare import main as compare
+    from dlscale.decisions.compare import main as compare
 
     work = finished_study
     proc = snakemake(work, "--profile", "profiles/local", "results/tiny/compare/tiny/summary.md")

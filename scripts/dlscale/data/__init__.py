@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscale.config import ConfigError
+from dlscale.study.errors import ConfigError
 
 __all__ = [
     "FORMATS",

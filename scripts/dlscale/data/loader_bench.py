@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 # the loader / train ratio below which a cell is input-bound (the target: 3)
-from dlscale.method import INPUT_BOUND_MARGIN
+from dlscale.study.protocol import INPUT_BOUND_MARGIN
 
 __all__ = ["measure_loader", "input_bound", "INPUT_BOUND_MARGIN"]
 

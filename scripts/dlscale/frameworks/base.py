@@ -3,7 +3,7 @@
 Timing method (the same for every framework, recorded in each metrics file):
   - `warmup_steps` untimed steps, then a device synchronisation and a barrier over all ranks;
   - an idle probe: for IDLE_PROBE_SECONDS every rank waits and samples what else keeps its host
-    busy (dlscale.provenance.host_activity); more than COMPETING_BUSY_CPUS busy CPUs flags the
+    busy (dlscale.run.provenance.host_activity); more than COMPETING_BUSY_CPUS busy CPUs flags the
     cell as measured under competition; then a second barrier;
   - REWARM_STEPS untimed re-warm steps (more where Adapter.steps_before_window asks), so the
     window does not start on a device that idled through the probe;
@@ -14,8 +14,8 @@ Timing method (the same for every framework, recorded in each metrics file):
   - the first warm-up step runs under its own deadline (spec.first_step_timeout_s, at least
     COLLECTIVE_TIMEOUT_S): compilation on ranks that compile at different speeds;
   - a rank's throughput = per_rank_batch * steps / sum(step times); the cell's throughput is the
-    sum over ranks (dlscale.metrics.summarize), never rank 0 x world size.
-The method's constants (TIMER, IDLE_PROBE_SECONDS, ...) are defined in dlscale.method.
+    sum over ranks (dlscale.store.metrics.summarize), never rank 0 x world size.
+The method's constants (TIMER, IDLE_PROBE_SECONDS, ...) are defined in dlscale.study.protocol.
 
 The adapter kit: what every framework needs besides its own step lives here, so that a framework
 module holds only what differs:
@@ -41,9 +41,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..devices import gpu_identity, pick_gpu
-from ..energy import EnergyMeter
-from ..method import (
+from dlscale.run.devices import gpu_identity, pick_gpu
+from dlscale.run.energy import EnergyMeter
+from dlscale.run.launch import RankContext  # noqa: F401 (the adapters' type)
+from dlscale.run.provenance import gpu_activity, host_activity
+from dlscale.run.telemetry import Telemetry
+from dlscale.study.protocol import (
     ALLREDUCE_BYTES,
     ALLREDUCE_REPEATS,
     BREAKDOWN_STEPS,
@@ -53,11 +56,9 @@ from ..method import (
     REWARM_STEPS,
     TIMER,
 )
-from ..provenance import gpu_activity, host_activity
-from ..telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from ..cell import Cell
+    from dlscale.study.cell import Cell
 
 # Bounded collectives, the same bound in every framework: read once, here. A collective (or a
 # blocking call that waits for the peers) that has not finished after this many seconds fails
@@ -71,7 +72,7 @@ DEVICE_NAMES = {"cpu": "CPU", "cuda": "GPU"}
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """What one rank trains: the rank-side subset of a cell (dlscale.cell.Cell). Frozen and
+    """What one rank trains: the rank-side subset of a cell (dlscale.study.cell.Cell). Frozen and
     explicit: an unknown argument is a TypeError, and the optimizer's settings have no default
     here (they come from the config's `optimizer` section, through the cell)."""
 
@@ -87,10 +88,10 @@ class TrainSpec:
     momentum: float
     mode: str = "eager"  # or "compiled" (the cell's mode axis)
     seed: int = 0
-    workload: str = "throughput"  # or "convergence" (dlscale.cell.WORKLOADS)
-    # the first warm-up step's deadline (config first_step_timeout_s; dlscale.method)
+    workload: str = "throughput"  # or "convergence" (dlscale.study.cell.WORKLOADS)
+    # the first warm-up step's deadline (config first_step_timeout_s; dlscale.study.protocol)
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
-    # how the ranks share the model (dlscale.parallel) and the tensor-parallel degree
+    # how the ranks share the model (dlscale.study.parallel_dims) and the tensor-parallel degree
     parallelism: str = "ddp"
     tp_degree: int = 1
     pp_degree: int = 1  # pipeline stages (pp) and micro-batches per step
@@ -122,28 +123,6 @@ class TrainSpec:
             microbatches=cell.microbatches,
             seq_len=cell.seq_len,
         )
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """Who this rank is, discovered from the launcher's environment (dlscale.launch.discover)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_index: int
-    node: str
-    master_addr: str
-    master_port: int
-    launcher: str
-    hosts: tuple[str, ...] = ()  # address of each node, in node order (rank r is on node r // R)
-
-    def rank_address(self, rank: int, base_port: int) -> str:
-        """host:port of a rank for frameworks that need every peer's address (TF_CONFIG):
-        ranks are placed node-major, so rank r sits on node r // ranks_per_node; the port is
-        base_port + rank, unique even when simulated nodes share one host."""
-        return f"{self.hosts[rank // self.local_world_size]}:{base_port + rank}"
 
 
 def peak_rss_mb() -> float:
@@ -180,7 +159,7 @@ class Adapter:
     name: str = ""
     title: str = ""  # the framework as refusals name it ("TensorFlow")
     sync_method: str = "none"
-    # The physical GPU this rank uses (dlscale.devices.gpu_identity; None on a CPU): recorded
+    # The physical GPU this rank uses (dlscale.run.devices.gpu_identity; None on a CPU): recorded
     # in rank_start, read by the energy meter, checked across ranks (two ranks on one board
     # are flagged in the cell's summary).
     gpu: dict | None = None
@@ -202,12 +181,13 @@ class Adapter:
     compile_method: str = ""
     # How the convergence workload trains on real data to a target accuracy ("": not supported,
     # and a convergence cell is refused when the adapter is made; the workflow refuses it before
-    # any job from dlscale.frameworks.WORKLOADS, which states the same). Where it is declared,
-    # the adapter implements the convergence contract below (data_loaders ... allreduce_sum).
+    # any job from the framework's registry record, dlscale.frameworks.FRAMEWORKS, which states
+    # the same). Where it is declared, the adapter implements the convergence contract below
+    # (data_loaders ... allreduce_sum).
     convergence_method: str = ""
-    # How the ranks may share the model (dlscale.cell.PARALLELISMS): data parallel only unless
+    # How the ranks may share the model (dlscale.study.cell.PARALLELISMS): data parallel only unless
     # an adapter declares more; the workflow refuses the others before any job from
-    # dlscale.frameworks.STRATEGIES, which states the same.
+    # dlscale.frameworks.FRAMEWORKS (strategies), which states the same.
     strategies: tuple[str, ...] = ("ddp",)
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
@@ -222,7 +202,7 @@ class Adapter:
     # ------------------------------------------------------------------ shared by every framework
     def choose_gpu(self, device_count: int, identify=None) -> int:
         """This rank's device ordinal among the `device_count` GPUs its framework sees
-        (dlscale.devices.pick_gpu: the local rank when all of the node's GPUs are visible,
+        (dlscale.run.devices.pick_gpu: the local rank when all of the node's GPUs are visible,
         device 0 when exactly one is, an error naming the binding otherwise); records the
         physical board in `self.gpu`. `identify(ordinal)` returns what the framework knows of
         the board ({"uuid", "pci_bus_id", "name"}, any of them)."""
@@ -314,7 +294,8 @@ class Adapter:
             )
 
     def out_of_memory(self, error: BaseException) -> bool:
-        """Whether an error means this rank ran out of memory (dlscale.fit: the cell does not
+        """Whether an error means this rank ran out of memory (dlscale.store.does_not_fit: the cell
+        does not
         fit at this size, a result rather than a failure)."""
         return isinstance(error, MemoryError)
 
@@ -404,7 +385,7 @@ class Adapter:
         raise NotImplementedError
 
     def build_info(self) -> dict:
-        """The framework's own build description, recorded once per node (dlscale.sysprobe):
+        """The framework's own build description, recorded once per node (dlscale.run.node_probes):
         `cuda_runtime`, `cudnn`, `nccl` (None where the build has none) and the framework's
         description (torch.__config__.show(), TF build info, MXNet runtime features) under
         `build`. Called after setup(), outside the timed window."""
@@ -456,7 +437,8 @@ class Adapter:
         last sampled iteration)."""
         return {}
 
-    # The convergence contract (where convergence_method is declared; dlscale.converge runs it).
+    # The convergence contract (where convergence_method is declared; dlscale.run.convergence_loop
+    # runs it).
     def data_loaders(self, info, *, workers: int, seed: int):
         """(train batches, train sampler, validation batches) of this rank's shard of the
         dataset (`info`: dlscale.data.DatasetInfo); the sampler's set_epoch(e) reshuffles."""
@@ -629,7 +611,7 @@ class SyncAudit:
     """Counts a rank's host synchronisations inside and outside the timed window: calls of the
     adapter's own hooks (ADAPTER_SYNC_HOOKS) and of the framework's calls that wait for the
     device (Adapter.host_sync_points), each wrapped in place while the audit is installed. For
-    tests (DLSCALE_SYNC_AUDIT=1 makes dlscale.train install one): the wrappers cost a Python
+    tests (DLSCALE_SYNC_AUDIT=1 makes dlscale.run.train install one): the wrappers cost a Python
     call each, so no measurement runs with them."""
 
     def __init__(self, adapter: Adapter):
@@ -696,7 +678,8 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     breakdown's compute-only steps. `before_step(i)`, if given, runs before every warm-up and
     timed step (fault injection); `audit` counts host synchronisations in the window (tests).
     Returns {"step_seconds", "window_seconds", "first_step_seconds", "warmup_seconds", "timer",
-    "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "telemetry" (dlscale.telemetry),
+    "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "telemetry"
+    (dlscale.run.telemetry),
     "breakdown", "allreduce", "phases" (seconds of each part)} and "sync_audit" where audited."""
     spec = adapter.spec
     first_step_s = max(COLLECTIVE_TIMEOUT_S, spec.first_step_timeout_s)

@@ -34,9 +34,9 @@ import time
 
 import torch
 
-from .base import COLLECTIVE_TIMEOUT_S, Watchdog
-from .base import Adapter as BaseAdapter
-from .pytorch import TorchModel, torch_gpu_identity
+from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S, Watchdog
+from dlscale.frameworks.base import Adapter as BaseAdapter
+from dlscale.frameworks.pytorch import TorchModel, torch_gpu_identity
 
 
 def _iface_for(addr: str) -> str:
@@ -151,7 +151,7 @@ class Adapter(TorchModel, BaseAdapter):
     convergence_method = (
         "epochs over a torch DataLoader of the rank's shard of the training split "
         "(dlscale.data.torch_data), Horovod's DistributedOptimizer with the learning rate of "
-        "each step set from dlscale.lr, validation on the model in eval mode with rank 0's "
+        "each step set from dlscale.study.lr, validation on the model in eval mode with rank 0's "
         "normalisation statistics (hvd.broadcast), counts summed by hvd.allreduce"
     )
     breakdown_method = (

@@ -37,7 +37,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import tensorflow as tf  # noqa: E402
 
-from . import tensorflow as tfa  # noqa: E402
+from dlscale.frameworks import tensorflow as tfa  # noqa: E402
 
 _SGD_BASE = tf.keras.optimizers.SGD if tfa.uses_legacy_keras() else object
 
@@ -122,9 +122,9 @@ class Adapter(tfa.Adapter):
         "as the tensorflow adapter), a custom loop calling Model.train_step -- fit's own step: "
         "compiled loss scaled by 1/replicas, optimizer.minimize with the gradient all-reduce, "
         "the loss metric -- under strategy.run in one tf.function per batch, the learning rate "
-        "of each step set from dlscale.lr; not Model.fit, whose data handler, callbacks and "
+        "of each step set from dlscale.study.lr; not Model.fit, whose data handler, callbacks and "
         "validation would sit inside its epochs (the clock of time-to-accuracy holds training "
-        "only) and whose schedules change the rate per epoch, not per step as dlscale.lr does"
+        "only) and whose schedules change the rate per epoch, not per step as dlscale.study.lr does"
     )
 
     def _setup_convergence(self) -> None:

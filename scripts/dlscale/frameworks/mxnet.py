@@ -59,10 +59,10 @@ import subprocess
 import sys
 import time
 
-from ..models import get_spec
-from ..provenance import cpu_model
-from .base import Adapter as BaseAdapter
-from .base import Watchdog
+from dlscale.frameworks.base import Adapter as BaseAdapter
+from dlscale.frameworks.base import Watchdog
+from dlscale.models import get_spec
+from dlscale.run.provenance import cpu_model
 
 SHUTDOWN_WAIT_S = 60.0
 # A blocking call's deadline: the collective timeout + 4 x the longest step so far.
@@ -257,7 +257,7 @@ class Adapter(BaseAdapter):
 
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
-        from ..models.mxnet import build, example_batch, param_count
+        from dlscale.models.mxnet import build, example_batch, param_count
 
         self.seed()  # same initial weights on every rank
         self.net = build(spec.model, ctx=self.device)
@@ -279,7 +279,7 @@ class Adapter(BaseAdapter):
             self._sgd(),
             kvstore=self.kv,
             # dynamic loss scaling changes the gradient scale every step, and a convergence
-            # cell's learning rate every step (dlscale.lr): update on the workers
+            # cell's learning rate every step (dlscale.study.lr): update on the workers
             update_on_kvstore=False if self.loss_scaling or self.converging else None,
         )
         if self.loss_scaling:
@@ -352,13 +352,13 @@ class Adapter(BaseAdapter):
         "(dlscale.data.mxnet_data: torch DistributedSampler's order, reshuffled from seed + "
         "epoch), Gluon Trainer on the dist_sync kvstore with the update on the workers "
         "(update_on_kvstore=False: the gradients' sum is pulled, every worker runs the same SGD "
-        "step) so that the learning rate of each step can be set from dlscale.lr; validation "
+        "step) so that the learning rate of each step can be set from dlscale.study.lr; validation "
         "with rank 0's normalisation statistics, counts summed through the kvstore"
     )
     GATHER_KEY, STATS_KEY = 3_000_000, 4_000_000  # far above the parameters' and probes' keys
 
     def data_loaders(self, info, *, workers: int, seed: int):
-        from ..data.mxnet_data import make_loader
+        from dlscale.data.mxnet_data import make_loader
 
         rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
         train, sampler = make_loader(info, "train", rank, world, batch, workers=workers, seed=seed)

@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..models import spec_for
-from ..models.torch import build, example_batch
-from ..provenance import cpu_model
-from .base import COLLECTIVE_TIMEOUT_S, HostTimer, StepTimer
-from .base import Adapter as BaseAdapter
+from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S, HostTimer, StepTimer
+from dlscale.frameworks.base import Adapter as BaseAdapter
+from dlscale.models import spec_for
+from dlscale.models.torch import build, example_batch
+from dlscale.run.provenance import cpu_model
 
 # DDP's Reducer::should_collect_runtime_stats: iterations 1..10 are always sampled, then every
 # sample_rate-th; each sampled forward synchronises on the previous iteration's CUDA events.
@@ -171,16 +171,16 @@ class TorchModel:
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
         return model
 
-    # ---- the convergence contract (base.Adapter; run by dlscale.converge)
+    # ---- the convergence contract (base.Adapter; run by dlscale.run.convergence_loop)
     convergence_method = (
         "epochs over a torch DataLoader of the rank's shard of the training split "
         "(dlscale.data.torch_data), SGD with the learning rate of each step set from "
-        "dlscale.lr, validation on the unwrapped model in eval mode with rank 0's "
+        "dlscale.study.lr, validation on the unwrapped model in eval mode with rank 0's "
         "normalisation statistics, counts summed by all_reduce"
     )
 
     def data_loaders(self, info, *, workers: int, seed: int):
-        from ..data.torch_data import make_loader
+        from dlscale.data.torch_data import make_loader
 
         rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
         pin = self.device.type == "cuda"
@@ -301,10 +301,11 @@ class TorchModel:
         return None
 
     def model_flops(self) -> dict:
-        """FLOPs per sample of this cell's model (dlscale.flops.count_flops_per_sample: counted
+        """FLOPs per sample of this cell's model (dlscale.models.flops.count_flops_per_sample:
+        counted
         once per model and sequence length on the meta device, before the first step), or
         why not: a failed count is a missing number, never a failed cell."""
-        from ..flops import count_flops_per_sample
+        from dlscale.models.flops import count_flops_per_sample
 
         try:
             return {"available": True, **count_flops_per_sample(self.spec.model, self.spec.seq_len)}
@@ -376,7 +377,7 @@ class Adapter(TorchModel, BaseAdapter):
         "warm-up step, restored after it"
     )
     ddp_steps = 0  # DDP steps with gradient sync so far (the Reducer's num_iterations_)
-    # every parallelism (dlscale.parallel): ddp by DistributedDataParallel, the others by
+    # every parallelism (dlscale.study.parallel_dims): ddp by DistributedDataParallel, the others by
     # PyTorch's device mesh, fully_shard and tensor parallel (dlscale.frameworks.torch_parallel)
     strategies = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp")
     parallel_facts: dict | None = None  # what parallelize did (another strategy than ddp)
@@ -444,7 +445,7 @@ class Adapter(TorchModel, BaseAdapter):
         self.optimizer = self.sgd(model.parameters(), fused=self.fused_optimizer)
         replicated = spec.parallelism in ("tp", "pp")  # replicas average their gradients
         if self.sharded_or_split and replicated and self.dims.dp_replicate > 1:
-            from .torch_parallel import gradient_averager
+            from dlscale.frameworks.torch_parallel import gradient_averager
 
             group = self.mesh["dp_replicate"].get_group()
             self.optimizer.register_step_pre_hook(
@@ -456,8 +457,13 @@ class Adapter(TorchModel, BaseAdapter):
         from rank 0's weights, one device mesh from the cell's ParallelDims, a tensor-parallel
         group trains on its ranks' batches together (the same global batch as ddp), then
         tensor parallel and fully_shard as the strategy asks."""
-        from ..parallel import ParallelDims
-        from .torch_parallel import broadcast_from_rank0, build_mesh, group_batch, parallelize
+        from dlscale.frameworks.torch_parallel import (
+            broadcast_from_rank0,
+            build_mesh,
+            group_batch,
+            parallelize,
+        )
+        from dlscale.study.parallel_dims import ParallelDims
 
         spec, ctx = self.spec, self.ctx
         self.dims = ParallelDims.of(
@@ -488,7 +494,7 @@ class Adapter(TorchModel, BaseAdapter):
         ranks training on their batches together, GPipe over the cell's micro-batches."""
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-        from .torch_parallel import group_batch, pipeline_stage
+        from dlscale.frameworks.torch_parallel import group_batch, pipeline_stage
 
         pp, mesh = self.dims.pp, self.mesh["pp"]
         group, stage = mesh.get_group(), mesh.get_local_rank()
@@ -538,7 +544,7 @@ class Adapter(TorchModel, BaseAdapter):
     def memory_per_rank(self) -> dict:
         """Peak RSS (base), peak allocated and reserved device memory on CUDA, and the bytes of
         parameters, gradients and optimizer state this rank holds (a DTensor's local shard)."""
-        from .torch_parallel import state_bytes
+        from dlscale.frameworks.torch_parallel import state_bytes
 
         out = super().memory_per_rank()
         cuda = self.device.type == "cuda"

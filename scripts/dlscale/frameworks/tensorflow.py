@@ -46,10 +46,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import numpy  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from ..models import get_spec  # noqa: E402
-from ..provenance import cpu_model  # noqa: E402
-from .base import COLLECTIVE_TIMEOUT_S  # noqa: E402
-from .base import Adapter as BaseAdapter
+from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S  # noqa: E402
+from dlscale.frameworks.base import Adapter as BaseAdapter
+from dlscale.models import get_spec  # noqa: E402
+from dlscale.run.provenance import cpu_model  # noqa: E402
 
 AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}  # policy -> compute dtype
 TEARDOWN_GRACE_S = 1.0
@@ -84,7 +84,7 @@ def keras_versions() -> dict:
 
 def configure_runtime(adapter) -> None:
     """Threads and visible devices; must run before the TensorFlow runtime starts. A cuda rank
-    keeps one GPU, chosen by dlscale.devices.pick_gpu over the GPUs TensorFlow sees
+    keeps one GPU, chosen by dlscale.run.devices.pick_gpu over the GPUs TensorFlow sees
     (adapter.choose_gpu, which records the board: TensorFlow reports its name only)."""
     spec = adapter.spec
     tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
@@ -172,7 +172,8 @@ def stop_health_check(strategy) -> None:
 
 class Batches:
     """A tf.data dataset of one rank's batches with its length (batches per epoch), as
-    dlscale.converge needs; each iteration is one pass (the training dataset reshuffles on
+    dlscale.run.convergence_loop needs; each iteration is one pass (the training dataset reshuffles
+    on
     every iteration: dlscale.data.tf_data)."""
 
     def __init__(self, dataset, batches: int):
@@ -186,7 +187,8 @@ class Batches:
 
 
 class EpochSampler:
-    """dlscale.converge calls set_epoch(e) before each epoch: tf.data reshuffles a rank's fixed
+    """dlscale.run.convergence_loop calls set_epoch(e) before each epoch: tf.data reshuffles a
+    rank's fixed
     part on every iteration by itself (seed + rank), so there is nothing to set."""
 
     def set_epoch(self, epoch: int) -> None:
@@ -236,19 +238,19 @@ class Adapter(BaseAdapter):
         "step (the gradient all-reduce and the update stay outside it)"
     )
 
-    # ---- the convergence contract (base.Adapter; run by dlscale.converge)
+    # ---- the convergence contract (base.Adapter; run by dlscale.run.convergence_loop)
     convergence_method = (
         "epochs over the rank's tf.data pipeline of the training split (dlscale.data.tf_data: "
         "a fixed part per rank, reshuffled every epoch from seed + rank), the custom loop's "
         "tf.function step under MultiWorkerMirroredStrategy (the throughput step) with the "
-        "learning rate of each step set from dlscale.lr, validation in replica context "
+        "learning rate of each step set from dlscale.study.lr, validation in replica context "
         "with rank 0's normalisation statistics, counts summed by all_gather"
     )
 
     def data_loaders(self, info, *, workers: int, seed: int):
         # `workers`: tf.data has no worker processes; its map runs on TensorFlow's own threads
         # (AUTOTUNE), bounded by the rank's intra-op threads
-        from ..data.tf_data import make_dataset
+        from dlscale.data.tf_data import make_dataset
 
         rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
         train = make_dataset(info, "train", rank, world, batch, seed=seed)
@@ -394,7 +396,7 @@ class Adapter(BaseAdapter):
         self._barrier, self._allreduce = make_collectives(self.strategy)
         self._probe_buf = None
         self.model_spec = get_spec(spec.model)
-        from ..models.tf import build, example_batch, param_count
+        from dlscale.models.tf import build, example_batch, param_count
 
         with self.strategy.scope():
             self.model = build(spec.model)

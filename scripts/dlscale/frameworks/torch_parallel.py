@@ -1,4 +1,5 @@
-"""PyTorch's own parallel APIs for a cell's parallelism (dlscale.parallel): one ParallelDims in,
+"""PyTorch's own parallel APIs for a cell's parallelism (dlscale.study.parallel_dims): one
+ParallelDims in,
 one device mesh out (torch.distributed.device_mesh.init_device_mesh, dimensions dp_replicate,
 dp_shard, tp), then tensor parallel per block (torch.distributed.tensor.parallel
 .parallelize_module with ColwiseParallel/RowwiseParallel, the model's TP_PLANS entry), then
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..parallel import FSDP_UNITS, SHARDED, TENSOR_PARALLEL, TP_PLANS, ParallelDims
+from dlscale.study.parallel_dims import FSDP_UNITS, SHARDED, TENSOR_PARALLEL, TP_PLANS, ParallelDims
 
 
 def build_mesh(dims: ParallelDims, device_type: str):

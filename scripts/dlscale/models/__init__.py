@@ -282,7 +282,8 @@ def seq_len_of(spec: ModelSpec) -> int | None:
 
 
 def cell_seq_len(name: str, seq_len: int | None) -> int | None:
-    """A cell's ``seq_len`` (dlscale.cell.Cell): for a decoder the study's ``seq_len`` or, where
+    """A cell's ``seq_len`` (dlscale.study.cell.Cell): for a decoder the study's ``seq_len`` or,
+    where
     that is null, the registry's; None for every other model (their cells keep their identity)."""
     spec = SPECS.get(name)
     if spec is None or spec.family != DECODER:

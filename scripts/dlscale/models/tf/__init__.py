@@ -23,8 +23,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from dlscale.models import ModelSpec, find_builder, supported
-
-from ._common import input_shape
+from dlscale.models.tf._common import input_shape
 
 __all__ = ["build", "example_batch", "input_shape", "names", "param_count"]
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dlscale.models import ModelSpec
-
-from ._common import (
+from dlscale.models.tf._common import (
     BN_EPSILON,
     BN_MOMENTUM,
     float32_logits,

@@ -19,8 +19,14 @@ import math
 import tensorflow as tf
 
 from dlscale.models import ModelSpec
-
-from ._common import LN_EPSILON, float32_logits, initializers, keras, layers, torch_linear
+from dlscale.models.tf._common import (
+    LN_EPSILON,
+    float32_logits,
+    initializers,
+    keras,
+    layers,
+    torch_linear,
+)
 
 
 class TokenAndPositionEmbedding(layers.Layer):

@@ -1,0 +1,77 @@
+"""FLOPs per sample of a registered model, counted by PyTorch's FLOP counter (the counting half
+of MFU; dlscale.analysis.mfu holds the method texts and the MFU arithmetic), and the decoder's
+formula it is cross-checked against. Imports PyTorch inside the functions only: a PyTorch
+cell's ranks call it once before their first step."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from dlscale.analysis.mfu import COUNT_BATCH, FLOP_METHOD
+
+
+@functools.cache
+def count_flops_per_sample(model: str, seq_len: int | None = None) -> dict:
+    """FLOPs of one training sample (forward + backward) of a registered model, counted by
+    PyTorch's FLOP counter on the meta device (FLOP_METHOD); cached per (model, seq_len).
+
+    Returns ``{"flops_per_sample": int, "seq_len": int | None, "method": str,
+    "seconds": float}`` (seconds: how long the count took)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dlscale.models import spec_for
+    from dlscale.models.torch import build, example_batch
+
+    started = time.perf_counter()
+    spec = spec_for(model, seq_len)
+    with torch.device("meta"):
+        net = build(model, seq_len)
+    net.train()
+    x, y = example_batch(spec, COUNT_BATCH, device="meta")
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+    total = counter.get_total_flops()
+    if total % COUNT_BATCH:
+        raise RuntimeError(f"{model}: {total} FLOPs for {COUNT_BATCH} samples is not a multiple")
+    return {
+        "flops_per_sample": total // COUNT_BATCH,
+        "seq_len": seq_len if seq_len is not None else _seq_len(spec),
+        "method": FLOP_METHOD,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _seq_len(spec) -> int | None:
+    from dlscale.models import seq_len_of
+
+    return seq_len_of(spec)
+
+
+def decoder_flops_per_token(spec) -> dict:
+    """A decoder spec's FLOPs per token (forward + backward) by formula:
+
+    - ``six_n``: 6 N, N = the trainable parameters (spec.param_count);
+    - ``attention``: 12 L d S, the attention scores (Q K^T) and the weighted values (A V),
+      2 S d FLOPs each per token and layer forward, 3x for forward + backward;
+    - ``six_n_plus_attention``: their sum (the formula the count is checked against);
+    - ``counted``: what FlopCounterMode counts, exactly: 6 x the parameters that take part in a
+      matrix product (the tied token embedding as the head, the blocks' weight matrices:
+      L (4 d^2 + 2 d f)) + 12 L d S. The difference to six_n_plus_attention is 6 x the
+      position table (S d), biases and LayerNorm parameters, which do no matrix product.
+    """
+    a = spec.arch_kwargs
+    d, layers, f = a["d_model"], a["num_layers"], a["dim_feedforward"]
+    s = spec.input_shape[0]
+    matmul_params = spec.vocab_size * d + layers * (4 * d * d + 2 * d * f)
+    attention = 12 * layers * d * s
+    return {
+        "six_n": 6 * spec.param_count,
+        "attention": attention,
+        "six_n_plus_attention": 6 * spec.param_count + attention,
+        "counted": 6 * matmul_params + attention,
+    }

@@ -1,0 +1,776 @@
+"""Where a figure is drawn: a bounded set of figure files per hardware, from scaling.csv.
+
+Layout (which files exist, which panels and series each holds, the bound on both):
+dlscale.outputs.figure_layout, computed from the planned cells at parse time.
+
+Points are medians over repetitions, error bars their intervals (dlscale.analysis.stats: the 95 %
+order-statistic CI where n >= 6, else the min-max range; none where n = 1; the report's captions
+say which and give n), dashed lines ideal scaling. Predicted points
+(dlscale.analysis.scaling_model) are
+open markers on a thinner dashed line in the series' colour, apart from the filled measured ones.
+Bars encode length, so no figure draws a bar on a logarithmic axis (`bars_on_log_axes`, checked
+before every file is saved). Sizes come from the paper's column
+width: grids of up to 2 panel columns are one column wide, wider grids (up to MAX_COLS panel
+columns) span the text width, taken as 2 column widths. The style is data (styles/paper.mplstyle).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.container import BarContainer  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+
+from dlscale.outputs.figure_layout import FAMILIES, SCALING, with_variant  # noqa: E402
+
+PREDICTED_LABEL, UNVALIDATED_LABEL = "predicted", "predicted, not validated"
+REFERENCE_LABELS = {"ideal", PREDICTED_LABEL, UNVALIDATED_LABEL}
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def _style():
+    return str(resources.files("dlscale").joinpath("styles/paper.mplstyle"))
+
+
+# ---- drawing ---------------------------------------------------------------------------------
+
+
+def _grid(n_panels: int, ncols: int, width: float, sharey: bool = False, aspect: float = 0.8):
+    """A grid of panels `width` wide; a panel is `aspect` times as high as wide (at most
+    2.75 in wide for the height, so one-column grids of wide figures stay short)."""
+    ncols = max(1, min(ncols, n_panels))
+    nrows = max(1, -(-n_panels // ncols))
+    panel_w = width / ncols
+    panel_h = aspect * min(panel_w, 2.75)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width, panel_h * nrows + 0.45), squeeze=False, sharey=sharey
+    )
+    for ax in axes.flat[max(n_panels, 1) :]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def _ci_err(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
+    """Error-bar extents from an interval; zero where there is none (n = 1)."""
+    lower = (values - low).fillna(0).clip(lower=0)
+    upper = (high - values).fillna(0).clip(lower=0)
+    return np.vstack([lower.to_numpy(), upper.to_numpy()])
+
+
+class _Hue:
+    """Colour = framework, marker and line style = variant (precision, and the mode where it is
+    not eager: layout.variant), over the whole study."""
+
+    def __init__(self, spec: dict):
+        self.colour = dict(
+            zip(
+                spec["frameworks"], sns.color_palette("colorblind", max(1, len(spec["frameworks"])))
+            )
+        )
+        self.precision = {p: i for i, p in enumerate(spec["precisions"])}
+        self.show_precision = len(spec["precisions"]) > 1
+
+    def label(self, framework: str, precision: str) -> str:
+        return f"{framework} {precision}" if self.show_precision else framework
+
+    def marker(self, precision: str) -> str:
+        return MARKERS[self.precision.get(precision, 0) % len(MARKERS)]
+
+    def linestyle(self, precision: str) -> str:
+        return LINESTYLES[self.precision.get(precision, 0) % len(LINESTYLES)]
+
+
+def _select(scaling: pd.DataFrame, spec: dict, panel: list) -> pd.DataFrame:
+    if scaling.empty:
+        return scaling
+    keep = (scaling["hardware"] == spec["hardware"]) & scaling["model"].isin(spec["models"])
+    if len(panel) == 2:
+        keep &= (scaling["model"] == panel[0]) & (scaling["policy"] == panel[1])
+    else:
+        keep &= scaling["policy"] == panel[0]
+    part = scaling[keep]
+    series = {tuple(s) for s in spec["series"]}
+    return part[[(f, v) in series for f, v in zip(part["framework"], part["variant"])]]
+
+
+def _no_data(ax) -> None:
+    ax.text(
+        0.5, 0.5, "no measured cells", transform=ax.transAxes, ha="center", va="center", color="0.5"
+    )
+
+
+def _panels(scaling: pd.DataFrame, spec: dict, axes, title: str = "{0}, {1}"):
+    """(ax, panel, rows) for every panel of `spec` that has rows in `scaling`; every panel gets
+    its title (`title` formatted with the panel's keys), a panel without rows says so."""
+    for ax, panel in zip(axes.flat, spec["panels"]):
+        part = _select(scaling, spec, panel)
+        ax.set_title(title.format(*panel))
+        if part.empty:
+            _no_data(ax)
+            continue
+        yield ax, panel, part
+
+
+def _nodes_axis(ax, nodes: list) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(nodes)
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.minorticks_off()
+
+
+def bars_on_log_axes(fig) -> list[str]:
+    """The panels of `fig` that draw bars (bar containers or rectangle patches) on a
+    logarithmic axis, by title: a bar's length there depends on where the axis starts."""
+    found = []
+    for ax in fig.axes:
+        if "log" not in (ax.get_yscale(), ax.get_xscale()):
+            continue
+        bars = any(isinstance(c, BarContainer) for c in ax.containers) or any(
+            isinstance(p, Rectangle) for p in ax.patches
+        )
+        if bars:
+            found.append(ax.get_title() or "untitled panel")
+    return found
+
+
+def _save(fig, out: str) -> None:
+    """Save a figure that draws no bar on a log axis (else ValueError, nothing written)."""
+    bad = bars_on_log_axes(fig)
+    if bad:
+        plt.close(fig)
+        raise ValueError(f"{out}: bars on a logarithmic axis in panel(s) {', '.join(bad)}")
+    fig.savefig(out)
+
+
+def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
+    """Figure legend above the panels, save, and what was drawn: panels and series per panel
+    (distinct labels of the panel's artists, reference lines not counted)."""
+    handles, labels, per_panel = [], [], []
+    for ax in axes.flat:
+        if not ax.get_visible():
+            continue
+        hs, ls = ax.get_legend_handles_labels()
+        per_panel.append(len({lab for lab in ls if lab not in REFERENCE_LABELS}))
+        for h, lab in zip(hs, ls):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    for h in extra or []:
+        handles.append(h)
+        labels.append(h.get_label())
+    if handles:
+        wide = fig.get_figwidth() > 4.5
+        fig.legend(
+            handles,
+            labels,
+            loc="lower center",
+            ncols=min(8 if wide else 4, len(labels)),
+            bbox_to_anchor=(0.5, 1.0),
+            frameon=False,
+        )
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return {"panels": len(per_panel), "series_max": max(per_panel, default=0)}
+
+
+def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
+    nrows, ncols = axes.shape
+    for i, ax in enumerate(axes.flat[:n_panels]):
+        row, col = divmod(i, ncols)
+        if col == 0:
+            ax.set_ylabel(ylabel)
+        # the lowest visible panel of each column carries the x label
+        if xlabel and (row == nrows - 1 or i + ncols >= n_panels):
+            ax.set_xlabel(xlabel)
+
+
+def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour) -> list:
+    """The series' predicted extension (dlscale.analysis.scaling_model): open markers on a dashed
+    line from
+    its largest measured node count, the interval shaded (the repetitions' noise widened by the
+    model's leave-one-out error where validated; labelled "not validated" where it is not: the
+    model error is unknown); returns the node counts drawn."""
+    if preds is None or preds.empty:
+        return []
+    keep = np.ones(len(preds), dtype=bool)
+    for c in ("hardware", "framework", "model", "policy", "variant"):
+        keep &= (preds[c] == line[c].iloc[0]).to_numpy()
+    ext = preds[keep & preds["extrapolated"].astype(bool).to_numpy()].sort_values("nodes")
+    if ext.empty:
+        return []
+    validated = "validated" in ext and ext["validated"].astype(bool).all()
+    last = line.iloc[-1]
+    ax.plot(
+        [last["nodes"], *ext["nodes"]],
+        [last[f"{column}_median"], *ext[f"{column}_pred"]],
+        linestyle=(0, (4, 2)),
+        color=colour,
+        linewidth=0.9,
+        label=PREDICTED_LABEL if validated else UNVALIDATED_LABEL,
+    )
+    ax.plot(
+        ext["nodes"],
+        ext[f"{column}_pred"],
+        linestyle="none",
+        marker="o",
+        markersize=3.5,
+        markerfacecolor="white",
+        markeredgecolor=colour,
+        color=colour,
+    )
+    high = ext[f"{column}_high"].to_numpy(dtype=float)
+    if np.isinf(high).any():  # a model error of 100 % or more: no upper bound, shade to the top
+        top = ax.get_ylim()[1]
+        high = np.where(np.isinf(high), max(top, np.nanmax(ext[f"{column}_pred"])), high)
+    ax.fill_between(
+        ext["nodes"],
+        ext[f"{column}_low"],
+        high,
+        color=colour,
+        alpha=0.15,
+        linewidth=0,
+    )
+    return list(ext["nodes"])
+
+
+def _series(part: pd.DataFrame, spec: dict):
+    """(framework, precision, rows sorted by nodes) for every series of `spec` with rows in
+    `part` (a panel's rows)."""
+    for framework, precision in spec["series"]:
+        line = part[(part["framework"] == framework) & (part["variant"] == precision)]
+        if not line.empty:
+            yield framework, precision, line.sort_values("nodes")
+
+
+def plot_scaling(
+    scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
+) -> dict:
+    family = spec["family"]
+    column, ylabel = SCALING[family]
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=family != "throughput")
+    hue = _Hue(spec)
+    top = 1.1
+    for ax, _, part in _panels(scaling, spec, axes):
+        predicted: list = []
+        for framework, precision, line in _series(part, spec):
+            med = line[f"{column}_median"]
+            ax.errorbar(
+                line["nodes"],
+                med,
+                yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"]),
+                marker=hue.marker(precision),
+                linestyle=hue.linestyle(precision),
+                color=hue.colour[framework],
+                label=hue.label(framework, precision),
+            )
+            predicted += _predicted(ax, line, predictions, column, hue.colour[framework])
+        nodes = sorted({*part["nodes"].unique(), *predicted})
+        if family in ("speedup", "efficiency"):
+            base = part["baseline_nodes"].min()
+            ideal = [n / base if family == "speedup" else 1.0 for n in nodes]
+            ax.plot(nodes, ideal, linestyle="--", color="0.4", linewidth=0.8, label="ideal")
+        _nodes_axis(ax, nodes)
+        if family == "throughput":
+            ax.set_yscale("log")
+        if family == "efficiency":
+            high = part[f"{column}_ci_high"].max()
+            high = part[f"{column}_median"].max() if np.isnan(high) else high
+            top = max(top, float(0 if np.isnan(high) else high) * 1.05)
+    if family == "efficiency":
+        axes.flat[0].set_ylim(0, top)  # shared y axis
+    _label_outer(axes, len(panels), ylabel, "Nodes")
+    return _finish(fig, axes, out)
+
+
+def _bar_groups(part: pd.DataFrame, series: list, index: str, groups: list):
+    """Grouped bars (or points): for each (framework, precision) series with rows in `part`,
+    its rows indexed by `groups` (one group each) and the bars' (points') x positions and
+    width."""
+    width = 0.8 / max(1, len(series))
+    for i, (framework, precision) in enumerate(series):
+        rows = part[(part["framework"] == framework) & (part["variant"] == precision)]
+        if rows.empty:
+            continue
+        x = np.arange(len(groups)) + (i - (len(series) - 1) / 2) * width
+        yield framework, precision, rows.set_index(index).reindex(groups), x, width
+
+
+def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Frameworks side by side at equal hardware: throughput per model at the largest node
+    count measured on that hardware/policy, as points (median, error bars its interval) on a
+    logarithmic axis: the models' throughputs span decades, and a point's position, unlike a
+    bar's length, does not depend on where a log axis starts."""
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), 1, spec["width_in"], aspect=0.55)
+    hue = _Hue(spec)
+    models, series = spec["models"], spec["series"]
+    for ax, panel, part in _panels(scaling, spec, axes, title="{0} scaling"):
+        top_nodes = int(part["nodes"].max())
+        part = part[part["nodes"] == top_nodes]
+        for framework, precision, rows, x, _ in _bar_groups(part, series, "model", models):
+            med = rows["throughput_samples_per_s_median"]
+            ax.errorbar(
+                x,
+                med,
+                yerr=_ci_err(
+                    med,
+                    rows["throughput_samples_per_s_ci_low"],
+                    rows["throughput_samples_per_s_ci_high"],
+                ),
+                marker=hue.marker(precision),
+                linestyle="none",
+                color=hue.colour[framework],
+                label=hue.label(framework, precision),
+            )
+        for edge in np.arange(len(models) - 1) + 0.5:  # model groups apart
+            ax.axvline(edge, color="0.85", linewidth=0.6)
+        ax.set_xlim(-0.5, len(models) - 0.5)
+        ax.set_xticks(
+            np.arange(len(models)),
+            models,
+            rotation=20 if len(models) > 1 else 0,
+            ha="right" if len(models) > 1 else "center",
+        )
+        ax.set_yscale("log")
+        ax.set_title(f"{panel[0]} scaling, {top_nodes} node(s)")
+    _label_outer(axes, len(panels), "Throughput (samples/s)", None)
+    return _finish(fig, axes, out)
+
+
+def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Median step time split into compute (the same step without gradient allreduce; solid)
+    and communication (the rest; hatched), per node count (groups) and series (bars)."""
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
+    hue = _Hue(spec)
+    series = spec["series"]
+    any_unknown = False
+    for ax, _, part in _panels(scaling, spec, axes):
+        nodes = sorted(part["nodes"].unique())
+        for framework, precision, rows, x, width_bar in _bar_groups(part, series, "nodes", nodes):
+            step = rows["step_seconds_median_median"].to_numpy(dtype=float) * 1e3
+            compute = rows["compute_seconds_median_median"].to_numpy(dtype=float) * 1e3
+            known = ~np.isnan(compute)
+            compute = np.where(known, np.minimum(compute, step), 0)
+            colour = hue.colour[framework]
+            ax.bar(x, compute, width_bar, color=colour, label=hue.label(framework, precision))
+            ax.bar(
+                x,
+                np.where(known, step - compute, 0),
+                width_bar,
+                bottom=compute,
+                color="white",
+                edgecolor=colour,
+                hatch="////",
+                linewidth=0.4,
+            )
+            if (~known).any():
+                any_unknown = True
+                ax.bar(x[~known], step[~known], width_bar, color="0.75")
+        ax.set_xticks(np.arange(len(nodes)), [str(n) for n in nodes])
+        ax.grid(axis="x", visible=False)
+    _label_outer(axes, len(panels), "Step time (ms, median)", "Nodes")
+    extra = [
+        Patch(facecolor="0.3", label="compute"),
+        Patch(facecolor="white", edgecolor="0.3", hatch="////", label="communication"),
+    ]
+    if any_unknown:
+        extra.append(Patch(facecolor="0.75", label="not separable"))
+    return _finish(fig, axes, out, extra)
+
+
+# the telemetry family's quantity: GPU utilisation where the hardware's cells sampled it, else
+# the rank process's CPU utilisation (dlscale.run.telemetry)
+TELEMETRY_AXES = {
+    "gpu_util_pct": "GPU utilisation (%, NVML)",
+    "cpu_util_pct": "CPU utilisation (% of one core)",
+}
+
+
+def _numeric(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A column as numbers, NaN where absent (tables written before the column existed)."""
+    if column not in rows:
+        return pd.Series(np.nan, index=rows.index)
+    return pd.to_numeric(rows[column], errors="coerce")
+
+
+def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Device utilisation during the timed window against nodes: per series the mean over a
+    cell's ranks (solid) and its lowest rank (dotted), medians over repetitions."""
+    hw = scaling[scaling["hardware"] == spec["hardware"]]
+    gpu = _numeric(hw, "gpu_util_pct_mean_median").notna().any()
+    quantity = "gpu_util_pct" if gpu else "cpu_util_pct"
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    hue = _Hue(spec)
+    for ax, _, part in _panels(scaling, spec, axes):
+        for framework, precision, line in _series(part, spec):
+            mean = _numeric(line, f"{quantity}_mean_median")
+            if mean.isna().all():
+                continue
+            colour = hue.colour[framework]
+            ax.plot(
+                line["nodes"],
+                mean,
+                marker=hue.marker(precision),
+                color=colour,
+                label=hue.label(framework, precision),
+            )
+            lowest = _numeric(line, f"{quantity}_rank_min_median")
+            ax.plot(line["nodes"], lowest, linestyle=":", color=colour, linewidth=0.9)
+        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        ax.set_ylim(bottom=0)
+    _label_outer(axes, len(panels), TELEMETRY_AXES[quantity], "Nodes")
+    extra = [Line2D([], [], color="0.3", linestyle=":", label="lowest rank")]
+    return _finish(fig, axes, out, extra)
+
+
+# the MFU family's quantity: MFU where the hardware has a dense peak, else achieved TFLOP/s
+MFU_AXES = {
+    "mfu": "MFU (% of dense peak)",
+    "achieved_tflops_per_device": "TFLOP/s per device (unknown peak)",
+}
+
+
+def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Model FLOPs utilisation against nodes (medians over repetitions), or the achieved model
+    TFLOP/s per device where the hardware entry has no dense peak ('unknown peak')."""
+    hw = scaling[scaling["hardware"] == spec["hardware"]]
+    known = _numeric(hw, "mfu_median").notna().any()
+    quantity = "mfu" if known else "achieved_tflops_per_device"
+    scale = 100.0 if known else 1.0
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    hue = _Hue(spec)
+    for ax, _, part in _panels(scaling, spec, axes):
+        for framework, precision, line in _series(part, spec):
+            values = _numeric(line, f"{quantity}_median") * scale
+            if values.isna().all():
+                continue
+            ax.plot(
+                line["nodes"],
+                values,
+                marker=hue.marker(precision),
+                linestyle=hue.linestyle(precision),
+                color=hue.colour[framework],
+                label=hue.label(framework, precision),
+            )
+        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        ax.set_ylim(bottom=0)
+    _label_outer(axes, len(panels), MFU_AXES[quantity], "Nodes")
+    return _finish(fig, axes, out)
+
+
+def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
+    """Memory per rank against nodes (medians over repetitions): the parameter, gradient and
+    optimizer-state bytes of the largest rank (solid) and its peak memory (dotted: allocated
+    device memory on GPUs, the resident set on CPUs), in MiB."""
+    hw = scaling[scaling["hardware"] == spec["hardware"]]
+    on_device = _numeric(hw, "peak_allocated_mb_max_median").notna().any()
+    peak = "peak_allocated_mb_max_median" if on_device else "peak_rss_mb_max_median"
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    hue = _Hue(spec)
+    for ax, _, part in _panels(scaling, spec, axes):
+        for framework, precision, line in _series(part, spec):
+            state = _numeric(line, "state_bytes_per_rank_max_median") / 2**20
+            if state.isna().all():
+                continue
+            colour = hue.colour[framework]
+            ax.plot(
+                line["nodes"],
+                state,
+                marker=hue.marker(precision),
+                linestyle=hue.linestyle(precision),
+                color=colour,
+                label=hue.label(framework, precision),
+            )
+            ax.plot(line["nodes"], _numeric(line, peak), linestyle=":", color=colour, lw=0.9)
+        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        # log: a process's peak (on a CPU its whole resident set, the runtime included) and a
+        # small model's state differ by orders of magnitude; lines only, no bars
+        ax.set_yscale("log")
+    _label_outer(axes, len(panels), "MiB per rank (log)", "Nodes")
+    extra = [
+        Line2D([], [], color="0.3", label="params + grads + optimizer state"),
+        Line2D(
+            [], [], color="0.3", linestyle=":", label="peak allocated" if on_device else "peak RSS"
+        ),
+    ]
+    return _finish(fig, axes, out, extra)
+
+
+def plot_figure(
+    scaling: pd.DataFrame, spec: dict, out: str, predictions: pd.DataFrame | None = None
+) -> dict:
+    """Draw one figure file of the layout; returns {"panels", "series_max"} as drawn.
+    `predictions` (dlscale.analysis.scaling_model): scaling families get dashed predicted
+    extensions."""
+    scaling = with_variant(scaling)
+    if predictions is not None and not predictions.empty:
+        predictions = with_variant(predictions)
+    with plt.style.context(_style()):
+        family = spec["family"]
+        if family in SCALING:
+            return plot_scaling(scaling, spec, out, predictions)
+        if family == "frameworks":
+            return plot_frameworks(scaling, spec, out)
+        if family == "breakdown":
+            return plot_breakdown(scaling, spec, out)
+        if family == "telemetry":
+            return plot_telemetry(scaling, spec, out)
+        if family == "mfu":
+            return plot_mfu(scaling, spec, out)
+        if family == "memory":
+            return plot_memory(scaling, spec, out)
+        raise ValueError(f"unknown figure family {family!r}; allowed: {', '.join(FAMILIES)}")
+
+
+def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
+    """The planner's figure (dlscale.decisions.planner): per job, predicted time-to-train against
+    nodes for
+    each framework x partition option (dashed beyond the measured node counts), the chosen
+    option starred; a failed plan draws its message."""
+    with plt.style.context(_style()):
+        if isinstance(result, Exception):
+            fig, ax = plt.subplots(figsize=(width_in, 1.2))
+            ax.axis("off")
+            ax.text(
+                0.5,
+                0.5,
+                "no plan:\n" + str(result)[:160],
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=6,
+            )
+            _save(fig, out)
+            plt.close(fig)
+            return
+        opts, plan = result.options, result.plan
+        jobs = list(plan["job"])
+        fig, axes = _grid(len(jobs), grid_columns_for(len(jobs)), width_in)
+        colours = dict(
+            zip(
+                sorted(opts["hardware"].unique()),
+                sns.color_palette("colorblind", opts["hardware"].nunique()),
+            )
+        )
+        for ax, (_, chosen) in zip(axes.flat, plan.iterrows()):
+            mine = opts[opts["job"] == chosen["job"]]
+            for (hw, fw), grp in mine.groupby(["hardware", "framework"], sort=True):
+                grp = grp.sort_values("nodes")
+                meas = grp[~grp["extrapolated"].astype(bool)]
+                ax.plot(meas["nodes"], meas["hours"], color=colours[hw], label=f"{hw} {fw}")
+                ax.plot(
+                    grp["nodes"],
+                    grp["hours"],
+                    color=colours[hw],
+                    linestyle=(0, (4, 2)),
+                    linewidth=0.8,
+                    label="predicted",
+                )
+            ax.plot(
+                [chosen["nodes"]],
+                [chosen["hours"]],
+                marker="*",
+                markersize=9,
+                color="black",
+                linestyle="none",
+                label="chosen",
+            )
+            ax.set_yscale("log")
+            nodes = sorted(int(n) for n in mine["nodes"].unique())
+            _nodes_axis(ax, [n for n in nodes if n & (n - 1) == 0])  # powers of two
+            ax.set_title(str(chosen["job"]))
+        _label_outer(axes, len(jobs), "Predicted time (h)", "Nodes")
+        _finish(fig, axes, out)
+
+
+def grid_columns_for(n_panels: int) -> int:
+    return 1 if n_panels <= 1 else 2
+
+
+# ---- the convergence workload (dlscale.analysis.time_to_accuracy tables; layout:
+# dlscale.outputs.figure_layout.convergence_layout) --
+
+
+def _conv_select(table: pd.DataFrame, spec: dict, panel: list) -> pd.DataFrame:
+    if table.empty:
+        return table
+    keep = (
+        (table["hardware"] == spec["hardware"])
+        & (table["model"] == panel[0])
+        & (table["policy"] == panel[1])
+    )
+    if len(panel) == 4:
+        keep &= (table["framework"] == panel[2]) & (table["variant"] == panel[3])
+    return table[keep]
+
+
+def _not_reached(ax, x, y, colour, label="not reached") -> None:
+    """A point whose target was not reached: an open marker at the value reached at the epoch
+    cap (a lower bound) with an upward arrow."""
+    ax.plot(x, y, marker="o", markerfacecolor="white", color=colour, linestyle="none", label=label)
+    for xi, yi in zip(x, y):
+        ax.annotate(
+            "",
+            xy=(xi, yi * 1.35),
+            xytext=(xi, yi * 1.04),
+            arrowprops=dict(arrowstyle="->", color=colour, linewidth=0.8),
+        )
+
+
+def plot_time_to_accuracy(tta: pd.DataFrame, spec: dict, out: str, epochs_axis: bool = False):
+    """Time-to-accuracy against node count (or epochs-to-accuracy against global batch):
+    medians over repetitions, error bars their interval (time: stats.median_interval; epochs:
+    the min-max over repetitions), dashed ideal (time only), not-reached points open."""
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
+    hue = _Hue(spec)
+    for ax, panel in zip(axes.flat, panels):
+        part = _conv_select(tta, spec, panel)
+        ax.set_title(f"{panel[0]}, {panel[1]}")
+        if part.empty:
+            _no_data(ax)
+            continue
+        xcol = "global_batch" if epochs_axis else "nodes"
+        for framework, variant_ in spec["series"]:
+            line = part[(part["framework"] == framework) & (part["variant"] == variant_)]
+            if line.empty:
+                continue
+            line = line.sort_values(xcol)
+            colour = hue.colour[framework]
+            if epochs_axis:
+                med = line["epochs_to_accuracy_median"]
+                low, high = line["epochs_to_accuracy_min"], line["epochs_to_accuracy_max"]
+                cap = line["max_epochs"].astype(float)
+            else:
+                med = line["time_to_accuracy_s_median"]
+                low, high = line["time_to_accuracy_s_ci_low"], line["time_to_accuracy_s_ci_high"]
+                cap = line["training_seconds_at_cap_max"].astype(float)
+            high = high.replace(np.inf, np.nan)
+            ok = med.notna()
+            ax.errorbar(
+                line.loc[ok, xcol],
+                med[ok],
+                yerr=_ci_err(med[ok], low[ok], high[ok]),
+                marker=hue.marker(variant_),
+                # against the global batch, node counts with one global batch (strong scaling)
+                # share an x: points, each labelled with its node count, not a line
+                linestyle="none" if epochs_axis else hue.linestyle(variant_),
+                color=colour,
+                label=hue.label(framework, variant_),
+            )
+            if (~ok).any():
+                _not_reached(ax, list(line.loc[~ok, xcol]), list(cap[~ok]), colour)
+            if epochs_axis:
+                for x, y, n in zip(line[xcol], med.fillna(cap), line["nodes"]):
+                    ax.annotate(
+                        f"{int(n)} node{'s' if n > 1 else ''}",
+                        (x, y),
+                        xytext=(4, 2),
+                        textcoords="offset points",
+                        fontsize="x-small",
+                        color=colour,
+                    )
+        if not epochs_axis:
+            ideal = part.dropna(subset=["ideal_time_to_accuracy_s"]).groupby("nodes")[
+                "ideal_time_to_accuracy_s"
+            ]
+            ideal = ideal.min()
+            if len(ideal) > 1:
+                ax.plot(
+                    ideal.index,
+                    ideal.to_numpy(),
+                    linestyle="--",
+                    color="0.4",
+                    linewidth=0.8,
+                    label="ideal",
+                )
+        _nodes_axis(ax, sorted(part[xcol].unique()))
+        if epochs_axis:
+            ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        else:
+            _seconds_axis(ax)
+    ylabel = "Epochs to target (median)" if epochs_axis else "Time to target (s, median)"
+    _label_outer(axes, len(panels), ylabel, "Global batch" if epochs_axis else "Nodes")
+    return _finish(fig, axes, out)
+
+
+def _seconds_axis(ax) -> None:
+    """A log axis of seconds labelled at 1, 2 and 5 of each decade (a span of less than a
+    decade still has labels)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, out: str):
+    """Validation accuracy after each epoch: one line per node count and repetition (colour:
+    node count), the target dashed."""
+    panels = spec["panels"]
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    nodes = sorted(epochs["nodes"].unique()) if not epochs.empty else []
+    colours = dict(zip(nodes, sns.color_palette("viridis", max(1, len(nodes)))))
+    for ax, panel in zip(axes.flat, panels):
+        part = _conv_select(epochs, spec, panel)
+        ax.set_title(
+            f"{panel[0]}, {panel[1]}, {panel[2]}"
+            + (f" {panel[3]}" if len(spec["precisions"]) > 1 or panel[3] != "fp32" else "")
+        )
+        if part.empty:
+            _no_data(ax)
+            continue
+        for (n, rep), curve in part.groupby(["nodes", "rep"], sort=True):
+            curve = curve.sort_values("epoch")
+            ax.plot(
+                curve["epoch"],
+                curve["val_accuracy"],
+                color=colours[n],
+                marker=".",
+                linewidth=0.9,
+                label=f"{n} node{'s' if n > 1 else ''}",
+            )
+        targets = _conv_select(cells, spec, panel)["target_accuracy"].dropna().unique()
+        for target in targets:
+            ax.axhline(target, linestyle="--", color="0.4", linewidth=0.8, label="target")
+        last = int(part["epoch"].max())
+        ax.set_xlim(0.5, last + 0.5)
+        ax.set_xticks(range(1, last + 1, max(1, -(-last // 8))))
+    _label_outer(axes, len(panels), "Validation accuracy", "Epoch")
+    return _finish(fig, axes, out)
+
+
+REFERENCE_LABELS.update({"target", "not reached"})
+
+
+def plot_convergence_figure(
+    tta: pd.DataFrame, epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, out: str
+) -> dict:
+    """Draw one convergence figure file (dlscale.outputs.figure_layout.convergence_layout)."""
+    tta, epochs, cells = (
+        with_variant(t) if not t.empty else t.assign(variant=[]) for t in (tta, epochs, cells)
+    )
+    with plt.style.context(_style()):
+        family = spec["family"]
+        if family == "time_to_accuracy":
+            return plot_time_to_accuracy(tta, spec, out)
+        if family == "epochs_to_accuracy":
+            return plot_time_to_accuracy(tta, spec, out, epochs_axis=True)
+        if family == "accuracy_curves":
+            return plot_accuracy_curves(epochs, cells, spec, out)
+        raise ValueError(f"unknown convergence figure family {family!r}")

@@ -1,0 +1,603 @@
+"""Where ranks start.
+
+`python -m dlscale.run.launch --cell-json CELL --output metrics.jsonl` runs one cell (CELL is
+`dlscale.study.cell.Cell.to_json()`):
+  1. writes the cell for its ranks (.ranks/cell.json) and starts nodes x ranks_per_node ranks of
+     `python -m dlscale.run.train --cell .ranks/cell.json`, either as local processes
+     (launcher `local`: the embedded default, one simulated node per group of ranks) or with
+     `srun` inside the cell's Slurm allocation (launcher `srun`);
+  2. waits for all of them; if one fails, the others are stopped and the cell fails with the
+     rank, its exit code and the last lines of its log;
+  3. merges the ranks' part files into the cell's metrics file (dlscale.store.metrics), validated
+  and
+     renamed into place only when complete, in a folder of its own that keeps this measurement
+     with its logs (measurements/<time>-<job>/, dlscale.store.measurements); the cell's
+     metrics.jsonl is a
+     hard link to it.
+
+`discover()` is the other half: inside a rank it reads who-am-I from the launcher's environment
+(dlscale's local launcher, srun, or torchrun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlscale.run.node_probes import job_allocation
+from dlscale.run.provenance import git_commit
+from dlscale.store import metrics
+from dlscale.store.does_not_fit import DOES_NOT_FIT
+from dlscale.store.does_not_fit import rank_records as fit_records
+from dlscale.store.does_not_fit import reason as fit_reason
+from dlscale.store.measurements import keep_measurement
+from dlscale.study.cell import (
+    CELL_SPEC_FILE,
+    ENVIRONMENTS_DIR,
+    FAILURE_FILE,
+    RANK_DIR,
+    SLURM_JOB_FILE,
+    Cell,
+    study_dir_of,
+    tail_lines,
+)
+from dlscale.study.protocol import RANK_END
+
+
+# ----------------------------------------------------------------------------- inside a rank
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    return None
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this rank is, discovered from the launcher's environment
+    (dlscale.run.launch.discover)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_index: int
+    node: str
+    master_addr: str
+    master_port: int
+    launcher: str
+    hosts: tuple[str, ...] = ()  # address of each node, in node order (rank r is on node r // R)
+
+    def rank_address(self, rank: int, base_port: int) -> str:
+        """host:port of a rank for frameworks that need every peer's address (TF_CONFIG):
+        ranks are placed node-major, so rank r sits on node r // ranks_per_node; the port is
+        base_port + rank, unique even when simulated nodes share one host."""
+        return f"{self.hosts[rank // self.local_world_size]}:{base_port + rank}"
+
+
+def discover() -> RankContext:
+    """Rank and world from the environment: DLSCALE_* (local launcher), SLURM_* (srun), torchrun."""
+    env = os.environ
+    if "DLSCALE_RANK" in env:
+        launcher = env.get("DLSCALE_LAUNCHER", "local")
+        rank, world = int(env["DLSCALE_RANK"]), int(env["DLSCALE_WORLD_SIZE"])
+        local_rank = int(env["DLSCALE_LOCAL_RANK"])
+        local_world = int(env["DLSCALE_LOCAL_WORLD_SIZE"])
+        node_index = int(env["DLSCALE_NODE_INDEX"])
+    elif "SLURM_PROCID" in env:
+        launcher = "srun"
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local_rank = int(env["SLURM_LOCALID"])
+        # SLURM_TASKS_PER_NODE looks like "2(x3),1"; the per-node count of this node is what matters
+        local_world = _env_int("SLURM_NTASKS_PER_NODE") or _tasks_on_this_node(env)
+        node_index = int(env["SLURM_NODEID"])
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun"
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = _env_int("LOCAL_RANK") or 0
+        local_world = _env_int("LOCAL_WORLD_SIZE") or 1
+        node_index = _env_int("GROUP_RANK", "NODE_RANK") or 0
+    else:
+        launcher, rank, world, local_rank, local_world, node_index = "none", 0, 1, 0, 1, 0
+    master_addr = env.get("MASTER_ADDR", "127.0.0.1")
+    hosts = tuple(h for h in env.get("DLSCALE_HOSTS", "").split(",") if h) or (master_addr,)
+    return RankContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_index=node_index,
+        node=socket.gethostname(),
+        master_addr=master_addr,
+        master_port=int(env.get("MASTER_PORT", "29500")),
+        launcher=launcher,
+        hosts=hosts,
+    )
+
+
+def _tasks_on_this_node(env) -> int:
+    spec = env.get("SLURM_TASKS_PER_NODE", "1")
+    node = int(env.get("SLURM_NODEID", "0"))
+    counts = []
+    for part in spec.split(","):
+        if "(x" in part:
+            n, rep = part.rstrip(")").split("(x")
+            counts += [int(n)] * int(rep)
+        else:
+            counts.append(int(part))
+    return counts[node] if node < len(counts) else counts[-1]
+
+
+# ----------------------------------------------------------------------------- the cell's launcher
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def allocation_nodes(env=os.environ) -> list[str]:
+    """Host names of the job's allocation. The executor plugin strips SLURM_JOB_NODELIST from
+    the job's environment, so ask Slurm by job id when it is gone."""
+    nodelist = (
+        env.get("SLURM_JOB_NODELIST")
+        or subprocess.run(
+            ["squeue", "--noheader", "--jobs", env["SLURM_JOB_ID"], "--format", "%N"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
+    ).stdout.split()
+
+
+# Rendezvous ports of Slurm cells: a block of PORT_BLOCK ports per job, below the kernel's
+# ephemeral range (where outgoing connections take their local ports, so a fixed port there can
+# be taken by any client), from PORT_FLOOR up.
+PORT_BLOCK = 64  # frameworks that need more ports use the next few above the base (< 64)
+PORT_FLOOR = 10000
+PORT_PROBES = 8  # blocks tried, from the job's own, before the launcher gives up
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default 32768..60999 where unreadable)."""
+    try:
+        low, high = (int(v) for v in Path(path).read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def slurm_port(env=os.environ, ephemeral: tuple[int, int] | None = None, probe: int = 0) -> int:
+    """Rendezvous base port of a Slurm job: the job id picks one of the blocks of PORT_BLOCK
+    ports between PORT_FLOOR and the start of the ephemeral range (352 blocks at Linux's
+    default), so concurrent cells differ unless their job ids differ by a multiple of the block
+    count; `probe` moves to the next blocks when the job's own is taken."""
+    low, _ = ephemeral or ephemeral_range()
+    floor = PORT_FLOOR if low - PORT_FLOOR >= PORT_BLOCK else 1024
+    blocks = max(1, (low - floor) // PORT_BLOCK)
+    return floor + ((int(env["SLURM_JOB_ID"]) + probe) % blocks) * PORT_BLOCK
+
+
+def port_free(port: int) -> bool:
+    """Whether this host can listen on `port` now (what rank 0 will do)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_slurm_port(env=os.environ, is_free=port_free) -> int:
+    """The job's base port (slurm_port), checked free on this host (the launcher runs on the
+    allocation's first node, where rank 0 listens); the next blocks when it is taken, and a
+    clear error when PORT_PROBES blocks are."""
+    tried = []
+    for probe in range(PORT_PROBES):
+        port = slurm_port(env, probe=probe)
+        if is_free(port):
+            return port
+        tried.append(port)
+    raise RuntimeError(
+        f"rendezvous ports {tried} are all in use on {socket.gethostname()} (Slurm job "
+        f"{env.get('SLURM_JOB_ID')}): another program holds them. Free them, or raise the "
+        f"start of the ephemeral range ({EPHEMERAL_RANGE_FILE}) to widen the blocks above "
+        f"{PORT_FLOOR}"
+    )
+
+
+def gpu_step_options(cell: Cell) -> list[str]:
+    """The GPU binding the launcher states for a cuda cell's ranks (hardware.yaml gpu_binding,
+    dlscale.run.devices): `node`: every rank sees all of its node's GPUs (--gpus-per-node, one rank
+    per GPU) and takes its local rank's; `task`: Slurm binds one GPU per task. Nothing for a
+    CPU cell. Stated explicitly so no site default decides silently."""
+    if cell.device != "cuda":
+        return []
+    if cell.gpu_binding == "task":
+        return ["--gpus-per-task=1"]
+    return [f"--gpus-per-node={cell.ranks_per_node}"]
+
+
+def train_argv(rank_dir: Path, python: str) -> list[str]:
+    """The one CLI contract every framework's rank obeys (dlscale.run.train): the cell, serialised
+    whole in the rank folder (write_cell_spec), and the folder the rank writes its part file to."""
+    return [
+        python,
+        "-m",
+        "dlscale.run.train",
+        "--cell",
+        str(rank_dir / CELL_SPEC_FILE),
+        "--rank-dir",
+        str(rank_dir),
+    ]
+
+
+def write_cell_spec(cell: Cell, rank_dir: Path) -> Path:
+    """The cell as its ranks read it (dlscale.run.train: Cell.read)."""
+    path = rank_dir / CELL_SPEC_FILE
+    path.write_text(cell.to_json())
+    return path
+
+
+def local_rank_env(
+    rank: int, world_size: int, ranks_per_node: int, port: int, threads: int = 1
+) -> dict:
+    """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
+    rendezvous on loopback (what dlscale.run.launch.discover reads back)."""
+    nodes = world_size // ranks_per_node
+    return dict(
+        os.environ,
+        DLSCALE_LAUNCHER="local",
+        DLSCALE_RANK=str(rank),
+        DLSCALE_WORLD_SIZE=str(world_size),
+        DLSCALE_LOCAL_RANK=str(rank % ranks_per_node),
+        DLSCALE_LOCAL_WORLD_SIZE=str(ranks_per_node),
+        DLSCALE_NODE_INDEX=str(rank // ranks_per_node),
+        DLSCALE_HOSTS=",".join(["127.0.0.1"] * nodes),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def start_local(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+    """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on
+    loopback."""
+    port = _free_port()
+    procs = []
+    for rank in range(cell.world_size):
+        env = local_rank_env(rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank)
+        log = (rank_dir / f"rank{rank}.log").open("w")
+        procs.append(
+            (
+                rank,
+                subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                ),
+            )
+        )
+    return procs
+
+
+SLURM_IDENTITY = {
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "SLURM_CONF",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_CLUSTER_NAME",
+}
+
+
+def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+    """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
+    the executor plugin strips most SLURM_* variables from the job's environment."""
+    env, overlap = dict(os.environ), []
+    if "SLURM_STEP_ID" in env:
+        # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
+        # SLURM_* (node list included) describe one task on one node, not the allocation: keep
+        # only the job's identity (as the plugin does for its own steps), ask Slurm for the
+        # allocation's nodes, and let the ranks' step share the resources the launcher's step
+        # holds (--overlap, Slurm >= 20.11).
+        env = {
+            k: v
+            for k, v in env.items()
+            if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY
+        }
+        overlap = ["--overlap"]
+    hosts = allocation_nodes(env)
+    addr, port = hosts[0], choose_slurm_port(env)
+    env.update(
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        DLSCALE_HOSTS=",".join(hosts),
+        OMP_NUM_THREADS=str(cell.cpus_per_rank),
+        PYTHONUNBUFFERED="1",
+    )
+    if cell.device == "cuda":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
+    cmd = [
+        "srun",
+        *overlap,
+        f"--nodes={cell.nodes}",
+        f"--ntasks={cell.world_size}",
+        f"--ntasks-per-node={cell.ranks_per_node}",
+        f"--cpus-per-task={cell.cpus_per_rank}",
+        *gpu_step_options(cell),
+        "--kill-on-bad-exit=1",
+        "--output",
+        str(rank_dir / "rank%t.log"),
+        *argv,
+    ]
+    log = (rank_dir / "srun.log").open("w")
+    return [
+        (
+            -1,
+            subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            ),
+        )
+    ]
+
+
+def _stop(procs, grace: float = 10.0) -> None:
+    for _, p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    for _, p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def wait_all(procs) -> tuple[int, int] | None:
+    """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a
+    failure."""
+    pending = dict((p.pid, (r, p)) for r, p in procs)
+    while pending:
+        for pid, (rank, p) in list(pending.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            del pending[pid]
+            if code != 0:
+                _stop([rp for rp in pending.values()])
+                return rank, code
+        time.sleep(0.05)
+    return None
+
+
+def record_slurm_job(output: Path) -> None:
+    """slurm_job.json beside the cell's metrics (kept with its measurement): the job measuring
+    the cell and what Slurm allocated it (partition, nodes, TRES, GRES per node and GPU indices,
+    as `scontrol show job -d` reports them), and the GPUs the job's environment names."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return
+    job = {
+        "slurm_job_id": os.environ["SLURM_JOB_ID"],
+        "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "host": socket.gethostname(),
+        "time": time.time(),
+        "allocation": job_allocation(os.environ["SLURM_JOB_ID"]),
+        "gpus": {
+            k.lower(): os.environ[k]
+            for k in ("SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")
+            if k in os.environ
+        },
+    }
+    _write_beside(output, SLURM_JOB_FILE, job)
+
+
+def _write_beside(output: Path, name: str, record: dict) -> None:
+    """A JSON side file in the cell's folder, renamed into place whole."""
+    tmp = output.parent / f".{name}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, output.parent / name)
+
+
+class Terminated(Exception):
+    """SIGTERM reached the launcher: Slurm cancelled the job, its time limit passed, or its
+    node is going away (Slurm sends SIGTERM, then SIGKILL after KillWait)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def record_failure(
+    output: Path,
+    rank_dir: Path,
+    cell: Cell,
+    *,
+    reason: str,
+    rank: int | None,
+    exit_code: int | None,
+) -> dict:
+    """failure.json beside the cell's (absent) metrics file: what failed, where, the last lines.
+    Ranks that never wrote rank_end are the unfinished ones; their log tails are kept."""
+    unfinished = []
+    for r in range(cell.world_size):
+        part = metrics.rank_file(rank_dir, r)
+        if not part.exists() or f'"{RANK_END}"' not in part.read_text(errors="replace"):
+            unfinished.append(r)
+    known = rank is not None and rank >= 0
+    tails = {
+        str(r): tail_lines(rank_dir / f"rank{r}.log") for r in ([rank] if known else unfinished[:4])
+    }
+    # A rank is blamed only when one failed: the launcher saw it exit, or srun named it below;
+    # when the whole job was terminated (rank -2) no rank is at fault.
+    record = {
+        "status": "failed",
+        "reason": reason,
+        "rank": rank if known else None,
+        "exit_code": exit_code,
+        "unfinished_ranks": unfinished,
+        "log_tail": tails,
+        "time": time.time(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "host": socket.gethostname(),
+    }
+    if (rank_dir / "srun.log").exists():
+        record["srun_tail"] = tail_lines(rank_dir / "srun.log")
+        # srun names the first task that failed: "srun: error: n2: task 1: Exited with exit code 3"
+        first = re.search(r"task (\d+): Exited with exit code (\d+)", record["srun_tail"])
+        if first and not known:
+            record["rank"], record["exit_code"] = int(first.group(1)), int(first.group(2))
+            failed_log = rank_dir / f"rank{first.group(1)}.log"
+            record["log_tail"] = {first.group(1): tail_lines(failed_log)}
+    fit = fit_records(
+        rank_dir
+    )  # out of memory: a result, "does not fit" (dlscale.store.does_not_fit)
+    if fit:
+        record.update(status=DOES_NOT_FIT, reason=fit_reason(fit), does_not_fit=fit)
+    _write_beside(output, FAILURE_FILE, record)
+    return record
+
+
+def keep_package_lists(rank_dir: Path, environments: Path) -> None:
+    """The nodes' package lists (dlscale.run.node_probes.PACKAGES_FILE), once per study: a list is
+    named by its sha256, so one already kept is the same list."""
+    for path in sorted(rank_dir.glob("packages-*.txt")):
+        target = environments / path.name.removeprefix("packages-")
+        if target.exists():
+            continue
+        try:
+            environments.mkdir(parents=True, exist_ok=True)
+            tmp = environments / f".{target.name}.{os.getpid()}.tmp"
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:  # the hash is in the metrics all the same
+            print(f"[dlscale.run.launch] package list not kept: {exc}", file=sys.stderr)
+
+
+def run_cell(
+    cell: Cell, output: Path, *, git_commit: str | None, python: str = sys.executable
+) -> int:
+    launcher = cell.launcher
+    rank_dir = output.parent / RANK_DIR
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    rank_dir.mkdir(parents=True)
+    (output.parent / FAILURE_FILE).unlink(missing_ok=True)
+    record_slurm_job(output)
+    write_cell_spec(cell, rank_dir)
+    argv = train_argv(rank_dir, python)
+    print(
+        f"[dlscale.run.launch] {launcher}: {cell.nodes} node(s) x {cell.ranks_per_node} "
+        f"rank(s): {' '.join(argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.time()
+    if launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
+        # A 1-rank cell already runs inside the job step the executor plugin made for it
+        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
+        start = start_local
+    else:
+        start = start_srun if launcher == "srun" else start_local
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    procs = []
+    try:
+        procs = start(cell, argv, rank_dir)
+        failed = wait_all(procs)
+    except Terminated:
+        _stop(procs, grace=2.0)
+        failed = (-2, 143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    wall = time.time() - started
+    for log in sorted(rank_dir.glob("*.log")):
+        print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)
+    if failed is not None:
+        rank, code = failed
+        reason = {
+            -2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
+            -1: f"srun step exited with code {code}",
+        }.get(rank, f"rank {rank} exited with code {code}")
+        rec = record_failure(output, rank_dir, cell, reason=reason, rank=rank, exit_code=code)
+        print(
+            f"[dlscale.run.launch] cell FAILED: {reason}; "
+            f"unfinished ranks {rec['unfinished_ranks']}",
+            file=sys.stderr,
+        )
+        return code or 1
+    try:
+        rank_records = metrics.read_rank_files(rank_dir, cell.world_size)
+        records = metrics.assemble(
+            cell=cell,
+            git_commit=git_commit,
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            rank_records=rank_records,
+            wall_seconds=wall,
+            started=started,
+        )
+        folder = keep_measurement(
+            output,
+            records,
+            metrics.write_atomic,
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            extra_files=[*sorted(rank_dir.glob("*.log")), output.parent / SLURM_JOB_FILE],
+        )
+    except metrics.MetricsError as exc:
+        record_failure(
+            output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None, exit_code=None
+        )
+        print(f"[dlscale.run.launch] cell FAILED: {exc}", file=sys.stderr)
+        return 1
+    study_dir = study_dir_of(output)  # a metrics file outside a study keeps them beside it
+    keep_package_lists(rank_dir, (study_dir or output.parent) / ENVIRONMENTS_DIR)
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    summary = records[-1]["value"]
+    print(
+        f"[dlscale.run.launch] ok: {summary['throughput_samples_per_s']:.1f} samples/s over "
+        f"{summary['world_size']} rank(s) on {summary['nodes_seen']} in {wall:.1f} s; kept in "
+        f"{folder}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dlscale-launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cell-json", required=True, help="the cell (dlscale.study.cell.Cell.to_json)"
+    )
+    parser.add_argument("--output", required=True, type=Path, help="the cell's metrics.jsonl")
+    # not a workflow param: a new commit must not make every cell rerun
+    parser.add_argument(
+        "--git-commit",
+        default=None,
+        help="the commit of the code that runs (default: that of the project this dlscale "
+        "package is part of, or 'not a git checkout' with a hash of the workflow sources)",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter of the cell's framework environment"
+    )
+    args = parser.parse_args(argv)
+    try:
+        cell = Cell.from_json(args.cell_json)
+    except (ValueError, TypeError) as exc:
+        parser.error(f"--cell-json: {exc}")
+    commit = args.git_commit or git_commit()
+    return run_cell(cell, args.output, git_commit=commit, python=args.python)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""A cell: one point of the study matrix and one repetition, as one typed value.
+
+This neutral module is the only place that names the axes, the cell's path pattern, a study's
+results folder and the files in a cell's folder. Everything else derives from it: the matrix
+(dlscale.study.matrix) makes Cells, the workflow's rules take their output and log patterns from it,
+the launcher hands a cell's ranks one serialised Cell (`Cell.to_json`, read back by
+`Cell.from_json`), and the analysis side (status, collect, report) reads axis values back from
+paths with `parse_cell_path`. Pure Python: importable in every framework environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S
+
+# The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
+AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism", "nodes")
+# How a cell's ranks share the model (dlscale.study.parallel_dims): data parallel (ddp, every cell
+# measured
+# before the axis existed), sharded (fsdp; hsdp: sharded within a node, replicated across),
+# tensor parallel within a node (tp), or both (fsdp+tp), or pipeline stages with micro-batches
+# (pp). The default is no segment of a cell's
+# path (PARALLEL_AXIS_PATH adds one for the others), so every earlier cell keeps its path.
+PARALLELISMS = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp")
+DEFAULT_PARALLELISM = "ddp"
+# What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
+# scaling study); `convergence`: training on a real dataset until a target validation accuracy
+# or an epoch cap (time-to-accuracy). A key of every cell, but not a segment of its axis path:
+# it names the folder its cells live in (WORKLOAD_DIRS), so adding it moved no measured cell.
+WORKLOADS = ("throughput", "convergence")
+DEFAULT_WORKLOAD = "throughput"
+# A cell's key within a study: its workload, the axes and the repetition.
+KEY = ("workload", *AXES, "rep")
+_PLACE = (*AXES, "rep")  # the part of the key its axis path names
+_INT_KEYS = ("nodes", "rep")
+_PATH_PREFIX = {"nodes": "n", "rep": "r"}  # path segment n2, r1: a number never stands alone
+# a ddp cell's path names every axis but its parallelism (the default)
+_DDP_PLACE = tuple(k for k in _PLACE if k != "parallelism")
+
+
+def _axis_path(place: tuple) -> str:
+    return "/".join(_PATH_PREFIX.get(k, "") + "{" + k + "}" for k in place)
+
+
+# One folder per cell, naming every axis and the repetition: {hardware}/.../n{nodes}/r{rep};
+# a cell of another parallelism than ddp has it after its mode: .../{mode}/fsdp/n{nodes}/r{rep}
+AXIS_PATH = _axis_path(_DDP_PLACE)
+PARALLEL_AXIS_PATH = _axis_path(_PLACE)
+
+# Every study has its own results folder: its cells, tables, figures, report and logs, so any
+# number of studies live side by side in one checkout.
+STUDY_DIR = "results/{study}"
+METRICS_FILE = "metrics.jsonl"
+# Each workload's cells in their own folder of the study: throughput cells in runs/, where
+# every cell lived before workloads existed (their paths, hashes and measurements are unchanged),
+# convergence cells in convergence/.
+WORKLOAD_DIRS = {"throughput": "runs", "convergence": "convergence"}
+# A cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
+CELL_PATTERNS = {w: f"{STUDY_DIR}/{d}/{AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()}
+CELL_PATTERN = CELL_PATTERNS[DEFAULT_WORKLOAD]
+PATH_KEY = ("study", *_DDP_PLACE)  # the wildcards of every ddp cell pattern, in order
+# The same for a cell of another parallelism (its own train rules; dlscale.study.cell.train_rule).
+PARALLEL_CELL_PATTERNS = {
+    w: f"{STUDY_DIR}/{d}/{PARALLEL_AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()
+}
+PARALLEL_PATH_KEY = ("study", *_PLACE)
+# The launcher's log of a cell (the train rules' `log:`).
+TRAIN_LOG_PATTERNS = {
+    "throughput": f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log",
+    "convergence": f"{STUDY_DIR}/logs/convergence/{AXIS_PATH}.log",
+}
+TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
+PARALLEL_TRAIN_LOG_PATTERNS = {
+    w: p.replace(AXIS_PATH, PARALLEL_AXIS_PATH) for w, p in TRAIN_LOG_PATTERNS.items()
+}
+# The executor plugin's logs (profiles/slurm `slurm-logdir`), shared by all studies: a job's
+# folder is named by its wildcards, the study's name first.
+SLURM_LOGS = "results/logs/slurm"
+# The train rule of a resource class and workload (rules/train.smk); the executor plugin writes
+# its logs under SLURM_LOGS/rule_<name>/.
+TRAIN_RULES = {
+    "throughput": "train_{hardware}_n{nodes}",
+    "convergence": "converge_{hardware}_n{nodes}",
+}
+TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
+
+
+def cell_pattern(workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM) -> str:
+    """The metrics pattern of a workload's cells of one parallelism."""
+    patterns = CELL_PATTERNS if parallelism == DEFAULT_PARALLELISM else PARALLEL_CELL_PATTERNS
+    return patterns[workload]
+
+
+def train_log_pattern(
+    workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM
+) -> str:
+    """The launcher's log pattern of a workload's cells of one parallelism."""
+    if parallelism == DEFAULT_PARALLELISM:
+        return TRAIN_LOG_PATTERNS[workload]
+    return PARALLEL_TRAIN_LOG_PATTERNS[workload]
+
+
+def train_rule(workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM) -> str:
+    """The train rule's name pattern of a workload's cells of one parallelism: TRAIN_RULES for
+    ddp, with the parallelism appended for the others (train_cpu_n2_fsdp, ..._fsdp_tp)."""
+    rule = TRAIN_RULES[workload]
+    if parallelism == DEFAULT_PARALLELISM:
+        return rule
+    return f"{rule}_{re.sub(r'[^A-Za-z0-9]+', '_', parallelism)}"
+
+
+def path_key(parallelism: str = DEFAULT_PARALLELISM) -> tuple:
+    """The wildcards of a cell's pattern, in order (PATH_KEY, PARALLEL_PATH_KEY)."""
+    return PATH_KEY if parallelism == DEFAULT_PARALLELISM else PARALLEL_PATH_KEY
+
+
+# What every cell rule's name starts with (the rules that measure; the rest aggregate).
+CELL_RULE_PREFIXES = tuple(rule.split("{")[0] for rule in TRAIN_RULES.values())
+
+# Files in a cell's folder besides the metrics file.
+# Every measurement of a cell is kept in its own folder, measurements/<time>-<job>/, with the
+# ranks' logs and its Slurm job; the cell's metrics.jsonl is a hard link to the current one, so
+# when Snakemake removes it to re-measure the cell (--forcerun, a re-measure the user asked
+# for), the earlier measurement stays where it is.
+MEASUREMENTS_DIR = "measurements"
+RANK_DIR = ".ranks"  # the ranks' part files and logs while the cell runs
+CELL_SPEC_FILE = "cell.json"  # in RANK_DIR: the Cell the ranks read (Cell.to_json)
+FAILURE_FILE = "failure.json"  # why the cell failed (dlscale.run.launch.record_failure)
+# Which Slurm job runs the cell, written when the launcher starts (before any rank): the status
+# table finds the job's state and log with it even when the job is killed outright, and for
+# array tasks, whose logs are named <array job>_<task>.log rather than by the cell.
+SLURM_JOB_FILE = "slurm_job.json"
+
+# The package lists of the environments a study's ranks ran in: one file per distinct list,
+# named by its sha256 (dlscale.run.node_probes.PACKAGES_FILE), in the study's folder (the launcher
+# keeps them; each cell's metrics name theirs by hash).
+ENVIRONMENTS_DIR = "environments"
+# Folders between a study's folder and a cell's metrics file (runs/<axes...>/<rep>).
+_CELL_DEPTH = CELL_PATTERN.count("/") - STUDY_DIR.count("/")
+
+
+def study_dir_of(metrics_path: str | Path) -> Path | None:
+    """The study folder (STUDY_DIR) a cell's metrics path lies in (relative or absolute), or
+    None for a metrics file outside a study's layout."""
+    parts = Path(metrics_path).parts
+    for depth in (_CELL_DEPTH, _CELL_DEPTH + 1):  # a ddp cell's path, another parallelism's
+        if len(parts) < depth + 2:
+            return None
+        try:  # match the pattern from its results/ folder on
+            parse_cell_path(Path(*parts[-(depth + 2) :]).as_posix())
+        except ValueError:
+            continue
+        return Path(metrics_path).parents[depth - 1]
+    return None
+
+
+TAIL_LINES = 20  # log lines kept in failure records and the status table
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Everything a cell's ranks need, derived once from the validated config and hardware map
+    (dlscale.study.matrix.build_matrix). Frozen: nothing downstream changes a cell."""
+
+    # the key
+    hardware: str
+    framework: str
+    model: str
+    policy: str
+    precision: str
+    mode: str  # eager or compiled (torch.compile, XLA, hybridize)
+    nodes: int
+    rep: int
+    # derived from the config and the hardware entry
+    device: str
+    ranks_per_node: int
+    per_rank_batch: int
+    global_batch: int
+    cpus_per_rank: int
+    warmup_steps: int
+    steps: int
+    learning_rate: float
+    momentum: float
+    launcher: str  # how its ranks start: local processes or srun
+    hardware_hash: str  # of its hardware entry (partition, GPUs, constraint, ...)
+    environment: str  # its framework environment: name:hash of its pinned packages
+    # the study it belongs to (its results folder; not part of what is measured)
+    study: str
+    # What the cell measures (WORKLOADS). A convergence cell trains on a real dataset: the
+    # fields below (None in a throughput cell); its learning_rate is the base rate its LR rule
+    # scales with the global batch (dlscale.study.lr).
+    workload: str = DEFAULT_WORKLOAD
+    dataset: str | None = None  # a dataset dlscale ships (digits) or a dataset folder
+    data_format: str | None = None  # its on-disk format (dlscale.data.FORMATS)
+    data_path: str | None = None  # where the ranks read it (not identity: `dataset` names it)
+    target_accuracy: float | None = None  # validation accuracy that ends training (0..1)
+    max_epochs: int | None = None  # the epoch cap: training ends there, target reached or not
+    lr_rule: str | None = None  # none, linear or sqrt (dlscale.study.lr.RULES)
+    reference_batch: int | None = None  # the global batch the base learning rate is tuned at
+    warmup_epochs: float | None = None  # linear warm-up from the base to the scaled rate
+    loader_workers: int | None = None  # data-loading worker processes per rank
+    stage_dir: str | None = None  # node-local folder its ranks stage the dataset to (hardware)
+    # how the launcher binds a cuda cell's GPUs to its ranks (hardware.yaml gpu_binding,
+    # dlscale.run.devices.GPU_BINDINGS); None for a CPU cell
+    gpu_binding: str | None = None
+    # How its ranks share the model (PARALLELISMS; dlscale.study.parallel_dims.ParallelDims) and its
+    # tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
+    parallelism: str = DEFAULT_PARALLELISM
+    tp_degree: int = 1
+    # pipeline stages and micro-batches per step of a pp cell (config pp_degree, microbatches;
+    # 1 for every other strategy)
+    pp_degree: int = 1
+    microbatches: int = 1
+    # A decoder model's sequence length in tokens (config seq_len, else the model's registry
+    # default; dlscale.models.spec_for); None for every other model
+    seq_len: int | None = None
+    # How long the first warm-up step (compilation) may wait for its peers (config
+    # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
+    first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def key(self) -> tuple:
+        return tuple(getattr(self, k) for k in KEY)
+
+    @property
+    def path(self) -> str:
+        """The cell's metrics file (CELL_PATTERNS of its workload; PARALLEL_CELL_PATTERNS
+        for a parallelism other than ddp)."""
+        pattern = cell_pattern(self.workload, self.parallelism)
+        return pattern.format(**self.key_dict(), study=self.study)
+
+    def key_dict(self) -> dict:
+        return {k: getattr(self, k) for k in KEY}
+
+    def identity(self) -> dict:
+        """Everything that changes what this cell measures: every field but the study's name
+        and the dataset's location; fields added after cells were measured count only away
+        from their default (LATER_FIELDS), so a throughput cell's identity and hash are what
+        they were before workloads existed. A measured cell whose identity differs from the
+        planned one is never re-measured silently (dlscale.store.measurements.changed_cells)."""
+        return {
+            k: v
+            for k, v in vars(self).items()
+            if k not in NOT_IDENTITY and not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+        }
+
+    @property
+    def config_hash(self) -> str:
+        """Short hash of the cell's identity: the configuration its measurement depends on."""
+        blob = json.dumps(self.identity(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict:
+        """Every field, the world size and the config hash (the `cell` of a metrics file's
+        run_start)."""
+        # a flat dataclass: vars() is the same as dataclasses.asdict at a fraction of its cost
+        # (called once per job while a 10,000-cell study is planned); fields added later are
+        # left out at their default, so a throughput cell serialises (and its job's params read)
+        # as before they existed
+        d = {
+            k: v for k, v in vars(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+        }
+        d["world_size"] = self.world_size
+        d["config_hash"] = self.config_hash
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Cell:
+        """The inverse of as_dict; derived keys (world_size) are checked, unknown keys refused."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields - set(DERIVED))
+        missing = sorted(fields - set(d) - set(LATER_FIELDS))
+        if unknown or missing:
+            raise ValueError(f"not a dlscale cell: unknown keys {unknown}, missing keys {missing}")
+        cell = cls(**{k: d[k] for k in fields if k in d})
+        # config_hash is recomputed from the fields (a hand-edited cell gets its own)
+        if "world_size" in d and d["world_size"] != cell.world_size:
+            raise ValueError(
+                f"cell says world_size {d['world_size']}, but nodes x ranks_per_node "
+                f"is {cell.world_size}"
+            )
+        return cell
+
+    @classmethod
+    def from_json(cls, text: str) -> Cell:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def read(cls, path: str | Path) -> Cell:
+        return cls.from_json(Path(path).read_text())
+
+
+# where, not what; and deadlines, which change no measurement
+NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s")
+DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
+# Fields added after cells were measured, with the value every earlier cell had: at that value
+# they are left out of the identity (and the hash), and a serialised cell may omit them.
+LATER_FIELDS = {
+    f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
+}
+# The fields only a convergence cell sets.
+CONVERGENCE_FIELDS = tuple(
+    k
+    for k in LATER_FIELDS
+    if k
+    not in (
+        "workload",
+        "first_step_timeout_s",
+        "gpu_binding",
+        "parallelism",
+        "tp_degree",
+        "pp_degree",
+        "microbatches",
+        "seq_len",
+    )
+)
+
+
+def key_of(values, workload: str | None = None) -> tuple:
+    """A cell's key from a mapping of key names to values, strings or not (wildcards, which
+    name no workload: `workload`, else the default)."""
+    values = {
+        "workload": workload or DEFAULT_WORKLOAD,
+        "parallelism": DEFAULT_PARALLELISM,
+        **values,
+    }
+    return tuple(int(values[k]) if k in _INT_KEYS else str(values[k]) for k in KEY)
+
+
+def format_key(pattern: str, cell: dict) -> str:
+    """A pattern over PATH_KEY (CELL_PATTERNS, TRAIN_LOG_PATTERNS, TRAIN_RULES) for a cell's
+    values."""
+    return pattern.format(**{k: cell[k] for k in PARALLEL_PATH_KEY if k in cell})
+
+
+def cell_label(cell: dict) -> str:
+    """A cell's place in its study, as tables and the report name it: its axis path, under its
+    workload's folder for any workload but the default (throughput)."""
+    parallel = cell.get("parallelism", DEFAULT_PARALLELISM) != DEFAULT_PARALLELISM
+    place = format_key(PARALLEL_AXIS_PATH if parallel else AXIS_PATH, cell)
+    workload = cell.get("workload", DEFAULT_WORKLOAD)
+    return place if workload == DEFAULT_WORKLOAD else f"{WORKLOAD_DIRS[workload]}/{place}"
+
+
+def _pattern_re(pattern: str) -> re.Pattern:
+    return re.compile(
+        re.escape(pattern)
+        .replace(r"\{", "{")
+        .replace(r"\}", "}")
+        .format(**{k: f"(?P<{k}>[^/]+)" for k in PARALLEL_PATH_KEY})
+    )
+
+
+# a ddp cell's pattern first: it is one folder shorter, so no path matches both
+_CELL_RES = [
+    *((w, _pattern_re(p)) for w, p in CELL_PATTERNS.items()),
+    *((w, _pattern_re(p)) for w, p in PARALLEL_CELL_PATTERNS.items()),
+]
+
+
+def parse_cell_path(path: str) -> dict:
+    """Study, workload and key values named by a cell's metrics path (the inverse of
+    Cell.path)."""
+    for workload, regex in _CELL_RES:
+        m = regex.fullmatch(str(path))
+        if m:
+            d = m.groupdict()
+            return {
+                "study": d["study"],
+                "workload": workload,
+                "parallelism": DEFAULT_PARALLELISM,
+                **d,
+                **{k: int(d[k]) for k in _INT_KEYS},
+            }
+    raise ValueError(f"not a cell metrics path: {path}")
+
+
+def tail_lines(path: Path, n: int = TAIL_LINES, missing: str = "(no log)") -> str:
+    """The last n lines of a log, or `missing` when it cannot be read."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return missing

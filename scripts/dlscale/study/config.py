@@ -1,0 +1,644 @@
+"""Load and validate the study configuration and the site hardware map.
+
+Every problem is reported before any job runs, all at once, each message naming the key
+(as a dotted path, e.g. ``axes.nodes[0]``) and, where there is a closed set, the allowed values.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import math
+import os
+import re
+import reprlib
+import stat
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from dlscale.study.cell import (
+    AXES,  # noqa: F401  (re-exported: the axes of a study's matrix)
+    DEFAULT_PARALLELISM,
+)
+from dlscale.study.errors import ConfigError  # noqa: F401 (re-exported)
+
+# Bounds on reading a configuration file: it is refused before parsing when larger than
+# MAX_FILE_BYTES, and while parsing when its aliases would expand it past MAX_NODES values or
+# it nests deeper than MAX_DEPTH (a "billion laughs" file is a few hundred bytes).
+MAX_FILE_BYTES = 1_000_000
+MAX_NODES = 100_000
+MAX_DEPTH = 32
+# Bad values are quoted in messages up to this many characters (and at most
+# dlscale.study.errors.MAX_PROBLEMS problems are listed).
+MAX_VALUE_CHARS = 60
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = MAX_VALUE_CHARS
+_REPR.maxlevel = 3
+
+
+# The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
+# and tf32 (fp32 cells whose math ran on TF32 tensor cores, per the cell's recorded fast paths).
+PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PEAK_KEY = "peak_tflops"
+
+
+def peak_problems(key: str, peak) -> list[str]:
+    """What is wrong with a hardware entry's ``peak_tflops`` beyond its schema: sparse peaks
+    are refused (a key or a value that names sparsity), with the reason."""
+    if not isinstance(peak, dict):
+        return []
+    problems = []
+    for name, value in peak.items():
+        flagged = "sparse" in str(name).lower() or (
+            not isinstance(value, (int, float)) and "sparse" in str(value).lower()
+        )
+        if name == "source":
+            flagged = "sparse" in str(value).lower() and "dense" not in str(value).lower()
+        if flagged:
+            problems.append(
+                f"{key}.{PEAK_KEY}.{name}: sparse peaks are refused: MFU is measured against "
+                "the dense peak (the datasheet's figure without structured sparsity, e.g. H100 "
+                f"SXM bf16 989.4, not 1,979); allowed keys: {', '.join(PEAK_PRECISIONS)}, source"
+            )
+    return problems
+
+
+def shorten(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
+    """repr(value), truncated to `limit` characters (and never expanded past them)."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+    else:  # reprlib: bounded in elements, depth and string length whatever the value's size
+        text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _cut(text: str, limit: int) -> str:
+    """Text (not a value) cut to `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _file_kind(mode: int) -> str:
+    for test, word in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def read_config_text(path: str | Path, *, source: str | None = None) -> str:
+    """The text of a configuration file, read with bounds: only a regular file (never a
+    directory, FIFO, device or socket, so a read cannot block), at most MAX_FILE_BYTES, valid
+    UTF-8. Every refusal is a ConfigError naming the file."""
+    source = source or str(path)
+    if str(path).strip() == "":
+        raise ConfigError(source, ["the path is empty; name a YAML file"])
+    if "\x00" in str(path):
+        raise ConfigError(source, ["the path contains a NUL character"])
+    path = Path(path)
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer returns at once instead of hanging; the
+        # fstat below then refuses it before any read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(source, [f"file not found: {path}"]) from None
+    except IsADirectoryError:
+        raise ConfigError(source, [f"{path} is a directory, not a YAML file"]) from None
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot open {path}: {exc.strerror}"]) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(
+                source, [f"{path} is {_file_kind(info.st_mode)}, not a regular YAML file"]
+            )
+        if info.st_size > MAX_FILE_BYTES:
+            raise ConfigError(
+                source,
+                [
+                    f"{path} is {info.st_size:,} bytes; a configuration file may have at "
+                    f"most {MAX_FILE_BYTES:,} bytes"
+                ],
+            )
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as fh:
+            fd = -1
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read {path}: {exc.strerror}"]) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > MAX_FILE_BYTES:  # grew while being read
+        raise ConfigError(
+            source, [f"{path} has more than {MAX_FILE_BYTES:,} bytes; refused unread"]
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            source,
+            [
+                f"{path} is not UTF-8 text (invalid byte {data[exc.start]:#04x} at offset "
+                f"{exc.start}); save it as UTF-8"
+            ],
+        ) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate keys and bounds what aliases can expand to."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        # refuse deep nesting while composing: PyYAML's scanner slows down with every open
+        # flow level ("[[[[...", 1 MB of it takes seconds), so stop at the first level too many
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooLarge(f"nests deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:  # the mapping's own keys, before merges (<<)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "a mapping key must be a plain value", key_node.start_mark
+                    ) from None
+                if not isinstance(key, str):
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"the key {shorten(key)} is not a string (YAML reads unquoted "
+                        "yes/no/on/off as booleans and digits as numbers): quote it",
+                        key_node.start_mark,
+                    )
+                if key in seen:
+                    raise _Duplicate(key, seen[key], key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+class _Duplicate(Exception):
+    def __init__(self, key, first, again):
+        self.key, self.first, self.again = key, first, again
+
+
+def _expanded_size(node, memo: dict, depth: int = 0) -> int:
+    """How many values a composed YAML node stands for once every alias is expanded
+    (memoised per node, so a bomb is measured without being expanded); stops past the bounds."""
+    if depth > MAX_DEPTH:
+        raise _TooLarge(f"nests deeper than {MAX_DEPTH} levels")
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            size += _expanded_size(child, memo, depth + 1)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            size += _expanded_size(key, memo, depth + 1) + _expanded_size(value, memo, depth + 1)
+    if size > MAX_NODES:
+        raise _TooLarge(
+            f"expands to more than {MAX_NODES:,} values (YAML aliases; a 'billion laughs' file?)"
+        )
+    memo[id(node)] = size
+    return size
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML text safely (no tags that build objects, no code), refusing duplicate keys,
+    documents past the expansion bounds and more than one document."""
+    try:
+        loader = _StrictLoader(text)
+    except yaml.YAMLError as exc:  # the reader refuses control characters up front
+        raise ConfigError(source, [f"not valid YAML: {_cut(str(exc), 400)}"]) from None
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {})
+        return loader.construct_document(node)
+    except _Duplicate as dup:
+        raise ConfigError(
+            source,
+            [
+                f"duplicate key {shorten(dup.key)} (line {dup.first.line + 1} and again at "
+                f"line {dup.again.line + 1}); each key may appear once"
+            ],
+        ) from None
+    except _TooLarge as exc:
+        raise ConfigError(source, [f"the document {exc}; refused"]) from None
+    except RecursionError:
+        raise ConfigError(source, [f"the document nests deeper than {MAX_DEPTH} levels"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"not valid YAML: {_cut(str(exc), 400)}"]) from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml(path: str | Path, *, source: str | None = None) -> Any:
+    """A configuration file's content: bounded read (read_config_text), then parse_yaml."""
+    source = source or str(path)
+    return parse_yaml(read_config_text(path, source=source), source)
+
+
+def load_config_file(path: str | Path, *, source: str | None = None) -> dict:
+    """A study file (config/config.yaml, a `study_file`, or a --configfile): a YAML mapping, never
+    a template. Snakemake evaluates a file with a top-level `__use_yte__: true` as a YTE
+    template (Python expressions); dlscale refuses such a file instead of running it."""
+    source = source or str(path)
+    data = load_yaml(path, source=source)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            source, [f"(top level): must be a mapping of keys, got {type(data).__name__}"]
+        )
+    if "__use_yte__" in data:
+        raise ConfigError(
+            source,
+            [
+                "__use_yte__: a study file is plain YAML; dlscale never evaluates it as a "
+                "template (YTE runs Python code). Remove the key and write the values out."
+            ],
+        )
+    return data
+
+
+REGISTRY_KEYWORD = "x-dlscale-registry"
+
+
+def _registry_names(registry: str) -> list[str]:
+    """The names a registry defines: `models` (dlscale.models), `frameworks` or `formats`
+    (dlscale.data.FORMATS)."""
+    if registry == "models":
+        from dlscale.models import names
+    elif registry == "frameworks":
+        from dlscale.frameworks import names
+    elif registry == "formats":  # the dataset formats dlscale.data reads
+
+        def names():
+            from dlscale.data import FORMATS
+
+            return list(FORMATS)
+    else:
+        raise ValueError(f"{REGISTRY_KEYWORD}: unknown registry {registry!r}")
+    return names()
+
+
+def _fill_registries(schema: Any) -> None:
+    """Give every subschema marked {"x-dlscale-registry": R} the enum of R's names, so the
+    registries (not the schema file) say which models and frameworks exist."""
+    if isinstance(schema, dict):
+        if REGISTRY_KEYWORD in schema:
+            schema["enum"] = _registry_names(schema[REGISTRY_KEYWORD])
+        for sub in schema.values():
+            _fill_registries(sub)
+    elif isinstance(schema, list):
+        for sub in schema:
+            _fill_registries(sub)
+
+
+def load_schema(path: str | Path) -> dict:
+    with Path(path).open() as fh:
+        schema = json.load(fh)
+    _fill_registries(schema)
+    return schema
+
+
+def _key_path(parts) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _suggest(value, allowed) -> str:
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "array": "a list",
+    "object": "a mapping",
+    "boolean": "true or false",
+    "null": "null",
+}
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """One human sentence for a jsonschema error: key path, bad value, allowed values."""
+    path = list(error.absolute_path)
+    key = _key_path(path)
+    v, val = error.validator, error.instance
+    shown = shorten(val)
+    if v == "enum":
+        allowed = error.validator_value
+        return (
+            f"{key}: {shown} is not allowed; allowed values: "
+            f"{', '.join(map(str, allowed))}{_suggest(val, allowed)}"
+        )
+    if v == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(val) - set(allowed), key=str)
+        bits = [f"unknown key {k!r}{_suggest(k, allowed)}" for k in extra]
+        where = f" in {key}" if path else ""
+        return f"{'; '.join(bits)}{where}; allowed keys: {', '.join(allowed)}"
+    if v == "type":
+        want = error.validator_value
+        want = [want] if isinstance(want, str) else want
+        words = " or ".join(_TYPE_WORDS.get(w, w) for w in want)
+        if isinstance(val, bool) and ("integer" in want or "number" in want):
+            return f"{key}: {shown} is a boolean; it must be {words}"
+        if isinstance(val, float) and not math.isfinite(val):
+            return f"{key}: {shown} is not a finite number; it must be {words}"
+        if isinstance(val, float) and "integer" in want:
+            return f"{key}: {shown} must be {words} (write it without a decimal point)"
+        return f"{key}: {shown} must be {words}"
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
+        allowed = error.schema.get("x-dlscale-allowed")
+        return f"{key}: {shown} must be {op} {error.validator_value}" + (
+            f" (allowed: {allowed})" if allowed else ""
+        )
+    if v == "uniqueItems":
+        seen, dup = set(), []
+        for item in val:
+            marker = json.dumps(item, sort_keys=True)
+            if marker in seen:
+                dup.append(item)
+            seen.add(marker)
+        return f"{key}: duplicated values {shorten(dup)}; list each value once"
+    if v == "minItems":
+        return f"{key}: must list at least {error.validator_value} value(s)"
+    if v == "minProperties":
+        return f"{key}: must name at least {error.validator_value} key(s)"
+    if v == "pattern":
+        allowed = error.schema.get(
+            "x-dlscale-allowed",
+            f"letters, digits and _ . - as matched by {error.validator_value!r}",
+        )
+        what = "a valid name" if "x-dlscale-allowed" not in error.schema else "allowed"
+        return f"{key}: {shown} is not {what} (allowed: {allowed})"
+    if v == "propertyNames":
+        return f"{key}: key {shown} is not a valid name"
+    if v == "required":
+        return f"{key}: {error.message}"
+    if v == "maxLength":
+        return f"{key}: longer than {error.validator_value} characters"
+    if v == "maxProperties":
+        return f"{key}: names {len(val)} keys; at most {error.validator_value} are allowed"
+    if v == "maxItems":
+        return f"{key}: lists {len(val)} values; at most {error.validator_value} are allowed"
+    if v == "minLength":
+        return f"{key}: must not be empty"
+    return f"{key}: {_cut(error.message, 200)}"
+
+
+def _leaf_errors(error):
+    if error.context:
+        for sub in error.context:
+            yield from _leaf_errors(sub)
+    else:
+        yield error
+
+
+def _is_integer(checker, value) -> bool:
+    """An integer is an int, never a bool and never a float (JSON Schema would take 2.0)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(checker, value) -> bool:
+    """A number is a finite int or float, never a bool (NaN and infinity pass every bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value)
+
+
+def _anchored_pattern(validator, pattern, instance, schema):
+    """`pattern`, matched as a whole: Python's `$` also matches before a final newline, so an
+    anchored pattern (^...$) must match the entire string (re.fullmatch)."""
+    if not isinstance(instance, str):
+        return
+    if pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$"):
+        ok = re.fullmatch(pattern[1:-1], instance) is not None
+    else:
+        ok = re.search(pattern, instance) is not None
+    if not ok:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_TYPE_CHECKER = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+    {"integer": _is_integer, "number": _is_number}
+)
+StrictValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    validators={"pattern": _anchored_pattern},
+    type_checker=_TYPE_CHECKER,
+)
+
+
+def schema_problems(instance: Any, schema: dict) -> list[str]:
+    validator = StrictValidator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
+    problems = []
+    for err in errors:
+        for leaf in _leaf_errors(err):
+            msg = _describe(leaf)
+            if msg not in problems:
+                problems.append(msg)
+    return problems
+
+
+def apply_defaults(schema: dict, instance: Any) -> Any:
+    """Fill schema defaults into a (valid) instance, recursively for objects."""
+    if not isinstance(instance, dict) or schema.get("type") != "object":
+        return instance
+    out = dict(instance)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if key in out:
+            out[key] = apply_defaults(sub, out[key])
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in out:
+            if key not in schema.get("properties", {}):
+                out[key] = apply_defaults(extra, out[key])
+    return out
+
+
+def validate_config(config: dict, schema: dict, source: str = "config") -> dict:
+    """Schema-validate the study config and return it with defaults filled in."""
+    if not isinstance(config, dict):
+        raise ConfigError(source, [f"(top level): must be a mapping, got {type(config).__name__}"])
+    problems = schema_problems(config, schema)
+    if problems:
+        raise ConfigError(source, problems)
+    return apply_defaults(schema, config)
+
+
+def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file") -> dict:
+    if not isinstance(hardware, dict):
+        raise ConfigError(source, ["(top level): must be a mapping of hardware keys"])
+    problems = schema_problems(hardware, schema)
+    for key, entry in hardware.items():
+        if not isinstance(entry, dict):
+            continue
+        device, gpus = entry.get("device"), entry.get("gpus_per_node", 0)
+        if device == "cuda" and not gpus:
+            problems.append(f"{key}.gpus_per_node: device 'cuda' needs gpus_per_node >= 1")
+        if device == "cpu" and gpus and entry.get("gpus_allocated_only") is not True:
+            problems.append(
+                f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
+                "set device: cuda, gpus_per_node: 0, or gpus_allocated_only: true "
+                "(allocate the GPUs, compute on the CPU)"
+            )
+        gpu_type = entry.get("gpu_type")
+        if (
+            gpus
+            and entry.get("gpu_request", "gres") == "gres"
+            and isinstance(gpu_type, str)
+            and not re.fullmatch(r"[A-Za-z0-9_.]+", gpu_type)
+        ):
+            # the Slurm plugin's `gres` resource takes letters, digits, `_` and `.` only
+            problems.append(
+                f"{key}.gpu_type: {gpu_type!r} cannot be a GRES type (letters, digits, _ and . "
+                "only); rename it or use gpu_request: gpus"
+            )
+        if device == "cuda" and entry.get("environment_variant") == "cpu":
+            problems.append(
+                f"{key}.environment_variant: 'cpu' on a device 'cuda' entry: its ranks would "
+                "run in CPU builds of the frameworks (allowed: cuda, or null for the device's "
+                "default)"
+            )
+        if "gpu_binding" in entry and device != "cuda":
+            problems.append(
+                f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
+                "use no GPU)"
+            )
+        problems += peak_problems(key, entry.get(PEAK_KEY))
+        if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
+            problems.append(
+                f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
+            )
+    if problems:
+        raise ConfigError(source, problems)
+    return apply_defaults(schema, hardware)
+
+
+# Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
+# neither
+# the config hash nor a cell's hardware hash includes them.
+PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w")
+# Hardware keys that say where, not what: a convergence cell carries them (Cell.stage_dir), no
+# hash includes them (moving the staging folder re-measures nothing).
+CELL_HARDWARE_KEYS = ("stage_dir",)
+
+# Hardware keys that say who pays and where a job queues (account, QoS, reservation): the
+# Slurm plugin's resources of the cell's job (dlscale.study.resources), part of no hash.
+SCHEDULING_KEYS = ("account", "qos", "reservation")
+# Hardware keys that choose or check the cell's environment: the cell's environment identity
+# (name and hash of its pinned requirements) covers the variant, and compute_capability only
+# refuses cells before any job; no hardware hash includes them.
+ENVIRONMENT_KEYS = ("environment_variant", "compute_capability")
+# Hardware keys only the analysis reads: the dense peak (dlscale.analysis.mfu, MFU); part of no
+# hash.
+ANALYSIS_KEYS = ("peak_tflops",)
+
+# Hardware keys added after studies were measured, hashed only away from their default: at the
+# default they ask exactly what an entry without them asked, so existing cells stay measured.
+LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": "node"}
+
+
+def environment_variant(entry: dict) -> str:
+    """The environment variant (dlscale.frameworks.VARIANTS) a hardware entry's cells run in:
+    its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
+    return entry.get("environment_variant") or ("cuda" if entry["device"] == "cuda" else "cpu")
+
+
+def hashed_hardware(entry: dict) -> dict:
+    """The part of a hardware entry that a measurement depends on (config and cell hashes)."""
+    return {
+        k: v
+        for k, v in entry.items()
+        if k not in PLANNING_KEYS
+        and k not in CELL_HARDWARE_KEYS
+        and k not in SCHEDULING_KEYS
+        and k not in ENVIRONMENT_KEYS
+        and k not in ANALYSIS_KEYS
+        and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
+    }
+
+
+def config_hash(config: dict, hardware: dict) -> str:
+    """Short, stable hash of the validated config and the hardware entries it uses."""
+    used = {k: hashed_hardware(hardware[k]) for k in config["axes"]["hardware"] if k in hardware}
+    # Presentation settings and the flags of one run do not change what is measured; the
+    # launcher does (local processes on one host or srun over the allocation's nodes).
+    measured = {
+        k: v
+        for k, v in config.items()
+        if k
+        not in (
+            "report",
+            "remeasure",
+            "restart",
+            "max_cells",
+            "study_file",
+            "references_file",
+            "plan",
+            "first_step_timeout_s",  # a deadline, in no cell's identity either
+        )
+    }
+    # keys added later count only where they ask for something (a study without convergence
+    # cells hashes as it did before workloads existed)
+    if measured.get("workloads") == ["throughput"]:
+        del measured["workloads"]
+    # the parallelism axis and its degree at their defaults: every cell ddp, as before them
+    for key in ("tp_degree", "pp_degree", "microbatches"):
+        if key in measured and measured[key] is None:
+            del measured[key]
+    if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
+        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
+    if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
+        measured.pop("seq_len", None)
+    if "convergence" not in config.get("workloads", ["throughput"]):
+        measured.pop("convergence", None)
+    elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement
+        measured["convergence"] = {
+            k: v for k, v in measured["convergence"].items() if k != "validity_tolerance"
+        }
+    blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

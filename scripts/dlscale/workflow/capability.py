@@ -1,0 +1,195 @@
+"""Can each planned cell's environment drive its device? Checked before any job.
+
+A GPU cell whose environment is a CPU build would fail inside its job, after its queue wait.
+The driver checks every planned cell on the login node (no GPU needed, nothing imported): it
+reads what each framework's installed build says of itself in the environment's site-packages:
+
+- PyTorch (and Horovod's torch): `torch/version.py` names the CUDA release it was built with
+  (`cuda = None` in a CPU build);
+- TensorFlow and Keras: `tensorflow/python/platform/build_info.py` (`is_cuda_build`);
+- Horovod: its torch extension links NCCL's collectives (built with HOROVOD_GPU_OPERATIONS=NCCL)
+  or not (gloo only);
+- MXNet: the distribution installed is a CUDA build (`mxnet-cu117`, ...) or the CPU `mxnet`.
+
+A CPU cell runs in any build. Problems name the cells, the environment, what is missing and the
+command that builds the right one; the workflow stops before any job (dry runs included).
+`python -m dlscale.workflow.capability --env-dir DIR --framework F` prints one environment's answer
+(scripts/setup.sh checks each CUDA environment it builds with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import re
+import sys
+from pathlib import Path
+
+from dlscale.frameworks import FRAMEWORKS, environment_name
+
+SETUP = "bash scripts/setup.sh"
+CELLS_NAMED = 3  # cells listed by path per problem; the rest are counted
+
+
+def site_packages(env_dir: Path) -> Path | None:
+    """The venv's site-packages folder (lib/python3.X/site-packages), or None."""
+    found = sorted(Path(env_dir).glob("lib/python3*/site-packages"))
+    return found[-1] if found else None
+
+
+def _torch_cuda(sp: Path) -> tuple[bool, str]:
+    version = sp / "torch" / "version.py"
+    if not version.exists():
+        return False, "torch is not installed"
+    m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+)$", version.read_text(), re.M)
+    value = m.group(1).strip().strip("'\"") if m else "None"
+    if value in ("None", ""):
+        return False, "torch is a CPU build (torch.version.cuda is None)"
+    return True, f"torch built with CUDA {value}"
+
+
+def _tensorflow_cuda(sp: Path) -> tuple[bool, str]:
+    info = sp / "tensorflow" / "python" / "platform" / "build_info.py"
+    if not info.exists():
+        return False, "tensorflow is not installed"
+    if re.search(r"['\"]is_cuda_build['\"]\s*[:,]\s*True", info.read_text()):
+        # PyPI's Linux wheel is a CUDA build that loads CUDA from pip's nvidia packages (the
+        # `and-cuda` extra); without them it sees 0 GPUs
+        if sorted(sp.glob("nvidia_cudnn_cu*.dist-info")):
+            return True, "tensorflow built with CUDA, its CUDA libraries from tensorflow[and-cuda]"
+        return False, (
+            "tensorflow is a CUDA build, but its CUDA libraries (tensorflow[and-cuda]: "
+            "nvidia-cudnn-cu12, nvidia-cublas-cu12, ...) are not installed: it would see 0 GPUs"
+        )
+    return False, "tensorflow is not built with CUDA (is_cuda_build False)"
+
+
+def _file_mentions(path: Path, needle: bytes) -> bool:
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(needle) >= 0
+
+
+def _horovod_cuda(sp: Path) -> tuple[bool, str]:
+    ok, torch_says = _torch_cuda(sp)
+    if not ok:
+        return False, torch_says
+    libs = sorted((sp / "horovod" / "torch").glob("mpi_lib_v2*.so"))
+    if not libs:
+        return False, "horovod's torch extension is not installed"
+    if not _file_mentions(libs[0], b"ncclAllReduce"):
+        return False, "horovod is built without NCCL (gloo only: no GPU operations)"
+    return True, f"horovod built with NCCL; {torch_says}"
+
+
+def _mxnet_cuda(sp: Path) -> tuple[bool, str]:
+    cuda = sorted(sp.glob("mxnet_cu*.dist-info"))
+    if cuda:
+        return True, f"MXNet CUDA build {cuda[0].name.split('-')[0].replace('_', '-')}"
+    if sorted(sp.glob("mxnet-*.dist-info")):
+        return False, "mxnet is the CPU build (the `mxnet` wheel, not mxnet-cuXXX)"
+    return False, "mxnet is not installed"
+
+
+CHECKS = {
+    "pytorch": _torch_cuda,
+    "horovod": _horovod_cuda,
+    "tensorflow": _tensorflow_cuda,
+    "keras": _tensorflow_cuda,
+    "mxnet": _mxnet_cuda,
+}
+
+
+def cuda_build(framework: str, env_dir: Path) -> tuple[bool, str]:
+    """(drives CUDA, what the environment says) for one framework's environment."""
+    sp = site_packages(env_dir)
+    if sp is None:
+        return False, f"{env_dir} is not a Python environment (no lib/python3*/site-packages)"
+    return CHECKS[framework](sp)
+
+
+def _cells_text(paths: list[str]) -> str:
+    named = ", ".join(paths[:CELLS_NAMED])
+    more = len(paths) - CELLS_NAMED
+    return f"{len(paths)} cell(s) ({named}{f', and {more} more' if more > 0 else ''})"
+
+
+def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv") -> list[str]:
+    """What stops the planned cells before any job: a missing environment, a GPU cell whose
+    environment cannot drive CUDA, or a framework whose CUDA build cannot drive the hardware.
+    `env_dir(name)`: the folder of environment `name` (None: the driver's own environment);
+    `route`: "venv" (dlscale's venvs) or the deployment method (conda, apptainer)."""
+    from dlscale.study.config import environment_variant
+
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for cell in cells:
+        variant = environment_variant(hardware[cell.hardware])
+        groups.setdefault((cell.framework, variant, cell.hardware), []).append(cell.path)
+    problems, checked = [], {}
+    for (framework, variant, hw_key), paths in sorted(groups.items()):
+        hw = hardware[hw_key]
+        limit = FRAMEWORKS[framework].cuda_limit
+        capability = hw.get("compute_capability")
+        if hw["device"] == "cuda" and limit and capability is not None and capability > limit[0]:
+            problems.append(
+                f"{_cells_text(paths)} of {framework} on {hw_key!r} (compute capability "
+                f"{capability}): {limit[1]}. Leave {framework} out of this hardware's cells "
+                "(config `exclude`)"
+            )
+            continue
+        name = environment_name(framework, variant)
+        if route != "venv":
+            if hw["device"] == "cuda":
+                problems.append(
+                    f"{_cells_text(paths)} of {framework} on {hw_key!r} are GPU cells, but the "
+                    f"{route} route builds CPU environments only (envs/<framework>.yaml). Run "
+                    f"GPU cells in dlscale's venvs: {SETUP} {name}, then snakemake without "
+                    "--sdm"
+                )
+            continue
+        folder = env_dir(name)
+        if folder is not None and not (Path(folder) / "bin" / "python").exists():
+            problems.append(
+                f"{_cells_text(paths)} of {framework} run in .venvs/{name}, which does not "
+                f"exist; build it with: {SETUP} {name}"
+            )
+            continue
+        if hw["device"] != "cuda":
+            continue  # a CPU cell runs in any build
+        key = (framework, name)
+        if key not in checked:
+            checked[key] = cuda_build(framework, Path(folder or sys.prefix))
+        ok, says = checked[key]
+        if not ok:
+            where = (
+                f".venvs/{name}" if folder is not None else f"the driver environment ({sys.prefix})"
+            )
+            problems.append(
+                f"{_cells_text(paths)} of {framework} on {hw_key!r} (device cuda) run in "
+                f"{where}, which cannot drive a GPU: {says}. Build the CUDA environment with: "
+                f"{SETUP} {name}"
+            )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dlscale.workflow.capability", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--env-dir", type=Path, required=True, help="the environment's folder")
+    parser.add_argument("--framework", required=True, choices=sorted(CHECKS))
+    parser.add_argument(
+        "--expect-cuda", action="store_true", help="exit 1 unless the build drives CUDA"
+    )
+    args = parser.parse_args(argv)
+    ok, says = cuda_build(args.framework, args.env_dir)
+    print(
+        json.dumps(
+            {"framework": args.framework, "env_dir": str(args.env_dir), "cuda": ok, "detail": says}
+        )
+    )
+    return 1 if args.expect_cuda and not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
