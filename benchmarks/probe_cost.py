@@ -4,7 +4,7 @@
     PYTHONPATH=scripts .venvs/tensorflow/bin/python benchmarks/probe_cost.py --framework tensorflow
 
 Times `dlscale.run.train.describe_node`, the function each node's local rank 0 calls after setup
-and before the timed window: every sysprobe section (OS, CPU, memory, nvidia-smi, network,
+and before the timed window: every node-probe section (OS, CPU, memory, nvidia-smi, network,
 Slurm version and, in a Slurm job on rank 0, `scontrol show job`), the environment's package
 list and its hash, the framework's build description, and writing the list beside the part
 file. The framework is imported first (a rank has it already). Prints the first (cold) call and
