@@ -55,6 +55,8 @@ rule plan:
     input:
         fits=OUT["model_fit"],
         predictions=OUT["predictions"],
+        # the cells that ran out of memory (does_not_fit): never offered
+        status=OUT["status"],
     output:
         plan=OUT["plan"],
         alternatives=OUT["plan_alternatives"],
@@ -85,4 +87,5 @@ rule plan:
                 "plan_tables": output.tables,
             },
             width_in=params.width_in,
+            status_csv=input.status,
         )

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dlscale.analysis.stats import GROUP, add_speedup, scaling_summary
+from dlscale.models import SPECS, seq_len_of
 from dlscale.outputs.figure_layout import variant
 
 # 4 hardware x 5 frameworks x 10 models x 2 policies x 8 node counts x 3 repetitions = 9,600 cells
@@ -82,11 +83,29 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 # model FLOPs (dlscale.analysis.mfu): 1 GFLOP per sample; a dense peak on GPUs only
                 "achieved_tflops_per_device": 1e-3 * throughput / nodes,
                 "mfu": None if hw == "cpu" else 0.4 * efficiency,
+                # tokens (dlscale.analysis.mfu.cell_columns): the registry's sequence length
+                "seq_len": seq_len_of(SPECS[model]) if model in SPECS else None,
                 "competing": False,
                 "straggler": False,
             }
         )
     return add_speedup(pd.DataFrame(rows))
+
+
+def with_memory(
+    cells: pd.DataFrame, rest_mib: float, state_mib: float, speed: dict | None = None
+) -> pd.DataFrame:
+    """The cells with a peak memory per rank of rest + state / d MiB (peak_reserved_mb_max and
+    peak_allocated_mb_max) and state bytes of state / d (d: the world size under fsdp, else 1:
+    one rank per node), and their throughput times speed[parallelism] (default 1)."""
+    shard = np.where(cells["parallelism"] == "fsdp", cells["world_size"], 1).astype(float)
+    factor = cells["parallelism"].map(lambda s: (speed or {}).get(s, 1.0)).astype(float)
+    return cells.assign(
+        state_bytes_per_rank_max=state_mib * 2**20 / shard,
+        peak_allocated_mb_max=rest_mib + state_mib / shard,
+        peak_reserved_mb_max=rest_mib + state_mib / shard,
+        throughput_samples_per_s=cells["throughput_samples_per_s"] * factor,
+    )
 
 
 def study_tables(axes: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -242,3 +242,129 @@ def test_the_plan_table_says_which_intervals_carry_the_model_error():
         assert ("model error (leave-one-out" in row["interval_spans"]) is validated
         table = pl.recommendation_tables(result, pd.DataFrame())
         assert ("range + LOO" in table) is validated
+
+
+# ---- strategies, memory per rank, jobs in tokens -------------------------------------------------
+
+GIB = 1024.0  # MiB
+
+
+def strategy_predictions(**axes):
+    """Predictions of a ddp and an fsdp series (h100, transformer_small, 1..8 nodes from cells at
+    1, 2, 4): peak memory per rank 20 GiB + 80 GiB / d (d: the world size under fsdp, else 1),
+    fsdp at 0.8 x ddp's throughput."""
+    from test_scalemodel import STRATEGY_AXES
+
+    from dlscale.analysis.scaling_model import model_tables
+
+    from synthetic_study import cells_table, with_memory
+
+    cells = with_memory(
+        cells_table({**STRATEGY_AXES, **axes}), 20 * GIB, 80 * GIB, speed={"fsdp": 0.8}
+    )
+    return model_tables(cells, plan_nodes={"h100": 8})[1]
+
+
+TOKEN_JOB = [{"name": "j", "model": "transformer_small", "samples": 1e7}]
+
+
+def test_an_option_over_the_partitions_memory_is_not_offered_and_named():
+    preds = strategy_predictions()
+    # memory not checked (no device_memory_gib): ddp, the faster strategy, and the plan says so
+    free = pl.make_plan(preds, TOKEN_JOB, [pl.Partition("h100", 8)])
+    assert free.plan.loc[0, "parallelism"] == "ddp"
+    assert free.plan.loc[0, "memory_check"] == "not checked: h100 has no device_memory_gib"
+    # 80 GiB per rank: ddp holds 100 GiB at every node count, fsdp at 1 node (measured) too
+    result = pl.make_plan(preds, TOKEN_JOB, [pl.Partition("h100", 8, device_memory_mb=80 * GIB)])
+    row = result.plan.iloc[0]
+    assert (row["parallelism"], int(row["nodes"])) == ("fsdp", 8)
+    assert row["memory_check"] == (
+        "fits: 30 GiB per rank (predicted from n=4) within 80 GiB (h100 device_memory_gib)"
+    )
+    assert sorted(zip(result.excluded["parallelism"], result.excluded["nodes"])) == [
+        ("ddp", n) for n in range(1, 9)
+    ] + [("fsdp", 1)]
+    assert not result.options["parallelism"].eq("ddp").any()  # not in the program
+    lost = result.alternatives.set_index(["parallelism", "nodes"])["lost_because"]
+    assert lost[("ddp", 8)] == (
+        "not offered at 1-8 nodes: does not fit: 100 GiB per rank (predicted from n=4) over "
+        "80 GiB (h100 device_memory_gib)"
+    )
+    assert lost[("fsdp", 1)].startswith(
+        "not offered at 1 node: does not fit: 100 GiB per rank (measured)"
+    )
+    tables = pl.recommendation_tables(result, pd.DataFrame())
+    assert "Memory per rank: j: fits: 30 GiB per rank (predicted from n=4)" in tables
+    # nothing fits: no plan, and the message says why
+    with pytest.raises(pl.PlanError, match=r"no option of model 'transformer_small' fits in "):
+        pl.make_plan(preds, TOKEN_JOB, [pl.Partition("h100", 8, device_memory_mb=20 * GIB)])
+
+
+def test_a_cell_that_did_not_fit_is_never_offered():
+    preds = strategy_predictions()
+    status = pd.DataFrame(
+        [
+            {
+                **{c: preds[c].iloc[0] for c in pl.GROUP},
+                "parallelism": s,
+                "nodes": n,
+                "rep": 1,
+                "status": st,
+            }
+            for s, n, st in (
+                ("ddp", 4, "does_not_fit"),
+                ("fsdp", 2, "does_not_fit"),
+                ("fsdp", 4, "ok"),
+            )
+        ]
+    )
+    result = pl.make_plan(preds, TOKEN_JOB, [pl.Partition("h100", 8)], does_not_fit=status)
+    offered = set(zip(result.options["parallelism"], result.options["nodes"]))
+    # ddp: a replica that ran out of memory at 4 nodes does so at any; fsdp: at 2 nodes and at
+    # 1 (more state per rank), not at 4 or 8
+    assert not any(s == "ddp" for s, _ in offered)
+    assert ("fsdp", 1) not in offered and ("fsdp", 2) not in offered
+    assert ("fsdp", 4) in offered and ("fsdp", 8) in offered
+    assert result.plan.loc[0, "parallelism"] == "fsdp"
+    lost = result.alternatives.set_index(["parallelism", "nodes"])["lost_because"]
+    assert "ran out of memory at 4 nodes (status does_not_fit)" in lost[("ddp", 8)]
+    assert lost[("fsdp", 2)].endswith("ran out of memory at 2 nodes (status does_not_fit)")
+
+
+def test_a_job_in_tokens_gives_the_plan_of_its_samples():
+    preds = strategy_predictions()
+    seq_len = 128  # transformer_small's, as its cells recorded it
+    assert set(preds["seq_len"]) == {seq_len}
+    parts = [pl.Partition("h100", 8, 3.0, 3600.0)]
+    jobs = pl.jobs_from_config({"jobs": [{"model": "transformer_small", "tokens": 1e7 * 128}]}, [])
+    in_tokens = pl.make_plan(preds, jobs, parts, budget_node_hours=100)
+    in_samples = pl.make_plan(preds, TOKEN_JOB, parts, budget_node_hours=100)
+    cols = ["parallelism", "nodes", "samples", "hours", "charged_node_hours", "energy_kwh"]
+    pd.testing.assert_frame_equal(in_tokens.plan[cols], in_samples.plan[cols])
+    assert in_tokens.plan.loc[0, "tokens"] == 1e7 * 128
+    assert in_tokens.objectives == in_samples.objectives
+    # the command line's syntax
+    assert pl.parse_job("transformer_small:tokens=1.28e9") == {
+        "model": "transformer_small",
+        "tokens": 1.28e9,
+    }
+    assert pl.parse_job("cnn_small:1e6") == pl.parse_job("cnn_small:samples=1e6")
+
+
+def test_a_job_in_tokens_for_a_model_without_a_sequence_length_is_refused():
+    from test_scalemodel import cells
+
+    from dlscale.analysis.scaling_model import model_tables
+
+    preds = pd.concat([strategy_predictions(), model_tables(cells(nodes=(1, 2)))[1]])
+    job = [{"name": "v", "model": "cnn_small", "tokens": 1e9, "samples": None}]
+    with pytest.raises(
+        pl.PlanError,
+        match=r"job 'v': tokens is for models with a sequence length; 'cnn_small' has none "
+        r"\(give samples\); allowed models for tokens: transformer_small$",
+    ):
+        pl.make_plan(preds, job, [pl.Partition("h100", 8), pl.Partition("cpu", 4)])
+    with pytest.raises(pl.PlanError, match=r"plan.jobs\[0\]: give tokens or samples"):
+        pl.jobs_from_config({"jobs": [{"model": "m", "tokens": 1, "samples": 1}]}, ["m"])
+    with pytest.raises(ValueError, match="allowed keys: samples, tokens"):
+        pl.parse_job("gpt2_tiny:epochs=3")

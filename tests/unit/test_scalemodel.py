@@ -229,3 +229,64 @@ def test_widen_keeps_no_upper_bound_for_an_error_of_100_percent_or_more():
     assert low[0] == pytest.approx(4.0) and np.isinf(high[0])
     low, high = sm.widen([10.0], [20.0], np.nan)
     assert (low[0], high[0]) == (10.0, 20.0)
+
+
+# ---- a series per parallelism strategy; memory per rank ----------------------------------------
+
+STRATEGY_AXES = {
+    "hardware": ["h100"],
+    "framework": ["pytorch"],
+    "model": ["transformer_small"],
+    "policy": ["weak"],
+    "precision": ["fp32"],
+    "mode": ["eager"],
+    "parallelism": ["ddp", "fsdp"],
+    "nodes": [1, 2, 4],
+    "rep": [1, 2],
+}
+
+
+def test_a_series_is_per_parallelism_strategy():
+    from synthetic_study import cells_table
+
+    mixed = cells_table(STRATEGY_AXES)
+    fits, preds = sm.model_tables(mixed)
+    assert list(fits["parallelism"]) == ["ddp", "fsdp"]
+    assert set(preds["parallelism"]) == {"ddp", "fsdp"}
+    # each strategy's series is fitted from its own cells only, never pooled across strategies
+    alone, _ = sm.model_tables(mixed[mixed["parallelism"] == "fsdp"])
+    pd.testing.assert_frame_equal(fits.iloc[[1]].reset_index(drop=True), alone)
+    # a cells table written before the axis gives the tables of its cells as ddp
+    ddp = cells_table({**STRATEGY_AXES, "parallelism": ["ddp"]})
+    for old, new in zip(sm.model_tables(ddp.drop(columns="parallelism")), sm.model_tables(ddp)):
+        assert (old["parallelism"] == "ddp").all()
+        pd.testing.assert_frame_equal(old, new)
+
+
+def test_memory_per_rank_is_measured_or_predicted_from_the_sharding():
+    from synthetic_study import cells_table, with_memory
+
+    table = with_memory(cells_table(STRATEGY_AXES), rest_mib=1000.0, state_mib=8000.0)
+    _, preds = sm.model_tables(table, plan_nodes={"h100": 8})
+    got = preds.set_index(["parallelism", "nodes"])
+    assert got.loc[("fsdp", 2), "memory_from"] == sm.MEASURED
+    assert got.loc[("fsdp", 2), "memory_per_rank_mb"] == pytest.approx(1000 + 8000 / 2)
+    assert got.loc[("fsdp", 2), "memory_measure"] == "peak_reserved_mb_max"
+    # fsdp: the state shards over the world size; the rest is held at the nearest measured count
+    assert got.loc[("fsdp", 8), "memory_from"] == "predicted from n=4"
+    assert got.loc[("fsdp", 8), "memory_per_rank_mb"] == pytest.approx(1000 + 8000 / 8)
+    assert got.loc[("fsdp", 3), "memory_per_rank_mb"] == pytest.approx(1000 + 8000 / 3)
+    # ddp: every rank a full replica, the same at every node count
+    assert got.loc[("ddp", 8), "memory_per_rank_mb"] == pytest.approx(9000)
+    # strong scaling towards fewer ranks: the rest grows with the per-rank batch (64 / n)
+    strong = cells(nodes=(2, 4), reps=1, policy="strong").assign(
+        peak_allocated_mb_max=500.0, state_bytes_per_rank_max=100 * 2**20
+    )
+    (series,) = sm.series_of(strong)
+    memory, source = sm.memory_per_rank(series, [1, 2, 8])
+    assert memory == pytest.approx([(500 - 100) * 2 + 100, 500, 500])
+    assert source == ["predicted from n=2", sm.MEASURED, "predicted from n=4"]
+    # no memory recorded: unknown, and said so
+    (bare,) = sm.series_of(cells(nodes=(1, 2), reps=1))
+    memory, source = sm.memory_per_rank(bare, [4])
+    assert np.isnan(memory[0]) and source[0].startswith("unknown")

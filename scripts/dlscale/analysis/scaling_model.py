@@ -2,8 +2,10 @@
 unmeasured node counts; leave-one-node-count-out validation.
 
 A series is a scaling group (dlscale.analysis.stats.GROUP: hardware, framework, model, policy,
-precision,
-mode); p is its world size (nodes x ranks_per_node), b(p) its per-rank batch. The measured
+precision, mode, parallelism): one series per parallelism strategy (ddp, fsdp, hsdp, tp, fsdp+tp,
+pp), never one fitted across strategies; a cells table written before the axis is all `ddp`
+(dlscale.analysis.stats.with_axes), so a ddp-only study gives the same series as before. p is its
+world size (nodes x ranks_per_node), b(p) its per-rank batch. The measured
 effective step time is tau(p) = p * b(p) / throughput(p) (the cell's summed throughput).
 
 Communication-aware model (kind "communication"), from what a cell measures:
@@ -52,6 +54,21 @@ What a prediction may claim (`model_tables`, `predict`):
   cannot be checked is not drawn or planned far beyond its data unless the configuration says
   so (and the figures' captions then say that it did:
   dlscale.outputs.figure_layout.predicted_caption).
+
+Memory per rank (`memory_per_rank`, the planner's fit check): where a node count was measured,
+the median over its repetitions of the cell's peak memory per rank (MEMORY_MEASURES: reserved,
+else allocated device memory, else the process's peak RSS on a CPU). Elsewhere it is predicted
+from the nearest measured node count m (in log2 nodes; ties: the smaller): the state bytes
+(parameters, gradients, optimizer state: state_bytes_per_rank_max) scale as 1 / d with d the
+strategy's sharding degree (dp_shard x pp stages of dlscale.study.parallel_dims.ParallelDims:
+world size for fsdp and fsdp+tp, ranks per node for hsdp, 1 for ddp and tp, the stages for pp),
+and the rest of the peak (activations, buffers, allocator slack) is held at m's, scaled up by
+the per-rank batch where that grows (strong scaling towards fewer ranks), never down:
+
+    memory(n) = (peak(m) - state(m)) * max(1, b(n) / b(m)) + state(m) * d(m) / d(n)
+
+A series without state bytes holds its whole peak constant that way. The predictions say which
+rows were measured and which predicted (`memory_from`).
 """
 
 from __future__ import annotations
@@ -64,6 +81,7 @@ import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit, nnls
 
 from dlscale.analysis.stats import GROUP, NONE, RANGE, bootstrap_interval, with_axes
+from dlscale.study.parallel_dims import ParallelDims, cell_pp_degree
 
 COMMUNICATION, USL, AMDAHL = "communication", "usl", "amdahl"
 # Bootstrap resamples per series (each refits the model): enough for a 95 % percentile interval
@@ -247,10 +265,24 @@ _MEASURES = {
 }
 
 
+# The peak memory per rank a series is held against a partition's memory, first present first
+# (dlscale.analysis.collect.cell_memory: the largest over a cell's ranks, MiB): what the device
+# allocator reserved, what tensors took, the older single device figure, the process's RSS (CPU)
+MEMORY_MEASURES = (
+    "peak_reserved_mb_max",
+    "peak_allocated_mb_max",
+    "peak_device_memory_mb_max",
+    "peak_rss_mb_max",
+)
+MEASURED = "measured"
+
+
 @dataclass
 class Series:
     """One series' repetitions per node count (`reps[k]`: an array of the repetitions of node
-    count nodes[k], one column per _MEASURES entry)."""
+    count nodes[k], one column per _MEASURES entry); its memory per rank per measured node
+    count (`memory[n]`: medians of the peak, MEMORY_MEASURES, and of the state bytes, MiB;
+    NaN where not recorded) and its sequence length (NaN for models without one)."""
 
     key: tuple
     ranks_per_node: int
@@ -260,6 +292,12 @@ class Series:
     grad_bytes: float
     nodes: list[int]
     reps: list[np.ndarray]
+    parallelism: str = "ddp"
+    tp_degree: int = 1
+    pp_degree: int | None = None
+    memory_measure: str | None = None
+    memory: dict = field(default_factory=dict)
+    seq_len: float = np.nan
 
     def batch(self, nodes) -> np.ndarray:
         """Per-rank batch at these node counts: fixed under weak, global / p under strong."""
@@ -292,11 +330,23 @@ def series_of(cells: pd.DataFrame) -> list[Series]:
     data = with_axes(cells).copy()
     for c in _MEASURES.values():
         data[c] = pd.to_numeric(data[c], errors="coerce") if c in data else np.nan
+    for c in (*MEMORY_MEASURES, "state_bytes_per_rank_max", "seq_len"):
+        data[c] = pd.to_numeric(data[c], errors="coerce") if c in data else np.nan
     out = []
     for key, part in data.groupby(GROUP, sort=True):
         nodes = sorted(int(n) for n in part["nodes"].unique())
         cols = list(_MEASURES.values())
         reps = [part.loc[part["nodes"] == n, cols].to_numpy(dtype=float) for n in nodes]
+        measure = next((m for m in MEMORY_MEASURES if part[m].notna().any()), None)
+        memory = {}
+        if measure is not None:
+            for n in nodes:
+                at = part[part["nodes"] == n]
+                memory[n] = (
+                    _median(at[measure]),
+                    _median(at["state_bytes_per_rank_max"]) / 2**20,
+                )
+        pp = _median(part["pp_degree"]) if "pp_degree" in part else np.nan
         out.append(
             Series(
                 key=tuple(key),
@@ -307,9 +357,84 @@ def series_of(cells: pd.DataFrame) -> list[Series]:
                 grad_bytes=gradient_bytes(str(key[GROUP.index("model")])),
                 nodes=nodes,
                 reps=reps,
+                parallelism=str(key[GROUP.index("parallelism")]),
+                tp_degree=int(_median(part["tp_degree"])) if _has(part, "tp_degree") else 1,
+                pp_degree=int(pp) if np.isfinite(pp) else None,
+                memory_measure=measure,
+                memory=memory,
+                seq_len=_median(part["seq_len"]),
             )
         )
     return out
+
+
+def _has(part: pd.DataFrame, column: str) -> bool:
+    return column in part and pd.to_numeric(part[column], errors="coerce").notna().any()
+
+
+def _median(values) -> float:
+    x = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    return float(x.median()) if len(x) else np.nan
+
+
+def shard_degree(
+    parallelism: str,
+    nodes: int,
+    ranks_per_node: int,
+    tp_degree: int = 1,
+    pp_degree: int | None = None,
+) -> float:
+    """How many ways a rank's state (parameters, gradients, optimizer state) is split at this
+    node count: dp_shard x pp of the strategy's ParallelDims (tensor parallel's degree is fixed
+    along a series, so it cancels in the ratios memory_per_rank takes; pp_degree None: all
+    ranks); NaN where the strategy's degrees do not fit the node count."""
+    world = int(nodes) * int(ranks_per_node)
+    try:
+        dims = ParallelDims.of(
+            parallelism,
+            int(nodes),
+            int(ranks_per_node),
+            int(tp_degree),
+            cell_pp_degree(parallelism, world, pp_degree),
+        )
+    except ValueError:
+        return np.nan
+    return float(dims.dp_shard * dims.pp)
+
+
+def _series_shard(series: Series, nodes: int) -> float:
+    return shard_degree(
+        series.parallelism, nodes, series.ranks_per_node, series.tp_degree, series.pp_degree
+    )
+
+
+def memory_per_rank(series: Series, nodes) -> tuple[np.ndarray, list[str]]:
+    """Peak memory per rank (MiB) at these node counts and where each value comes from:
+    "measured" (median over the repetitions), "predicted from n=<m>" (the module's rule), or
+    why it is unknown."""
+    known = {n: v for n, v in series.memory.items() if np.isfinite(v[0])}
+    values, sources = [], []
+    for n in (int(n) for n in nodes):
+        if n in known:
+            values.append(known[n][0])
+            sources.append(MEASURED)
+            continue
+        if not known:
+            values.append(np.nan)
+            sources.append("unknown: no memory per rank measured")
+            continue
+        ref = min(known, key=lambda m: (abs(np.log2(m) - np.log2(n)), m))
+        peak, state = known[ref]
+        state = state if np.isfinite(state) else 0.0
+        d_ref, d_n = _series_shard(series, ref), _series_shard(series, n)
+        if not (np.isfinite(d_ref) and np.isfinite(d_n)):
+            values.append(np.nan)
+            sources.append(f"unknown: no {series.parallelism} degrees at {n} nodes")
+            continue
+        grow = max(1.0, float(series.batch([n])[0] / series.batch([ref])[0]))
+        values.append(max(peak - state, 0.0) * grow + state * d_ref / d_n)
+        sources.append(f"predicted from n={ref}")
+    return np.asarray(values, dtype=float), sources
 
 
 def leave_one_out(series: Series) -> dict:
@@ -417,6 +542,7 @@ def predict(
         return np.concatenate([x, x / pts["throughput"][0]])
 
     x = model.throughput(p, b)
+    memory, memory_from = memory_per_rank(series, nodes)
     low, high, kind = bootstrap_interval(
         [np.arange(len(r)) for r in series.reps], statistic, n_resamples=MODEL_RESAMPLES
     )
@@ -456,6 +582,10 @@ def predict(
             "validated": validated,
             "model_error": error,
             "interval_spans": interval_spans(kind, loo),
+            "seq_len": series.seq_len,
+            "memory_per_rank_mb": memory,
+            "memory_measure": series.memory_measure,
+            "memory_from": memory_from,
         }
     )
 
@@ -479,6 +609,10 @@ PREDICTION_COLUMNS = [
     "validated",
     "model_error",
     "interval_spans",
+    "seq_len",
+    "memory_per_rank_mb",
+    "memory_measure",
+    "memory_from",
     "max_extrapolation",
 ]
 

@@ -1,13 +1,30 @@
-"""The planner: which framework, partition and node count for each training job, within a budget
-or a deadline, from the fitted scaling models (dlscale.analysis.scaling_model) and the site's
-partitions
-(config/hardware.yaml: nodes_available, node_hour_cost, node_power_w).
+"""The planner: which framework, parallelism strategy, partition and node count for each
+training job, within a budget or a deadline, from the fitted scaling models (one per series, so
+per strategy: dlscale.analysis.scaling_model) and the site's partitions (config/hardware.yaml:
+nodes_available, node_hour_cost, node_power_w, device_memory_gib).
+
+What is offered (`candidate_options`): an option (series, partition, nodes) only where its
+peak memory per rank fits the partition's device_memory_gib: measured where the series
+measured that node count, else predicted from its nearest measured node count (the state
+bytes as 1 / the strategy's sharding degree, the rest held: scaling_model.memory_per_rank);
+the plan's `memory_check` says which. Never a cell whose ranks ran out of memory (status
+does_not_fit), nor a node count of its series that holds at least as much per rank (no more
+sharding, no smaller per-rank batch). Options left out are listed with the reason in the
+alternatives (`lost_because`: "does not fit ...") and in Plan.excluded, not dropped silently.
+A partition without device_memory_gib, or a series without a memory measure, is not checked
+(and the plan says so).
+
+A job is given in samples (or epochs x samples_per_epoch) or, for a model that reads token
+sequences, in tokens (`tokens:`; on the command line MODEL:tokens=N): samples = tokens /
+seq_len, the series' measured sequence length (cells.csv seq_len; the registry's where an older
+table has none). Tokens for a model without a sequence length are refused with the allowed
+models.
 
 The model (`solve`: variables, objective, constraints, in that order) is an integer program on
 PuLP with its bundled CBC:
 
-- x[j, o] in {0, 1}: job j runs option o = (series, partition, nodes), with the predicted time
-  T[j, o] = samples_j / throughput_o; sum_o x[j, o] = 1 for every job;
+- x[j, o] in {0, 1}: job j runs option o = (series, partition, nodes) of those offered (above),
+  with the predicted time T[j, o] = samples_j / throughput_o; sum_o x[j, o] = 1 for every job;
 - shared capacity: for every partition h, the nodes of the options on h summed over jobs <=
   nodes_available[h] (the jobs run at the same time);
 - objective `min_time`: the makespan max_j T_j, then (ties) the sum of the jobs' times, then
@@ -27,8 +44,8 @@ framework x partition and why it lost), the constraints (used, limit, tight, bin
 objective improves when the constraint is dropped). An infeasible budget or deadline
 names the smallest one that would be feasible.
 
-    python -m dlscale.decisions.planner results/demo [--study-file F] [--job MODEL:SAMPLES]
-    [--objective O]
+    python -m dlscale.decisions.planner results/demo [--study-file F]
+        [--job MODEL:SAMPLES | MODEL:samples=N | MODEL:tokens=N] [--objective O]
         [--budget-node-hours B] [--budget-kwh E] [--deadline-hours D] [--out DIR]
 """
 
@@ -46,11 +63,17 @@ import pandas as pd
 
 from dlscale.analysis.stats import GROUP, with_axes
 from dlscale.study.config import PLANNING_KEYS  # noqa: F401 (the hardware keys read here)
-from dlscale.study.partitions import Partition, partitions_from_hardware  # noqa: F401 (re-exported)
+from dlscale.study.partitions import (  # noqa: F401 (re-exported)
+    DEVICE_MEMORY_KEY,
+    Partition,
+    partitions_from_hardware,
+)
 
 MIN_TIME, MIN_NODE_HOURS = "min_time", "min_node_hours"
 OBJECTIVES = (MIN_TIME, MIN_NODE_HOURS)
 DEFAULT_SAMPLES = 1_000_000
+DOES_NOT_FIT = "does_not_fit"  # the status of a cell whose ranks ran out of memory
+JOB_AMOUNTS = ("samples", "tokens")  # what a job may be given in (--job MODEL:KEY=N)
 _REL = 1e-7  # relative slack when an earlier objective is fixed at its optimum
 
 
@@ -72,12 +95,35 @@ def jobs_from_config(plan: dict, models: list[str]) -> list[dict]:
                 "(the convergence cells' time-to-accuracy is not planned from yet); give samples "
                 "or epochs x samples_per_epoch"
             )
-        samples = job.get("samples")
+        samples, tokens = job.get("samples"), job.get("tokens")
+        if tokens is not None:
+            if samples is not None or job.get("epochs") is not None:
+                raise PlanError(f"plan.jobs[{i}]: give tokens or samples (or epochs), not both")
+            # samples per option: tokens / the series' seq_len (options)
+            out.append(
+                {
+                    **job,
+                    "name": job.get("name") or f"job{i + 1}",
+                    "samples": None,
+                    "tokens": float(tokens),
+                }
+            )
+            continue
         if samples is None and job.get("epochs") is not None:
             samples = job["epochs"] * job["samples_per_epoch"]
         if samples is None:
-            raise PlanError(f"plan.jobs[{i}]: give samples, or epochs and samples_per_epoch")
-        out.append({**job, "name": job.get("name") or f"job{i + 1}", "samples": float(samples)})
+            raise PlanError(
+                f"plan.jobs[{i}]: give samples, epochs and samples_per_epoch, or tokens "
+                "(models with a sequence length)"
+            )
+        out.append(
+            {
+                **job,
+                "name": job.get("name") or f"job{i + 1}",
+                "samples": float(samples),
+                "tokens": None,
+            }
+        )
     names = [job["name"] for job in out]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -85,20 +131,83 @@ def jobs_from_config(plan: dict, models: list[str]) -> list[dict]:
     return out
 
 
-def options(
+def _seq_lens(pred: pd.DataFrame) -> pd.Series:
+    """Each prediction row's sequence length: the series' measured seq_len, else the registry's
+    (a table written before the column), NaN for models without one."""
+    from dlscale.models import SPECS, seq_len_of
+
+    measured = (
+        pd.to_numeric(pred["seq_len"], errors="coerce")
+        if "seq_len" in pred
+        else pd.Series(np.nan, index=pred.index)
+    )
+    registry = pred["model"].map(lambda m: (seq_len_of(SPECS[m]) if m in SPECS else None) or np.nan)
+    return measured.fillna(registry).astype(float)
+
+
+def _token_models(pred: pd.DataFrame) -> list[str]:
+    if pred.empty:
+        return []
+    return sorted(pred.loc[_seq_lens(pred).notna(), "model"].unique())
+
+
+def _dominated(row, dnf: pd.DataFrame) -> int | None:
+    """The node count of a cell of this row's series that ran out of memory while holding no
+    more per rank than this row would (at least as much sharding, no smaller per-rank batch);
+    None if there is none."""
+    from dlscale.analysis.scaling_model import shard_degree
+
+    rpn = max(1, int(round(row["world_size"] / row["nodes"])))
+    d = shard_degree(row["parallelism"], int(row["nodes"]), rpn)
+    for n0 in sorted(dnf["nodes"].astype(int), reverse=True):
+        d0 = shard_degree(row["parallelism"], n0, rpn)
+        batch_not_smaller = row["policy"] != "strong" or int(row["nodes"]) <= n0
+        if (int(row["nodes"]) == n0) or (d <= d0 and batch_not_smaller):
+            return n0
+    return None
+
+
+def _does_not_fit_reason(row: dict, dnf: pd.DataFrame) -> str:
+    """Why a does_not_fit cell rules this option out ("" if none does)."""
+    same = dnf
+    for c in GROUP:
+        same = same[same[c] == row[c]]
+    n0 = _dominated(row, same) if len(same) else None
+    if n0 is None:
+        return ""
+    return (
+        f"does not fit: a cell of this series ran out of memory at {n0} "
+        f"node{'s' if n0 != 1 else ''} (status does_not_fit)"
+        + ("" if n0 == int(row["nodes"]) else " and this holds at least as much per rank")
+    )
+
+
+def _mib(x: float) -> str:
+    return f"{x / 1024:.3g} GiB" if x >= 1024 else f"{x:.4g} MiB"
+
+
+def candidate_options(
     predictions: pd.DataFrame,
     jobs: list[dict],
     partitions: list[Partition],
     *,
     budget_kwh: float | None = None,
+    does_not_fit: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Every (job, series, partition, nodes) the jobs may run on: a predicted throughput, at
-    most the partition's nodes_available; time (hours, with its interval), node-hours, charged
-    node-hours (x node_hour_cost), energy (kWh; NaN where the power is unknown)."""
+    """Every (job, series, partition, nodes) the jobs could run on (a predicted throughput, at
+    most the partition's nodes_available), with `offered` and, where not, `not_offered_because`
+    (memory per rank over the partition's device_memory_gib; a does_not_fit cell or a node
+    count that holds at least as much per rank). Per row: samples (a job in tokens: tokens /
+    seq_len), time (hours, with its interval), node-hours, charged node-hours (x
+    node_hour_cost), energy (kWh; NaN where the power is unknown), memory per rank, the limit
+    and `memory_check` (measured, predicted or not checked)."""
     parts = {p.name: p for p in partitions}
     rows = []
     predictions = with_axes(predictions)
     pred = predictions[predictions["hardware"].isin(parts)] if len(predictions) else predictions
+    dnf = with_axes(does_not_fit) if does_not_fit is not None and len(does_not_fit) else None
+    if dnf is not None and "status" in dnf:
+        dnf = dnf[dnf["status"] == DOES_NOT_FIT]
     for j, job in enumerate(jobs):
         sel = pred[pred["model"] == job["model"]] if len(pred) else pred
         for axis, key in (
@@ -107,6 +216,7 @@ def options(
             ("policy", "policy"),
             ("precision", "precision"),
             ("mode", "mode"),
+            ("parallelism", "parallelism"),
         ):
             allowed = job.get(key)
             if allowed:
@@ -116,31 +226,101 @@ def options(
         sel = sel[np.isfinite(rate) & (rate > 0)]  # a model that predicts nothing there
         if sel.empty:
             continue
+        seq_len = _seq_lens(sel)
+        if job.get("tokens") is not None:
+            if seq_len.isna().all():
+                raise PlanError(
+                    f"job {job['name']!r}: tokens is for models with a sequence length; "
+                    f"{job['model']!r} has none (give samples); allowed models for tokens: "
+                    f"{', '.join(_token_models(pred)) or 'none measured'}"
+                )
+            samples = job["tokens"] / seq_len.to_numpy(float)
+        else:
+            samples = np.full(len(sel), job["samples"], dtype=float)
         x = sel["throughput_samples_per_s_pred"].to_numpy(float)
-        hours = job["samples"] / x / 3600
+        hours = samples / x / 3600
         cost = sel["hardware"].map(lambda h: parts[h].node_hour_cost).to_numpy(float)
         power = (
             sel["hardware"]
             .map(lambda h: np.nan if parts[h].node_power_w is None else parts[h].node_power_w)
             .to_numpy(float)
         )
+        memory = (
+            pd.to_numeric(sel["memory_per_rank_mb"], errors="coerce").to_numpy(float)
+            if "memory_per_rank_mb" in sel
+            else np.full(len(sel), np.nan)
+        )
+        source = (
+            sel["memory_from"].fillna("unknown").astype(str).to_numpy()
+            if "memory_from" in sel
+            else np.full(len(sel), "unknown: no memory per rank in the predictions")
+        )
+        limit = (
+            sel["hardware"]
+            .map(
+                lambda h: np.nan if parts[h].device_memory_mb is None else parts[h].device_memory_mb
+            )
+            .to_numpy(float)
+        )
+        check, why = [], []
+        records = sel[[*GROUP, "nodes", "world_size"]].to_dict("records")
+        for k, row in enumerate(records):
+            reason = _does_not_fit_reason(row, dnf) if dnf is not None else ""
+            if np.isnan(limit[k]):
+                check.append(f"not checked: {row['hardware']} has no {DEVICE_MEMORY_KEY}")
+            elif np.isnan(memory[k]):
+                check.append(f"not checked: memory per rank unknown ({source[k]})")
+            else:
+                fits = memory[k] <= limit[k]
+                check.append(
+                    f"{'fits' if fits else 'does not fit'}: {_mib(memory[k])} per rank "
+                    f"({source[k]}) {'within' if fits else 'over'} {_mib(limit[k])} "
+                    f"({row['hardware']} {DEVICE_MEMORY_KEY})"
+                )
+                if not fits and not reason:
+                    reason = check[-1]
+            why.append(reason)
         rows.append(
             sel.assign(
                 job=job["name"],
                 job_index=j,
-                samples=job["samples"],
+                samples=samples,
+                tokens=job.get("tokens"),
+                seq_len=seq_len.to_numpy(float),
                 hours=hours,
-                hours_low=job["samples"] / sel["throughput_samples_per_s_high"] / 3600,
-                hours_high=job["samples"] / sel["throughput_samples_per_s_low"] / 3600,
+                hours_low=samples / sel["throughput_samples_per_s_high"] / 3600,
+                hours_high=samples / sel["throughput_samples_per_s_low"] / 3600,
                 node_hours=sel["nodes"] * hours,
                 charged_node_hours=sel["nodes"] * hours * cost,
                 energy_kwh=sel["nodes"] * hours * power / 1000,
+                memory_per_rank_mb=memory,
+                memory_limit_mb=limit,
+                memory_check=check,
+                offered=[not w for w in why],
+                not_offered_because=why,
             )
         )
     out = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
     if budget_kwh is not None and len(out):
         out = out[out["energy_kwh"].notna()]
     return out
+
+
+def options(
+    predictions: pd.DataFrame,
+    jobs: list[dict],
+    partitions: list[Partition],
+    *,
+    budget_kwh: float | None = None,
+    does_not_fit: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The options offered to the jobs (candidate_options' rows that fit)."""
+    cands = candidate_options(
+        predictions, jobs, partitions, budget_kwh=budget_kwh, does_not_fit=does_not_fit
+    )
+    if cands.empty:
+        return cands
+    return cands[cands["offered"]].reset_index(drop=True)
 
 
 def fastest_per_slot(opts: pd.DataFrame) -> pd.DataFrame:
@@ -273,12 +453,16 @@ class Plan:
     limits: dict
     solve_seconds: float
     options: pd.DataFrame
+    # the options not offered (memory, does_not_fit), one row each with not_offered_because
+    excluded: pd.DataFrame | None = None
 
 
 PLAN_COLUMNS = [
     "job",
     "model",
     "samples",
+    "tokens",
+    "seq_len",
     *[c for c in GROUP if c != "model"],
     "nodes",
     "world_size",
@@ -296,6 +480,9 @@ PLAN_COLUMNS = [
     "measured_max_nodes",
     "validated",
     "interval_spans",
+    "memory_per_rank_mb",
+    "memory_limit_mb",
+    "memory_check",
 ]
 
 
@@ -353,9 +540,11 @@ def make_plan(
     budget_node_hours: float | None = None,
     budget_kwh: float | None = None,
     deadline_hours: float | None = None,
+    does_not_fit: pd.DataFrame | None = None,
 ) -> Plan:
     """The plan for `jobs` on `partitions` from the predictions table
-    (dlscale.analysis.scaling_model)."""
+    (dlscale.analysis.scaling_model); `does_not_fit`: the status table (or its rows with status
+    does_not_fit), whose cells and the node counts they rule out are never offered."""
     if objective not in OBJECTIVES:
         raise PlanError(f"objective {objective!r}; allowed: {', '.join(OBJECTIVES)}")
     if objective == MIN_NODE_HOURS and deadline_hours is None:
@@ -365,9 +554,20 @@ def make_plan(
         "budget_kwh": budget_kwh,
         "deadline_hours": deadline_hours,
     }
-    all_opts = options(predictions, jobs, partitions, budget_kwh=budget_kwh)
+    cands = candidate_options(
+        predictions, jobs, partitions, budget_kwh=budget_kwh, does_not_fit=does_not_fit
+    )
+    all_opts = cands[cands["offered"]].reset_index(drop=True) if len(cands) else cands
+    excluded = cands[~cands["offered"]].reset_index(drop=True) if len(cands) else cands
     for j, job in enumerate(jobs):
         if all_opts.empty or not (all_opts["job_index"] == j).any():
+            mine = excluded[excluded["job_index"] == j] if len(excluded) else excluded
+            if len(mine):
+                reasons = mine.drop_duplicates("not_offered_because")["not_offered_because"]
+                raise PlanError(
+                    f"job {job['name']!r}: no option of model {job['model']!r} fits in memory "
+                    f"({len(mine)} left out): " + "; ".join(reasons.head(3))
+                )
             why = " with a known node_power_w" if budget_kwh is not None else ""
             raise PlanError(
                 f"job {job['name']!r}: no measured series of model {job['model']!r} on any "
@@ -384,18 +584,44 @@ def make_plan(
     plan = opts.iloc[chosen].sort_values("job_index")
     return Plan(
         plan=plan.reindex(columns=PLAN_COLUMNS).reset_index(drop=True),
-        alternatives=_alternatives(all_opts, plan, objective, limits),
+        alternatives=_alternatives(all_opts, plan, objective, limits, excluded),
         constraints=_constraints(opts, plan, len(jobs), capacity, limits, objective, values),
         objective=objective,
         objectives=values,
         limits=limits,
         solve_seconds=seconds,
         options=opts,
+        excluded=excluded,
     )
 
 
-def _alternatives(all_opts, plan, objective, limits) -> pd.DataFrame:
-    """Per job, the best option of every series x partition it did not choose, and why it lost."""
+def _not_offered(excluded: pd.DataFrame) -> list[dict]:
+    """Per job and series x partition, the node counts not offered and why (the largest of them,
+    the one holding the least per rank, named with its reason)."""
+    rows = []
+    if excluded is None or excluded.empty:
+        return rows
+    for _, grp in excluded.groupby(["job_index", *GROUP], sort=True):
+        top = grp.sort_values("nodes").iloc[-1]
+        nodes = sorted(int(n) for n in grp["nodes"])
+        span = str(nodes[0]) if len(nodes) == 1 else f"{nodes[0]}-{nodes[-1]}"
+        rows.append(
+            {
+                "job": top["job"],
+                **{c: top[c] for c in GROUP if c != "model"},
+                "nodes": int(top["nodes"]),
+                "hours": top["hours"],
+                "charged_node_hours": top["charged_node_hours"],
+                "lost_because": f"not offered at {span} node{'s' if span != '1' else ''}: "
+                f"{top['not_offered_because']}",
+            }
+        )
+    return rows
+
+
+def _alternatives(all_opts, plan, objective, limits, excluded=None) -> pd.DataFrame:
+    """Per job, the best option of every series x partition it did not choose, and why it lost;
+    then the options not offered (memory, does_not_fit) with the reason."""
     rows = []
     key = "hours" if objective == MIN_TIME else "charged_node_hours"
     for _, chosen in plan.iterrows():
@@ -420,6 +646,7 @@ def _alternatives(all_opts, plan, objective, limits) -> pd.DataFrame:
                     "lost_because": why,
                 }
             )
+    rows += _not_offered(excluded)
     return pd.DataFrame(
         rows,
         columns=[
@@ -489,7 +716,11 @@ def _constraints(opts, plan, n_jobs, capacity, limits, objective, values) -> pd.
 
 
 def plan_from_config(
-    predictions: pd.DataFrame, plan_config: dict, hardware: dict, models: list[str]
+    predictions: pd.DataFrame,
+    plan_config: dict,
+    hardware: dict,
+    models: list[str],
+    does_not_fit: pd.DataFrame | None = None,
 ) -> Plan:
     return make_plan(
         predictions,
@@ -499,7 +730,45 @@ def plan_from_config(
         budget_node_hours=plan_config.get("budget_node_hours"),
         budget_kwh=plan_config.get("budget_kwh"),
         deadline_hours=plan_config.get("deadline_hours"),
+        does_not_fit=does_not_fit,
     )
+
+
+def read_status(path: str | Path) -> pd.DataFrame | None:
+    """The status table's cells that did not fit (None when there is no table)."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        status = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return None
+    if "status" not in status:
+        return None
+    return status[status["status"] == DOES_NOT_FIT]
+
+
+def parse_job(text: str) -> dict:
+    """A --job argument: MODEL:SAMPLES, MODEL:samples=N or MODEL:tokens=N."""
+    model, _, amount = text.partition(":")
+    key, eq, value = amount.partition("=")
+    if not eq:
+        key, value = "samples", amount
+    key = key.strip()
+    if not model or key not in JOB_AMOUNTS:
+        raise ValueError(
+            f"--job {text!r}: give MODEL:SAMPLES, MODEL:samples=N or MODEL:tokens=N "
+            f"(e.g. resnet50:1.28e8, gpt2_124m:tokens=2e9); allowed keys: {', '.join(JOB_AMOUNTS)}"
+        )
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(
+            f"--job {text!r}: {key} must be a number, e.g. {model}:{key}=1e9"
+        ) from None
+    if not number > 0:
+        raise ValueError(f"--job {text!r}: {key} must be above 0")
+    return {"model": model, key: number}
 
 
 def write_plan(result: Plan | PlanError, out_dir: str) -> None:
@@ -545,8 +814,9 @@ def main(argv: list[str] | None = None) -> int:
         "--job",
         action="append",
         default=[],
-        metavar="MODEL:SAMPLES",
-        help="a job (repeatable); replaces the config's jobs",
+        metavar="MODEL:SAMPLES|MODEL:tokens=N",
+        help="a job (repeatable; replaces the config's jobs): samples, or tokens for a model "
+        "with a sequence length (converted with its cells' seq_len)",
     )
     parser.add_argument("--out", help="write plan.csv, alternatives.csv, constraints.csv here")
     args = parser.parse_args(argv)
@@ -571,12 +841,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         plan_config["jobs"] = []
         for j in args.job:
-            model, _, samples = j.partition(":")
             try:
-                plan_config["jobs"].append({"model": model, "samples": float(samples)})
-            except ValueError:
-                parser.error(f"--job {j!r}: give MODEL:SAMPLES, e.g. resnet50:1.28e8")
+                plan_config["jobs"].append(parse_job(j))
+            except ValueError as exc:
+                parser.error(str(exc))
     cells = pd.read_csv(Path(args.results) / "tables" / "cells.csv")
+    does_not_fit = read_status(Path(args.results) / "tables" / "status.csv")
     plan_nodes = {p.name: p.nodes_available for p in partitions_from_hardware(hardware)}
     _, preds = model_tables(
         cells,
@@ -586,7 +856,9 @@ def main(argv: list[str] | None = None) -> int:
         plan_config["max_extrapolation_unvalidated"],
     )
     try:
-        result = plan_from_config(preds, plan_config, hardware, sorted(cells["model"].unique()))
+        result = plan_from_config(
+            preds, plan_config, hardware, sorted(cells["model"].unique()), does_not_fit
+        )
     except PlanError as exc:
         print(f"dlscale plan: {exc}", file=sys.stderr)
         if args.out:
@@ -600,7 +872,9 @@ def main(argv: list[str] | None = None) -> int:
                     "framework",
                     "hardware",
                     "policy",
+                    "parallelism",
                     "nodes",
+                    "samples",
                     "hours",
                     "hours_low",
                     "hours_high",
@@ -608,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
                     "charged_node_hours",
                     "energy_kwh",
                     "extrapolated",
+                    "memory_check",
                 ]
             ].to_string(index=False)
         )
@@ -705,6 +980,18 @@ def recommendation_macros(result, fits: pd.DataFrame, plan_config: dict) -> dict
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
 
 
+def _memory_lines(plan: pd.DataFrame) -> str:
+    """Per planned job, its memory check in words (measured, predicted or not checked)."""
+    from dlscale.outputs.report import tex_escape
+
+    if "memory_check" not in plan or plan.empty:
+        return ""
+    items = "; ".join(
+        f"{r.job}: {r.memory_check}" for r in plan.itertuples(index=False) if r.memory_check
+    )
+    return f"\\noindent Memory per rank: {tex_escape(items)}.\n" if items else ""
+
+
 def _longtable(spec: str, head: str, rows: list[str], empty: str) -> str:
     if not rows:
         return empty + "\n"
@@ -733,6 +1020,7 @@ def recommendation_tables(
                     e(r.framework),
                     e(r.hardware),
                     e(r.policy),
+                    e(r.parallelism),
                     str(int(r.nodes)) + ("$^*$" if r.extrapolated else ""),
                     _hours(r.hours),
                     f"{_hours(r.hours_low)}--{_hours(r.hours_high)}"
@@ -750,15 +1038,16 @@ def recommendation_tables(
         parts.append(
             "\\subsection*{Plan}\n"
             + _longtable(
-                "lllllrlrrrr",
-                "Job & Framework & Partition & Policy & Nodes & Time (h) & Interval & Kind & "
-                "Node-h & Charged & kWh",
+                "llllllrlrrrr",
+                "Job & Framework & Partition & Policy & Strategy & Nodes & Time (h) & Interval & "
+                "Kind & Node-h & Charged & kWh",
                 rows,
                 "No job.",
             )
             + "\\noindent $^*$ beyond the series' largest measured node count (extrapolated). "
             "Kind: the interval over repetitions (range, ci, none); + LOO: widened by the "
             "series' largest leave-one-out error (validated series only).\n"
+            + _memory_lines(result.plan)
         )
         rows = [
             f"{e(r.constraint)} & {_fmt(r.used)} & {_fmt(r.limit)} & "
@@ -771,16 +1060,18 @@ def recommendation_tables(
         )
         alt = result.alternatives.head(max_rows)
         rows = [
-            f"{e(r.job)} & {e(r.framework)} & {e(r.hardware)} & {e(r.policy)} & {int(r.nodes)} "
-            f"& {_hours(r.hours)} & {_hours(r.charged_node_hours)} & {e(r.lost_because)} \\\\"
+            f"{e(r.job)} & {e(r.framework)} & {e(r.hardware)} & {e(r.policy)} & "
+            f"{e(r.parallelism)} & {int(r.nodes)} & {_hours(r.hours)} & "
+            f"{_hours(r.charged_node_hours)} & {e(r.lost_because)} \\\\"
             for r in alt.itertuples(index=False)
         ]
         more = len(result.alternatives) - len(alt)
         parts.append(
             "\\subsection*{Alternatives the plan beat}\n"
             + _longtable(
-                "lllllrrp{0.3\\linewidth}",
-                "Job & Framework & Partition & Policy & Nodes & Time (h) & Charged & Lost because",
+                "llllllrrp{0.3\\linewidth}",
+                "Job & Framework & Partition & Policy & Strategy & Nodes & Time (h) & Charged & "
+                "Lost because",
                 rows,
                 "No alternative: every job had one option.",
             )
@@ -836,14 +1127,17 @@ def run_plan_rule(
     models: list[str],
     out: dict,
     width_in: float = 3.5,
+    status_csv: str | None = None,
 ) -> None:
     """The rule `plan`: plan.csv, alternatives.csv, constraints.csv, the figure and the
     report's Recommendations inputs; an infeasible plan is written as its message (the
-    workflow goes on: the report says why there is no plan)."""
+    workflow goes on: the report says why there is no plan). `status_csv`: the status table,
+    whose does_not_fit cells are never offered."""
     preds = pd.read_csv(predictions_csv)
     fits = pd.read_csv(fits_csv)
+    does_not_fit = read_status(status_csv) if status_csv else None
     try:
-        result = plan_from_config(preds, plan_config, hardware, models)
+        result = plan_from_config(preds, plan_config, hardware, models, does_not_fit)
     except PlanError as exc:
         result = exc
     write_plan(result, str(Path(out["plan"]).parent))

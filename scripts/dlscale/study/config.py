@@ -561,7 +561,7 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
 # Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
 # neither
 # the config hash nor a cell's hardware hash includes them.
-PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w")
+PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w", "device_memory_gib")
 # Hardware keys that say where, not what: a convergence cell carries them (Cell.stage_dir), no
 # hash includes them (moving the staging folder re-measures nothing).
 CELL_HARDWARE_KEYS = ("stage_dir",)
