@@ -41,15 +41,17 @@ localrules:
     verdicts,
     check,
     compare,
+    partial,
 
 
-# A study with failed cells still ends with tables, figures and a report of what exists
-# (results/partial/, failed and missing cells listed); rerunning retries only those cells.
+# A study with failed cells still ends with tables, figures and a report of what exists: the
+# `partial` target, built by the same rules into results/<study>/partial/ (failed and missing
+# cells listed; rules/common.smk build_partial_report); rerunning retries only those cells.
 # A `check` that found FAIL verdicts fails the run on purpose with the study complete: no
 # partial build then (rules/check.smk).
 onerror:
     if not failed_since(CHECK_LOG, CHECK_PARSED_AT):
-        build_from_existing_cells()
+        build_partial_report()
 
 
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before
@@ -68,3 +70,11 @@ rule all:
     default_target: True
     input:
         final_targets(),
+
+
+# The report of the cells that exist, by the same rules as `all`, into results/<study>/partial/
+# (the onerror handler builds it after failed cells; `snakemake partial --allowed-rules ...`
+# by hand, see docs/pages/failures.md).
+rule partial:
+    input:
+        final_targets(PARTIAL_OUT),

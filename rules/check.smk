@@ -24,26 +24,27 @@ except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 
 # A `check` job that found FAIL verdicts writes them to its log; the onerror handler (Snakefile)
-# reads it to tell a failed check (every cell and table in place) from a failed study.
+# reads it to tell a failed check (every cell and table in place) from a failed study: no
+# partial build then.
 CHECK_LOG = f"{LOGS}/check.log"
 CHECK_PARSED_AT = time.time()
 
 
 rule verdicts:
     input:
-        scaling=OUT["scaling"],
-        status=OUT["status"],
+        scaling=RULE_OUT["scaling"],
+        status=RULE_OUT["status"],
         references=REFERENCES_PATH,
     output:
         verdicts=report(
-            OUT["verdicts"],
+            RULE_OUT["verdicts"],
             caption=table_caption("verdicts"),
             category=table_category("verdicts"),
             labels=table_labels("verdicts"),
         ),
-        table=OUT["verdicts_table"],
+        table=RULE_OUT["verdicts_table"],
     log:
-        f"{LOGS}/verdicts.log",
+        f"{RULE_OUT['logs']}/verdicts.log",
     conda:
         "../envs/analysis.yaml"
     params:

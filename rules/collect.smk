@@ -11,64 +11,64 @@ from dlscale.outputs.snakemake_report import table_caption, table_category, tabl
 
 rule collect:
     input:
-        metrics=metrics_files(),
+        metrics=collect_metrics,
     output:
         ranks=report(
-            OUT["ranks"],
+            RULE_OUT["ranks"],
             caption=table_caption("ranks"),
             category=table_category("ranks"),
             labels=table_labels("ranks"),
         ),
         cells=report(
-            OUT["cells"],
+            RULE_OUT["cells"],
             caption=table_caption("cells"),
             category=table_category("cells"),
             labels=table_labels("cells"),
         ),
         scaling=report(
-            OUT["scaling"],
+            RULE_OUT["scaling"],
             caption=table_caption("scaling"),
             category=table_category("scaling"),
             labels=table_labels("scaling"),
         ),
         quarantine=report(
-            OUT["quarantine"],
+            RULE_OUT["quarantine"],
             caption=table_caption("quarantine"),
             category=table_category("quarantine"),
             labels=table_labels("quarantine"),
         ),
         status=report(
-            OUT["status"],
+            RULE_OUT["status"],
             caption=table_caption("status"),
             category=table_category("status"),
             labels=table_labels("status"),
         ),
         systems=report(
-            OUT["systems"],
+            RULE_OUT["systems"],
             caption=table_caption("systems"),
             category=table_category("systems"),
             labels=table_labels("systems"),
         ),
         convergence=report(
-            OUT["convergence"],
+            RULE_OUT["convergence"],
             caption=table_caption("convergence"),
             category=table_category("convergence"),
             labels=table_labels("convergence"),
         ),
         epochs=report(
-            OUT["epochs"],
+            RULE_OUT["epochs"],
             caption=table_caption("epochs"),
             category=table_category("epochs"),
             labels=table_labels("epochs"),
         ),
         time_to_accuracy=report(
-            OUT["time_to_accuracy"],
+            RULE_OUT["time_to_accuracy"],
             caption=table_caption("time_to_accuracy"),
             category=table_category("time_to_accuracy"),
             labels=table_labels("time_to_accuracy"),
         ),
     log:
-        f"{LOGS}/collect.log",
+        f"{RULE_OUT['logs']}/collect.log",
     params:
         straggler_threshold=STUDY.config["straggler_threshold"],
         validity_tolerance=STUDY.config["convergence"]["validity_tolerance"],
@@ -77,8 +77,10 @@ rule collect:
     run:
         from dlscale.analysis.collect import write_named_tables
 
+        # every planned cell: those not among the inputs (a partial build) are listed as
+        # failed or missing in the status table
         write_named_tables(
-            input.metrics,
+            metrics_files(),
             dict(output.items()),
             params.straggler_threshold,
             log[0],

@@ -20,6 +20,7 @@ from dlscale.store.measurements import (
 )
 from dlscale.study.cell import (
     CELL_PATTERNS,
+    CELL_RULE_PREFIXES,
     DEFAULT_WORKLOAD,
     STUDY_DIR,
     TRAIN_LOG_PATTERNS,
@@ -30,9 +31,9 @@ from dlscale.study.cell import (
     train_rule,
 )
 from dlscale.study.matrix import load_workflow_study
+from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
+from dlscale.workflow.paths import output_paths, partial_folder
 from dlscale.workflow.resume import previous_driver
-from dlscale.store.study_archive import ARCHIVE_DIR as STUDY_ARCHIVE_DIR
-from dlscale.store.study_archive import ARCHIVE_LOG as STUDY_ARCHIVE_LOG
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
@@ -44,9 +45,16 @@ except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 
 CELLS = STUDY.by_key()
-# The study's own results folder: its cells, tables, figures, report and logs.
+# The study's own results folder: its cells, tables, figures, report and logs. Every output path
+# is defined once, in dlscale.workflow.paths: OUT for the complete study, PARTIAL_OUT for the
+# report of an incomplete one (results/<study>/partial/, the `partial` target below), RULE_OUT
+# for the rules downstream of the cells, which write either by the `root` wildcard.
 RESULTS = STUDY_DIR.format(study=STUDY.config["study"])
-LOGS = f"{RESULTS}/logs"
+PARTIAL = partial_folder(RESULTS)
+OUT = output_paths(RESULTS, STUDY.config["study"])
+PARTIAL_OUT = output_paths(PARTIAL, STUDY.config["study"])
+RULE_OUT = output_paths("{root}", STUDY.config["study"])
+LOGS = OUT["logs"]
 
 # A measured cell is never silently destroyed (dlscale.store.measurements): every existing measurement
 # has a folder of its own before anything could remove its metrics.jsonl, and a cell measured
@@ -63,8 +71,10 @@ if workflow.is_main_process:
     # A study survives its driver (dlscale.workflow.resume): the locks of a previous driver that is gone
     # are removed and named; a live one is named with its pid, host and command (Snakemake's
     # lock check then refuses this run).
-    for _line in previous_driver(RESULTS, unlock=not workflow.dryrun):
-        print(f"dlscale: {_line}", file=sys.stderr)
+    # (not in the partial build that a failed driver starts: that driver holds the study)
+    if PARTIAL_BUILD_ENV not in os.environ:
+        for _line in previous_driver(RESULTS, unlock=not workflow.dryrun):
+            print(f"dlscale: {_line}", file=sys.stderr)
     if not workflow.dryrun:
         adopt_unarchived(cell.path for cell in STUDY.cells)
     _changed = changed_cells(STUDY.cells)
@@ -99,9 +109,13 @@ def _alternatives(values):
     return "|".join(re.escape(str(v)) for v in values)
 
 
-# Every wildcard matches only configured values: nothing else can reach a shell line.
+# Every wildcard matches only configured values: nothing else can reach a shell line. `root`:
+# the folder a rule downstream of the cells writes (RULE_OUT), the study's or its partial one.
 wildcard_constraints:
-    **{axis: _alternatives(values) for axis, values in STUDY.axis_values().items()},
+    **{
+        **{axis: _alternatives(values) for axis, values in STUDY.axis_values().items()},
+        "root": _alternatives([RESULTS, PARTIAL]),
+    },
 
 
 def cell_of(wildcards, workload=DEFAULT_WORKLOAD):
@@ -220,68 +234,64 @@ def report_title():
 
 def report_title_param(wildcards):
     """The title as a params function: Snakemake formats a plain string param as a pattern,
-    so a title with `{word}` would be read as a wildcard."""
-    return report_title()
+    so a title with `{word}` would be read as a wildcard. The partial report says so."""
+    return report_title() + (" (incomplete)" if is_partial(wildcards) else "")
 
 
 # The template the report is rendered from (inside the installed dlscale package): an input of
 # report_tex, so editing it regenerates the report.
 REPORT_TEMPLATE = str(importlib.resources.files("dlscale") / "templates" / "report.tex.j2")
 
-# Every downstream output in one place: the rules and the onerror handler (dlscale.workflow.finalize)
-# write the same files.
-OUT = {
-    "ranks": f"{RESULTS}/tables/ranks.csv",
-    "cells": f"{RESULTS}/tables/cells.csv",
-    "scaling": f"{RESULTS}/tables/scaling.csv",
-    "quarantine": f"{RESULTS}/tables/quarantine.csv",
-    "status": f"{RESULTS}/tables/status.csv",
-    "systems": f"{RESULTS}/tables/systems.csv",
-    # the convergence workload's tables (dlscale.analysis.time_to_accuracy)
-    "convergence": f"{RESULTS}/tables/convergence.csv",
-    "epochs": f"{RESULTS}/tables/epochs.csv",
-    "time_to_accuracy": f"{RESULTS}/tables/time_to_accuracy.csv",
-    "figures": f"{RESULTS}/figures",
-    "convergence_table": f"{RESULTS}/report/convergence_table.tex",
-    "macros": f"{RESULTS}/report/macros.tex",
-    "cells_table": f"{RESULTS}/report/cells_table.tex",
-    "quarantine_table": f"{RESULTS}/report/quarantine_table.tex",
-    "status_table": f"{RESULTS}/report/status_table.tex",
-    "systems_table": f"{RESULTS}/report/systems_table.tex",
-    # the regression check against config/references.yaml (rules/check.smk)
-    "verdicts": f"{RESULTS}/tables/verdicts.csv",
-    "verdicts_table": f"{RESULTS}/report/verdicts_table.tex",
-    "tex": f"{RESULTS}/report/report.tex",
-    "pdf": f"{RESULTS}/report/report.pdf",
-    "pdf_log": f"{LOGS}/report_pdf.log",
-    # the study's archive (rules/archive.smk; not a final target, asked for by name)
-    "archive": f"{RESULTS}/{STUDY_ARCHIVE_DIR}/{STUDY.config['study']}.tar.gz",
-    "archive_checksum": f"{RESULTS}/{STUDY_ARCHIVE_DIR}/{STUDY.config['study']}.tar.gz.sha256",
-    "archive_log": f"{RESULTS}/{STUDY_ARCHIVE_LOG}",
-}
+
+# The partial report: when cells failed (or the run stopped), the Snakefile's `onerror` runs the
+# `partial` target with the same rules (dlscale.workflow.finalize.build_partial: a second
+# snakemake on the local executor, same Snakefile and configuration): collect reads the cells
+# whose metrics exist and lists the others as failed or missing; only the rules downstream of
+# the cells may run, never a cell's (partial_rules()).
+def is_partial(wildcards):
+    return wildcards.root == PARTIAL
 
 
-# Where onerror puts the outputs of an incomplete study: beside, never over, the rules' outputs,
-# so Snakemake never mistakes them for up to date and the next run retries the missing cells.
-PARTIAL = f"{RESULTS}/partial"
-OUT_PARTIAL = {key: path.replace(f"{RESULTS}/", f"{PARTIAL}/", 1) for key, path in OUT.items()}
+def outputs_of(wildcards):
+    """The output paths (dlscale.workflow.paths) of the folder a downstream job writes."""
+    return PARTIAL_OUT if is_partial(wildcards) else OUT
 
 
-def build_from_existing_cells():
-    """onerror: tables, figures and the report from the cells that exist (<study>/partial/)."""
+def collect_metrics(wildcards):
+    """collect's cells: every planned cell; the partial build's: those whose metrics exist."""
+    if is_partial(wildcards):
+        return [path for path in metrics_files() if os.path.exists(path)]
+    return metrics_files()
+
+
+def partial_rules():
+    """The rules the partial build may run: all but those that measure a cell or write its
+    data, so it only ever reads the cells that exist."""
+    names = [r.name for r in workflow.rules]
+    return [n for n in names if not n.startswith(CELL_RULE_PREFIXES) and n != "shipped_digits"]
+
+
+def build_partial_report():
+    """onerror: the `partial` target (results/<study>/partial/) by the workflow's own rules."""
     from dlscale.workflow import resume
-    from dlscale.workflow.finalize import build_from_existing
+    from dlscale.workflow.finalize import build_partial
 
-    build_from_existing(
-        metrics_files(),
-        OUT_PARTIAL,
-        config=STUDY.config,
+    settings = workflow.deployment_settings
+    # the run's cores under the local executor; its local cores (login node) under Slurm
+    plugin = workflow.executor_plugin
+    local = plugin is not None and plugin.name == "local"
+    resources = workflow.resource_settings
+    build_partial(
+        dict(config),
+        PARTIAL_OUT,
+        partial=PARTIAL,
         n_planned=len(STUDY.cells),
-        figures=FIGURE_LAYOUT,
-        convergence_figures=CONVERGENCE_LAYOUT,
-        title=report_title() + " (incomplete)",
-        attachment=report_attachment(OUT_PARTIAL),
-        stopped_by=resume.STOPPED_BY,
+        snakefile=str(workflow.main_snakefile),
+        allowed_rules=partial_rules(),
+        cores=(resources.cores if local else resources.local_cores) or 1,
+        deployment=[str(method) for method in settings.deployment_method],
+        conda_prefix=settings.conda_prefix and str(settings.conda_prefix),
+        stopped_by=getattr(resume, "STOPPED_BY", None),
     )
 
 
@@ -297,7 +307,7 @@ def remove_partial_outputs():
 # hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and
 # MAX_SERIES framework x precision series per panel; larger studies split into numbered parts).
 # FIGURE_LAYOUT is also the report's figure list (file relative to the figures folder, caption,
-# hardware, width) and the onerror build's.
+# hardware, width), for the complete and the partial report alike.
 
 from dlscale.outputs.figure_layout import (
     CONVERGENCE_FIGURE_NAME_PATTERN,
@@ -328,9 +338,9 @@ CONVERGENCE_LAYOUT = convergence_layout(
 CONVERGENCE_SPECS = {spec["file"]: spec for spec in CONVERGENCE_LAYOUT}
 
 
-def figure_files():
+def figure_files(out=OUT):
     """Every figure file of the study (final targets, report inputs)."""
-    return [f"{OUT['figures']}/{spec['file']}" for spec in FIGURE_LAYOUT]
+    return [f"{out['figures']}/{spec['file']}" for spec in FIGURE_LAYOUT]
 
 
 def figure_spec(wildcards):
@@ -345,9 +355,15 @@ def figure_spec(wildcards):
         ) from None
 
 
-def convergence_figure_files():
+def convergence_figure_files(out=OUT):
     """Every convergence figure file of the study."""
-    return [f"{OUT['figures']}/{spec['file']}" for spec in CONVERGENCE_LAYOUT]
+    return [f"{out['figures']}/{spec['file']}" for spec in CONVERGENCE_LAYOUT]
+
+
+def report_figures(wildcards):
+    """report_pdf's figures, in the folder it writes."""
+    out = outputs_of(wildcards)
+    return figure_files(out) + convergence_figure_files(out)
 
 
 def convergence_figure_spec(wildcards):
@@ -367,20 +383,21 @@ def report_attachment(out=OUT):
     return os.path.relpath(out["cells"], os.path.dirname(out["tex"]))
 
 
-def final_targets():
+def final_targets(out=OUT):
+    """What `all` builds (out=OUT) and the `partial` target (out=PARTIAL_OUT): the same files."""
     return [
-        OUT["ranks"],
-        OUT["cells"],
-        OUT["scaling"],
-        OUT["status"],
-        OUT["systems"],
-        OUT["verdicts"],
-        *figure_files(),
-        OUT["convergence"],
-        OUT["epochs"],
-        OUT["time_to_accuracy"],
-        *convergence_figure_files(),
-        OUT["plan"],  # rules/plan.smk
-        OUT["plan_figure"],
-        OUT["pdf"],
+        out["ranks"],
+        out["cells"],
+        out["scaling"],
+        out["status"],
+        out["systems"],
+        out["verdicts"],
+        *figure_files(out),
+        out["convergence"],
+        out["epochs"],
+        out["time_to_accuracy"],
+        *convergence_figure_files(out),
+        out["plan"],  # rules/plan.smk
+        out["plan_figure"],
+        out["pdf"],
     ]

@@ -10,18 +10,18 @@ from dlscale.outputs.snakemake_report import figure_category, figure_labels, fig
 
 rule figure:
     input:
-        scaling=OUT["scaling"],
-        predictions=OUT["predictions"],  # dashed predicted extensions (rules/plan.smk)
+        scaling=RULE_OUT["scaling"],
+        predictions=RULE_OUT["predictions"],  # dashed predicted extensions (rules/plan.smk)
     output:
         pdf=report(
-            f"{OUT['figures']}/{{hardware}}/{{figure}}.pdf",
+            f"{RULE_OUT['figures']}/{{hardware}}/{{figure}}.pdf",
             caption="../report/figure.rst",
             category=figure_category,
             subcategory=figure_subcategory,
             labels=figure_labels,
         ),
     log:
-        f"{LOGS}/figures/{{hardware}}/{{figure}}.log",
+        f"{RULE_OUT['logs']}/figures/{{hardware}}/{{figure}}.log",
     wildcard_constraints:
         figure=FIGURE_NAME_PATTERN,
     conda:
@@ -38,19 +38,19 @@ rule figure:
 # `snakemake --profile profiles/local --forcerun convergence_figure`.
 rule convergence_figure:
     input:
-        time_to_accuracy=OUT["time_to_accuracy"],
-        epochs=OUT["epochs"],
-        convergence=OUT["convergence"],
+        time_to_accuracy=RULE_OUT["time_to_accuracy"],
+        epochs=RULE_OUT["epochs"],
+        convergence=RULE_OUT["convergence"],
     output:
         pdf=report(
-            f"{OUT['figures']}/{{hardware}}/convergence/{{figure}}.pdf",
+            f"{RULE_OUT['figures']}/{{hardware}}/convergence/{{figure}}.pdf",
             caption="../report/convergence_figure.rst",
             category=figure_category,
             subcategory=figure_subcategory,
             labels=figure_labels,
         ),
     log:
-        f"{LOGS}/figures/{{hardware}}/convergence/{{figure}}.log",
+        f"{RULE_OUT['logs']}/figures/{{hardware}}/convergence/{{figure}}.log",
     wildcard_constraints:
         figure=CONVERGENCE_FIGURE_NAME_PATTERN,
     conda:

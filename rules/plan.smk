@@ -7,18 +7,6 @@
 # and pulp stay out of each Slurm job's snakemake start-up)
 from dlscale.study.partitions import partitions_from_hardware
 
-OUT.update(
-    {
-        "model_fit": f"{RESULTS}/tables/model_fit.csv",
-        "predictions": f"{RESULTS}/tables/predictions.csv",
-        "plan": f"{RESULTS}/plan/plan.csv",
-        "plan_alternatives": f"{RESULTS}/plan/alternatives.csv",
-        "plan_constraints": f"{RESULTS}/plan/constraints.csv",
-        "plan_figure": f"{RESULTS}/plan/plan.pdf",
-        "plan_macros": f"{RESULTS}/report/plan_macros.tex",
-        "plan_tables": f"{RESULTS}/report/plan_tables.tex",
-    }
-)
 PLAN_CONFIG = STUDY.config["plan"]
 # The planner's node counts per partition (hardware file: nodes_available, else max_nodes).
 PLAN_NODES = {p.name: p.nodes_available for p in partitions_from_hardware(STUDY.hardware)}
@@ -26,12 +14,12 @@ PLAN_NODES = {p.name: p.nodes_available for p in partitions_from_hardware(STUDY.
 
 rule scaling_model:
     input:
-        cells=OUT["cells"],
+        cells=RULE_OUT["cells"],
     output:
-        fits=OUT["model_fit"],
-        predictions=OUT["predictions"],
+        fits=RULE_OUT["model_fit"],
+        predictions=RULE_OUT["predictions"],
     log:
-        f"{LOGS}/scaling_model.log",
+        f"{RULE_OUT['logs']}/scaling_model.log",
     params:
         predict_nodes=PLAN_CONFIG["predict_nodes"],
         max_extrapolation=PLAN_CONFIG["max_extrapolation"],
@@ -53,19 +41,19 @@ rule scaling_model:
 
 rule plan:
     input:
-        fits=OUT["model_fit"],
-        predictions=OUT["predictions"],
+        fits=RULE_OUT["model_fit"],
+        predictions=RULE_OUT["predictions"],
         # the cells that ran out of memory (does_not_fit): never offered
-        status=OUT["status"],
+        status=RULE_OUT["status"],
     output:
-        plan=OUT["plan"],
-        alternatives=OUT["plan_alternatives"],
-        constraints=OUT["plan_constraints"],
-        figure=OUT["plan_figure"],
-        macros=OUT["plan_macros"],
-        tables=OUT["plan_tables"],
+        plan=RULE_OUT["plan"],
+        alternatives=RULE_OUT["plan_alternatives"],
+        constraints=RULE_OUT["plan_constraints"],
+        figure=RULE_OUT["plan_figure"],
+        macros=RULE_OUT["plan_macros"],
+        tables=RULE_OUT["plan_tables"],
     log:
-        f"{LOGS}/plan.log",
+        f"{RULE_OUT['logs']}/plan.log",
     params:
         plan=PLAN_CONFIG,
         hardware=STUDY.hardware,

@@ -6,22 +6,22 @@
 
 rule report_inputs:
     input:
-        cells=OUT["cells"],
-        scaling=OUT["scaling"],
-        quarantine=OUT["quarantine"],
-        status=OUT["status"],
-        systems=OUT["systems"],
-        convergence=OUT["convergence"],
-        time_to_accuracy=OUT["time_to_accuracy"],
+        cells=RULE_OUT["cells"],
+        scaling=RULE_OUT["scaling"],
+        quarantine=RULE_OUT["quarantine"],
+        status=RULE_OUT["status"],
+        systems=RULE_OUT["systems"],
+        convergence=RULE_OUT["convergence"],
+        time_to_accuracy=RULE_OUT["time_to_accuracy"],
     output:
-        macros=OUT["macros"],
-        cells_table=OUT["cells_table"],
-        quarantine_table=OUT["quarantine_table"],
-        status_table=OUT["status_table"],
-        systems_table=OUT["systems_table"],
-        convergence_table=OUT["convergence_table"],
+        macros=RULE_OUT["macros"],
+        cells_table=RULE_OUT["cells_table"],
+        quarantine_table=RULE_OUT["quarantine_table"],
+        status_table=RULE_OUT["status_table"],
+        systems_table=RULE_OUT["systems_table"],
+        convergence_table=RULE_OUT["convergence_table"],
     log:
-        f"{LOGS}/report_inputs.log",
+        f"{RULE_OUT['logs']}/report_inputs.log",
     conda:
         "../envs/analysis.yaml"
     params:
@@ -35,9 +35,9 @@ rule report_tex:
     input:
         template=REPORT_TEMPLATE,
     output:
-        tex=OUT["tex"],
+        tex=RULE_OUT["tex"],
     log:
-        f"{LOGS}/report_tex.log",
+        f"{RULE_OUT['logs']}/report_tex.log",
     conda:
         "../envs/analysis.yaml"
     params:
@@ -51,29 +51,28 @@ rule report_tex:
 
 rule report_pdf:
     input:
-        tex=OUT["tex"],
-        macros=OUT["macros"],
-        cells_table=OUT["cells_table"],
-        quarantine_table=OUT["quarantine_table"],
-        status_table=OUT["status_table"],
-        systems_table=OUT["systems_table"],
-        convergence_table=OUT["convergence_table"],
-        verdicts_table=OUT["verdicts_table"],  # rules/check.smk
-        cells=OUT["cells"],  # attached to the PDF
-        figures=figure_files(),
-        convergence_figures=convergence_figure_files(),
-        plan_macros=OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
-        plan_tables=OUT["plan_tables"],
-        plan_figure=OUT["plan_figure"],
+        tex=RULE_OUT["tex"],
+        macros=RULE_OUT["macros"],
+        cells_table=RULE_OUT["cells_table"],
+        quarantine_table=RULE_OUT["quarantine_table"],
+        status_table=RULE_OUT["status_table"],
+        systems_table=RULE_OUT["systems_table"],
+        convergence_table=RULE_OUT["convergence_table"],
+        verdicts_table=RULE_OUT["verdicts_table"],  # rules/check.smk
+        cells=RULE_OUT["cells"],  # attached to the PDF
+        figures=report_figures,  # the throughput and convergence figures of its folder
+        plan_macros=RULE_OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
+        plan_tables=RULE_OUT["plan_tables"],
+        plan_figure=RULE_OUT["plan_figure"],
     output:
         pdf=report(
-            OUT["pdf"],
+            RULE_OUT["pdf"],
             caption="../report/pdf.rst",
             category="Report",
             labels={"file": "report.pdf"},
         ),
     log:
-        OUT["pdf_log"],
+        RULE_OUT["pdf_log"],
     conda:
         "../envs/latex.yaml"
     script:

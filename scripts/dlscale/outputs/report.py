@@ -715,11 +715,11 @@ def write_systems_table(systems: pd.DataFrame, out: str) -> None:
 def write_report_inputs(
     paths: Mapping[str, str], *, config: dict, n_planned: int
 ) -> dict[str, pd.DataFrame]:
-    """The rule report_inputs and the onerror build (dlscale.workflow.finalize): the tables at
+    """The rule report_inputs (the complete and the partial report alike): the tables at
     paths["cells"], ["scaling"], ["quarantine"], ["status"] (CSV) -> the macros and LaTeX tables
-    at paths["macros"], ["cells_table"], ["quarantine_table"], ["status_table"] (the keys of OUT
-    in rules/common.smk; others are ignored), and paths["systems"] -> ["systems_table"] where
-    given. Returns the tables read, by the same keys."""
+    at paths["macros"], ["cells_table"], ["quarantine_table"], ["status_table"] (the keys of
+    dlscale.workflow.paths.output_paths; others are ignored), and paths["systems"] ->
+    ["systems_table"] where given. Returns the tables read, by the same keys."""
     tables = {key: pd.read_csv(paths[key]) for key in ("cells", "scaling", "quarantine", "status")}
     Path(paths["macros"]).parent.mkdir(parents=True, exist_ok=True)
     macros = build_macros(config, **tables, n_planned=n_planned)

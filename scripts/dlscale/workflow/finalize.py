@@ -1,92 +1,153 @@
-"""Tables, figures and the report from whatever cells exist, when the study did not complete.
+"""The end of a run whose cells did not all succeed: the partial report, built by the workflow's
+own rules.
 
-The Snakefile's `onerror:` handler calls `build_from_existing` after Snakemake has run every job
-it could (keep-going): the same functions the rules call, on the cells that have valid metrics,
-so a study with failed cells still ends with tables, figures and a report that lists the failed
-and missing cells (results/tables/status.csv). The next `snakemake` run reruns only the failed
-and missing cells and rebuilds these outputs through the rules.
+The Snakefile's `onerror:` handler (rules/common.smk `build_partial_report`) calls
+`build_partial` after Snakemake has run every job it could (keep-going). It starts a second
+`snakemake` on the local executor, with the same Snakefile and the same configuration, for the
+`partial` target: the rules downstream of the cells (collect, scaling_model, plan, figure,
+convergence_figure, report_inputs, report_tex, report_pdf, verdicts) write into
+results/<study>/partial/ from the cells whose metrics exist, and the report's status section
+lists the failed and missing cells (tables/status.csv). Only those rules may run
+(`--allowed-rules`): the partial build never measures a cell. The next `snakemake` run retries
+the failed and missing cells and builds the complete outputs; `onsuccess` removes the partial
+folder.
 """
 
 from __future__ import annotations
 
+import csv
+import json
+import os
+import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
+# The target rule of the partial build (the Snakefile).
+PARTIAL_TARGET = "partial"
+# Set in the partial build's environment (the pid of the driver that started it): its parse does
+# not report that driver as another one running the study.
+PARTIAL_BUILD_ENV = "DLSCALE_PARTIAL_BUILD_OF"
 
-from dlscale.analysis.collect import CONVERGENCE_TABLES, write_tables
-from dlscale.outputs.plotting import plot_convergence_figure, plot_figure
-from dlscale.outputs.report import LatexMissing, compile_pdf, render_tex, write_report_inputs
+
+def partial_command(
+    *,
+    snakefile: str,
+    directory: str,
+    configfile: str,
+    allowed_rules: list[str],
+    cores: int = 1,
+    deployment: list[str] = (),
+    conda_prefix: str | None = None,
+) -> list[str]:
+    """The `snakemake` command of the partial build: the `partial` target on the local executor,
+    every partial output rebuilt (--forceall: a cell that failed differently this time is
+    reported as it failed now), only `allowed_rules` (never a cell's), no lock (the failed run
+    holds its own while its onerror handler runs; the two write different files) and no hooks
+    (no second driver record, no nested partial build)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        PARTIAL_TARGET,
+        "--snakefile",
+        snakefile,
+        "--directory",
+        directory,
+        "--configfile",
+        configfile,
+        "--workflow-profile",
+        "none",
+        "--executor",
+        "local",
+        "--cores",
+        str(max(1, int(cores))),
+        "--forceall",
+        "--keep-going",
+        "--rerun-incomplete",
+        "--nolock",
+        "--no-hooks",
+        "--allowed-rules",
+        *allowed_rules,
+    ]
+    if deployment:
+        cmd += ["--software-deployment-method", *deployment]
+    if conda_prefix:
+        cmd += ["--conda-prefix", conda_prefix]
+    return cmd
 
 
-def build_from_existing(
-    paths: list[str],
+def build_partial(
+    config: dict,
     out: dict[str, str],
     *,
-    config: dict,
+    partial: str,
     n_planned: int,
-    figures: list[dict],
-    title: str,
-    attachment: str,
+    snakefile: str,
+    allowed_rules: list[str],
+    cores: int = 1,
+    deployment: list[str] = (),
+    conda_prefix: str | None = None,
     stopped_by: str | None = None,
-    convergence_figures: list[dict] = (),
-) -> None:
-    """`out`: the outputs by the keys of OUT in rules/common.smk; `figures`,
-    `convergence_figures`: the study's figure layouts (dlscale.outputs.figure_layout.figure_layout,
-    convergence_layout: the same lists the rules draw); `attachment`: out["cells"] relative to
-    the report's folder."""
-    write_tables(
-        paths,
-        out["ranks"],
-        out["cells"],
-        out["scaling"],
-        out["quarantine"],
-        out["status"],
-        straggler_threshold=config["straggler_threshold"],
-        systems_csv=out["systems"],
-        convergence_csvs={k: out[k] for k in CONVERGENCE_TABLES},
-        validity_tolerance=config["convergence"]["validity_tolerance"],
+) -> int:
+    """Run the partial build into `partial` (whose outputs are `out`, the keys of
+    dlscale.workflow.paths.output_paths) with the failed run's `config` (Snakemake's config, as
+    the run resolved it), then say where the study stands. Returns the build's exit status."""
+    shutil.rmtree(partial, ignore_errors=True)
+    logs = Path(out["logs"])
+    logs.mkdir(parents=True, exist_ok=True)
+    configfile = logs / "config.json"
+    configfile.write_text(json.dumps(config, indent=1, default=str))
+    log = logs / "snakemake.log"
+    cmd = partial_command(
+        snakefile=snakefile,
+        directory=os.getcwd(),
+        configfile=str(configfile),
+        allowed_rules=allowed_rules,
+        cores=cores,
+        deployment=deployment,
+        conda_prefix=conda_prefix,
     )
-    tables = write_report_inputs(out, config=config, n_planned=n_planned)
-    for fig in figures:
-        path = Path(out["figures"]) / fig["file"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        plot_figure(tables["scaling"], fig, str(path))
-    epochs = pd.read_csv(out["epochs"])
-    for fig in convergence_figures:
-        path = Path(out["figures"]) / fig["file"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        plot_convergence_figure(
-            tables["time_to_accuracy"], epochs, tables["convergence"], fig, str(path)
-        )
-    render_tex(
-        out["tex"],
-        title=title,
-        figures=figures,
-        attachment=attachment,
-        convergence_figures=convergence_figures,
-    )
-    pdf_problem = None
-    try:
-        compile_pdf(out["tex"], log=out["pdf_log"])
-    except LatexMissing as exc:
-        pdf_problem = str(exc)
-        print(f"dlscale: {exc}", file=sys.stderr)
-    except RuntimeError as exc:
-        pdf_problem = f"latexmk failed (see {out['pdf_log']})"
-        print(f"dlscale: {exc}", file=sys.stderr)
-    status = tables["status"]
+    env = {k: v for k, v in os.environ.items() if k != "SNAKEMAKE_PROFILE"}
+    env[PARTIAL_BUILD_ENV] = str(os.getpid())
     print(
-        status_message(
-            measured=int((status["status"] == "ok").sum()),
-            failed=int((status["status"] == "failed").sum()),
-            missing=int((status["status"] == "missing").sum()),
-            n_planned=n_planned,
-            out=out,
-            pdf_problem=pdf_problem,
-            stopped_by=stopped_by,
-        ),
+        f"dlscale: building the partial report with the workflow's own rules (log: {log}):\n"
+        f"  {shlex.join(cmd)}",
         file=sys.stderr,
+    )
+    with open(log, "w") as fh:
+        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+    print(partial_summary(out, n_planned, log=str(log), stopped_by=stopped_by), file=sys.stderr)
+    return code
+
+
+def partial_summary(
+    out: dict[str, str], n_planned: int, *, log: str, stopped_by: str | None = None
+) -> str:
+    """The end-of-run message from the partial build's status table and report."""
+    try:
+        with open(out["status"], newline="") as fh:
+            states = [row["status"] for row in csv.DictReader(fh)]
+    except (OSError, KeyError) as exc:
+        return (
+            f"dlscale: the partial build stopped before its status table ({exc}); see {log}. "
+            "Rerun the same command to retry the failed and missing cells."
+        )
+    pdf_problem = None
+    if not Path(out["pdf"]).is_file():
+        pdf_log = Path(out["pdf_log"])
+        text = pdf_log.read_text(errors="replace") if pdf_log.is_file() else ""
+        tail = text.strip().splitlines()[-1:]
+        pdf_problem = f"{tail[0]} ({pdf_log})" if tail else f"a step of it failed (see {log})"
+    return status_message(
+        measured=states.count("ok"),
+        failed=states.count("failed"),
+        missing=states.count("missing"),
+        n_planned=n_planned,
+        out=out,
+        pdf_problem=pdf_problem,
+        stopped_by=stopped_by,
     )
 
 
