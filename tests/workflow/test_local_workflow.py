@@ -655,3 +655,83 @@ def test_bad_references_stop_before_any_job(tmp_path, tiny_config):
     assert proc.returncode != 0, out[-3000:]
     assert "config/references.yaml" in out and "No job was started" in out, out[-3000:]
     assert "lower: 0.1 must be <= 0" in out and "'samples/s' was expected" in out, out[-3000:]
+
+
+# the rules that measure cells or write their data: never part of the partial build
+CELL_RULES = re.compile(r"^(train_|converge_|shipped_digits$|all$|partial$)")
+
+
+def test_partial_build_runs_the_rules_of_the_full_build(tmp_path, tiny_config):
+    """The partial report (onerror, results/<study>/partial/) is built by the same rules as the
+    complete one, each as many times, and writes only under partial/: a dry run of `partial`
+    with only the full build's rules downstream of the cells allowed (as the onerror handler
+    allows them), on a study with no cell measured yet."""
+    work = copy_workflow(tmp_path, tiny_config)
+    full = snakemake(work, "--profile", "profiles/local", "-n")
+    assert full.returncode == 0, full.stderr[-2000:]
+    downstream = {k: v for k, v in job_counts(full.stdout).items() if not CELL_RULES.match(k)}
+    assert {"collect", "scaling_model", "plan", "verdicts", "figure", "convergence_figure"} <= set(
+        downstream
+    )
+    assert {"report_inputs", "report_tex", "report_pdf"} <= set(downstream)
+    part = snakemake(
+        work, "--profile", "profiles/local", "-n", "partial", "--allowed-rules", "partial",
+        *downstream,
+    )  # fmt: skip
+    assert part.returncode == 0, part.stdout[-2000:] + part.stderr[-2000:]
+    counts = job_counts(part.stdout)
+    assert counts.pop("partial") == 1
+    assert counts == downstream
+    outputs = re.findall(r"^\s+(?:output|log): (.+)$", part.stdout, re.M)
+    files = [f for line in outputs for f in line.split(", ")]
+    assert files and all(f.startswith("results/tiny/partial/") for f in files), files
+
+
+def test_failed_cell_gives_a_partial_report_by_the_same_rules(finished_study):
+    """A cell that fails: its driver's onerror builds results/tiny/partial/ with the workflow's
+    own rules (the scaling model, plan and verdicts included), the report titled incomplete and
+    naming the failed cell; the complete outputs are left alone. The next run retries the cell,
+    and its success removes the partial folder. (Last in this module: it re-measures a cell.)"""
+    import csv
+
+    work = finished_study
+    victim = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
+    complete_pdf = work / "results/tiny/report/report.pdf"
+    before = complete_pdf.stat().st_mtime
+    env = dict(os.environ, DLSCALE_FAULT="eager/n2/r1:1:2:3")
+    from conftest import BIN
+
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), victim, "--forcerun", victim, "--profile", "profiles/local"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "building the partial report with the workflow's own rules" in out, out[-3000:]
+    assert "study incomplete: cells measured: 3 of 4; 1 failed, 0 missing" in out, out[-3000:]
+    partial = work / "results/tiny/partial"
+    assert (partial / "report/report.pdf").stat().st_size > 0, out[-3000:]
+    log = (partial / "logs/snakemake.log").read_text()
+    ran = job_counts(log)
+    for rule in ("collect", "scaling_model", "plan", "verdicts", "figure", "report_pdf"):
+        assert ran.get(rule), (rule, log[-3000:])
+    assert not any(CELL_RULES.match(rule) for rule in ran if rule != "partial"), ran
+    with open(partial / "tables/status.csv") as fh:
+        rows = {row["metrics_path"]: row for row in csv.DictReader(fh)}
+    assert rows[victim]["status"] == "failed" and rows[victim]["exit_code"] == "3"
+    assert "eager/n2/r1 & failed" in (partial / "report/status_table.tex").read_text()
+    tex = (partial / "report/report.tex").read_text()
+    assert r"\title{Scaling study: tiny (incomplete)}" in tex
+    assert (partial / "plan/plan.csv").is_file() and (partial / "tables/verdicts.csv").is_file()
+    assert complete_pdf.stat().st_mtime == before  # the complete outputs: never overwritten
+    # the next run retries the cell, rebuilds the complete outputs and drops the partial ones
+    # (forced: the complete outputs from before the fault exist, and Snakemake does not rebuild
+    # a missing input whose consumers are up to date)
+    proc = snakemake(work, "--profile", "profiles/local", "--forcerun", victim)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (work / victim).is_file() and not partial.exists()
