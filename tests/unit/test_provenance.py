@@ -35,3 +35,16 @@ def test_host_facts_and_gpu_activity_without_gpu():
         assert gpus["available"] is False and "nvidia-smi" in gpus["reason"], gpus
     else:
         assert all("utilization_pct" in g for g in gpus)
+
+
+def test_the_project_root_is_the_checkout_from_any_working_directory(tmp_path, monkeypatch):
+    """provenance.PROJECT_ROOT is the checkout (its Snakefile), so the sources hash covers the
+    whole project wherever the process starts (it was scripts/ for a while after the package
+    moved a level down, hidden by the fallback to the working directory)."""
+    from dlscale.run import provenance
+    from dlscale.study.references import REFERENCES_SCHEMA, schema_path
+
+    assert (provenance.PROJECT_ROOT / "Snakefile").is_file()
+    monkeypatch.chdir(tmp_path)
+    assert provenance.project_root() == provenance.PROJECT_ROOT
+    assert schema_path() == provenance.PROJECT_ROOT / REFERENCES_SCHEMA

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import dlscale
 from dlscale.analysis.systems_table import cell_systems, systems_table
 from dlscale.run import node_probes as sysprobe
 
@@ -260,6 +261,6 @@ def test_probe_cost_per_node_is_well_under_a_second():
 @pytest.mark.parametrize("section", sysprobe.SECTIONS)
 def test_every_section_is_named_in_the_metrics_schema(section):
     schema = json.loads(
-        (Path(sysprobe.__file__).parent / "schemas" / "metrics.schema.json").read_text()
+        (Path(dlscale.__file__).parent / "schemas" / "metrics.schema.json").read_text()
     )
     assert section in schema["$defs"]["rank_start"]["properties"]["system"]["properties"]

@@ -23,8 +23,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-# The project's root: the checkout this package is part of (scripts/dlscale/ -> the root).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The project's root: the checkout this package is part of (scripts/dlscale/run/ -> the root).
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 def project_root() -> Path:

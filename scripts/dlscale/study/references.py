@@ -53,7 +53,7 @@ def schema_path(workflow_dir: str | Path | None = None) -> Path:
     """The references schema: under the workflow directory given, else under the current
     directory, else beside the package's checkout (an editable install)."""
     candidates = [Path(workflow_dir)] if workflow_dir else []
-    candidates += [Path.cwd(), Path(__file__).resolve().parents[2]]
+    candidates += [Path.cwd(), Path(__file__).resolve().parents[3]]
     for base in candidates:
         if (base / REFERENCES_SCHEMA).is_file():
             return base / REFERENCES_SCHEMA
