@@ -122,7 +122,7 @@ def polling_profile(work: Path, init_s: int, between_s: int) -> str:
     """profiles/slurm with other status polling intervals (the profile's before issue 14:
     10 s and Snakemake's default 10 s)."""
     profile = yaml.safe_load((work / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["slurm-init-seconds-before-status-checks"] = init_s
+    profile["dlscale-init-seconds-before-status-checks"] = init_s
     profile["seconds-between-status-checks"] = between_s
     dest = work / "profiles" / f"slurm-poll{init_s}"
     dest.mkdir(exist_ok=True)

@@ -65,13 +65,13 @@ def study_config(cells: int) -> dict:
 
 
 # job arrays, opt-in on top of profiles/slurm (see its comments)
-ARRAYS = ["--slurm-array-jobs", "all", "--slurm-array-limit", "40", "--jobs", "20000"]
+ARRAYS = ["--dlscale-array-jobs", "all", "--dlscale-array-limit", "40", "--jobs", "20000"]
 
 
 def per_cell_profile(work: Path) -> str:
     """profiles/slurm without the greedy scheduler and with jobs: 100: as before issue 7."""
     profile = yaml.safe_load((work / "profiles" / "slurm" / "config.yaml").read_text())
-    for key in ("slurm-array-jobs", "slurm-array-limit", "scheduler", "scheduler-subsample"):
+    for key in ("dlscale-array-jobs", "dlscale-array-limit", "scheduler", "scheduler-subsample"):
         profile.pop(key, None)
     profile["jobs"] = 100
     dest = work / "profiles" / "slurm-per-cell"

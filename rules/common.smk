@@ -207,20 +207,17 @@ def check_launcher_matches_executor():
         raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
 
 
-# The driver records itself and, under the Slurm executor, adopts the jobs an earlier driver of
-# the study left queued or running, journals every submission and handles SIGHUP/SIGTERM
-# (dlscale.workflow.resume.Resume), and has each cell's job run its launcher with no Snakemake inside
-# the allocation (dlscale.workflow.jobstep): the workflow's `onstart`, after the launcher check, before
-# any job.
+# The driver records itself and, under the project's executor plugin (`executor: dlscale`,
+# snakemake_executor_plugin_dlscale: the official Slurm executor subclassed), starts resume:
+# adopts the jobs an earlier driver of the study left queued or running, journals every
+# submission and handles SIGHUP/SIGINT/SIGTERM (dlscale.workflow.resume). The plugin itself has
+# each cell's job run its launcher with no Snakemake inside the allocation
+# (dlscale.workflow.jobstep). The workflow's `onstart`, after the launcher check, before any job.
 def start_driver():
     if not workflow.is_main_process:
         return
-    from dlscale.workflow import jobstep
-    from dlscale.workflow.resume import say, start
+    from dlscale.workflow.resume import start
 
-    route = jobstep.install(workflow)
-    if route:
-        say(RESULTS, route)
     start(workflow, RESULTS, STUDY.config["restart"], metrics_files())
 
 

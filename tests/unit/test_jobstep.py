@@ -1,5 +1,6 @@
-"""dlscale.workflow.jobstep: the command a cell's Slurm job runs instead of two Snakemake start-ups.
-Submitted for real by the Slurm tests (tests/slurm: every cell job, arrays included)."""
+"""dlscale.workflow.jobstep: the command a cell's Slurm job runs instead of two Snakemake start-ups,
+given by the dlscale executor plugin's `format_job_exec`. Submitted for real by the Slurm tests
+(tests/slurm: every cell job, arrays included)."""
 
 from __future__ import annotations
 
@@ -111,34 +112,45 @@ def fake_job(rule: str, group: bool = False):
 
 
 def fake_workflow(methods=()):
-    executor = SimpleNamespace(run_uuid="u", format_job_exec=lambda job: "python -m snakemake")
-    return SimpleNamespace(
-        scheduler=SimpleNamespace(_executor=executor),
-        deployment_settings=SimpleNamespace(deployment_method=set(methods)),
-    )
+    return SimpleNamespace(deployment_settings=SimpleNamespace(deployment_method=set(methods)))
+
+
+def plugin_command(job) -> str:
+    return "python -m snakemake"
 
 
 def test_only_cell_jobs_take_the_thin_command(monkeypatch):
     monkeypatch.delenv(jobstep.IN_JOB_ENV, raising=False)
-    workflow = fake_workflow()
-    assert "directly" in jobstep.install(workflow)
-    fmt = workflow.scheduler._executor.format_job_exec
-    thin = fmt(fake_job("converge_cpu_n2"))
-    assert shlex.split(thin)[1:3] == ["-m", jobstep.MODULE]
-    assert jobstep.decode(shlex.split(thin)[3])["shell"] == fake_job("x").shellcmd
-    assert fmt(fake_job("train_cpu_n1", group=True)) == "python -m snakemake"
-    assert fmt(fake_job("shipped_digits")) == "python -m snakemake"
+    thin, why = jobstep.route(fake_workflow())
+    assert thin and "directly" in why
+    thin_command = jobstep.command(fake_job("converge_cpu_n2"), thin, plugin_command)
+    assert shlex.split(thin_command)[1:3] == ["-m", jobstep.MODULE]
+    assert jobstep.decode(shlex.split(thin_command)[3])["shell"] == fake_job("x").shellcmd
+    job = fake_job("train_cpu_n1", group=True)
+    assert jobstep.command(job, thin, plugin_command) == "python -m snakemake"
+    assert jobstep.command(fake_job("shipped_digits"), thin, plugin_command).endswith("snakemake")
 
 
 def test_software_deployment_or_the_environment_keep_snakemake_in_the_job(monkeypatch):
     monkeypatch.delenv(jobstep.IN_JOB_ENV, raising=False)
-    workflow = fake_workflow([DeploymentMethod.CONDA])
-    assert "conda" in jobstep.install(workflow)
-    assert workflow.scheduler._executor.format_job_exec(fake_job("train_cpu_n1")).endswith(
-        "snakemake"
-    )
+    thin, why = jobstep.route(fake_workflow([DeploymentMethod.CONDA]))
+    assert not thin and "conda" in why
+    assert jobstep.command(fake_job("train_cpu_n1"), thin, plugin_command).endswith("snakemake")
     monkeypatch.setenv(jobstep.IN_JOB_ENV, "1")
-    workflow = fake_workflow()
-    assert jobstep.IN_JOB_ENV in jobstep.install(workflow)
-    no_slurm = SimpleNamespace(scheduler=SimpleNamespace(_executor=SimpleNamespace()))
-    assert jobstep.install(no_slurm) is None
+    thin, why = jobstep.route(fake_workflow())
+    assert not thin and jobstep.IN_JOB_ENV in why
+
+
+def test_the_dlscale_executor_gives_cell_jobs_the_thin_command(monkeypatch):
+    """The plugin's own `format_job_exec` (its base class's) for every other job."""
+    from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
+
+    from snakemake_executor_plugin_dlscale import Executor
+
+    monkeypatch.setattr(SlurmExecutor, "format_job_exec", lambda self, job: plugin_command(job))
+    executor = object.__new__(Executor)  # no workflow, no status thread: only the method
+    executor.thin = True
+    assert shlex.split(executor.format_job_exec(fake_job("train_cpu_n1")))[2] == jobstep.MODULE
+    assert executor.format_job_exec(fake_job("collect")) == "python -m snakemake"
+    executor.thin = False
+    assert executor.format_job_exec(fake_job("train_cpu_n1")) == "python -m snakemake"

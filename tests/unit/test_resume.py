@@ -182,3 +182,62 @@ def test_a_convergence_cells_job_is_found_by_its_own_rule():
     assert resume.Resume.cell_path(None, job) == path
     job.rule.name = "collect"
     assert resume.Resume.cell_path(None, job) is None
+
+
+def fake_resume(tmp_path, calls: list):
+    """A Resume wired as the dlscale executor wires it: the Slurm plugin's own methods are the
+    `PluginCalls` it falls back to (here recorders)."""
+    executor = SimpleNamespace(
+        run_uuid="run-1",
+        report_job_error=lambda info, msg=None: calls.append(("error", msg)),
+        lock=SimpleNamespace(acquire=lambda timeout: True, release=lambda: None),
+        active_jobs=[],
+    )
+    plugin = resume.PluginCalls(
+        run_jobs=lambda jobs: calls.append(("run_jobs", jobs)),
+        report_job_submission=lambda info, **kw: calls.append(("submitted", info.external_jobid)),
+        report_job_success=lambda info: calls.append(("success", info.external_jobid)),
+        cancel_jobs=lambda jobs: calls.append(("cancel", [j.external_jobid for j in jobs])),
+    )
+    return resume.Resume(None, executor, str(tmp_path / "results/s1"), "adopt", plugin)
+
+
+def cell_job(path: str):
+    return SimpleNamespace(rule=SimpleNamespace(name="train_cpu_n1"), output=[path])
+
+
+def test_the_executors_hooks_journal_then_hand_over_to_the_slurm_plugin(tmp_path, monkeypatch):
+    calls = []
+    r = fake_resume(tmp_path, calls)
+    cell = "results/s1/runs/cpu/a/metrics.jsonl"
+    jobs = [cell_job(cell)]
+    r.run_jobs(jobs)  # nothing to adopt: the plugin submits them
+    assert calls == [("run_jobs", jobs)]
+    r.report_job_submission(SimpleNamespace(job=jobs[0], external_jobid="77"))
+    assert calls[-1] == ("submitted", "77") and r.cells == {"77": cell}
+    (rec,) = resume.read_journal(r.study_dir)
+    assert rec["event"] == "submitted" and rec["slurm_job_id"] == "77" and rec["run_id"] == "run-1"
+    r.report_job_success(SimpleNamespace(job=jobs[0], external_jobid="77"))
+    assert calls[-1] == ("success", "77")
+    # an adopted job whose measurement is not its own is reported failed, not successful
+    r.adopted["78"] = str(tmp_path / "none.jsonl")
+    r.report_job_success(SimpleNamespace(job=jobs[0], external_jobid="78"))
+    assert calls[-1] == ("error", "dlscale: adopted job rejected: no metrics file")
+    assert resume.read_journal(r.study_dir)[-1]["event"] == "rejected"
+    # cancel: the plugin cancels the jobs it polls, each journalled once
+    monkeypatch.setattr(resume, "_squeue", lambda args: {})
+    active = [SimpleNamespace(job=jobs[0], external_jobid="77")]
+    r.cancel_jobs(active)
+    r.cancel_jobs(active)
+    assert calls[-1] == ("cancel", ["77"]) and calls.count(("cancel", ["77"])) == 1
+    assert [e["event"] for e in resume.read_journal(r.study_dir)][-1] == "cancelled"
+
+
+def test_without_the_dlscale_executor_the_driver_is_recorded_and_the_user_told(workdir, capsys):
+    workflow = SimpleNamespace(executor_plugin=SimpleNamespace(name="slurm"))
+    assert resume.start(workflow, "results/s1", "adopt", ["c"]) is None
+    assert resume.read_driver_record("results/s1")["cells"] == ["c"]
+    assert "executor 'slurm'" in capsys.readouterr().err
+    local = SimpleNamespace(executor_plugin=SimpleNamespace(name="local"))
+    assert resume.start(local, "results/s2", "adopt", []) is None
+    assert resume.read_driver_record("results/s2")["run_id"] is None

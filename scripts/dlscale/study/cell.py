@@ -79,7 +79,7 @@ TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
 PARALLEL_TRAIN_LOG_PATTERNS = {
     w: p.replace(AXIS_PATH, PARALLEL_AXIS_PATH) for w, p in TRAIN_LOG_PATTERNS.items()
 }
-# The executor plugin's logs (profiles/slurm `slurm-logdir`), shared by all studies: a job's
+# The executor plugin's logs (profiles/slurm `dlscale-logdir`), shared by all studies: a job's
 # folder is named by its wildcards, the study's name first.
 SLURM_LOGS = "results/logs/slurm"
 # The train rule of a resource class and workload (rules/train.smk); the executor plugin writes

@@ -665,16 +665,17 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
 
 
 # The launcher each Snakemake executor needs (profiles/slurm sets launcher=srun, the default is
-# local); other executors (e.g. a site's own plugin) are not checked.
-EXECUTOR_LAUNCHERS = {"slurm": "srun", "local": "local"}
+# local; `dlscale` is the project's Slurm executor plugin); other executors (e.g. a site's own
+# plugin) are not checked.
+EXECUTOR_LAUNCHERS = {"slurm": "srun", "dlscale": "srun", "local": "local"}
 
 
 def launcher_problem(executor: str, launcher: str, *, in_allocation: bool) -> str | None:
     """Why the configured launcher cannot run cells under this Snakemake executor, with the
     fix; None when they agree."""
-    if executor == "slurm" and launcher != "srun":
+    if EXECUTOR_LAUNCHERS.get(executor) == "srun" and launcher != "srun":
         return (
-            f"Snakemake's executor is 'slurm' but launcher is {launcher!r}: every cell would "
+            f"Snakemake's executor is {executor!r} but launcher is {launcher!r}: every cell would "
             "start its ranks as local processes on one node. A --config on the command line "
             "replaces the profile's whole `config:` list (profiles/slurm sets launcher=srun). "
             "Add launcher=srun to your --config, e.g. --config launcher=srun remeasure=True"

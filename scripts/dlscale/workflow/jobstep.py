@@ -6,8 +6,9 @@ step, `srun -n1 <python> -m snakemake ...`, which parses it again and only then 
 shell command. Two Snakemake start-ups per cell: about 3 of the 4.2 s each trivial cell cost on
 the local cluster (benchmarks/slurm_overhead.py, issue 14).
 
-Here the driver (`install`, from onstart) replaces, for cell jobs only, the one string the
-plugin puts inside the job, `Executor.format_job_exec(job)`, by
+Here the project's executor plugin (snakemake_executor_plugin_dlscale, `executor: dlscale` in
+profiles/slurm: the official Slurm executor, subclassed) overrides, for cell jobs only, the one
+string the plugin puts inside the job, `Executor.format_job_exec(job)`, by
 
     <python> -m dlscale.workflow.jobstep <payload>
 
@@ -81,27 +82,25 @@ def job_exec(job, python: str = sys.executable) -> str:
     return f"{shlex.quote(python)} -m {MODULE} {encode(payload)}"
 
 
-def install(workflow) -> str | None:
-    """Give the run's Slurm executor the thin job command for cell jobs. Returns what was done,
-    for the driver's log (None when the run does not use the Slurm executor)."""
-    executor = getattr(workflow.scheduler, "_executor", None)
-    if executor is None or not hasattr(executor, "run_uuid"):
-        return None
+def route(workflow) -> tuple[bool, str]:
+    """Whether this run's cell jobs take the thin command (`job_exec`), and why, for the driver's
+    log. Decided once, when the executor is created: the deployment settings and the
+    environment do not change during a run."""
     if os.environ.get(IN_JOB_ENV) == "1":
-        return f"cells run through Snakemake inside their jobs ({IN_JOB_ENV}=1)"
+        return False, f"cells run through Snakemake inside their jobs ({IN_JOB_ENV}=1)"
     methods = {m.name.lower() for m in workflow.deployment_settings.deployment_method}
     if methods:
-        return (
+        return False, (
             f"cells run through Snakemake inside their jobs (software deployment "
             f"{', '.join(sorted(methods))} is activated there)"
         )
-    plugin_exec = executor.format_job_exec
+    return True, f"cells run their launcher directly inside their Slurm jobs ({MODULE})"
 
-    def format_job_exec(job):
-        return job_exec(job) if thin_eligible(job) else plugin_exec(job)
 
-    executor.format_job_exec = format_job_exec
-    return f"cells run their launcher directly inside their Slurm jobs ({MODULE})"
+def command(job, thin: bool, plugin_command) -> str:
+    """What a job's allocation runs: the thin command for a cell job of a thin run (`route`),
+    else the plugin's own (`plugin_command(job)`, Snakemake with the slurm-jobstep executor)."""
+    return job_exec(job) if thin and thin_eligible(job) else plugin_command(job)
 
 
 # -- in the job ------------------------------------------------------------------------------

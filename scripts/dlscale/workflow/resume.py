@@ -9,7 +9,7 @@ driver submitted the same cells again. Here:
   driver also appends one line to the study's journal, results/<study>/logs/slurm_jobs.jsonl
   (cell, job id, run id, submit time, driver), and its own record, logs/driver.json (pid, host,
   start, command, planned cells).
-- **Resume** (`Resume.install`, from the workflow's onstart, before the first submission). For
+- **Resume** (`start`, from the workflow's onstart, before the first submission). For
   each cell this run would measure, the Slurm jobs of earlier drivers are looked up (the ids
   Snakemake recorded, and live jobs whose plugin comment names the cell). A job still pending or
   running is *adopted*: renamed to this run's id (the plugin polls `squeue --name <run id>`) and
@@ -26,6 +26,12 @@ driver submitted the same cells again. Here:
   closed) leaves the jobs running for the next driver to adopt, lists them in logs/driver.log
   and the journal, and exits 129.
 
+This module is the logic; the project's executor plugin (snakemake_executor_plugin_dlscale, a
+subclass of the official Slurm executor: `executor: dlscale` in profiles/slurm) calls it from
+the methods it overrides (`run_jobs`, `report_job_submission`, `report_job_success`,
+`cancel_jobs`) and hands it the Slurm plugin's own implementations of those (`PluginCalls`).
+Under any other executor (local, or the official `slurm` one) there is no resume.
+
 Pure Python, light at import (read at parse time of every Snakemake run).
 """
 
@@ -38,6 +44,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +76,15 @@ SQUEUE_FORMAT = "%i|%T|%N|%j|%V|%k"  # id, state, nodes, name (run id), submit t
 TIMEOUT_S = 30
 # The signal that stopped this driver, for the end-of-run message (dlscale.workflow.finalize).
 STOPPED_BY: str | None = None
+# The run's executor when it is the project's plugin (snakemake_executor_plugin_dlscale): it
+# registers itself when Snakemake creates it (before onstart); `start` hands it the study.
+_EXECUTOR = None
+
+
+def register(executor) -> None:
+    """Called by the dlscale executor plugin when Snakemake creates it."""
+    global _EXECUTOR
+    _EXECUTOR = executor
 
 
 # ---- records -------------------------------------------------------------------------------
@@ -332,18 +348,34 @@ class Earlier:
         return self.state in LIVE_STATES
 
 
-class Resume:
-    """Extends the Slurm plugin's executor of this run (an instance of the official
-    snakemake-executor-plugin-slurm Executor): adopts earlier jobs, journals submissions and
-    cancellations, handles SIGHUP. Installed once, in the driver, before the first job."""
+@dataclass(frozen=True)
+class PluginCalls:
+    """The official Slurm executor's own implementations of the methods the dlscale executor
+    overrides (its `super()` methods): what runs when resume has nothing to add."""
 
-    def __init__(self, workflow, executor, study_dir: str, mode: str):
+    run_jobs: Callable
+    report_job_submission: Callable
+    report_job_success: Callable
+    cancel_jobs: Callable
+
+
+class Resume:
+    """The resume of this run's executor (snakemake_executor_plugin_dlscale.Executor, a
+    subclass of the official Slurm executor): adopts earlier jobs, journals submissions and
+    cancellations, handles SIGHUP/SIGINT/SIGTERM. Created once, in the driver, at onstart,
+    before the first job; the executor's overridden methods call its methods of the same name."""
+
+    def __init__(self, workflow, executor, study_dir: str, mode: str, plugin: PluginCalls):
         if mode not in RESTART_MODES:
             raise ValueError(f"restart: {mode!r} is not one of {', '.join(RESTART_MODES)}")
         self.workflow = workflow
         self.executor = executor
         self.study_dir = study_dir
         self.mode = mode
+        self._run_jobs = plugin.run_jobs
+        self._report_submission = plugin.report_job_submission
+        self._report_success = plugin.report_job_success
+        self._cancel_jobs = plugin.cancel_jobs
         self.run_id = getattr(executor, "run_uuid", None)
         self.plans: dict[str, Earlier] = {}
         self.adopted: dict[str, str] = {}  # Slurm job id -> cell path
@@ -443,17 +475,8 @@ class Resume:
                 f"checked in {time.monotonic() - started:.1f} s",
             )
 
-    # -- the executor's hooks ------------------------------------------------------------
-    def install(self) -> None:
-        ex = self.executor
-        self._run_jobs = ex.run_jobs
-        self._report_submission = ex.report_job_submission
-        self._report_success = ex.report_job_success
-        self._cancel_jobs = ex.cancel_jobs
-        ex.run_jobs = self.run_jobs
-        ex.report_job_submission = self.report_job_submission
-        ex.report_job_success = self.report_job_success
-        ex.cancel_jobs = self.cancel_jobs
+    # -- the executor's hooks (called by its overridden methods) ------------------------
+    def handle_signals(self) -> None:
         self._sigterm = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGHUP, self.on_hangup)
         signal.signal(signal.SIGINT, self.on_interrupt)
@@ -642,13 +665,17 @@ class Resume:
 
 
 def start(workflow, study_dir: str, mode: str, cells: list[str]) -> Resume | None:
-    """onstart, in the driver: record it, and extend a Slurm executor with resume."""
-    executor = getattr(workflow.scheduler, "_executor", None)
-    run_id = getattr(executor, "run_uuid", None)
-    write_driver_record(study_dir, run_id, cells)
-    if executor is None or not hasattr(executor, "run_uuid"):
+    """onstart, in the driver: record it, and start resume in the dlscale executor."""
+    executor = _EXECUTOR if _EXECUTOR is not None and _EXECUTOR.workflow is workflow else None
+    write_driver_record(study_dir, getattr(executor, "run_uuid", None), cells)
+    if executor is None:
+        if getattr(workflow.executor_plugin, "name", None) == "slurm":
+            say(
+                study_dir,
+                "executor 'slurm' (the official plugin as is): no resume after a lost driver "
+                "and Snakemake runs inside every cell's job; profiles/slurm uses executor "
+                "'dlscale' (the same plugin with both)",
+            )
         return None  # the local executor: no Slurm jobs to lose
-    resume = Resume(workflow, executor, study_dir, mode)
-    resume.plan()
-    resume.install()
-    return resume
+    say(study_dir, executor.route)
+    return executor.start_study(study_dir, mode)

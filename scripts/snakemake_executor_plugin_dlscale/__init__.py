@@ -1,0 +1,112 @@
+"""dlscale's Snakemake executor plugin: the official Slurm executor with two additions.
+
+Snakemake finds it as it finds every executor plugin, by the module name's prefix
+`snakemake_executor_plugin_` (snakemake_interface_executor_plugins.registry); its name is the
+rest, `dlscale`: `executor: dlscale` in profiles/slurm, or `--executor dlscale`. It subclasses
+`snakemake_executor_plugin_slurm.Executor` and overrides its methods; nothing of Snakemake's or
+the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
+
+- `format_job_exec`: a cell's job runs its launcher directly, with no Snakemake inside the
+  allocation (dlscale.workflow.jobstep); every other job keeps the plugin's own command.
+- `run_jobs`, `report_job_submission`, `report_job_success`, `cancel_jobs`: a study survives its
+  driver (dlscale.workflow.resume: adoption of an earlier driver's jobs, the submission journal,
+  SIGHUP/SIGINT/SIGTERM). Resume starts at the workflow's onstart (`start_study`, called by
+  `dlscale.workflow.resume.start`), before the first job; until then, and in a workflow that
+  never calls it, each method is the Slurm plugin's own.
+
+Settings: the Slurm plugin's, unchanged, under this plugin's name: Snakemake prefixes a
+plugin's settings with its name, so `--slurm-logdir` is `--dlscale-logdir` here (profile key
+`dlscale-logdir`, environment `SNAKEMAKE_DLSCALE_LOGDIR`). tests/unit/test_executor_contract.py
+pins every base method this class overrides or calls.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
+from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmExecutorSettings
+from snakemake_executor_plugin_slurm import common_settings
+from snakemake_interface_common.exceptions import WorkflowError
+
+from dlscale.workflow import jobstep, resume
+
+__all__ = ["Executor", "ExecutorSettings", "common_settings"]
+
+NAME = "dlscale"
+
+
+@dataclass
+class ExecutorSettings(SlurmExecutorSettings):
+    """The Slurm plugin's settings, each named `dlscale-<setting>` on the command line and in a
+    profile (`slurm-<setting>` under the official plugin)."""
+
+
+def misnamed_options(argv: list[str]) -> list[str]:
+    """Options of the official plugin (`--slurm-...`) on the command line: under this executor
+    Snakemake parses them into the other plugin's settings and this one never sees them."""
+    return [
+        a.split("=", 1)[0]
+        for a in argv
+        if a.startswith("--slurm-") and not a.startswith("--slurm-jobstep-")
+    ]
+
+
+class Executor(SlurmExecutor):
+    def __post_init__(self, test_mode: bool = False):
+        misnamed = misnamed_options(sys.argv[1:])
+        if misnamed and self.workflow.is_main_process:
+            raise WorkflowError(
+                f"dlscale: executor '{NAME}' takes the Slurm plugin's settings under its own "
+                f"name: {', '.join(o.replace('--slurm-', f'--{NAME}-', 1) for o in misnamed)} "
+                f"(not {', '.join(misnamed)}, which would be ignored). No job was started."
+            )
+        super().__post_init__(test_mode=test_mode)
+        self.thin, self.route = jobstep.route(self.workflow)
+        self.resume: resume.Resume | None = None
+        resume.register(self)
+
+    # -- the job path: no Snakemake inside a cell's allocation -------------------------------
+    def format_job_exec(self, job) -> str:
+        return jobstep.command(job, self.thin, super().format_job_exec)
+
+    # -- resume ----------------------------------------------------------------------------
+    def start_study(self, study_dir: str, mode: str) -> resume.Resume:
+        """onstart, in the driver, before the first job: plan the adoption of earlier drivers'
+        jobs and handle the signals; from then on the methods below journal and adopt."""
+        self.resume = resume.Resume(
+            self.workflow,
+            self,
+            study_dir,
+            mode,
+            resume.PluginCalls(
+                run_jobs=super().run_jobs,
+                report_job_submission=super().report_job_submission,
+                report_job_success=super().report_job_success,
+                cancel_jobs=super().cancel_jobs,
+            ),
+        )
+        self.resume.plan()
+        self.resume.handle_signals()
+        return self.resume
+
+    def run_jobs(self, jobs):
+        if self.resume is None:
+            return super().run_jobs(jobs)
+        return self.resume.run_jobs(jobs)
+
+    def report_job_submission(self, job_info, register_job: bool = True):
+        if self.resume is None:
+            return super().report_job_submission(job_info, register_job=register_job)
+        return self.resume.report_job_submission(job_info, register_job=register_job)
+
+    def report_job_success(self, job_info):
+        if self.resume is None:
+            return super().report_job_success(job_info)
+        return self.resume.report_job_success(job_info)
+
+    def cancel_jobs(self, active_jobs):
+        if self.resume is None:
+            return super().cancel_jobs(active_jobs)
+        return self.resume.cancel_jobs(active_jobs)
