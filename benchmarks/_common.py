@@ -141,9 +141,12 @@ def write_study(workdir: Path, n_cells: int, max_nodes: int = 128) -> tuple[Path
     hardware = yaml.safe_load((workdir / "config" / "hardware.yaml").read_text())
     for hw in HARDWARE:
         hardware[hw]["max_nodes"] = max(hardware[hw].get("max_nodes", 1), max(shape.nodes))
+        # every framework on every hardware, as before issue 29: MXNet's CUDA build cannot
+        # drive compute capability 9.0, and the study would be refused on h100
+        hardware[hw].pop("compute_capability", None)
     (workdir / HARDWARE_FILE).write_text(
-        "# config/hardware.yaml with max_nodes raised for the benchmark study (benchmarks/)\n"
-        + yaml.safe_dump(hardware, sort_keys=False)
+        "# config/hardware.yaml with max_nodes raised and compute_capability left out for the "
+        "benchmark study (benchmarks/)\n" + yaml.safe_dump(hardware, sort_keys=False)
     )
     config = study_config(shape, hardware, name=f"bench{n_cells}")
     path = workdir / "config" / f"bench-{n_cells}.yaml"
@@ -169,8 +172,42 @@ def copy_workflow(src: Path, dest: Path, venvs: Path) -> Path:
             )
         else:
             shutil.copy2(src / part, dest / part)
-    (dest / ".venvs").symlink_to(venvs.resolve())
+    (dest / ".venvs").mkdir()
+    for env in sorted(Path(venvs).resolve().iterdir()):
+        (dest / ".venvs" / env.name).symlink_to(env)
+    cuda_standins(dest / ".venvs")
     return dest
+
+
+# The files dlscale.workflow.capability reads to tell a CUDA build (relative to site-packages).
+CUDA_MARKERS = {
+    "pytorch-cuda": {"torch/version.py": "__version__ = '2.13.0'\ncuda = '13.0'\n"},
+    "tensorflow-cuda": {
+        "tensorflow/python/platform/build_info.py": "build_info = {'is_cuda_build': True}\n",
+        "nvidia_cudnn_cu12-9.3.0.75.dist-info/METADATA": "Name: nvidia-cudnn-cu12\n",
+    },
+    "horovod-cuda": {
+        "torch/version.py": "__version__ = '2.13.0'\ncuda = '13.0'\n",
+        "horovod/torch/mpi_lib_v2.so": "ncclAllReduce\n",
+    },
+    "mxnet-cuda": {"mxnet_cu117-1.9.1.dist-info/METADATA": "Name: mxnet-cu117\n"},
+}
+
+
+def cuda_standins(venvs: Path) -> None:
+    """Stand-ins for the CUDA environments a GPU study needs (scripts/setup.sh <env>-cuda builds
+    the real ones on a GPU site; they are GBs): folders laid out as each installs, holding only
+    the files the parse-time capability check reads, so the planning benchmarks measure that
+    check as a user's parse pays it. No cell runs in them."""
+    for name, files in CUDA_MARKERS.items():
+        if (venvs / name).exists():
+            continue
+        (venvs / name / "bin").mkdir(parents=True)
+        (venvs / name / "bin" / "python").symlink_to(sys.executable)
+        sp = venvs / name / "lib" / "python3.11" / "site-packages"
+        for rel, text in files.items():
+            (sp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (sp / rel).write_text(text)
 
 
 def tree_hash(src: Path) -> str:

@@ -1,6 +1,7 @@
 # Load + validate the configuration, build the matrix once per workflow run, and provide the
 # wildcard constraints, input functions and final targets. The logic lives in the dlscale
 # package (scripts/dlscale/study/config.py, matrix.py) so it is unit-tested without Snakemake.
+import functools
 import importlib.resources
 import os
 import re
@@ -181,8 +182,13 @@ def framework_python(wildcards):
     """Interpreter of the cell's framework environment for its hardware's variant: the driver
     venv for PyTorch's CPU build, else .venvs/<env>/bin/python (built by scripts/setup.sh from
     envs/<env>.txt; <env>-cuda for GPU hardware)."""
-    variant = environment_variant(STUDY.hardware[wildcards.hardware])
-    env = environment_name(wildcards.framework, variant)
+    return _framework_python(wildcards.hardware, wildcards.framework)
+
+
+@functools.cache
+def _framework_python(hardware, framework):
+    # once per (hardware, framework), not once per job: a 10,000-cell dry run asks 10,000 times
+    env = environment_name(framework, environment_variant(STUDY.hardware[hardware]))
     if env is None:
         return sys.executable
     return str(_environment_dir(env) / "bin" / "python")
