@@ -84,6 +84,22 @@ def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_stu
     assert (slurm_study / "results/tiny/figures/cpu/convergence/time_to_accuracy.pdf").exists()
 
 
+def test_the_cells_ran_through_the_dlscale_executor_plugin(slurm_study):
+    """profiles/slurm names the project's executor plugin (`executor: dlscale`): the driver
+    journalled each cell job's submission (resume) and the cell's job ran its launcher with no
+    Snakemake inside (its sbatch log holds the job step's line, not Snakemake's output)."""
+    log = (slurm_study / "results/tiny/logs/driver.log").read_text()
+    assert "cells run their launcher directly inside their Slurm jobs" in log, log
+    journal = records(slurm_study / "results/tiny/logs/slurm_jobs.jsonl")
+    job = records(slurm_study / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
+    submitted = [e for e in journal if e["event"] == "submitted" and e["cell"] == CELL_N2]
+    assert str(job) in {str(e["slurm_job_id"]) for e in submitted}, journal
+    (sbatch_log,) = (slurm_study / "results/logs/slurm").rglob(f"{job}.log")
+    text = sbatch_log.read_text()
+    assert "dlscale.workflow.jobstep: rule train_cpu_n2" in text, text[-2000:]
+    assert "Building DAG" not in text and "slurm-jobstep" not in text, text[-2000:]
+
+
 def test_rerunning_one_cell_reruns_that_cell_only(slurm_study):
     before_n1 = (slurm_study / CELL_N1).read_bytes()
     job_before = records(slurm_study / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
@@ -154,7 +170,7 @@ def test_accounting_mode_with_sacct_status(cluster, tmp_path):
         tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
         tiny["workloads"] = ["throughput"]
         work = copy_workflow(tmp_path, tiny)
-        proc = snakemake(work, "--profile", "profiles/slurm", "--slurm-status-command", "sacct")
+        proc = snakemake(work, "--profile", "profiles/slurm", "--dlscale-status-command", "sacct")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         job = records(work / CELL_N2)[0]["value"]["provenance"]["slurm_job_id"]
         for _ in range(30):  # slurmdbd lags the controller by seconds
@@ -188,9 +204,9 @@ def test_job_arrays_run_each_cell_once_in_its_own_task(cluster, tmp_path, tiny_c
         work,
         "--profile",
         "profiles/slurm",
-        "--slurm-array-jobs",
+        "--dlscale-array-jobs",
         "all",
-        "--slurm-array-limit",
+        "--dlscale-array-limit",
         "40",
         "--jobs",
         "20000",
