@@ -7,7 +7,7 @@
 # cells, with _<parallelism> appended for a strategy other than ddp): the cells of a
 # class request identical Slurm resources, which a job array needs (the Slurm plugin submits
 # the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
-# `slurm-array-jobs`). Every Slurm resource derives from the class's hardware entry in
+# `dlscale-array-jobs`). Every Slurm resource derives from the class's hardware entry in
 # config/hardware.yaml (site facts) through dlscale.study.resources.class_resources, computed once per
 # class; nothing partition- or sbatch-specific is typed here.
 # Every class rule is the same rule; only its wildcard constraints, its output folder (the
