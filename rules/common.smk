@@ -11,7 +11,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from dlscale.workflow.capability import environment_problems
-from dlscale.study.config import ConfigError, environment_variant
+from dlscale.study.config import ConfigError
+from dlscale.study.hardware import environment_variant
 from dlscale.frameworks import environment_name
 from dlscale.store.measurements import (
     REMEASURE_FLAG,
@@ -34,7 +35,7 @@ from dlscale.study.cell import (
 from dlscale.study.matrix import load_workflow_study
 from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
-from dlscale.workflow.resume import previous_driver
+from dlscale.workflow.resume_journal import previous_driver
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
@@ -170,7 +171,7 @@ def train_inputs(workload):
     shipped_data(), an ancient input)."""
     if workload != "convergence":
         return {}
-    from dlscale.study.matrix import SHIPPED_DATASETS, data_path
+    from dlscale.study.workloads import SHIPPED_DATASETS, data_path
 
     conv = STUDY.config["convergence"]
     if conv["dataset"] in SHIPPED_DATASETS:
@@ -204,7 +205,7 @@ def check_launcher_matches_executor():
     plugin = workflow.executor_plugin
     if plugin is None or not workflow.is_main_process:
         return
-    from dlscale.study.matrix import launcher_problem
+    from dlscale.study.matrix_checks import launcher_problem
 
     problem = launcher_problem(
         plugin.name, STUDY.config["launcher"], in_allocation="SLURM_JOB_ID" in os.environ

@@ -1,9 +1,10 @@
 """Which GPU does each rank take? On the local cluster's fake GPUs (GRES gpu:fake:2 per node, no
 hardware: Slurm allocates and binds them as it would real boards), the production launcher
 (dlscale.run.launch.start_srun) starts a 2-node x 2-rank cuda cell whose ranks run the production
-choice (python -m dlscale.run.devices: dlscale.run.launch.discover, dlscale.run.devices.pick_gpu and
-gpu_identity), under both bindings the hardware file offers; and a step that binds one GPU to
-two ranks is caught (dlscale.store.metrics.shared_gpus), as the report's note states it."""
+choice (python -m dlscale.run.devices: dlscale.run.rank_context.discover,
+dlscale.run.devices.pick_gpu and gpu_identity), under both bindings the hardware file offers; and
+a step that binds one GPU to two ranks is caught (dlscale.store.metrics_summary.shared_gpus), as
+the report's note states it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.store.metrics import shared_gpus
+from dlscale.store.metrics_summary import shared_gpus
 from dlscale.study.cell import Cell
 
 pytestmark = [pytest.mark.slurm]

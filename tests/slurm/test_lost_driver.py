@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from dlscale.store.metrics import read_metrics
-from dlscale.workflow.resume import JOURNAL_FILE, LIVE_STATES, plugin_comment
+from dlscale.workflow.resume import LIVE_STATES, plugin_comment
+from dlscale.workflow.resume_journal import JOURNAL_FILE
 
 from conftest import BIN, ROOT, copy_workflow
 

@@ -406,7 +406,8 @@ def reject(ws: Path, setup: Callable) -> str:
     """Run one case in workspace `ws` (the working directory) and return the refusal's
     message; raises AssertionError when the input is accepted."""
     from dlscale.study.config import ConfigError
-    from dlscale.study.matrix import launcher_problem, load_workflow_study
+    from dlscale.study.matrix import load_workflow_study
+    from dlscale.study.matrix_checks import launcher_problem
 
     given = setup(ws)
     if "launcher" in given:

@@ -247,7 +247,7 @@ def test_defaults_fill_an_empty_config(root):
 def test_a_later_hardware_key_at_its_default_keeps_measured_cells_current():
     """gpus_allocated_only (issue 14) at its default asks what an entry without it asked: the
     cells' hardware hash and the config hash stay those measured before the key existed."""
-    from dlscale.study.config import hashed_hardware
+    from dlscale.study.hashes import hashed_hardware
 
     entry = {"device": "cpu", "partition": None, "cpus_per_rank": 1}
     assert hashed_hardware(dict(entry, gpus_allocated_only=False)) == entry
@@ -282,7 +282,8 @@ def test_stage_dir_is_checked_early_carried_by_convergence_cells_and_hashed_nowh
 
 
 def test_a_gres_gpu_type_the_slurm_plugin_would_refuse_is_an_early_error(root):
-    from dlscale.study.config import ConfigError, load_schema, validate_hardware
+    from dlscale.study.config import ConfigError, load_schema
+    from dlscale.study.hardware import validate_hardware
 
     schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
     entry = dict(device="cuda", gpus_per_node=4, gpu_request="gres", gpu_type="a100-80g")

@@ -389,7 +389,7 @@ def test_the_input_pipeline_and_staging_reach_the_outcome_the_tables_and_the_rep
     (smallest loader / train ratio, input-bound when any rank is; the longest staging, bytes
     summed), the time-to-accuracy table the worst repetition, the report marks it IB."""
     from dlscale.analysis.collect import collect_tables
-    from dlscale.outputs.report import tex_escape
+    from dlscale.outputs.latex_text import tex_escape
     from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
 
     staged = {
@@ -567,9 +567,9 @@ def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp
     assert point["reached_reps"] == 1 and math.isnan(point["time_to_accuracy_s_median"])
 
     # figures and the report's table from these tables
+    from dlscale.outputs.convergence_plots import plot_convergence_figure
     from dlscale.outputs.figure_layout import convergence_layout
-    from dlscale.outputs.plotting import plot_convergence_figure
-    from dlscale.outputs.report import tex_escape
+    from dlscale.outputs.latex_text import tex_escape
     from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
 
     layout = convergence_layout([("cpu", "pytorch", "cnn_small", "weak", "fp32")], 3.5)
@@ -607,7 +607,7 @@ def digits(tmp_path_factory) -> Path:
 
 def test_the_shipped_digits_are_what_models_are_checked_against_before_any_job(digits):
     from dlscale.data import inspect_dataset
-    from dlscale.study.matrix import SHIPPED_DATASETS
+    from dlscale.study.workloads import SHIPPED_DATASETS
 
     info = inspect_dataset(digits, "cifar_binary")
     shipped = SHIPPED_DATASETS["digits"]

@@ -22,9 +22,11 @@ from dlscale.run.devices import (
 from dlscale.run.energy import EnergyMeter
 from dlscale.run.launch import PORT_BLOCK, choose_slurm_port, gpu_step_options, slurm_port
 from dlscale.run.provenance import parse_gpu_activity
-from dlscale.store.metrics import shared_gpus
+from dlscale.store.metrics_summary import shared_gpus
 from dlscale.study.cell import Cell
-from dlscale.study.config import ConfigError, hashed_hardware, load_schema, validate_hardware
+from dlscale.study.config import ConfigError, load_schema
+from dlscale.study.hardware import validate_hardware
+from dlscale.study.hashes import hashed_hardware
 from dlscale.study.resources import class_resources
 
 # ----------------------------------------------------------------------------- picking a device
@@ -327,7 +329,7 @@ def test_account_qos_reservation_reach_the_job_and_no_hash():
 
 
 def test_a_short_sampled_window_is_flagged_in_the_cell_summary():
-    from dlscale.store.metrics import _energy_summary
+    from dlscale.store.metrics_summary import _energy_summary
 
     note = "the window (0.5 s) is shorter than the board's power averaging (about 1 s)"
     end = {"throughput_samples_per_s": 100.0, "seconds_total": 0.5}

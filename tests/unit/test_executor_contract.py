@@ -32,7 +32,7 @@ from snakemake_interface_executor_plugins.executors.real import RealExecutor
 from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
 import snakemake_executor_plugin_dlscale as plugin
-from dlscale.study.matrix import launcher_problem
+from dlscale.study.matrix_checks import launcher_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "snakemake_interface_executor_plugins.jobs.JobExecutorInterface"

@@ -18,8 +18,8 @@ from matplotlib.patches import Rectangle
 
 from dlscale.analysis import scaling_model as scalemodel
 from dlscale.analysis.stats import GROUP, scaling_summary
+from dlscale.outputs import convergence_plots, plotting
 from dlscale.outputs import figure_layout as layout
-from dlscale.outputs import plotting
 from dlscale.outputs.figure_layout import (
     CONVERGENCE_FAMILIES,
     FAMILIES,
@@ -166,7 +166,7 @@ def test_no_figure_family_draws_a_bar_on_a_log_axis(saved, tmp_path):
     tta, epochs, conv = convergence_tables()
     for spec in convergence_layout([("cpu", "pytorch", "cnn_small", "weak", "fp32")], COLUMN_IN):
         out = tmp_path / spec["file"].replace("/", "_")
-        plotting.plot_convergence_figure(tta, epochs, conv, spec, str(out))
+        convergence_plots.plot_convergence_figure(tta, epochs, conv, spec, str(out))
         drawn_families.add(spec["family"])
     from test_plan import FAST_CHEAP, JOB, PARTS
 
@@ -297,7 +297,7 @@ def test_the_defaults_agree_across_schema_layout_and_model():
 def test_the_plan_key_is_in_no_hash():
     """The study's config hash leaves `plan` out (cells hash their own fields): raising the
     extrapolation changes no cell's identity."""
-    from dlscale.study.config import config_hash
+    from dlscale.study.hashes import config_hash
 
     base = {"axes": {"hardware": []}, "plan": {"max_extrapolation_unvalidated": 2}}
     more = {"axes": {"hardware": []}, "plan": {"max_extrapolation_unvalidated": 16}}

@@ -14,13 +14,9 @@ import pytest
 from dlscale.analysis import mfu
 from dlscale.models import DECODER, SPECS, get_spec, spec_for
 from dlscale.models import flops as counting
-from dlscale.study.config import (
-    ConfigError,
-    hashed_hardware,
-    load_schema,
-    load_yaml,
-    validate_hardware,
-)
+from dlscale.study.config import ConfigError, load_schema, load_yaml
+from dlscale.study.hardware import validate_hardware
+from dlscale.study.hashes import hashed_hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODERS = [n for n, s in SPECS.items() if s.family == DECODER]

@@ -27,7 +27,8 @@ from dlscale.study.cell import (
     study_dir_of,
     train_rule,
 )
-from dlscale.study.config import ConfigError, config_hash
+from dlscale.study.config import ConfigError
+from dlscale.study.hashes import config_hash
 from dlscale.study.matrix import load_study
 from dlscale.study.parallel_dims import ParallelDims, degree_problems
 
@@ -400,7 +401,7 @@ def test_tables_from_before_the_axis_read_as_ddp():
     import pandas as pd
 
     from dlscale.analysis.stats import with_axes
-    from dlscale.decisions.regression_check import cell_name
+    from dlscale.decisions.reference_verdicts import cell_name
 
     old = pd.DataFrame({"hardware": ["cpu"], "nodes": [1]})
     assert list(with_axes(old)["parallelism"]) == ["ddp"]

@@ -24,7 +24,8 @@ HARDWARE = yaml.safe_load((ROOT / "config" / "hardware.yaml").read_text())
 
 
 def _study(**axes):
-    from dlscale.study.config import load_schema, validate_config, validate_hardware
+    from dlscale.study.config import load_schema, validate_config
+    from dlscale.study.hardware import validate_hardware
 
     schemas = ROOT / "config" / "schemas"
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -225,7 +226,8 @@ def test_the_allocation_is_read_from_scontrol_show_job():
 
 
 def test_a_cpu_entry_with_gpus_needs_gpus_allocated_only():
-    from dlscale.study.config import ConfigError, load_schema, validate_hardware
+    from dlscale.study.config import ConfigError, load_schema
+    from dlscale.study.hardware import validate_hardware
 
     schema = load_schema(ROOT / "config" / "schemas" / "hardware.schema.json")
     entry = dict(device="cpu", gpus_per_node=2, gpu_type="fake")

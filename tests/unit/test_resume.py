@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from dlscale.study.cell import PATH_KEY, Cell
-from dlscale.workflow import resume
+from dlscale.workflow import resume, resume_journal
 from dlscale.workflow import status_command as progress
 
 from cells import cell_dict, launch_cell
 
 
 def lock(tmp_path, n: int, kind: str, paths: list[str]):
-    d = tmp_path / resume.LOCK_DIR
+    d = tmp_path / resume_journal.LOCK_DIR
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{n}.{kind}.lock").write_text("\n".join(paths) + "\n")
     return d / f"{n}.{kind}.lock"
@@ -36,7 +36,7 @@ def record(tmp_path, study: str, **changes):
         "cells": [],
     }
     rec.update(changes)
-    path = tmp_path / "results" / study / resume.DRIVER_FILE
+    path = tmp_path / "results" / study / resume_journal.DRIVER_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
 
@@ -51,9 +51,9 @@ def test_a_gone_drivers_locks_are_removed_and_only_its_own(workdir):
     mine = lock(workdir, 0, "output", ["results/s1/runs/a/metrics.jsonl", "results/s1/report"])
     mine_in = lock(workdir, 0, "input", ["config/config.yaml", "results/s1/tables/cells.csv"])
     other = lock(workdir, 1, "output", ["results/s10/runs/a/metrics.jsonl"])
-    assert [p.resolve() for p in resume.study_locks("results/s1")] == [mine_in, mine]
+    assert [p.resolve() for p in resume_journal.study_locks("results/s1")] == [mine_in, mine]
     record(workdir, "s1")
-    (msg,) = resume.previous_driver("results/s1")
+    (msg,) = resume_journal.previous_driver("results/s1")
     assert "pid 1 on host" in msg and "removed its stale locks" in msg
     assert not mine.exists() and not mine_in.exists() and other.exists()
 
@@ -62,8 +62,10 @@ def test_a_live_driver_is_named_and_its_locks_kept(workdir):
     held = lock(workdir, 0, "output", ["results/s1/runs/a/metrics.jsonl"])
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        record(workdir, "s1", pid=sleeper.pid, process_start=resume.process_start(sleeper.pid))
-        (msg,) = resume.previous_driver("results/s1")
+        record(
+            workdir, "s1", pid=sleeper.pid, process_start=resume_journal.process_start(sleeper.pid)
+        )
+        (msg,) = resume_journal.previous_driver("results/s1")
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -76,30 +78,30 @@ def test_a_reused_pid_is_not_a_live_driver(workdir):
     lock(workdir, 0, "output", ["results/s1/x"])
     # this very process, but started at another time than recorded: the driver is gone
     record(workdir, "s1", pid=os.getpid() + 0, process_start=0)
-    rec = resume.read_driver_record("results/s1")
-    assert resume.driver_alive(rec) is False
+    rec = resume_journal.read_driver_record("results/s1")
+    assert resume_journal.driver_alive(rec) is False
 
 
 def test_a_driver_on_another_host_is_left_to_the_user(workdir):
     held = lock(workdir, 0, "output", ["results/s1/x"])
     record(workdir, "s1", host="login2")
-    (msg,) = resume.previous_driver("results/s1")
+    (msg,) = resume_journal.previous_driver("results/s1")
     assert "another host" in msg and "--unlock" in msg and "ssh login2 ps -p 1" in msg
     assert held.exists()
 
 
 def test_locks_without_a_record_give_the_unlock_command(workdir):
     held = lock(workdir, 0, "output", ["results/s1/x"])
-    (msg,) = resume.previous_driver("results/s1")
+    (msg,) = resume_journal.previous_driver("results/s1")
     assert "--unlock" in msg and held.exists()
-    assert resume.previous_driver("results/other") == []
+    assert resume_journal.previous_driver("results/other") == []
 
 
 def test_the_journal_survives_a_line_cut_by_a_kill(workdir):
-    resume.journal("results/s1", "submitted", cell="c", slurm_job_id="7")
-    with open(workdir / "results/s1" / resume.JOURNAL_FILE, "a") as fh:
+    resume_journal.journal("results/s1", "submitted", cell="c", slurm_job_id="7")
+    with open(workdir / "results/s1" / resume_journal.JOURNAL_FILE, "a") as fh:
         fh.write('{"event": "subm')
-    (rec,) = resume.read_journal("results/s1")
+    (rec,) = resume_journal.read_journal("results/s1")
     assert rec["event"] == "submitted" and rec["slurm_job_id"] == "7"
     assert rec["driver_pid"] == os.getpid() and rec["time"]
 
@@ -134,12 +136,12 @@ def test_status_counts_cells_from_the_record_and_the_journal(workdir, capsys):
     record(workdir, "s1", cells=cells)
     (workdir / cells[0]).parent.mkdir(parents=True)
     (workdir / cells[0]).write_text("{}\n")  # measured
-    resume.journal("results/s1", "submitted", cell=cells[0], slurm_job_id="999001")
-    resume.journal("results/s1", "submitted", cell=cells[1], slurm_job_id="999002")
-    resume.journal("results/s1", "cancelled", cell=cells[1], slurm_job_id="999002")
+    resume_journal.journal("results/s1", "submitted", cell=cells[0], slurm_job_id="999001")
+    resume_journal.journal("results/s1", "submitted", cell=cells[1], slurm_job_id="999002")
+    resume_journal.journal("results/s1", "cancelled", cell=cells[1], slurm_job_id="999002")
     (workdir / cells[2]).parent.mkdir(parents=True)
     (workdir / cells[2]).with_name("failure.json").write_text("{}")
-    resume.journal("results/s1", "submitted", cell=cells[2], slurm_job_id="999003")
+    resume_journal.journal("results/s1", "submitted", cell=cells[2], slurm_job_id="999003")
     states = {r["cell"]: r["status"] for r in progress.cell_states(workdir / "results/s1")}
     assert states == {
         cells[0]: "measured",
@@ -215,7 +217,7 @@ def test_the_executors_hooks_journal_then_hand_over_to_the_slurm_plugin(tmp_path
     assert calls == [("run_jobs", jobs)]
     r.report_job_submission(SimpleNamespace(job=jobs[0], external_jobid="77"))
     assert calls[-1] == ("submitted", "77") and r.cells == {"77": cell}
-    (rec,) = resume.read_journal(r.study_dir)
+    (rec,) = resume_journal.read_journal(r.study_dir)
     assert rec["event"] == "submitted" and rec["slurm_job_id"] == "77" and rec["run_id"] == "run-1"
     r.report_job_success(SimpleNamespace(job=jobs[0], external_jobid="77"))
     assert calls[-1] == ("success", "77")
@@ -223,21 +225,21 @@ def test_the_executors_hooks_journal_then_hand_over_to_the_slurm_plugin(tmp_path
     r.adopted["78"] = str(tmp_path / "none.jsonl")
     r.report_job_success(SimpleNamespace(job=jobs[0], external_jobid="78"))
     assert calls[-1] == ("error", "dlscale: adopted job rejected: no metrics file")
-    assert resume.read_journal(r.study_dir)[-1]["event"] == "rejected"
+    assert resume_journal.read_journal(r.study_dir)[-1]["event"] == "rejected"
     # cancel: the plugin cancels the jobs it polls, each journalled once
     monkeypatch.setattr(resume, "_squeue", lambda args: {})
     active = [SimpleNamespace(job=jobs[0], external_jobid="77")]
     r.cancel_jobs(active)
     r.cancel_jobs(active)
     assert calls[-1] == ("cancel", ["77"]) and calls.count(("cancel", ["77"])) == 1
-    assert [e["event"] for e in resume.read_journal(r.study_dir)][-1] == "cancelled"
+    assert [e["event"] for e in resume_journal.read_journal(r.study_dir)][-1] == "cancelled"
 
 
 def test_without_the_dlscale_executor_the_driver_is_recorded_and_the_user_told(workdir, capsys):
     workflow = SimpleNamespace(executor_plugin=SimpleNamespace(name="slurm"))
     assert resume.start(workflow, "results/s1", "adopt", ["c"]) is None
-    assert resume.read_driver_record("results/s1")["cells"] == ["c"]
+    assert resume_journal.read_driver_record("results/s1")["cells"] == ["c"]
     assert "executor 'slurm'" in capsys.readouterr().err
     local = SimpleNamespace(executor_plugin=SimpleNamespace(name="local"))
     assert resume.start(local, "results/s2", "adopt", []) is None
-    assert resume.read_driver_record("results/s2")["run_id"] is None
+    assert resume_journal.read_driver_record("results/s2")["run_id"] is None

@@ -7,11 +7,12 @@ import pandas as pd
 import pytest
 
 from dlscale.analysis import scaling_model as sm
+from dlscale.analysis import scaling_series as ss
 from dlscale.analysis.stats import CI, NONE, RANGE, bootstrap_interval
 
 ALPHA, BETA, C0, C1 = 2e-3, 1 / 5e8, 0.05, 0.002  # s, s/byte, s, s/sample
 MODEL = "cnn_small"
-G = sm.gradient_bytes(MODEL)
+G = ss.gradient_bytes(MODEL)
 
 
 def tau(p, b, c2=0.0):
@@ -62,7 +63,7 @@ def cells(
 
 @pytest.mark.parametrize("policy", ["weak", "strong"])
 def test_known_alpha_beta_are_recovered(policy):
-    (series,) = sm.series_of(cells(policy=policy))
+    (series,) = ss.series_of(cells(policy=policy))
     model = sm.fit(series.points(), series.grad_bytes)
     assert model.kind == sm.COMMUNICATION and model.params["beta_from"] == "fitted"
     assert model.params["alpha"] == pytest.approx(ALPHA, rel=1e-6)
@@ -77,7 +78,7 @@ def test_known_alpha_beta_are_recovered(policy):
 
 
 def test_host_contention_in_the_compute_step_is_separated_from_communication():
-    (series,) = sm.series_of(cells(contention=0.01))
+    (series,) = ss.series_of(cells(contention=0.01))
     model = sm.fit(series.points(), series.grad_bytes)
     assert model.params["c2"] == pytest.approx(0.01, rel=1e-6)
     assert model.params["alpha"] == pytest.approx(ALPHA, rel=1e-6)
@@ -86,7 +87,7 @@ def test_host_contention_in_the_compute_step_is_separated_from_communication():
 
 
 def test_one_node_count_above_one_takes_beta_from_the_bandwidth_probe():
-    (series,) = sm.series_of(cells(nodes=(1, 4)))
+    (series,) = ss.series_of(cells(nodes=(1, 4)))
     model = sm.fit(series.points(), series.grad_bytes)
     assert model.params["beta_from"] == "allreduce probe"
     assert model.params["beta"] == pytest.approx(BETA)
@@ -95,9 +96,9 @@ def test_one_node_count_above_one_takes_beta_from_the_bandwidth_probe():
 
 
 def test_without_compute_only_step_an_empirical_law():
-    (two,) = sm.series_of(cells(nodes=(1, 2), compute=False))
+    (two,) = ss.series_of(cells(nodes=(1, 2), compute=False))
     assert sm.fit(two.points(), two.grad_bytes).kind == sm.AMDAHL
-    (four,) = sm.series_of(cells(compute=False))
+    (four,) = ss.series_of(cells(compute=False))
     model = sm.fit(four.points(), four.grad_bytes)
     assert model.kind == sm.USL
     # USL data are fitted exactly
@@ -193,7 +194,7 @@ def test_the_config_key_allows_unvalidated_extrapolation_further():
 
 def test_a_validated_series_interval_is_widened_by_its_leave_one_out_error():
     series = cells(nodes=(1, 2, 4, 8), reps=3, noise=0.03, seed=3)
-    (s,) = sm.series_of(series)
+    (s,) = ss.series_of(series)
     loo = sm.leave_one_out(s)
     e = loo["loo_max_error"]
     assert loo["loo_status"] == sm.VALIDATED and 0 < e < 1
@@ -215,7 +216,7 @@ def test_a_validated_series_interval_is_widened_by_its_leave_one_out_error():
         preds["throughput_samples_per_s_low"][:6], widened["throughput_samples_per_s_low"]
     )
     # an unvalidated series keeps the noise interval and says the model error is unknown
-    (short,) = sm.series_of(cells(nodes=(1, 2), reps=3, noise=0.03, seed=3))
+    (short,) = ss.series_of(cells(nodes=(1, 2), reps=3, noise=0.03, seed=3))
     plain = sm.predict(short, [1, 2, 4], loo=sm.leave_one_out(short))
     assert plain["model_error"].isna().all() and not plain["validated"].any()
     assert plain["interval_spans"].str.endswith("; model error unknown").all()
@@ -269,7 +270,7 @@ def test_memory_per_rank_is_measured_or_predicted_from_the_sharding():
     table = with_memory(cells_table(STRATEGY_AXES), rest_mib=1000.0, state_mib=8000.0)
     _, preds = sm.model_tables(table, plan_nodes={"h100": 8})
     got = preds.set_index(["parallelism", "nodes"])
-    assert got.loc[("fsdp", 2), "memory_from"] == sm.MEASURED
+    assert got.loc[("fsdp", 2), "memory_from"] == ss.MEASURED
     assert got.loc[("fsdp", 2), "memory_per_rank_mb"] == pytest.approx(1000 + 8000 / 2)
     assert got.loc[("fsdp", 2), "memory_measure"] == "peak_reserved_mb_max"
     # fsdp: the state shards over the world size; the rest is held at the nearest measured count
@@ -282,11 +283,11 @@ def test_memory_per_rank_is_measured_or_predicted_from_the_sharding():
     strong = cells(nodes=(2, 4), reps=1, policy="strong").assign(
         peak_allocated_mb_max=500.0, state_bytes_per_rank_max=100 * 2**20
     )
-    (series,) = sm.series_of(strong)
-    memory, source = sm.memory_per_rank(series, [1, 2, 8])
+    (series,) = ss.series_of(strong)
+    memory, source = ss.memory_per_rank(series, [1, 2, 8])
     assert memory == pytest.approx([(500 - 100) * 2 + 100, 500, 500])
-    assert source == ["predicted from n=2", sm.MEASURED, "predicted from n=4"]
+    assert source == ["predicted from n=2", ss.MEASURED, "predicted from n=4"]
     # no memory recorded: unknown, and said so
-    (bare,) = sm.series_of(cells(nodes=(1, 2), reps=1))
-    memory, source = sm.memory_per_rank(bare, [4])
+    (bare,) = ss.series_of(cells(nodes=(1, 2), reps=1))
+    memory, source = ss.memory_per_rank(bare, [4])
     assert np.isnan(memory[0]) and source[0].startswith("unknown")

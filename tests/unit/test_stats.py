@@ -19,7 +19,7 @@ from dlscale.analysis.stats import (
     scaling_summary,
     stragglers,
 )
-from dlscale.store.metrics import bus_bandwidth
+from dlscale.store.metrics_summary import bus_bandwidth
 
 
 def cells(rows):

@@ -155,18 +155,10 @@ def cell_memory(ends: list[dict]) -> dict:
     }
 
 
-def cell_rows(
-    records: list[dict], path: str, straggler_threshold: float
-) -> tuple[dict, list[dict]]:
-    start, summary = records[0]["value"], records[-1]["value"]
-    cell, prov = start["cell"], start["provenance"]
-    base = {
-        "study": start["study"],
-        **{k: cell.get(k, BEFORE_AXIS.get(k)) for k in KEY},
-        **{k: cell[k] for k in CELL_FIELDS},
-    }
+def _rank_rows(records: list[dict], base: dict, rank_start: dict) -> list[dict]:
+    """One row per rank (its rank_end record): throughput, steps, memory, host load, device,
+    telemetry, after the cell's `base` columns."""
     ranks = []
-    rank_start = {r["rank"]: r["value"] for r in records if r["event"] == RANK_START}
     probe = {r["rank"]: r["value"] for r in records if r["event"] == IDLE_PROBE}
     for rec in records:
         if rec["event"] != RANK_END:
@@ -192,9 +184,16 @@ def cell_rows(
                 **rank_telemetry(end),
             }
         )
-    slow = stragglers([r["throughput_samples_per_s"] for r in ranks], straggler_threshold)
-    row = {
-        **base,
+    return ranks
+
+
+def _measured_columns(records: list[dict], first: dict) -> dict:
+    """A cell row's measured columns from its records (run_start, summary) and rank 0's
+    rank_start (`first`): throughput, FLOPs, hosts, timer, communication, energy, memory,
+    shared boards."""
+    start, summary = records[0]["value"], records[-1]["value"]
+    cell, prov = start["cell"], start["provenance"]
+    return {
         "throughput_samples_per_s": summary["throughput_samples_per_s"],
         "rank_throughput_min": summary["rank_throughput_min"],
         "rank_throughput_median": summary["rank_throughput_median"],
@@ -202,18 +201,16 @@ def cell_rows(
         "step_seconds_median": summary["step_seconds_median"],
         # tokens and model FLOPs (dlscale.analysis.mfu); MFU is added from the hardware file
         # (add_mfu)
-        **cell_columns(cell, summary, rank_start[0]),
+        **cell_columns(cell, summary, first),
         "nodes_seen": len(summary["nodes_seen"]),
         "hosts": " ".join(prov["hosts"]),
         "wall_seconds": summary["wall_seconds"],
         "compute_seconds_median": summary.get("compute_seconds_median"),
         "compile_seconds": summary.get("compile_seconds"),
-        "timer": rank_start[0].get("timer"),
-        "wrapper": rank_start[0].get("wrapper"),
+        "timer": first.get("timer"),
+        "wrapper": first.get("wrapper"),
         "fast_paths": " ".join(
-            f"{k}={v}"
-            for k, v in sorted((rank_start[0].get("fast_paths") or {}).items())
-            if v is not None
+            f"{k}={v}" for k, v in sorted((first.get("fast_paths") or {}).items()) if v is not None
         )
         or None,
         "comm_fraction": summary.get("comm_fraction"),
@@ -236,11 +233,31 @@ def cell_rows(
         **cell_memory([r["value"] for r in records if r["event"] == RANK_END]),
         "tp_degree": cell.get("tp_degree", 1),
         "competing": summary["competing"],
-        # ranks of one node that used one GPU board (dlscale.store.metrics.shared_gpus): "n1:0,1"
+        # ranks of one node that used one GPU board (dlscale.store.metrics_summary.shared_gpus):
+        # "n1:0,1"
         "shared_gpu_ranks": " ".join(
             f"{s['node']}:{','.join(map(str, s['ranks']))}"
             for s in summary.get("shared_gpus") or []
         ),
+    }
+
+
+def cell_rows(
+    records: list[dict], path: str, straggler_threshold: float
+) -> tuple[dict, list[dict]]:
+    start, summary = records[0]["value"], records[-1]["value"]
+    cell, prov = start["cell"], start["provenance"]
+    base = {
+        "study": start["study"],
+        **{k: cell.get(k, BEFORE_AXIS.get(k)) for k in KEY},
+        **{k: cell[k] for k in CELL_FIELDS},
+    }
+    rank_start = {r["rank"]: r["value"] for r in records if r["event"] == RANK_START}
+    ranks = _rank_rows(records, base, rank_start)
+    slow = stragglers([r["throughput_samples_per_s"] for r in ranks], straggler_threshold)
+    row = {
+        **base,
+        **_measured_columns(records, rank_start[0]),
         "straggler": bool(slow),
         "straggler_ranks": " ".join(str(ranks[i]["rank"]) for i in slow),
         "straggler_detail": straggler_detail([ranks[i] for i in slow], ranks),

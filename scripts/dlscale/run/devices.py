@@ -10,7 +10,7 @@ and the energy meter use it.
 or NVML can tell, and Slurm's GRES index (SLURM_STEP_GPUS / SLURM_JOB_GPUS, in the order of the
 visible devices). NVML's index is not CUDA's index in general: the energy meter looks a board up
 by UUID or PCI bus id (`nvml_handle`). Two ranks of one node on one board are flagged
-(dlscale.store.metrics.shared_gpus).
+(dlscale.store.metrics_summary.shared_gpus).
 
 `python -m dlscale.run.devices` prints what this process would pick (one JSON line): run it under
 `srun` with the binding of your hardware entry to see every rank's choice before a study.
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlscale.run.devices", description=__doc__)
     parser.add_argument("--count", type=int, default=None, help="GPUs this process sees")
     args = parser.parse_args(argv)
-    from dlscale.run.launch import discover  # who this rank is, as a training rank reads it
+    from dlscale.run.rank_context import discover  # who this rank is, as a training rank reads it
 
     env, ctx = os.environ, discover()
     count = args.count if args.count is not None else visible_count(env)

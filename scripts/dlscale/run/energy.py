@@ -3,7 +3,7 @@ GPU board on NVIDIA GPUs, RAPL counters on CPUs.
 
 Nothing is estimated: a source that cannot be read is recorded as unavailable with the reason.
 RAPL counts a whole CPU package (socket), so several ranks of one node see the same joules;
-dlscale.store.metrics.summarize counts each node once.
+dlscale.store.metrics_summary.summarize counts each node once.
 """
 
 from __future__ import annotations

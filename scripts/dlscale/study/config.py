@@ -1,4 +1,7 @@
-"""Load and validate the study configuration and the site hardware map.
+"""Load the study configuration and the site hardware map; validate the configuration.
+
+The hardware file's checks beyond its schema are in dlscale.study.hardware, what the hashes
+include in dlscale.study.hashes.
 
 Every problem is reported before any job runs, all at once, each message naming the key
 (as a dotted path, e.g. ``axes.nodes[0]``) and, where there is a closed set, the allowed values.
@@ -8,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import hashlib
 import json
 import math
 import os
@@ -21,10 +23,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from dlscale.study.cell import (
-    AXES,  # noqa: F401  (re-exported: the axes of a study's matrix)
-    DEFAULT_PARALLELISM,
-)
+from dlscale.study.cell import AXES  # noqa: F401  (re-exported: the axes of a study's matrix)
 from dlscale.study.errors import ConfigError  # noqa: F401 (re-exported)
 
 # Bounds on reading a configuration file: it is refused before parsing when larger than
@@ -41,33 +40,6 @@ MAX_VALUE_CHARS = 60
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = MAX_VALUE_CHARS
 _REPR.maxlevel = 3
-
-
-# The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
-# and tf32 (fp32 cells whose math ran on TF32 tensor cores, per the cell's recorded fast paths).
-PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-PEAK_KEY = "peak_tflops"
-
-
-def peak_problems(key: str, peak) -> list[str]:
-    """What is wrong with a hardware entry's ``peak_tflops`` beyond its schema: sparse peaks
-    are refused (a key or a value that names sparsity), with the reason."""
-    if not isinstance(peak, dict):
-        return []
-    problems = []
-    for name, value in peak.items():
-        flagged = "sparse" in str(name).lower() or (
-            not isinstance(value, (int, float)) and "sparse" in str(value).lower()
-        )
-        if name == "source":
-            flagged = "sparse" in str(value).lower() and "dense" not in str(value).lower()
-        if flagged:
-            problems.append(
-                f"{key}.{PEAK_KEY}.{name}: sparse peaks are refused: MFU is measured against "
-                "the dense peak (the datasheet's figure without structured sparsity, e.g. H100 "
-                f"SXM bf16 989.4, not 1,979); allowed keys: {', '.join(PEAK_PRECISIONS)}, source"
-            )
-    return problems
 
 
 def shorten(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
@@ -507,138 +479,3 @@ def validate_config(config: dict, schema: dict, source: str = "config") -> dict:
     if problems:
         raise ConfigError(source, problems)
     return apply_defaults(schema, config)
-
-
-def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file") -> dict:
-    if not isinstance(hardware, dict):
-        raise ConfigError(source, ["(top level): must be a mapping of hardware keys"])
-    problems = schema_problems(hardware, schema)
-    for key, entry in hardware.items():
-        if not isinstance(entry, dict):
-            continue
-        device, gpus = entry.get("device"), entry.get("gpus_per_node", 0)
-        if device == "cuda" and not gpus:
-            problems.append(f"{key}.gpus_per_node: device 'cuda' needs gpus_per_node >= 1")
-        if device == "cpu" and gpus and entry.get("gpus_allocated_only") is not True:
-            problems.append(
-                f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
-                "set device: cuda, gpus_per_node: 0, or gpus_allocated_only: true "
-                "(allocate the GPUs, compute on the CPU)"
-            )
-        gpu_type = entry.get("gpu_type")
-        if (
-            gpus
-            and entry.get("gpu_request", "gres") == "gres"
-            and isinstance(gpu_type, str)
-            and not re.fullmatch(r"[A-Za-z0-9_.]+", gpu_type)
-        ):
-            # the Slurm plugin's `gres` resource takes letters, digits, `_` and `.` only
-            problems.append(
-                f"{key}.gpu_type: {gpu_type!r} cannot be a GRES type (letters, digits, _ and . "
-                "only); rename it or use gpu_request: gpus"
-            )
-        if device == "cuda" and entry.get("environment_variant") == "cpu":
-            problems.append(
-                f"{key}.environment_variant: 'cpu' on a device 'cuda' entry: its ranks would "
-                "run in CPU builds of the frameworks (allowed: cuda, or null for the device's "
-                "default)"
-            )
-        if "gpu_binding" in entry and device != "cuda":
-            problems.append(
-                f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
-                "use no GPU)"
-            )
-        problems += peak_problems(key, entry.get(PEAK_KEY))
-        if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
-            problems.append(
-                f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
-            )
-    if problems:
-        raise ConfigError(source, problems)
-    return apply_defaults(schema, hardware)
-
-
-# Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
-# neither
-# the config hash nor a cell's hardware hash includes them.
-PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w", "device_memory_gib")
-# Hardware keys that say where, not what: a convergence cell carries them (Cell.stage_dir), no
-# hash includes them (moving the staging folder re-measures nothing).
-CELL_HARDWARE_KEYS = ("stage_dir",)
-
-# Hardware keys that say who pays and where a job queues (account, QoS, reservation): the
-# Slurm plugin's resources of the cell's job (dlscale.study.resources), part of no hash.
-SCHEDULING_KEYS = ("account", "qos", "reservation")
-# Hardware keys that choose or check the cell's environment: the cell's environment identity
-# (name and hash of its pinned requirements) covers the variant, and compute_capability only
-# refuses cells before any job; no hardware hash includes them.
-ENVIRONMENT_KEYS = ("environment_variant", "compute_capability")
-# Hardware keys only the analysis reads: the dense peak (dlscale.analysis.mfu, MFU); part of no
-# hash.
-ANALYSIS_KEYS = ("peak_tflops",)
-
-# Hardware keys added after studies were measured, hashed only away from their default: at the
-# default they ask exactly what an entry without them asked, so existing cells stay measured.
-LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": "node"}
-
-
-def environment_variant(entry: dict) -> str:
-    """The environment variant (dlscale.frameworks.VARIANTS) a hardware entry's cells run in:
-    its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
-    return entry.get("environment_variant") or ("cuda" if entry["device"] == "cuda" else "cpu")
-
-
-def hashed_hardware(entry: dict) -> dict:
-    """The part of a hardware entry that a measurement depends on (config and cell hashes)."""
-    return {
-        k: v
-        for k, v in entry.items()
-        if k not in PLANNING_KEYS
-        and k not in CELL_HARDWARE_KEYS
-        and k not in SCHEDULING_KEYS
-        and k not in ENVIRONMENT_KEYS
-        and k not in ANALYSIS_KEYS
-        and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
-    }
-
-
-def config_hash(config: dict, hardware: dict) -> str:
-    """Short, stable hash of the validated config and the hardware entries it uses."""
-    used = {k: hashed_hardware(hardware[k]) for k in config["axes"]["hardware"] if k in hardware}
-    # Presentation settings and the flags of one run do not change what is measured; the
-    # launcher does (local processes on one host or srun over the allocation's nodes).
-    measured = {
-        k: v
-        for k, v in config.items()
-        if k
-        not in (
-            "report",
-            "remeasure",
-            "restart",
-            "max_cells",
-            "study_file",
-            "references_file",
-            "plan",
-            "first_step_timeout_s",  # a deadline, in no cell's identity either
-        )
-    }
-    # keys added later count only where they ask for something (a study without convergence
-    # cells hashes as it did before workloads existed)
-    if measured.get("workloads") == ["throughput"]:
-        del measured["workloads"]
-    # the parallelism axis and its degree at their defaults: every cell ddp, as before them
-    for key in ("tp_degree", "pp_degree", "microbatches"):
-        if key in measured and measured[key] is None:
-            del measured[key]
-    if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
-        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
-    if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
-        measured.pop("seq_len", None)
-    if "convergence" not in config.get("workloads", ["throughput"]):
-        measured.pop("convergence", None)
-    elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement
-        measured["convergence"] = {
-            k: v for k, v in measured["convergence"].items() if k != "validity_tolerance"
-        }
-    blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]

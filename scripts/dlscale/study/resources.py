@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from dlscale.study.matrix import ranks_per_node
+from dlscale.study.workloads import ranks_per_node
 
 
 def class_resources(config: dict, hw: dict, nodes: int) -> tuple[int, dict]:

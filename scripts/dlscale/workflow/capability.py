@@ -119,7 +119,7 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
     environment cannot drive CUDA, or a framework whose CUDA build cannot drive the hardware.
     `env_dir(name)`: the folder of environment `name` (None: the driver's own environment);
     `route`: "venv" (dlscale's venvs) or the deployment method (conda, apptainer)."""
-    from dlscale.study.config import environment_variant
+    from dlscale.study.hardware import environment_variant
 
     groups: dict[tuple[str, str, str], list[str]] = {}
     for cell in cells:

@@ -16,12 +16,10 @@ from collections import Counter
 from pathlib import Path
 
 from dlscale.study.cell import FAILURE_FILE
-from dlscale.workflow.resume import (
+from dlscale.workflow.resume import LIVE_STATES, job_order, job_states
+from dlscale.workflow.resume_journal import (
     DRIVER_FILE,
-    LIVE_STATES,
     driver_alive,
-    job_order,
-    job_states,
     read_driver_record,
     read_journal,
 )

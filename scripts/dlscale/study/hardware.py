@@ -1,0 +1,94 @@
+"""The hardware file's checks beyond its schema: a CUDA entry needs GPUs, a GRES type must be one,
+GPU binding and CPU builds only where they fit, dense peaks only (peak_tflops, for MFU); and the
+environment variant an entry's cells run in. Every problem is reported before any job, at once.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dlscale.study.config import apply_defaults, schema_problems
+from dlscale.study.errors import ConfigError
+
+# The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
+# and tf32 (fp32 cells whose math ran on TF32 tensor cores, per the cell's recorded fast paths).
+PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+PEAK_KEY = "peak_tflops"
+
+
+def peak_problems(key: str, peak) -> list[str]:
+    """What is wrong with a hardware entry's ``peak_tflops`` beyond its schema: sparse peaks
+    are refused (a key or a value that names sparsity), with the reason."""
+    if not isinstance(peak, dict):
+        return []
+    problems = []
+    for name, value in peak.items():
+        flagged = "sparse" in str(name).lower() or (
+            not isinstance(value, (int, float)) and "sparse" in str(value).lower()
+        )
+        if name == "source":
+            flagged = "sparse" in str(value).lower() and "dense" not in str(value).lower()
+        if flagged:
+            problems.append(
+                f"{key}.{PEAK_KEY}.{name}: sparse peaks are refused: MFU is measured against "
+                "the dense peak (the datasheet's figure without structured sparsity, e.g. H100 "
+                f"SXM bf16 989.4, not 1,979); allowed keys: {', '.join(PEAK_PRECISIONS)}, source"
+            )
+    return problems
+
+
+def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file") -> dict:
+    if not isinstance(hardware, dict):
+        raise ConfigError(source, ["(top level): must be a mapping of hardware keys"])
+    problems = schema_problems(hardware, schema)
+    for key, entry in hardware.items():
+        if not isinstance(entry, dict):
+            continue
+        device, gpus = entry.get("device"), entry.get("gpus_per_node", 0)
+        if device == "cuda" and not gpus:
+            problems.append(f"{key}.gpus_per_node: device 'cuda' needs gpus_per_node >= 1")
+        if device == "cpu" and gpus and entry.get("gpus_allocated_only") is not True:
+            problems.append(
+                f"{key}.gpus_per_node: {gpus} GPUs on a 'cpu' hardware key; "
+                "set device: cuda, gpus_per_node: 0, or gpus_allocated_only: true "
+                "(allocate the GPUs, compute on the CPU)"
+            )
+        gpu_type = entry.get("gpu_type")
+        if (
+            gpus
+            and entry.get("gpu_request", "gres") == "gres"
+            and isinstance(gpu_type, str)
+            and not re.fullmatch(r"[A-Za-z0-9_.]+", gpu_type)
+        ):
+            # the Slurm plugin's `gres` resource takes letters, digits, `_` and `.` only
+            problems.append(
+                f"{key}.gpu_type: {gpu_type!r} cannot be a GRES type (letters, digits, _ and . "
+                "only); rename it or use gpu_request: gpus"
+            )
+        if device == "cuda" and entry.get("environment_variant") == "cpu":
+            problems.append(
+                f"{key}.environment_variant: 'cpu' on a device 'cuda' entry: its ranks would "
+                "run in CPU builds of the frameworks (allowed: cuda, or null for the device's "
+                "default)"
+            )
+        if "gpu_binding" in entry and device != "cuda":
+            problems.append(
+                f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
+                "use no GPU)"
+            )
+        problems += peak_problems(key, entry.get(PEAK_KEY))
+        if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
+            problems.append(
+                f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"
+            )
+    if problems:
+        raise ConfigError(source, problems)
+    return apply_defaults(schema, hardware)
+
+
+def environment_variant(entry: dict) -> str:
+    """The environment variant (dlscale.frameworks.VARIANTS) a hardware entry's cells run in:
+    its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
+    return entry.get("environment_variant") or ("cuda" if entry["device"] == "cuda" else "cpu")

@@ -1,0 +1,98 @@
+"""What a measurement depends on, hashed: the part of a hardware entry a cell's hardware hash covers
+(hashed_hardware; the keys no hash includes, each set with its reason) and the study's config hash
+(config_hash: the validated config and the hardware entries it uses, less what changes no
+measurement). Editing what these leave out re-measures nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from dlscale.study.cell import DEFAULT_PARALLELISM
+
+# Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
+# neither
+# the config hash nor a cell's hardware hash includes them.
+PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w", "device_memory_gib")
+
+
+# Hardware keys that say where, not what: a convergence cell carries them (Cell.stage_dir), no
+# hash includes them (moving the staging folder re-measures nothing).
+CELL_HARDWARE_KEYS = ("stage_dir",)
+
+
+# Hardware keys that say who pays and where a job queues (account, QoS, reservation): the
+# Slurm plugin's resources of the cell's job (dlscale.study.resources), part of no hash.
+SCHEDULING_KEYS = ("account", "qos", "reservation")
+
+
+# Hardware keys that choose or check the cell's environment: the cell's environment identity
+# (name and hash of its pinned requirements) covers the variant, and compute_capability only
+# refuses cells before any job; no hardware hash includes them.
+ENVIRONMENT_KEYS = ("environment_variant", "compute_capability")
+
+
+# Hardware keys only the analysis reads: the dense peak (dlscale.analysis.mfu, MFU); part of no
+# hash.
+ANALYSIS_KEYS = ("peak_tflops",)
+
+
+# Hardware keys added after studies were measured, hashed only away from their default: at the
+# default they ask exactly what an entry without them asked, so existing cells stay measured.
+LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": "node"}
+
+
+def hashed_hardware(entry: dict) -> dict:
+    """The part of a hardware entry that a measurement depends on (config and cell hashes)."""
+    return {
+        k: v
+        for k, v in entry.items()
+        if k not in PLANNING_KEYS
+        and k not in CELL_HARDWARE_KEYS
+        and k not in SCHEDULING_KEYS
+        and k not in ENVIRONMENT_KEYS
+        and k not in ANALYSIS_KEYS
+        and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
+    }
+
+
+def config_hash(config: dict, hardware: dict) -> str:
+    """Short, stable hash of the validated config and the hardware entries it uses."""
+    used = {k: hashed_hardware(hardware[k]) for k in config["axes"]["hardware"] if k in hardware}
+    # Presentation settings and the flags of one run do not change what is measured; the
+    # launcher does (local processes on one host or srun over the allocation's nodes).
+    measured = {
+        k: v
+        for k, v in config.items()
+        if k
+        not in (
+            "report",
+            "remeasure",
+            "restart",
+            "max_cells",
+            "study_file",
+            "references_file",
+            "plan",
+            "first_step_timeout_s",  # a deadline, in no cell's identity either
+        )
+    }
+    # keys added later count only where they ask for something (a study without convergence
+    # cells hashes as it did before workloads existed)
+    if measured.get("workloads") == ["throughput"]:
+        del measured["workloads"]
+    # the parallelism axis and its degree at their defaults: every cell ddp, as before them
+    for key in ("tp_degree", "pp_degree", "microbatches"):
+        if key in measured and measured[key] is None:
+            del measured[key]
+    if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
+        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
+    if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
+        measured.pop("seq_len", None)
+    if "convergence" not in config.get("workloads", ["throughput"]):
+        measured.pop("convergence", None)
+    elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement
+        measured["convergence"] = {
+            k: v for k, v in measured["convergence"].items() if k != "validity_tolerance"
+        }
+    blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,345 @@
+"""The matrix's refusals before any job: axes a hardware entry cannot run, strategies and degrees
+the frameworks and models do not support, models without a builder, exclusions naming no axis
+value, a study over max_cells, and a launcher its Snakemake executor cannot use. Each message
+names the setting, what is wrong and what is allowed."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from math import lcm
+
+from dlscale.frameworks import FRAMEWORKS
+from dlscale.models import FRAMEWORK_PACKAGES, builds
+from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
+from dlscale.study.parallel_dims import cell_tp_degree
+from dlscale.study.workloads import (
+    SETTING_PREFIX,
+    SHIPPED_DATASETS,
+    axis_key,
+    excluded,
+    ranks_per_node,
+    strong_global_batch,
+    workload_axes,
+    workload_repetitions,
+)
+
+
+def _axes_problems(
+    config: dict, workload: str, axes: dict, hardware: dict, hardware_source: str
+) -> list[str]:
+    problems = []
+    key = lambda axis: axis_key(config, workload, axis)  # noqa: E731
+    batch_key = f"{SETTING_PREFIX[workload]}global_batch"
+    for i, hw_key in enumerate(axes["hardware"]):
+        if hw_key not in hardware:
+            problems.append(
+                f"{key('hardware')}[{i}]: {hw_key!r} is not defined in {hardware_source}; "
+                f"allowed values: {', '.join(sorted(hardware))}"
+            )
+            continue
+        hw = hardware[hw_key]
+        too_many = [n for n in axes["nodes"] if n > hw["max_nodes"]]
+        if too_many:
+            problems.append(
+                f"{key('nodes')}: {too_many} exceed max_nodes={hw['max_nodes']} of hardware "
+                f"{hw_key!r} ({hardware_source}); allowed: 1..{hw['max_nodes']}"
+            )
+        if hw["device"] == "cpu" and "fp16" in axes["precision"]:
+            problems.append(
+                f"{key('precision')}: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
+                "allowed on CPU: fp32, bf16 (or exclude the combination)"
+            )
+        if "strong" in axes["policy"]:
+            gb = strong_global_batch(config, hw, workload)
+            rpn = ranks_per_node(config, hw)
+            bad = [n * rpn for n in axes["nodes"] if gb % (n * rpn)]
+            if bad:
+                problems.append(
+                    f"{batch_key}: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible "
+                    f"by world size(s) {bad}; choose a multiple of "
+                    f"{lcm(*(n * rpn for n in axes['nodes']))}"
+                )
+    problems += _parallelism_problems(config, axes, hardware)
+    return problems
+
+
+def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
+    """Strategies the frameworks do not declare, tensor parallel of a model without a plan,
+    and degrees that do not fit the ranks per node (dlscale.study.parallel_dims): refused before
+    any job,
+    unless `exclude` leaves the combination out."""
+    from dlscale.models import get_spec
+    from dlscale.study.parallel_dims import TENSOR_PARALLEL, TP_PLANS, degree_problems
+
+    problems = []
+    exclude = config["exclude"]
+    for strategy in axes.get("parallelism", [DEFAULT_PARALLELISM]):
+        for framework in axes["framework"]:
+            if strategy in FRAMEWORKS[framework].strategies or _excluded_pair(
+                {"framework": framework, "parallelism": strategy}, exclude
+            ):
+                continue
+            able = [f.name for f in FRAMEWORKS.values() if strategy in f.strategies]
+            problems.append(
+                f"axes.parallelism: {strategy!r} is not supported by framework {framework!r} "
+                f"(it supports: {', '.join(FRAMEWORKS[framework].strategies)}); "
+                f"frameworks that run "
+                f"{strategy}: {', '.join(able)} (or exclude "
+                f"{{framework: {framework}, parallelism: {strategy}}})"
+            )
+        if strategy == "pp":
+            problems += [p for p in _pipeline_problems(config, axes, hardware) if p not in problems]
+        if strategy not in TENSOR_PARALLEL:
+            continue
+        for model in axes["model"]:
+            arch = get_spec(model).arch if model in models_names() else None
+            if arch in TP_PLANS or _excluded_pair(
+                {"model": model, "parallelism": strategy}, exclude
+            ):
+                continue
+            able = [m for m in models_names() if get_spec(m).arch in TP_PLANS]
+            problems.append(
+                f"axes.parallelism: {strategy!r} needs a model with a tensor-parallel plan "
+                f"(dlscale.study.parallel_dims.TP_PLANS), and model {model!r} has none; "
+                "allowed models: "
+                f"{', '.join(able)} (or exclude {{model: {model}, parallelism: {strategy}}})"
+            )
+        for hw_key in axes["hardware"]:
+            if hw_key not in hardware:
+                continue
+            rpn = ranks_per_node(config, hardware[hw_key])
+            tp = cell_tp_degree(strategy, rpn, config["tp_degree"])
+            for model in axes["model"]:
+                heads = (
+                    get_spec(model).arch_kwargs.get("num_heads")
+                    if model in models_names()
+                    else None
+                )
+                if heads and get_spec(model).arch == "gpt" and heads % tp:
+                    problems.append(
+                        f"axes.parallelism: {strategy!r} splits the attention heads of model "
+                        f"{model!r} ({heads} heads) over tensor-parallel degree {tp} (hardware "
+                        f"{hw_key!r}); allowed tp_degree: a divisor of both "
+                        f"{heads} and ranks_per_node {rpn} above 1"
+                    )
+            for nodes in axes["nodes"]:
+                problems += [
+                    p
+                    for p in degree_problems(
+                        strategy, nodes, rpn, config["tp_degree"], f"hardware {hw_key!r}"
+                    )
+                    if p not in problems
+                ]
+    return problems
+
+
+def _pipeline_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
+    """pp: a model the pipeline can split (PIPELINE_ARCHS), stages that divide the ranks and
+    do not outnumber the layers, micro-batches that divide a pipeline's batch."""
+    from dlscale.models import get_spec
+    from dlscale.study.parallel_dims import PIPELINE_ARCHS, pipeline_problems
+
+    problems = []
+    if "compiled" in axes["mode"] and not _excluded_pair(
+        {"mode": "compiled", "parallelism": "pp"}, config["exclude"]
+    ):
+        problems.append(
+            "axes.mode: 'compiled' with parallelism 'pp': the pipeline runs its stages eagerly "
+            "(torch.distributed.pipelining), so a compiled pp cell would not be one; allowed "
+            "with pp: eager (exclude {mode: compiled, parallelism: pp})"
+        )
+    for model in axes["model"]:
+        spec = get_spec(model) if model in models_names() else None
+        if spec is None or _excluded_pair({"model": model, "parallelism": "pp"}, config["exclude"]):
+            continue
+        if spec.arch not in PIPELINE_ARCHS:
+            able = [m for m in models_names() if get_spec(m).arch in PIPELINE_ARCHS]
+            problems.append(
+                f"axes.parallelism: 'pp' needs a model the pipeline can split into stages, and "
+                f"model {model!r} ({spec.arch}) is not one; allowed models: {', '.join(able)} "
+                f"(or exclude {{model: {model}, parallelism: pp}})"
+            )
+            continue
+        for hw_key in axes["hardware"]:
+            if hw_key not in hardware:
+                continue
+            rpn = ranks_per_node(config, hardware[hw_key])
+            for nodes in axes["nodes"]:
+                for policy in axes["policy"]:
+                    world = nodes * rpn
+                    per_rank = config["per_rank_batch"]
+                    if policy == "strong":
+                        per_rank = max(1, strong_global_batch(config, hardware[hw_key]) // world)
+                    problems += pipeline_problems(
+                        world,
+                        config["pp_degree"],
+                        config["microbatches"],
+                        per_rank,
+                        spec.arch_kwargs.get("num_layers"),
+                        f"hardware {hw_key!r} at {nodes} node(s)",
+                    )
+    return problems
+
+
+def _excluded_pair(pair: dict, exclude: list[dict]) -> bool:
+    """Whether an exclude entry naming only these axes leaves every such cell out."""
+    return any(set(e) <= set(pair) and all(pair[k] == v for k, v in e.items()) for e in exclude)
+
+
+def _convergence_problems(config: dict, axes: dict) -> list[str]:
+    """What only a convergence cell needs: frameworks that declare the workload, and (for a
+    shipped dataset, whose shape is known now) models that fit the dataset."""
+    from dlscale.frameworks import supporting
+    from dlscale.models import get_spec
+
+    problems = []
+    able = supporting("convergence")
+    for i, framework in enumerate(axes["framework"]):
+        if framework not in able:
+            problems.append(
+                f"{axis_key(config, 'convergence', 'framework')}[{i}]: {framework!r} does not "
+                "support the convergence workload (its adapter declares no convergence method); "
+                f"allowed values: {', '.join(able)}"
+            )
+    conv = config["convergence"]
+    shipped = SHIPPED_DATASETS.get(conv["dataset"])
+    if shipped is not None:
+        height, width, channels = shipped["image_shape"]
+        for i, name in enumerate(axes["model"]):
+            spec = get_spec(name)
+            if (
+                spec.family != "vision"
+                or tuple(spec.input_shape) != (channels, height, width)
+                or (spec.num_classes != shipped["num_classes"])
+            ):
+                fits = [
+                    m
+                    for m in models_names()
+                    if get_spec(m).family == "vision"
+                    and tuple(get_spec(m).input_shape) == (channels, height, width)
+                    and get_spec(m).num_classes == shipped["num_classes"]
+                ]
+                problems.append(
+                    f"{axis_key(config, 'convergence', 'model')}[{i}]: {name!r} does not fit "
+                    f"dataset {conv['dataset']!r} ({height}x{width}x{channels} images, "
+                    f"{shipped['num_classes']} classes); allowed values: {', '.join(fits)}"
+                )
+    return problems
+
+
+def models_names() -> list[str]:
+    from dlscale.models import names
+
+    return names()
+
+
+def _builder_problems(config: dict, workload: str, axes: dict) -> list[str]:
+    """Models a framework of the study has no builder for (dlscale.models.builds: the decoders
+    are built by PyTorch's adapters only), unless `exclude` leaves the pair out."""
+    problems = []
+    for framework in axes["framework"]:
+        for model in axes["model"]:
+            pair = {"framework": framework, "model": model}
+            if builds(framework, model) or any(
+                set(e) <= set(pair) and all(pair[k] == v for k, v in e.items())
+                for e in config["exclude"]
+            ):
+                continue
+            able = [f for f in FRAMEWORK_PACKAGES if builds(f, model)]
+            problems.append(
+                f"{axis_key(config, workload, 'model')}: framework {framework!r} has no builder "
+                f"for model {model!r}; frameworks that build it: {', '.join(able)} (or exclude "
+                f"{{framework: {framework}, model: {model}}})"
+            )
+    return problems
+
+
+def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
+    problems = []
+    by_workload = workload_axes(config)
+    for workload, axes in by_workload.items():
+        problems += _axes_problems(config, workload, axes, hardware, hardware_source)
+        problems += _builder_problems(config, workload, axes)
+    if "convergence" in by_workload:
+        problems += _convergence_problems(config, by_workload["convergence"])
+    for i, entry in enumerate(config["exclude"]):
+        for axis, value in entry.items():
+            allowed = []
+            for axes in by_workload.values():
+                allowed += [v for v in axes[axis] if v not in allowed]
+            if value not in allowed:
+                problems.append(
+                    f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
+                    f"allowed values: {', '.join(map(str, allowed))}"
+                )
+    return problems
+
+
+def planned_cell_count(config: dict) -> tuple[int, bool]:
+    """(cells, exact): the number of cells a validated config plans over its workloads,
+    computed without building them. Exact when nothing is excluded or the axes' product is
+    small enough to count; otherwise the product (an upper bound) and False."""
+    total, exact = 0, True
+    reps = workload_repetitions(config)
+    for workload, axes in workload_axes(config).items():
+        product = math.prod(len(axes[a]) for a in AXES)
+        if config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
+            product = sum(
+                not excluded(dict(zip(AXES, combo)), config["exclude"])
+                for combo in itertools.product(*(axes[a] for a in AXES))
+            )
+        elif config["exclude"]:
+            exact = False
+        total += product * reps[workload]
+    return total, exact
+
+
+# Axes products up to this size are counted exactly (exclusions applied) before the cap check.
+_COUNT_EXACTLY_UP_TO = 200_000
+
+
+def cell_count_problem(config: dict) -> str | None:
+    """The refusal of a study larger than `max_cells`, with its count and the limit."""
+    count, exact = planned_cell_count(config)
+    limit = config["max_cells"]
+    if count <= limit:
+        return None
+    reps = workload_repetitions(config)
+    sizes = " + ".join(
+        " x ".join(f"{len(axes[a])} {a}" for a in AXES)
+        + f" x {reps[w]} repetitions"
+        + ("" if w == "throughput" else f" ({w})")
+        for w, axes in workload_axes(config).items()
+    )
+    how = "" if exact else " before `exclude`"
+    return (
+        f"max_cells: the study plans {count:,} cells{how} ({sizes}); the limit is {limit:,}. "
+        "Shrink the axes or exclude combinations, or raise max_cells (e.g. --config "
+        "max_cells=N) if the cluster can take it"
+    )
+
+
+# The launcher each Snakemake executor needs (profiles/slurm sets launcher=srun, the default is
+# local; `dlscale` is the project's Slurm executor plugin); other executors (e.g. a site's own
+# plugin) are not checked.
+EXECUTOR_LAUNCHERS = {"slurm": "srun", "dlscale": "srun", "local": "local"}
+
+
+def launcher_problem(executor: str, launcher: str, *, in_allocation: bool) -> str | None:
+    """Why the configured launcher cannot run cells under this Snakemake executor, with the
+    fix; None when they agree."""
+    if EXECUTOR_LAUNCHERS.get(executor) == "srun" and launcher != "srun":
+        return (
+            f"Snakemake's executor is {executor!r} but launcher is {launcher!r}: every cell would "
+            "start its ranks as local processes on one node. A --config on the command line "
+            "replaces the profile's whole `config:` list (profiles/slurm sets launcher=srun). "
+            "Add launcher=srun to your --config, e.g. --config launcher=srun remeasure=True"
+        )
+    if executor == "local" and launcher == "srun" and not in_allocation:
+        return (
+            "Snakemake's executor is 'local' but launcher is 'srun', outside any Slurm "
+            "allocation: srun has nothing to start the ranks in. Use --profile profiles/slurm, "
+            "or --config launcher=local (or run inside salloc)"
+        )
+    return None

@@ -1,0 +1,81 @@
+"""What each workload of a study spans, before any cell is built: its axes, repetitions and batch
+settings, the ranks a node runs, a strong-scaling global batch, and where a convergence cell reads
+its dataset. Read by the matrix (dlscale.study.matrix), its checks and the resources."""
+
+from __future__ import annotations
+
+from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
+
+# Datasets dlscale ships: written by the workflow (rules/data.smk) to SHIPPED_DATA_DIR in each
+# format; their image shape (height, width, channels) and classes are known before any job.
+SHIPPED_DATASETS = {"digits": {"image_shape": (32, 32, 3), "num_classes": 10}}
+
+
+SHIPPED_DATA_DIR = "results/data/{dataset}/{format}"
+
+
+def workload_axes(config: dict) -> dict[str, dict]:
+    """workload -> the axes its cells span: the study's `axes` for throughput; for convergence
+    `convergence.axes`, an axis left out (null) taking the study's value."""
+    out = {}
+    if "throughput" in config["workloads"]:
+        out["throughput"] = config["axes"]
+    if "convergence" in config["workloads"]:
+        own = config["convergence"]["axes"]
+        out["convergence"] = {
+            a: own[a] if own.get(a) is not None else config["axes"][a] for a in AXES
+        }
+        # a convergence cell trains data parallel (its adapters' epochs and evaluation)
+        out["convergence"]["parallelism"] = [DEFAULT_PARALLELISM]
+    return out
+
+
+def workload_repetitions(config: dict) -> dict[str, int]:
+    reps = {"throughput": config["repetitions"]}
+    reps["convergence"] = config["convergence"]["repetitions"] or config["repetitions"]
+    return {w: reps[w] for w in workload_axes(config)}
+
+
+def workload_batches(config: dict, workload: str) -> tuple[int, int | None]:
+    """(per_rank_batch, global_batch) setting of a workload's cells (global: strong policy)."""
+    if workload == "convergence":
+        conv = config["convergence"]
+        return conv["per_rank_batch"] or config["per_rank_batch"], conv["global_batch"]
+    return config["per_rank_batch"], config["global_batch"]
+
+
+SETTING_PREFIX = {"throughput": "", "convergence": "convergence."}
+
+
+def axis_key(config: dict, workload: str, axis: str) -> str:
+    """How a message names the setting a workload's axis comes from."""
+    if workload == "convergence" and config["convergence"]["axes"].get(axis) is None:
+        return f"convergence.axes.{axis} (null: axes.{axis})"
+    return f"{SETTING_PREFIX[workload]}axes.{axis}"
+
+
+def data_path(config: dict) -> str:
+    """Where a convergence cell's ranks read its dataset: a shipped dataset's folder in its
+    format (SHIPPED_DATA_DIR), else the configured folder."""
+    conv = config["convergence"]
+    if conv["dataset"] in SHIPPED_DATASETS:
+        return SHIPPED_DATA_DIR.format(dataset=conv["dataset"], format=conv["data_format"])
+    return conv["dataset"]
+
+
+def ranks_per_node(config: dict, hw: dict) -> int:
+    """GPU hardware runs one rank per GPU; CPU hardware uses config.ranks_per_node."""
+    return hw["gpus_per_node"] if hw["device"] == "cuda" else config["ranks_per_node"]
+
+
+def strong_global_batch(config: dict, hw: dict, workload: str = "throughput") -> int:
+    per_rank, global_batch = workload_batches(config, workload)
+    if global_batch is not None:
+        return global_batch
+    nodes = workload_axes(config)[workload]["nodes"] if workload != "throughput" else None
+    return per_rank * ranks_per_node(config, hw) * min(nodes or config["axes"]["nodes"])
+
+
+def excluded(combo: dict, exclude: list[dict]) -> bool:
+    """Whether an exclude entry matches this combination of axis values."""
+    return any(all(combo[k] == v for k, v in entry.items()) for entry in exclude)
