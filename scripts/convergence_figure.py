@@ -3,7 +3,7 @@
 
 import pandas as pd
 
-from dlscale.outputs.plotting import plot_convergence_figure
+from dlscale.outputs.convergence_plots import plot_convergence_figure
 
 plot_convergence_figure(
     pd.read_csv(snakemake.input.time_to_accuracy),  # noqa: F821 (injected by Snakemake)

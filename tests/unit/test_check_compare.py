@@ -11,17 +11,16 @@ import pandas as pd
 import pytest
 
 from dlscale.decisions.compare import BOTH, ONLY_A, ONLY_B, compare_cells, provenance_differences
-from dlscale.decisions.regression_check import (
+from dlscale.decisions.reference_bless import bless
+from dlscale.decisions.reference_verdicts import (
     FAIL,
     NO_REFERENCE,
     NOT_MEASURED,
     PASS,
     best_reference,
-    bless,
-    load_references,
     verdicts,
-    write_verdicts_tex,
 )
+from dlscale.decisions.regression_check import load_references, write_verdicts_tex
 from dlscale.study.config import ConfigError, load_schema
 
 from synthetic_study import DEMO, study_tables

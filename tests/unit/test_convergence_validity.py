@@ -27,7 +27,7 @@ from dlscale.analysis.time_to_accuracy import (
     VALIDITY_COLUMNS,
     time_to_accuracy_summary,
 )
-from dlscale.outputs.report import tex_escape, write_macros
+from dlscale.outputs.latex_text import tex_escape, write_macros
 from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
 from dlscale.study.config import ConfigError
 from dlscale.study.matrix import load_study

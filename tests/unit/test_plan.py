@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dlscale.decisions import plan_options, plan_program, plan_report
 from dlscale.decisions import planner as pl
 
 HOUR = 3600.0
@@ -143,7 +144,7 @@ def brute_force(opts: pd.DataFrame, n_jobs: int, capacity: dict, limits: dict, o
             values["makespan"] > limits["deadline_hours"] * (1 + 1e-9)
         ):
             continue
-        key = tuple(values[k] for k in pl.ORDER[objective])
+        key = tuple(values[k] for k in plan_program.ORDER[objective])
         if best is None or key < best:
             best = key
     return best
@@ -167,7 +168,7 @@ def test_plan_is_the_exact_optimum_by_enumeration(seed):
         for j in range(3)
     ]
     capacity = {p.name: p.nodes_available for p in parts}
-    opts_all = pl.options(preds, jobs, parts)
+    opts_all = plan_options.options(preds, jobs, parts)
     loose = brute_force(opts_all, 3, capacity, {}, pl.MIN_TIME)
     cases = [
         (pl.MIN_TIME, {}),
@@ -181,7 +182,7 @@ def test_plan_is_the_exact_optimum_by_enumeration(seed):
         except pl.PlanError:
             assert expected is None, (objective, limits)
             continue
-        got = tuple(result.objectives[k] for k in pl.ORDER[objective])
+        got = tuple(result.objectives[k] for k in plan_program.ORDER[objective])
         assert got == pytest.approx(expected, rel=1e-6), (objective, limits)
 
 
@@ -211,7 +212,7 @@ def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
     fits, _ = model_tables(cells(nodes=(1, 2, 4), reps=2, noise=0.01))
     config = {"objective": pl.MIN_TIME, "budget_node_hours": 3.0, "max_extrapolation": 8}
     result = pl.make_plan(FAST_CHEAP, JOB, PARTS, budget_node_hours=3)
-    pl.write_recommendations(result, fits, config, tmp_path / "m.tex", tmp_path / "t.tex")
+    plan_report.write_recommendations(result, fits, config, tmp_path / "m.tex", tmp_path / "t.tex")
     macros = (tmp_path / "m.tex").read_text()
     assert r"\newcommand{\dlsPlanBinding}{budget\_node\_hours}" in macros
     assert r"\newcommand{\dlsModelValidated}{1}" in macros
@@ -219,8 +220,8 @@ def test_recommendations_come_as_macros_and_bounded_tables(tmp_path):
     tables = (tmp_path / "t.tex").read_text()
     assert "cheap" in tables and "Alternatives the plan beat" in tables
     many = pd.concat([fits] * 70, ignore_index=True)
-    assert "10 more series" in pl.recommendation_tables(result, many)
-    failed = pl.recommendation_macros(pl.PlanError("budget too small"), fits, config)
+    assert "10 more series" in plan_report.recommendation_tables(result, many)
+    failed = plan_report.recommendation_macros(pl.PlanError("budget too small"), fits, config)
     assert failed["dlsPlanOutcome"] == "No plan: budget too small"
     with pytest.raises(pl.PlanError, match="given more than once"):
         pl.jobs_from_config({"jobs": [{"name": "a", "model": "m", "samples": 1}] * 2}, ["m"])
@@ -240,7 +241,7 @@ def test_the_plan_table_says_which_intervals_carry_the_model_error():
         row = result.plan.iloc[0]
         assert bool(row["validated"]) is validated and row["nodes"] <= top
         assert ("model error (leave-one-out" in row["interval_spans"]) is validated
-        table = pl.recommendation_tables(result, pd.DataFrame())
+        table = plan_report.recommendation_tables(result, pd.DataFrame())
         assert ("range + LOO" in table) is validated
 
 
@@ -293,7 +294,7 @@ def test_an_option_over_the_partitions_memory_is_not_offered_and_named():
     assert lost[("fsdp", 1)].startswith(
         "not offered at 1 node: does not fit: 100 GiB per rank (measured)"
     )
-    tables = pl.recommendation_tables(result, pd.DataFrame())
+    tables = plan_report.recommendation_tables(result, pd.DataFrame())
     assert "Memory per rank: j: fits: 30 GiB per rank (predicted from n=4)" in tables
     # nothing fits: no plan, and the message says why
     with pytest.raises(pl.PlanError, match=r"no option of model 'transformer_small' fits in "):

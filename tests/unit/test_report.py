@@ -10,15 +10,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dlscale.outputs.figure_layout import figure_layout
-from dlscale.outputs.report import (
+from dlscale.outputs.cell_table import (
     MAX_SUMMARY_ROWS,
     SUMMARY_LEVELS,
     cell_summary,
     group_summary,
-    render_tex,
     write_cell_summary,
 )
+from dlscale.outputs.figure_layout import figure_layout
+from dlscale.outputs.report import render_tex
 
 from synthetic_study import DEMO, LARGE, groups, study_tables
 
@@ -175,7 +175,8 @@ def test_summary_and_failed_missing_section_count_the_same_cells(tmp_path, faile
     """The Summary's "N of M planned cells measured" and the failed/missing section count the
     same cells: every planned cell, throughput and convergence named separately (the demo's
     Summary said 16 of 20 while its section said all 20 were measured)."""
-    from dlscale.outputs.report import build_macros, write_status_table
+    from dlscale.outputs.report import write_status_table
+    from dlscale.outputs.report_macros import build_macros
     from dlscale.study.config import apply_defaults, load_schema
 
     root = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 from dlscale.analysis.collect import cell_rows, cell_telemetry, straggler_detail
 from dlscale.outputs.figure_layout import FAMILIES, figure_layout
 from dlscale.outputs.plotting import plot_figure
-from dlscale.outputs.report import straggler_note, telemetry_note
+from dlscale.outputs.report_macros import straggler_note, telemetry_note
 from dlscale.run.devices import gpu_identity
 from dlscale.run.telemetry import GPU_QUANTITIES, TELEMETRY_INTERVAL_S, Telemetry, summarize
 

@@ -40,7 +40,7 @@ from dlscale.analysis.stats import (
     ratio_interval,
     with_axes,
 )
-from dlscale.decisions.regression_check import cell_name
+from dlscale.decisions.reference_verdicts import cell_name
 
 POINT = [*GROUP, "nodes"]
 MEASURE = "throughput_samples_per_s"
@@ -263,7 +263,7 @@ def latex_summary(
     table: pd.DataFrame, prov: pd.DataFrame, name_a: str, name_b: str, threshold: float
 ) -> str:
     """A fragment to \\input into a LaTeX document (booktabs, longtable): numbers generated."""
-    from dlscale.outputs.report import tex_escape as e
+    from dlscale.outputs.latex_text import tex_escape as e
 
     c = counts(table)
     text = (

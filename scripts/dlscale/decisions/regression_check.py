@@ -31,24 +31,34 @@ any FAIL;
 `python -m dlscale.decisions.regression_check bless results/<study> --system cpu` records the
 current results as the
 references of one system (shows every entry, refuses to replace one without --force).
+
+The verdicts themselves: `reference_verdicts`; bless: `reference_bless`; here the tables, the
+rules' entry points and the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import json
 import math
-import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from dlscale.analysis.stats import CI, EXACT, GROUP, RANGE, interval_label, with_axes
-from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
-from dlscale.study.config import ConfigError, load_schema, schema_problems
+from dlscale.analysis.stats import with_axes
+from dlscale.decisions.reference_bless import DEFAULT_TOLERANCE, bless
+from dlscale.decisions.reference_verdicts import (
+    FAIL,
+    NO_REFERENCE,
+    NOT_MEASURED,
+    PASS,
+    VERDICTS,
+    counts,
+    summary_line,
+    unused_references,
+    verdicts,
+)
+from dlscale.study.config import ConfigError
 from dlscale.study.references import (  # noqa: F401 (re-exported: the check's references, light to import)
     DEFAULT_REFERENCES,
     FAILED_MARK,
@@ -61,204 +71,7 @@ from dlscale.study.references import (  # noqa: F401 (re-exported: the check's r
     schema_path,
 )
 
-# The metrics a reference may name: unit, and the scaling.csv column prefix of the measured
-# median (None: dlscale does not measure it). Interval columns exist for the first two.
-METRICS = {
-    "throughput_samples_per_s": ("samples/s", "throughput_samples_per_s"),
-    "scaling_efficiency": ("fraction", "scaling_efficiency"),
-    "time_to_accuracy_s": ("s", None),
-    "joules_per_sample": ("J/sample", "joules_per_sample"),
-}
-_INTERVAL_KIND = {"throughput_samples_per_s": "interval", "scaling_efficiency": "speedup_interval"}
-NOT_MEASURED_BY_DLSCALE = {
-    "time_to_accuracy_s": "the check compares the throughput cells (synthetic data); the "
-    "convergence cells' time-to-accuracy (tables/time_to_accuracy.csv) is not compared yet",
-}
-
-PASS, FAIL, NO_REFERENCE, NOT_MEASURED = "PASS", "FAIL", "no-reference", "not-measured"
-VERDICTS = (FAIL, NOT_MEASURED, PASS, NO_REFERENCE)  # the order of the tables
-POINT = [*GROUP, "nodes"]
-COLUMNS = [
-    *POINT,
-    "cell",
-    "metric",
-    "unit",
-    "verdict",
-    "measured",
-    "interval_low",
-    "interval_high",
-    "interval",
-    "n",
-    "reference",
-    "lower_bound",
-    "upper_bound",
-    "tolerance",
-    "margin",
-    "interval_vs_bounds",
-    "reference_key",
-    "note",
-]
-DEFAULT_TOLERANCE = 0.05
 MAX_LISTED = 60  # rows of the report's verdict table
-
-
-def cell_name(point) -> str:
-    """A point's name below its hardware folder: framework/model/policy/precision/mode/n<nodes>
-    (the cell's path, dlscale.study.cell.AXIS_PATH, without hardware and repetition)."""
-    return "/".join(
-        ("n" if a == "nodes" else "") + str(point[a])
-        for a in AXES[1:]
-        if a != "parallelism" or _value(point, a) not in (None, DEFAULT_PARALLELISM)
-    )
-
-
-def _value(point, key):
-    """A point's value of a key it may lack (tables from before the key existed)."""
-    try:
-        return point[key]
-    except (KeyError, IndexError):
-        return None
-
-
-def best_reference(refs: list[Reference], hardware: str, cell: str, metric: str):
-    """The most specific reference for a point's metric: an exact system before '*', then the
-    pattern with the most literal characters, then the first in the file; None when none."""
-    matches = [
-        r
-        for r in refs
-        if r.metric == metric
-        and r.system in (hardware, WILDCARD)
-        and fnmatch.fnmatchcase(cell, r.pattern)
-    ]
-    return max(matches, key=Reference.specificity, default=None)
-
-
-def _measured(row, metric: str) -> tuple[float, float, float, str, int] | None:
-    """(median, low, high, interval kind, n) of a scaling row's metric; None when not
-    measured (no row, no column, or NaN)."""
-    column = METRICS[metric][1]
-    if row is None or column is None:
-        return None
-    value = row.get(f"{column}_median")
-    if value is None or pd.isna(value):
-        return None
-    kind_col = _INTERVAL_KIND.get(metric)
-    kind = row[kind_col] if kind_col else "none"
-    low = row.get(f"{column}_ci_low", np.nan)
-    high = row.get(f"{column}_ci_high", np.nan)
-    return float(value), float(low), float(high), str(kind), int(row["n"])
-
-
-def _vs_bounds(low: float, high: float, kind: str, bounds: tuple[float, float]) -> str:
-    if kind not in (CI, RANGE) or pd.isna(low) or pd.isna(high):
-        return "no interval"
-    if low >= bounds[0] and high <= bounds[1]:
-        return "inside"
-    if high < bounds[0] or low > bounds[1]:
-        return "outside"
-    return "overlaps"
-
-
-def verdicts(scaling: pd.DataFrame, status: pd.DataFrame, refs: list[Reference]) -> pd.DataFrame:
-    """One row per scaling point and metric with a reference or a measured value (COLUMNS).
-    `status`: every planned cell (status.csv), so a referenced point whose cells all failed is
-    not-measured rather than absent; may be empty."""
-    points: dict[tuple, dict] = {}
-    for table in (status, scaling):
-        if table is None or table.empty:
-            continue
-        for r in table.to_dict("records"):
-            key = tuple(r[a] for a in POINT)
-            points.setdefault(key, {a: r[a] for a in POINT})
-    by_point = {tuple(r[a] for a in POINT): r for r in scaling.to_dict("records")}
-    rows = []
-    for key in sorted(points, key=lambda k: tuple(str(v) for v in k[:-1]) + (int(k[-1]),)):
-        point = points[key]
-        cell = cell_name(point)
-        row = by_point.get(key)
-        for metric, (unit, _) in METRICS.items():
-            ref = best_reference(refs, str(point["hardware"]), cell, metric)
-            got = _measured(row, metric)
-            if ref is None and got is None:
-                continue
-            if ref is None and metric == "scaling_efficiency" and row["speedup_interval"] == EXACT:
-                continue  # the baseline's efficiency is 1 by definition: nothing to check
-            out = {**point, "cell": cell, "metric": metric, "unit": unit}
-            if got is not None:
-                value, low, high, kind, n = got
-                out.update(
-                    measured=value,
-                    interval_low=low,
-                    interval_high=high,
-                    interval=interval_label(kind, n),
-                    n=n,
-                )
-            if ref is None:
-                out.update(verdict=NO_REFERENCE, note="no reference matches this cell")
-            else:
-                low_b, high_b = ref.bounds()
-                out.update(
-                    reference=ref.value,
-                    lower_bound=low_b if math.isfinite(low_b) else np.nan,
-                    upper_bound=high_b if math.isfinite(high_b) else np.nan,
-                    tolerance=ref.tolerance(),
-                    reference_key=ref.key,
-                )
-                if got is None:
-                    out.update(verdict=NOT_MEASURED, note=_why_not_measured(metric, row))
-                else:
-                    margin = min(value - low_b, high_b - value) / ref.value
-                    passed = low_b <= value <= high_b
-                    out.update(
-                        verdict=PASS if passed else FAIL,
-                        margin=margin if math.isfinite(margin) else np.nan,
-                        interval_vs_bounds=_vs_bounds(low, high, kind, (low_b, high_b)),
-                        note="" if passed else _fail_note(value, low_b, high_b, ref),
-                    )
-            rows.append(out)
-    out = pd.DataFrame(rows, columns=COLUMNS)
-    if not out.empty:
-        out["nodes"] = out["nodes"].astype(int)
-    return out
-
-
-def _why_not_measured(metric: str, row) -> str:
-    if metric in NOT_MEASURED_BY_DLSCALE:
-        return NOT_MEASURED_BY_DLSCALE[metric]
-    if row is None:
-        return "no measured cell (failed or missing: status.csv)"
-    if metric == "joules_per_sample":
-        return "no energy counter was readable (cells.csv: energy_unavailable)"
-    return "not measured"
-
-
-def _fail_note(value: float, low_b: float, high_b: float, ref: Reference) -> str:
-    side, bound = ("below", low_b) if value < low_b else ("above", high_b)
-    return (
-        f"{abs(value / bound - 1):.1%} {side} the {'lower' if side == 'below' else 'upper'} bound"
-    )
-
-
-def unused_references(refs: list[Reference], verdict_table: pd.DataFrame, hardware) -> list[str]:
-    """References for this study's systems (or '*') that matched no point: a stale pattern."""
-    used = set(verdict_table["reference_key"].dropna()) if not verdict_table.empty else set()
-    systems = set(map(str, hardware))
-    return sorted(
-        {
-            f"{r.key} {r.metric}"
-            for r in refs
-            if (r.system in systems or r.system == WILDCARD) and r.key not in used
-        }
-    )
-
-
-def counts(table: pd.DataFrame) -> dict[str, int]:
-    return {v: int((table["verdict"] == v).sum()) if not table.empty else 0 for v in VERDICTS}
-
-
-def summary_line(table: pd.DataFrame) -> str:
-    c = counts(table)
-    return ", ".join(f"{c[v]} {v}" for v in (PASS, FAIL, NOT_MEASURED, NO_REFERENCE))
 
 
 # ---- the tables --------------------------------------------------------------------------------
@@ -322,7 +135,7 @@ def write_verdicts_tex(
 ) -> None:
     """The report's regression-check section body: a generated sentence with the counts and the
     rows with a reference (FAIL first, at most MAX_LISTED); no-reference rows are counted."""
-    from dlscale.outputs.report import tex_escape
+    from dlscale.outputs.latex_text import tex_escape
 
     c = counts(table)
     text = (
@@ -441,161 +254,6 @@ def enforce_verdicts(verdicts_csv: str, log: str) -> None:
             f"dlscale check: {counts(pd.read_csv(verdicts_csv))[FAIL]} {FAILED_MARK} "
             f"(table: {verdicts_csv})"
         )
-
-
-# ---- bless: the current results become the references of one system ----------------------------
-
-
-def proposed_references(scaling: pd.DataFrame, system: str, tolerance: float) -> dict:
-    """{cell pattern: {metric: reference}} from a study's scaling table for one system: the
-    median as value, the tolerance widened to cover the median's interval where there is one.
-    The baseline's efficiency (1 by definition) is left out."""
-    out: dict[str, dict] = {}
-    for row in scaling[scaling["hardware"].astype(str) == system].to_dict("records"):
-        cell = cell_name(row)
-        for metric in ("throughput_samples_per_s", "scaling_efficiency", "joules_per_sample"):
-            if metric == "scaling_efficiency" and row["speedup_interval"] == EXACT:
-                continue
-            got = _measured(row, metric)
-            if got is None:
-                continue
-            value, low, high, _, _ = got
-            lower, upper = -tolerance, tolerance
-            if not pd.isna(low) and not pd.isna(high) and value > 0:
-                lower = min(lower, low / value - 1)
-                upper = max(upper, high / value - 1)
-            out.setdefault(cell, {})[metric] = {
-                "value": float(f"{value:.6g}"),
-                "lower": math.floor(max(lower, -1.0) * 1e4) / 1e4,
-                "upper": math.ceil(upper * 1e4) / 1e4,
-                "unit": METRICS[metric][0],
-            }
-    return out
-
-
-def _signed(x) -> str:
-    return "unbounded" if x is None else f"{x:+g}"
-
-
-def _leading_comments(text: str) -> tuple[list[str], int]:
-    """The file's header (comment and blank lines before the first content line) and how many
-    comment lines follow it (not kept when the file is rewritten)."""
-    lines = text.splitlines()
-    head = []
-    for line in lines:
-        if line.strip() == "" or line.lstrip().startswith("#"):
-            head.append(line)
-        else:
-            break
-    rest = lines[len(head) :]
-    return head, sum(1 for line in rest if line.lstrip().startswith("#") or " #" in line)
-
-
-def _dump(data: dict) -> str:
-    def scalar(v):
-        return "null" if v is None else json.dumps(v)
-
-    lines = ["references:" + (" {}" if not data else "")]
-    for system, cells in data.items():
-        lines.append(f"  {json.dumps(system) if system == WILDCARD else system}:")
-        for pattern, metrics in cells.items():
-            lines.append(f"    {json.dumps(pattern)}:")
-            for metric, r in metrics.items():
-                fields = ", ".join(
-                    f"{k}: {scalar(r[k])}" for k in ("value", "lower", "upper", "unit")
-                )
-                lines.append(f"      {metric}: {{{fields}}}")
-    return "\n".join(lines) + "\n"
-
-
-def bless(
-    results_dir: str | Path,
-    system: str,
-    references_file: str | Path,
-    *,
-    tolerance: float = DEFAULT_TOLERANCE,
-    force: bool = False,
-    dry_run: bool = False,
-    schema: str | Path | None = None,
-    out=None,
-) -> int:
-    """Record a study's current results as the references of `system`: print every entry it
-    adds or replaces, refuse to replace an existing one without `force`, write nothing with
-    `dry_run`. Returns an exit code (0 written or nothing to do, 2 refused)."""
-    out = out or sys.stdout
-    scaling_csv = Path(results_dir) / "tables" / "scaling.csv"
-    if not scaling_csv.is_file():
-        print(f"dlscale bless: {scaling_csv} not found (run the study first)", file=out)
-        return 2
-    scaling = with_axes(pd.read_csv(scaling_csv))  # before the parallelism axis: ddp
-    proposed = proposed_references(scaling, system, tolerance)
-    if not proposed:
-        present = ", ".join(sorted(map(str, scaling["hardware"].unique()))) or "none"
-        print(
-            f"dlscale bless: no measured cell on system {system!r} (systems: {present})", file=out
-        )
-        return 2
-    path = Path(references_file)
-    text = path.read_text() if path.exists() else ""
-    data = read_reference_file(path, schema) if path.exists() else {}
-    current = {s: dict(c) for s, c in (data.get("references") or {}).items()}
-    mine = current.setdefault(system, {})
-    added, replaced = [], []
-    for cell, metrics in proposed.items():
-        have = mine.setdefault(cell, {})
-        for metric, ref in metrics.items():
-            entry = (
-                f"{system}: {cell} {metric} = {ref['value']:g} {ref['unit']} "
-                f"({_signed(ref['lower'])}/{_signed(ref['upper'])})"
-            )
-            if metric in have and have[metric] != ref:
-                old = have[metric]
-                replaced.append(
-                    f"~ {entry}  [was {old['value']:g} {old['unit']} "
-                    f"({_signed(old['lower'])}/{_signed(old['upper'])})]"
-                )
-            elif metric not in have:
-                added.append(f"+ {entry}")
-            have[metric] = ref
-    print(
-        f"dlscale bless: {results_dir} -> {path} (system {system}, tolerance +-{tolerance:g})",
-        file=out,
-    )
-    for line in added + replaced:
-        print(line, file=out)
-    if not added and not replaced:
-        print("nothing to change: the references already hold these results", file=out)
-        return 0
-    if replaced and not force:
-        print(
-            f"dlscale bless: refused: {len(replaced)} existing reference(s) would be replaced "
-            "(~ above); rerun with --force to replace them. Nothing was written.",
-            file=out,
-        )
-        return 2
-    if dry_run:
-        print("dry run: nothing was written", file=out)
-        return 0
-    head, dropped = _leading_comments(text)
-    new_text = ("\n".join(head) + "\n" if head else "") + _dump(current)
-    problems = schema_problems(
-        load_yaml_text(new_text, str(path)), load_schema(schema or schema_path())
-    )
-    if problems:  # never write a file the workflow would refuse
-        raise ConfigError(str(path), problems)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new_text)
-    os.replace(tmp, path)
-    print(f"wrote {len(added)} new and {len(replaced)} replaced reference(s) to {path}", file=out)
-    if dropped:
-        print(f"note: {dropped} comment line(s) below the file's header were not kept", file=out)
-    return 0
-
-
-def load_yaml_text(text: str, source: str):
-    from dlscale.study.config import parse_yaml
-
-    return parse_yaml(text, source)
 
 
 # ---- command line ------------------------------------------------------------------------------

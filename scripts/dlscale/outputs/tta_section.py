@@ -49,11 +49,36 @@ def _join(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> dict[str, str]:
-    """Macro name (without the dls prefix) -> value (not yet escaped)."""
+_MEASURED_CONVERGENCE_KEYS = [
+    "ConvReferenceBatch",
+    "ConvTrainSamples",
+    "ConvValSamples",
+    "ConvEffectiveLr",
+    "ConvStartupMax",
+    "ConvWarmupPassMax",
+    "ConvValidationMax",
+    "ConvRepsMin",
+    "ConvRepsMax",
+    "ConvFastest",
+    "ConvNotReachedList",
+    "ConvLoaderRatioRange",
+    "ConvInputBoundCells",
+    "ConvInputBoundList",
+    "ConvStaging",
+    "ConvValidityBands",
+    "ConvValidityCounts",
+    "ConvValidityFlagged",
+    "ConvFrameworkComparison",
+    "ConvFrameworkInit",
+]
+
+
+def _planned_convergence_macros(config: dict, cells: pd.DataFrame) -> dict:
+    """The convergence workload as configured, and how many of its cells ran and reached the
+    target."""
     conv = config["convergence"]
     planned = "convergence" in config["workloads"]
-    m = {
+    return {
         "ConvPlanned": "yes" if planned else "no",
         "ConvWorkloads": " and ".join(config["workloads"]),
         "ConvDataset": conv["dataset"],
@@ -77,71 +102,61 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
         if len(cells) and "competing" in cells
         else 0,
     }
-    measured = [
-        "ConvReferenceBatch",
-        "ConvTrainSamples",
-        "ConvValSamples",
-        "ConvEffectiveLr",
-        "ConvStartupMax",
-        "ConvWarmupPassMax",
-        "ConvValidationMax",
-        "ConvRepsMin",
-        "ConvRepsMax",
-        "ConvFastest",
-        "ConvNotReachedList",
-        "ConvLoaderRatioRange",
-        "ConvInputBoundCells",
-        "ConvInputBoundList",
-        "ConvStaging",
-        "ConvValidityBands",
-        "ConvValidityCounts",
-        "ConvValidityFlagged",
-        "ConvFrameworkComparison",
-        "ConvFrameworkInit",
-    ]
+
+
+def _measured_convergence_macros(cells: pd.DataFrame, tta: pd.DataFrame) -> dict:
+    """The facts and numbers of the measured convergence cells (there are some)."""
+    m = {}
+    m["ConvReferenceBatch"] = _join(sorted(cells["reference_batch"].unique()))
+    m["ConvTrainSamples"] = _join(sorted(cells["train_samples"].unique()))
+    m["ConvValSamples"] = _join(sorted(cells["val_samples"].unique()))
+    m["ConvEffectiveLr"] = _join(
+        f"{lr:.4g} (global batch {int(b)})"
+        for b, lr in sorted(
+            cells.groupby("global_batch")["effective_learning_rate"].first().items()
+        )
+    )
+    for name, column in (
+        ("ConvStartupMax", "startup_seconds"),
+        ("ConvWarmupPassMax", "warmup_pass_seconds"),
+        ("ConvValidationMax", "validation_seconds"),
+    ):
+        m[name] = _fmt(pd.to_numeric(cells[column], errors="coerce").max())
+    m["ConvRepsMin"], m["ConvRepsMax"] = int(tta["n"].min()), int(tta["n"].max())
+    done = tta.dropna(subset=["time_to_accuracy_s_median"])
+    if len(done):
+        best = done.loc[done["time_to_accuracy_s_median"].idxmin()]
+        m["ConvFastest"] = (
+            f"{_fmt(best['time_to_accuracy_s_median'])} s ({best['framework']}, "
+            f"{best['model']}, {best['policy']} scaling, {int(best['nodes'])} node(s), "
+            f"global batch {int(best['global_batch'])})"
+        )
+    else:
+        m["ConvFastest"] = "no point reached the target"
+    missed = cells[~cells["reached"].astype(bool)]
+    m["ConvNotReachedList"] = (
+        "none"
+        if missed.empty
+        else _join(
+            f"{r.framework}/{r.model}/{r.policy}/n{r.nodes}/r{r.rep} (best "
+            f"{r.best_val_accuracy:.1%} after {r.epochs_run} epochs)".replace("%", " %")
+            for r in missed.itertuples()
+        )
+    )
+    m.update(_input_pipeline(cells))
+    m.update(framework_macros(tta))
+    if "convergence_validity" in tta:
+        m.update(validity_macros(tta))
+    return m
+
+
+def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> dict[str, str]:
+    """Macro name (without the dls prefix) -> value (not yet escaped)."""
+    m = _planned_convergence_macros(config, cells)
     m["ConvValidityMethod"] = VALIDITY_METHOD
-    m.update({k: "n/a" for k in measured})
+    m.update({k: "n/a" for k in _MEASURED_CONVERGENCE_KEYS})
     if len(cells):
-        m["ConvReferenceBatch"] = _join(sorted(cells["reference_batch"].unique()))
-        m["ConvTrainSamples"] = _join(sorted(cells["train_samples"].unique()))
-        m["ConvValSamples"] = _join(sorted(cells["val_samples"].unique()))
-        m["ConvEffectiveLr"] = _join(
-            f"{lr:.4g} (global batch {int(b)})"
-            for b, lr in sorted(
-                cells.groupby("global_batch")["effective_learning_rate"].first().items()
-            )
-        )
-        for name, column in (
-            ("ConvStartupMax", "startup_seconds"),
-            ("ConvWarmupPassMax", "warmup_pass_seconds"),
-            ("ConvValidationMax", "validation_seconds"),
-        ):
-            m[name] = _fmt(pd.to_numeric(cells[column], errors="coerce").max())
-        m["ConvRepsMin"], m["ConvRepsMax"] = int(tta["n"].min()), int(tta["n"].max())
-        done = tta.dropna(subset=["time_to_accuracy_s_median"])
-        if len(done):
-            best = done.loc[done["time_to_accuracy_s_median"].idxmin()]
-            m["ConvFastest"] = (
-                f"{_fmt(best['time_to_accuracy_s_median'])} s ({best['framework']}, "
-                f"{best['model']}, {best['policy']} scaling, {int(best['nodes'])} node(s), "
-                f"global batch {int(best['global_batch'])})"
-            )
-        else:
-            m["ConvFastest"] = "no point reached the target"
-        missed = cells[~cells["reached"].astype(bool)]
-        m["ConvNotReachedList"] = (
-            "none"
-            if missed.empty
-            else _join(
-                f"{r.framework}/{r.model}/{r.policy}/n{r.nodes}/r{r.rep} (best "
-                f"{r.best_val_accuracy:.1%} after {r.epochs_run} epochs)".replace("%", " %")
-                for r in missed.itertuples()
-            )
-        )
-        m.update(_input_pipeline(cells))
-        m.update(framework_macros(tta))
-        if "convergence_validity" in tta:
-            m.update(validity_macros(tta))
+        m.update(_measured_convergence_macros(cells, tta))
     return m
 
 
