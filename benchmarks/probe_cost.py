@@ -26,7 +26,7 @@ from dlscale.run.train import describe_node
 
 def build_info_of(framework: str):
     if framework == "pytorch":
-        from dlscale.frameworks.pytorch import TorchModel
+        from dlscale.frameworks.torch_model import TorchModel
 
         return lambda: TorchModel.build_info(None)  # uses no adapter state
     if framework == "tensorflow":

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlscale.frameworks.base import SYNC_AUDIT_ENV, RankContext, TrainSpec, run_timed
+from dlscale.frameworks.base import RankContext, TrainSpec
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
+from dlscale.frameworks.timing import SYNC_AUDIT_ENV, run_timed
 from dlscale.run import launch
 from dlscale.store.metrics import read_metrics
 from dlscale.study.cell import Cell

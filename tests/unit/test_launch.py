@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dlscale.run import launch
+from dlscale.run import launch, rank_context
 from dlscale.run.train import PreflightError, preflight
 from dlscale.store.metrics import read_metrics
 
@@ -27,7 +27,7 @@ def test_discover_from_srun(monkeypatch):
         monkeypatch.setenv(k, v)
     for k in ("DLSCALE_RANK", "SLURM_NTASKS_PER_NODE"):
         monkeypatch.delenv(k, raising=False)
-    ctx = launch.discover()
+    ctx = rank_context.discover()
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.node_index) == (
         3,
         4,
@@ -48,7 +48,7 @@ def test_discover_from_torchrun(monkeypatch):
         "LOCAL_WORLD_SIZE": "2",
     }.items():
         monkeypatch.setenv(k, v)
-    ctx = launch.discover()
+    ctx = rank_context.discover()
     assert (ctx.rank, ctx.world_size, ctx.local_world_size, ctx.launcher) == (1, 2, 2, "torchrun")
 
 
@@ -57,13 +57,13 @@ def test_discover_from_torchrun(monkeypatch):
 )
 def test_tasks_per_node_parsing(spec, node, expected):
     assert (
-        launch._tasks_on_this_node({"SLURM_TASKS_PER_NODE": spec, "SLURM_NODEID": str(node)})
+        rank_context._tasks_on_this_node({"SLURM_TASKS_PER_NODE": spec, "SLURM_NODEID": str(node)})
         == expected
     )
 
 
 def test_preflight_rejects_a_wrong_launch():
-    ctx = launch.RankContext(
+    ctx = rank_context.RankContext(
         rank=0,
         world_size=1,
         local_rank=0,

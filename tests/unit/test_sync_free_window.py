@@ -1,19 +1,20 @@
 """The PyTorch timed window holds no host synchronisation (issue 30), through real launches on
 the CPU: every rank counts its synchronisations through the adapter's own hooks and PyTorch's
-host reads (dlscale.frameworks.base.SyncAudit, DLSCALE_SYNC_AUDIT=1); DDP's sampled runtime-stats
-iterations all precede the window; the fp16 path's fused SGD keeps GradScaler off the host; the
-breakdown's compute-only steps use the timed steps' clock; the first warm-up step has its own
-deadline, in no cell's identity. The GPU variant (torch.cuda.set_sync_debug_mode) is in
-tests/gpu/."""
+host reads (dlscale.frameworks.timing.SyncAudit, DLSCALE_SYNC_AUDIT=1); DDP's sampled
+runtime-stats iterations all precede the window; the fp16 path's fused SGD keeps GradScaler off
+the host; the breakdown's compute-only steps use the timed steps' clock; the first warm-up step
+has its own deadline, in no cell's identity. The GPU variant (torch.cuda.set_sync_debug_mode) is
+in tests/gpu/."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dlscale.frameworks.base import SYNC_AUDIT_ENV, RankContext, SyncAudit, TrainSpec, run_timed
+from dlscale.frameworks.base import RankContext, TrainSpec
 from dlscale.frameworks.pytorch import DDP_ALWAYS_SAMPLED
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
+from dlscale.frameworks.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.store.metrics import read_metrics
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, REWARM_STEPS

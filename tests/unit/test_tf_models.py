@@ -272,7 +272,7 @@ RANK = """
     import numpy as np
     from dlscale.frameworks import get_adapter
     from dlscale.frameworks.base import TrainSpec
-    from dlscale.run.launch import discover
+    from dlscale.run.rank_context import discover
     framework, out = sys.argv[1], sys.argv[2]
     ctx = discover()
     spec = TrainSpec(framework=framework, model="cnn_small", per_rank_batch=4, warmup_steps=0,

@@ -5,6 +5,10 @@ adapter module, the environment its ranks run in, the workloads and parallelisms
 runs, and the highest CUDA compute capability its CUDA build can drive. Each adapter module is
 imported only by the rank that uses it, so a framework's environment never needs the other
 frameworks installed. Adding a framework: docs/pages/extending.md.
+
+Beside the adapter modules (named after their frameworks): `base` (the adapter contract and
+kit), `timing` (run_timed, the one timing loop, and its probes), `torch_model` (what the pytorch
+and horovod adapters share) and `torch_parallel` (PyTorch's strategies beyond ddp).
 """
 
 from __future__ import annotations

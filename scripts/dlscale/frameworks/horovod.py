@@ -36,7 +36,7 @@ import torch
 
 from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S, Watchdog
 from dlscale.frameworks.base import Adapter as BaseAdapter
-from dlscale.frameworks.pytorch import TorchModel, torch_gpu_identity
+from dlscale.frameworks.torch_model import TorchModel, torch_gpu_identity
 
 
 def _iface_for(addr: str) -> str:

@@ -208,7 +208,7 @@ class Adapter(BaseAdapter):
         os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
         import mxnet as mx
         import numpy
-        from mxnet import autograd, gluon
+        from mxnet import autograd
 
         self.mx, self.np, self.autograd = mx, numpy, autograd
         self.watchdog = Watchdog(
@@ -220,21 +220,33 @@ class Adapter(BaseAdapter):
         )
 
         self.autocast = self.precision_dtype
-        if spec.device == "cuda":
-            if mx.context.num_gpus() == 0:
-                raise RuntimeError(
-                    "device 'cuda': this MXNet build has no CUDA support or sees "
-                    "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)"
-                )
-            self.device = mx.gpu(self.choose_gpu(mx.context.num_gpus()))
-        else:
-            self.device = mx.cpu()
+        self.device = self._mx_device()
         if self.autocast:
             from mxnet.contrib import amp
 
             amp.init(target_dtype=self.autocast)  # before the model is built
             self.amp = amp
 
+        self._start_kvstore()
+        self._build_model()
+        mx.nd.waitall()
+
+    def _mx_device(self):
+        """This rank's MXNet context: its GPU (refused where MXNet sees none) or the CPU."""
+        mx = self.mx
+        if self.spec.device == "cuda":
+            if mx.context.num_gpus() == 0:
+                raise RuntimeError(
+                    "device 'cuda': this MXNet build has no CUDA support or sees "
+                    "no GPU (envs/mxnet.txt installs the CPU wheel mxnet==1.9.1)"
+                )
+            return mx.gpu(self.choose_gpu(mx.context.num_gpus()))
+        return mx.cpu()
+
+    def _start_kvstore(self) -> None:
+        """Above one rank: the ps-lite scheduler (rank 0) and this node's server (local rank 0)
+        as child processes, then this worker's dist_sync kvstore; at world size 1 none."""
+        ctx = self.ctx
         if ctx.world_size > 1:
             self.num_servers = ctx.world_size // ctx.local_world_size
             ps_env = self._ps_env()
@@ -244,7 +256,7 @@ class Adapter(BaseAdapter):
                 self._spawn("server", ps_env)
             os.environ.update(ps_env, DMLC_ROLE="worker")
             with self.watchdog("kvstore start-up (ps-lite registration)"):
-                self.kv = mx.kv.create("dist_sync")
+                self.kv = self.mx.kv.create("dist_sync")
             if self.kv.num_workers != ctx.world_size:
                 raise RuntimeError(
                     f"dist_sync kvstore sees {self.kv.num_workers} workers, "
@@ -254,6 +266,11 @@ class Adapter(BaseAdapter):
         else:
             self.kv = None  # world size 1: no kvstore, the update runs here
             self.backend = "none (world size 1)"
+
+    def _build_model(self) -> None:
+        """The model (same initial weights on every rank), its fixed batch, loss and trainer."""
+        spec, ctx = self.spec, self.ctx
+        from mxnet import gluon
 
         self.model_spec = get_spec(spec.model)
         self.vision = self.model_spec.family == "vision"
@@ -286,7 +303,6 @@ class Adapter(BaseAdapter):
             self.amp.init_trainer(self.trainer)
         self.local_trainer = None  # compute-only breakdown (step_without_allreduce)
         self.probe_keys: dict[int, tuple[int, object]] = {}
-        mx.nd.waitall()
 
     def seed_framework(self, seed: int) -> None:
         # the weights' generator: the spec's seed on every rank; the data: the rank's seed + 1

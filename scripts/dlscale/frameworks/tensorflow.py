@@ -24,7 +24,7 @@ bf16 is the Keras mixed-precision policy `mixed_bfloat16` (float32 variables, bf
 float32 logits and loss); fp16 (`mixed_float16` + loss-scale optimizer) only on GPU (the base's
 precision check refuses it on CPU, from Adapter.precisions / cuda_only).
 
-Optional probes (base.run_timed): `allreduce(numel)` is a replica-context all-reduce (sum) of a
+Optional probes (timing.run_timed): `allreduce(numel)` is a replica-context all-reduce (sum) of a
 float32 buffer through the same strategy; `step_without_allreduce()` is the same step with the
 gradients applied locally (computed under `strategy.run`, applied in cross-replica context,
 where Keras' optimizer does not aggregate). Not under fp16 (has_breakdown: the loss-scale

@@ -70,19 +70,15 @@ def loader_only(train, train_samples_per_s: float, barrier) -> dict:
     return out
 
 
-def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
-    """Train `cell` on the dataset `info` (dlscale.data.DatasetInfo) to its target accuracy or
-    its epoch cap. `write(event, value)` records the idle probe and each epoch as it ends (a
-    crash keeps what ran); `before_step(i)`, if given, runs before every optimizer step (fault
-    injection). Returns the rank's summary for its rank_end record."""
-    train, sampler, val = adapter.data_loaders(info, workers=cell.loader_workers, seed=0)
-    steps_per_epoch = len(train)
+def lr_schedule(adapter, cell: Cell, info, steps_per_epoch: int) -> Schedule:
+    """The learning rate of every optimizer step (dlscale.study.lr) for `steps_per_epoch` steps
+    per epoch; a training split that gives this rank no batch is refused."""
     if steps_per_epoch < 1:
         raise ValueError(
             f"the training split ({info.train_samples} samples) gives rank "
             f"{adapter.ctx.rank} no batch of {cell.per_rank_batch}"
         )
-    schedule = Schedule(
+    return Schedule(
         rule=cell.lr_rule,
         base=cell.learning_rate,
         reference_batch=cell.reference_batch,
@@ -90,6 +86,33 @@ def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
         warmup_epochs=cell.warmup_epochs,
         steps_per_epoch=steps_per_epoch,
     )
+
+
+def train_epoch(adapter, train, schedule: Schedule, step: int, before_step=None) -> tuple:
+    """One pass over the rank's training batches, starting at optimizer step `step` (no device
+    synchronisation: the caller's epoch clock ends with one). Returns (summed loss as a device
+    value, the rank's samples, the epoch's first and last learning rate, its steps)."""
+    loss_sum, rank_samples, first_lr, lr, steps = None, 0, None, None, 0
+    for batch in train:
+        if before_step:
+            before_step(step)
+        lr = schedule.at(step)
+        first_lr = lr if first_lr is None else first_lr
+        loss, n = adapter.train_batch(batch, lr)
+        loss_sum = loss if loss_sum is None else loss_sum + loss
+        rank_samples += n
+        step += 1
+        steps += 1
+    return loss_sum, rank_samples, first_lr, lr, steps
+
+
+def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
+    """Train `cell` on the dataset `info` (dlscale.data.DatasetInfo) to its target accuracy or
+    its epoch cap. `write(event, value)` records the idle probe and each epoch as it ends (a
+    crash keeps what ran); `before_step(i)`, if given, runs before every optimizer step (fault
+    injection). Returns the rank's summary for its rank_end record."""
+    train, sampler, val = adapter.data_loaders(info, workers=cell.loader_workers, seed=0)
+    schedule = lr_schedule(adapter, cell, info, len(train))
     sampler.set_epoch(0)
     started = time.perf_counter()
     adapter.warmup_pass(next(iter(train)))
@@ -104,17 +127,10 @@ def run_convergence(adapter, cell: Cell, info, write, before_step=None) -> dict:
         if clock_start_time is None:
             clock_start_time = time.time()
         t0 = time.perf_counter()
-        loss_sum, rank_samples, first_lr, lr, steps = None, 0, None, None, 0
-        for batch in train:
-            if before_step:
-                before_step(step)
-            lr = schedule.at(step)
-            first_lr = lr if first_lr is None else first_lr
-            loss, n = adapter.train_batch(batch, lr)
-            loss_sum = loss if loss_sum is None else loss_sum + loss
-            rank_samples += n
-            step += 1
-            steps += 1
+        loss_sum, rank_samples, first_lr, lr, steps = train_epoch(
+            adapter, train, schedule, step, before_step
+        )
+        step += steps
         adapter.sync()
         rank_seconds = time.perf_counter() - t0
         v0 = time.perf_counter()

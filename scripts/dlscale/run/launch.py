@@ -15,8 +15,8 @@
      metrics.jsonl is a
      hard link to it.
 
-`discover()` is the other half: inside a rank it reads who-am-I from the launcher's environment
-(dlscale's local launcher, srun, or torchrun).
+The other half, inside a rank, is dlscale.run.rank_context (`discover()` reads who-am-I from the
+launcher's environment: dlscale's local launcher, srun, or torchrun).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.run.node_probes import job_allocation
@@ -52,90 +51,6 @@ from dlscale.study.cell import (
     tail_lines,
 )
 from dlscale.study.protocol import RANK_END
-
-
-# ----------------------------------------------------------------------------- inside a rank
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        if os.environ.get(name, "").strip():
-            return int(os.environ[name])
-    return None
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """Who this rank is, discovered from the launcher's environment
-    (dlscale.run.launch.discover)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_index: int
-    node: str
-    master_addr: str
-    master_port: int
-    launcher: str
-    hosts: tuple[str, ...] = ()  # address of each node, in node order (rank r is on node r // R)
-
-    def rank_address(self, rank: int, base_port: int) -> str:
-        """host:port of a rank for frameworks that need every peer's address (TF_CONFIG):
-        ranks are placed node-major, so rank r sits on node r // ranks_per_node; the port is
-        base_port + rank, unique even when simulated nodes share one host."""
-        return f"{self.hosts[rank // self.local_world_size]}:{base_port + rank}"
-
-
-def discover() -> RankContext:
-    """Rank and world from the environment: DLSCALE_* (local launcher), SLURM_* (srun), torchrun."""
-    env = os.environ
-    if "DLSCALE_RANK" in env:
-        launcher = env.get("DLSCALE_LAUNCHER", "local")
-        rank, world = int(env["DLSCALE_RANK"]), int(env["DLSCALE_WORLD_SIZE"])
-        local_rank = int(env["DLSCALE_LOCAL_RANK"])
-        local_world = int(env["DLSCALE_LOCAL_WORLD_SIZE"])
-        node_index = int(env["DLSCALE_NODE_INDEX"])
-    elif "SLURM_PROCID" in env:
-        launcher = "srun"
-        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
-        local_rank = int(env["SLURM_LOCALID"])
-        # SLURM_TASKS_PER_NODE looks like "2(x3),1"; the per-node count of this node is what matters
-        local_world = _env_int("SLURM_NTASKS_PER_NODE") or _tasks_on_this_node(env)
-        node_index = int(env["SLURM_NODEID"])
-    elif "RANK" in env and "WORLD_SIZE" in env:
-        launcher = "torchrun"
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        local_rank = _env_int("LOCAL_RANK") or 0
-        local_world = _env_int("LOCAL_WORLD_SIZE") or 1
-        node_index = _env_int("GROUP_RANK", "NODE_RANK") or 0
-    else:
-        launcher, rank, world, local_rank, local_world, node_index = "none", 0, 1, 0, 1, 0
-    master_addr = env.get("MASTER_ADDR", "127.0.0.1")
-    hosts = tuple(h for h in env.get("DLSCALE_HOSTS", "").split(",") if h) or (master_addr,)
-    return RankContext(
-        rank=rank,
-        world_size=world,
-        local_rank=local_rank,
-        local_world_size=local_world,
-        node_index=node_index,
-        node=socket.gethostname(),
-        master_addr=master_addr,
-        master_port=int(env.get("MASTER_PORT", "29500")),
-        launcher=launcher,
-        hosts=hosts,
-    )
-
-
-def _tasks_on_this_node(env) -> int:
-    spec = env.get("SLURM_TASKS_PER_NODE", "1")
-    node = int(env.get("SLURM_NODEID", "0"))
-    counts = []
-    for part in spec.split(","):
-        if "(x" in part:
-            n, rep = part.rstrip(")").split("(x")
-            counts += [int(n)] * int(rep)
-        else:
-            counts.append(int(part))
-    return counts[node] if node < len(counts) else counts[-1]
 
 
 # ----------------------------------------------------------------------------- the cell's launcher
@@ -256,7 +171,7 @@ def local_rank_env(
     rank: int, world_size: int, ranks_per_node: int, port: int, threads: int = 1
 ) -> dict:
     """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
-    rendezvous on loopback (what dlscale.run.launch.discover reads back)."""
+    rendezvous on loopback (what dlscale.run.rank_context.discover reads back)."""
     nodes = world_size // ranks_per_node
     return dict(
         os.environ,
@@ -488,6 +403,44 @@ def keep_package_lists(rank_dir: Path, environments: Path) -> None:
             print(f"[dlscale.run.launch] package list not kept: {exc}", file=sys.stderr)
 
 
+def _run_ranks(cell: Cell, argv: list[str], rank_dir: Path) -> tuple[int, int] | None:
+    """Start the cell's ranks (srun or local processes) and wait for all of them; a SIGTERM
+    stops them. Returns (rank, exit code) of the failure (wait_all), or None."""
+    if cell.launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
+        # A 1-rank cell already runs inside the job step the executor plugin made for it
+        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
+        start = start_local
+    else:
+        start = start_srun if cell.launcher == "srun" else start_local
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    procs = []
+    try:
+        procs = start(cell, argv, rank_dir)
+        failed = wait_all(procs)
+    except Terminated:
+        _stop(procs, grace=2.0)
+        failed = (-2, 143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return failed
+
+
+def _cell_failed(output: Path, rank_dir: Path, cell: Cell, failed: tuple[int, int]) -> int:
+    """Record and report a failed rank (or srun step, or SIGTERM); returns the cell's exit
+    code."""
+    rank, code = failed
+    reason = {
+        -2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
+        -1: f"srun step exited with code {code}",
+    }.get(rank, f"rank {rank} exited with code {code}")
+    rec = record_failure(output, rank_dir, cell, reason=reason, rank=rank, exit_code=code)
+    print(
+        f"[dlscale.run.launch] cell FAILED: {reason}; unfinished ranks {rec['unfinished_ranks']}",
+        file=sys.stderr,
+    )
+    return code or 1
+
+
 def run_cell(
     cell: Cell, output: Path, *, git_commit: str | None, python: str = sys.executable
 ) -> int:
@@ -506,38 +459,12 @@ def run_cell(
         flush=True,
     )
     started = time.time()
-    if launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
-        # A 1-rank cell already runs inside the job step the executor plugin made for it
-        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
-        start = start_local
-    else:
-        start = start_srun if launcher == "srun" else start_local
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    procs = []
-    try:
-        procs = start(cell, argv, rank_dir)
-        failed = wait_all(procs)
-    except Terminated:
-        _stop(procs, grace=2.0)
-        failed = (-2, 143)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    failed = _run_ranks(cell, argv, rank_dir)
     wall = time.time() - started
     for log in sorted(rank_dir.glob("*.log")):
         print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)
     if failed is not None:
-        rank, code = failed
-        reason = {
-            -2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
-            -1: f"srun step exited with code {code}",
-        }.get(rank, f"rank {rank} exited with code {code}")
-        rec = record_failure(output, rank_dir, cell, reason=reason, rank=rank, exit_code=code)
-        print(
-            f"[dlscale.run.launch] cell FAILED: {reason}; "
-            f"unfinished ranks {rec['unfinished_ranks']}",
-            file=sys.stderr,
-        )
-        return code or 1
+        return _cell_failed(output, rank_dir, cell, failed)
     try:
         rank_records = metrics.read_rank_files(rank_dir, cell.world_size)
         records = metrics.assemble(

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from dlscale import __version__
 from dlscale.frameworks import get_adapter
-from dlscale.frameworks.base import SYNC_AUDIT_ENV, SyncAudit, TrainSpec, run_timed
-from dlscale.run.launch import discover
+from dlscale.frameworks.base import TrainSpec
+from dlscale.frameworks.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.run.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
 from dlscale.run.provenance import host_facts, process_age_s
+from dlscale.run.rank_context import discover
 from dlscale.store.metrics import RankWriter, first_step_overhead, rank_summary
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import IDLE_PROBE, RANK_END, RANK_START, STEP
@@ -227,61 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         stamp("setup")  # process group, model, optimizer
         system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
         stamp("describe_node")
-        facts = host_facts()  # load average just before the timed window
-        writer.write(
-            RANK_START,
-            {
-                **facts,
-                **adapter.describe(),
-                **adapter.execution(),
-                "dlscale_version": __version__,
-                "local_rank": ctx.local_rank,
-                "node_index": ctx.node_index,
-                "launcher": ctx.launcher,
-                "device": spec.device,
-                "gpu": adapter.gpu,  # the physical board (dlscale.run.devices), None on a CPU
-                "threads": spec.threads,
-                "per_rank_batch": spec.per_rank_batch,
-                "timer": adapter.step_timer().method,
-                "master": f"{ctx.master_addr}:{ctx.master_port}",
-                "cpu_affinity": cpu_affinity(),
-                **({"system": system} if system is not None else {}),
-                **(dataset_description(cell, info, staging) if convergence else {}),
-            },
-        )
+        writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging))
         if convergence:
             return converge(cell, adapter, info, writer, fault_hook(ctx.rank, args.rank_dir))
-        audit = SyncAudit(adapter) if os.environ.get(SYNC_AUDIT_ENV) == "1" else None
-        run = run_timed(adapter, fault_hook(ctx.rank, args.rank_dir), audit)
-        if audit:
-            audit.uninstall()
-        writer.write(IDLE_PROBE, run["idle_probe"])
-        for i, seconds in enumerate(run["step_seconds"]):
-            writer.write(STEP, {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
-        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        writer.write(
-            RANK_END,
-            {
-                **rank_summary(
-                    run["step_seconds"], spec.per_rank_batch, peak_rss_mb, run["window_seconds"]
-                ),
-                "first_step_seconds": run["first_step_seconds"],
-                "compile_seconds": first_step_overhead(
-                    run["first_step_seconds"], run["step_seconds"]
-                ),
-                "mode": cell.mode,
-                "rewarm_steps": run["rewarm_steps"],
-                "first_step_deadline": run["first_step_deadline"],
-                "peak_device_memory_mb": adapter.peak_device_memory_mb(),
-                "memory": adapter.memory_per_rank(),
-                "energy": run["energy"],
-                "telemetry": run["telemetry"],
-                "phases": {**stamps, **run["phases"]},
-                "breakdown": run["breakdown"],
-                "allreduce": run["allreduce"],
-                **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),
-            },
-        )
+        measure(cell, adapter, writer, stamps, fault_hook(ctx.rank, args.rank_dir))
     except Exception as exc:
         if not adapter.out_of_memory(exc):
             raise
@@ -298,6 +248,68 @@ def main(argv: list[str] | None = None) -> int:
         writer.close()
         adapter.teardown()
     return 0
+
+
+def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> dict:
+    """The rank_start record: the host's facts (load average just before the timed window),
+    the adapter's description and execution, who this rank is and, on its node's first rank,
+    the node's description; a convergence cell's dataset."""
+    spec = adapter.spec
+    facts = host_facts()  # load average just before the timed window
+    return {
+        **facts,
+        **adapter.describe(),
+        **adapter.execution(),
+        "dlscale_version": __version__,
+        "local_rank": ctx.local_rank,
+        "node_index": ctx.node_index,
+        "launcher": ctx.launcher,
+        "device": spec.device,
+        "gpu": adapter.gpu,  # the physical board (dlscale.run.devices), None on a CPU
+        "threads": spec.threads,
+        "per_rank_batch": spec.per_rank_batch,
+        "timer": adapter.step_timer().method,
+        "master": f"{ctx.master_addr}:{ctx.master_port}",
+        "cpu_affinity": cpu_affinity(),
+        **({"system": system} if system is not None else {}),
+        **(dataset_description(cell, info, staging) if cell.workload == "convergence" else {}),
+    }
+
+
+def measure(cell: Cell, adapter, writer: RankWriter, stamps: dict, before_step) -> None:
+    """A throughput cell's rank: the shared timing loop (dlscale.frameworks.timing.run_timed,
+    audited where DLSCALE_SYNC_AUDIT=1), then its idle_probe, step and rank_end records
+    (`stamps`: the rank's phases before its timed work)."""
+    spec = adapter.spec
+    audit = SyncAudit(adapter) if os.environ.get(SYNC_AUDIT_ENV) == "1" else None
+    run = run_timed(adapter, before_step, audit)
+    if audit:
+        audit.uninstall()
+    writer.write(IDLE_PROBE, run["idle_probe"])
+    for i, seconds in enumerate(run["step_seconds"]):
+        writer.write(STEP, {"step": i, "seconds": seconds, "samples": spec.per_rank_batch})
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    writer.write(
+        RANK_END,
+        {
+            **rank_summary(
+                run["step_seconds"], spec.per_rank_batch, peak_rss_mb, run["window_seconds"]
+            ),
+            "first_step_seconds": run["first_step_seconds"],
+            "compile_seconds": first_step_overhead(run["first_step_seconds"], run["step_seconds"]),
+            "mode": cell.mode,
+            "rewarm_steps": run["rewarm_steps"],
+            "first_step_deadline": run["first_step_deadline"],
+            "peak_device_memory_mb": adapter.peak_device_memory_mb(),
+            "memory": adapter.memory_per_rank(),
+            "energy": run["energy"],
+            "telemetry": run["telemetry"],
+            "phases": {**stamps, **run["phases"]},
+            "breakdown": run["breakdown"],
+            "allreduce": run["allreduce"],
+            **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),
+        },
+    )
 
 
 NOT_IN_CONVERGENCE = "not measured in a convergence cell (it trains by epochs on real data)"

@@ -1,0 +1,342 @@
+"""The PyTorch kit that the pytorch and horovod adapters share (TorchModel): dlscale's PyTorch
+model on its device and memory format, the fixed synthetic batch, loss, autocast, the plain
+training step, the convergence contract (base.Adapter; run by dlscale.run.convergence_loop), device
+synchronisation and step timers (CudaEventTimer on CUDA: one synchronisation per window; HostTimer
+on CPUs), peak device memory, the probe buffer, build info and the description in the metrics;
+and what CUDA tells of a device (torch_gpu_identity). Imported only in environments with torch."""
+
+from __future__ import annotations
+
+import numpy
+import torch
+import torch.distributed as dist
+
+from dlscale.frameworks.base import HostTimer, StepTimer
+from dlscale.models import spec_for
+from dlscale.models.torch import build, example_batch
+from dlscale.run.provenance import cpu_model
+
+
+class CudaEventTimer(StepTimer):
+    """Per-step times from CUDA events recorded around each step, read after the window's one
+    synchronisation: no host synchronisation inside the timed window."""
+
+    method = "CUDA events around each step (torch.cuda.Event), one synchronisation per window"
+    syncs_per_step = False
+
+    def start(self) -> None:
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._start.record()
+
+    def stop(self) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.times.append((self._start, end))
+
+    def step_seconds(self) -> list[float]:
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in self.times]
+
+
+class TorchModel:
+    """What every adapter that trains dlscale's PyTorch models shares (pytorch, horovod): the
+    model on its device and memory format, the fixed synthetic batch, loss, autocast, device
+    synchronisation, peak device memory, the probe buffer, seeding and the description in the
+    metrics. Needs self.spec and self.device."""
+
+    precisions = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # autocast dtypes
+
+    def seed_framework(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def sgd(self, parameters, fused: bool = False) -> torch.optim.SGD:
+        """SGD with the config's settings; `fused`: the fused implementation (one kernel),
+        whose step takes GradScaler's scale and inf flag as device tensors (GradScaler.step's
+        _step_supports_amp_scaling path, no .item())."""
+        return torch.optim.SGD(
+            parameters,
+            lr=self.spec.learning_rate,
+            momentum=self.spec.momentum,
+            fused=True if fused else None,
+        )
+
+    fused_optimizer = False  # the pytorch adapter's fp16 on CUDA (Adapter.fused_optimizer)
+
+    compile_method = "torch.compile (inductor, default mode) of the model's forward"
+
+    def step_timer(self) -> StepTimer:
+        if self.device.type == "cuda":
+            return CudaEventTimer(self)
+        return HostTimer(self)
+
+    def host_sync_points(self) -> list[tuple[object, str]]:
+        """Python calls that wait for the device (SyncAudit): reading a tensor's value on the
+        host, synchronising the device, a stream or an event."""
+        points = [
+            (torch.Tensor, name)
+            for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
+        ]
+        points.append((torch.cuda, "synchronize"))
+        points += [(torch.cuda.Event, n) for n in ("synchronize", "elapsed_time", "query")]
+        points.append((torch.cuda.Stream, "synchronize"))
+        return points
+
+    def compile_forward(self, module: torch.nn.Module):
+        """The callable a step runs the model through: the module itself, or torch.compile of
+        it in mode "compiled" (compiled lazily, in the first warm-up step)."""
+        if not self.compiled:
+            return module
+        try:
+            return torch.compile(module)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure is this cell's error
+            raise RuntimeError(
+                f"{self.title}: torch.compile failed for model {self.spec.model}: {exc}"
+            ) from exc
+
+    def train_step(self, forward, optimizer) -> None:
+        """One step of the plain training loop: forward under autocast, loss, backward (scaled
+        for fp16), optimizer update."""
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            loss = self.loss_fn(forward(self.x), self.y)
+        optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+
+    def fast_paths(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if cuda else None,
+            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32) if cuda else None,
+            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32) if cuda else None,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "memory_format": "channels_last"
+            if self.memory_format == torch.channels_last
+            else "contiguous",
+            "optimizer": "SGD, fused (GradScaler reads no inf check on the host)"
+            if self.fused_optimizer
+            else ("SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)"),
+            "compiled": self.compiled,
+        }
+
+    def prepare_model(self) -> torch.nn.Module:
+        spec = self.spec
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: autotune convolutions once
+        self.model_spec = spec_for(spec.model, spec.seq_len)
+        self.vision = self.model_spec.family == "vision"
+        self.memory_format = (
+            torch.channels_last
+            if self.vision and spec.device == "cuda"
+            else torch.contiguous_format
+        )
+        model = build(spec.model, spec.seq_len).to(self.device).to(memory_format=self.memory_format)
+        self.model = model  # unwrapped (evaluation runs on it, outside any collective)
+        self.param_count = sum(p.numel() for p in model.parameters())
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
+        if self.vision:
+            x = x.contiguous(memory_format=self.memory_format)
+        self.x, self.y = x, y
+        self.autocast_dtype = self.precision_dtype
+        self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
+        return model
+
+    # ---- the convergence contract (base.Adapter; run by dlscale.run.convergence_loop)
+    convergence_method = (
+        "epochs over a torch DataLoader of the rank's shard of the training split "
+        "(dlscale.data.torch_data), SGD with the learning rate of each step set from "
+        "dlscale.study.lr, validation on the unwrapped model in eval mode with rank 0's "
+        "normalisation statistics, counts summed by all_reduce"
+    )
+
+    def data_loaders(self, info, *, workers: int, seed: int):
+        from dlscale.data.torch_data import make_loader
+
+        rank, world, batch = self.ctx.rank, self.ctx.world_size, self.spec.per_rank_batch
+        pin = self.device.type == "cuda"
+        train, sampler = make_loader(
+            info, "train", rank, world, batch, workers=workers, pin_memory=pin, seed=seed
+        )
+        val, _ = make_loader(
+            info,
+            "val",
+            rank,
+            world,
+            batch,
+            workers=workers,
+            pin_memory=pin,
+            seed=seed,
+            train=False,
+        )
+        return train, sampler, val
+
+    def _on_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        x = x.to(self.device, non_blocking=True)
+        if self.vision:
+            x = x.contiguous(memory_format=self.memory_format)
+        return x, y.to(self.device, non_blocking=True)
+
+    def _autocast(self):
+        return torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        )
+
+    def train_batch(self, batch, learning_rate: float):
+        x, y = self._on_device(batch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        with self._autocast():
+            loss = self.loss_fn(self.forward(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss.detach().float() * len(y), len(y)
+
+    def warmup_pass(self, batch) -> None:
+        x, y = self._on_device(batch)
+        buffers = {name: b.clone() for name, b in self.model.named_buffers()}
+        with self._autocast():
+            loss = self.loss_fn(self.forward(x), y)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name])
+
+    def broadcast_buffers(self) -> None:
+        """Rank 0's normalisation statistics on every rank (each rank's last training forward
+        updated its own), so every shard is evaluated by the same model."""
+        if self.data_parallel:
+            for b in self.model.buffers():
+                dist.broadcast(b, 0)
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self.broadcast_buffers()
+        self.model.eval()
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        count = 0
+        with torch.no_grad(), self._autocast():
+            for batch in batches:
+                x, y = self._on_device(batch)
+                correct += (self.model(x).argmax(dim=1) == y).sum()
+                count += len(y)
+        self.model.train()
+        return int(correct), count
+
+    def to_host(self, value) -> float:
+        return float(value)
+
+    def _allreduce(self, values: list[float], op) -> list[float]:
+        if not self.data_parallel:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def allreduce_sum(self, values: list[float]) -> list[float]:
+        return self._allreduce(values, dist.ReduceOp.SUM)
+
+    def allreduce_max(self, values: list[float]) -> list[float]:
+        return self._allreduce(values, dist.ReduceOp.MAX)
+
+    def probe_buffer(self, numel: int) -> torch.Tensor:
+        """The allreduce probe's float32 buffer, allocated once per size."""
+        buf = getattr(self, "_probe_buf", None)
+        if buf is None or buf.numel() != numel:
+            buf = self._probe_buf = torch.ones(numel, dtype=torch.float32, device=self.device)
+        return buf
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def out_of_memory(self, error: BaseException) -> bool:
+        """torch.OutOfMemoryError (a device allocation), the CPU allocator's failure, or
+        Python's MemoryError."""
+        return (
+            isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or isinstance(error, RuntimeError)
+            and "can't allocate memory" in str(error)
+        )
+
+    def peak_device_memory_mb(self) -> float | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return None
+
+    def model_flops(self) -> dict:
+        """FLOPs per sample of this cell's model (dlscale.models.flops.count_flops_per_sample:
+        counted
+        once per model and sequence length on the meta device, before the first step), or
+        why not: a failed count is a missing number, never a failed cell."""
+        from dlscale.models.flops import count_flops_per_sample
+
+        try:
+            return {"available": True, **count_flops_per_sample(self.spec.model, self.spec.seq_len)}
+        except Exception as exc:  # noqa: BLE001 - any counter failure is reported, not raised
+            return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+    def build_info(self) -> dict:
+        cuda = torch.cuda.is_available()
+        nccl = None
+        if cuda and torch.distributed.is_nccl_available():
+            version = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return {
+            "available": True,
+            "framework": "torch",
+            "version": torch.__version__,
+            "cuda_runtime": torch.version.cuda,
+            "cudnn": str(cudnn) if cudnn else None,
+            "nccl": nccl,
+            "build": torch.__config__.show(),
+            "parallel": torch.__config__.parallel_info(),
+        }
+
+    def describe_torch(self, libraries: dict) -> dict:
+        if self.device.type == "cuda":
+            device_model = torch.cuda.get_device_name(self.device)
+        else:
+            device_model = cpu_model()
+        return {
+            "libraries": {"torch": torch.__version__, "numpy": numpy.__version__, **libraries},
+            "backend": self.backend,
+            "device_model": device_model,
+            "data_layout": "channels_last"
+            if self.memory_format == torch.channels_last
+            else ("NCHW" if self.vision else "tokens"),
+            "input_shape": list(self.model_spec.input_shape),
+            "param_count": self.param_count,
+            **({"model_flops": self.model_flops()} if self.ctx.rank == 0 else {}),
+            "data": "synthetic (one fixed batch per rank, generated on the device)",
+            "sync_method": self.sync_method,
+            "autocast": str(self.autocast_dtype).replace("torch.", "")
+            if self.autocast_dtype
+            else None,
+        }
+
+
+def torch_gpu_identity(ordinal: int) -> dict:
+    """What CUDA tells of device `ordinal`: its UUID, PCI bus id (NVML's format) and name."""
+    props = torch.cuda.get_device_properties(ordinal)
+    bus = getattr(props, "pci_bus_id", None)
+    pci = None
+    if bus is not None:
+        domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+        pci = f"{domain:08X}:{bus:02X}:{device:02X}.0"
+    uuid = getattr(props, "uuid", None)
+    return {"uuid": str(uuid) if uuid is not None else None, "pci_bus_id": pci, "name": props.name}
