@@ -105,13 +105,26 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
 
 def reference_loss(world: int, name: str = "transformer_small") -> float:
     """The loss after STEPS steps of the single-process program on the global batch: rank 0's
-    weights, rank r's batch drawn as rank r draws it (seed r, the model built first)."""
+    weights, rank r's batch drawn as rank r draws it (seed r, the model built first). Runs in
+    the test process: the registry entry use_tiny_model replaces is restored afterwards, so
+    later tests in the same worker see the real transformer_small (a test of the planner read
+    seq_len 16 from it)."""
+    from dlscale import models
+
+    saved = models.SPECS["transformer_small"]
+    use_tiny_model()
+    try:
+        return _reference_loss(world, name)
+    finally:
+        models.SPECS["transformer_small"] = saved
+
+
+def _reference_loss(world: int, name: str) -> float:
     import torch
 
     from dlscale.models import get_spec
     from dlscale.models.torch import build, example_batch
 
-    use_tiny_model()
     spec = get_spec(name)
     xs, ys = [], []
     for r in range(world):
