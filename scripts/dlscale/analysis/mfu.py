@@ -32,7 +32,7 @@ which builds the model with PyTorch.
 
 from __future__ import annotations
 
-from dlscale.study.hardware import PEAK_KEY, PEAK_PRECISIONS, peak_problems  # noqa: F401
+from dlscale.study.hardware import PEAK_KEY
 
 COUNT_BATCH = 2  # samples per counted batch; FLOPs per sample = the count / COUNT_BATCH
 

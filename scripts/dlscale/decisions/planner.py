@@ -79,7 +79,6 @@ from dlscale.decisions.plan_program import (
     solve,
 )
 from dlscale.decisions.plan_report import write_recommendations
-from dlscale.study.hashes import PLANNING_KEYS  # noqa: F401 (the hardware keys read here)
 from dlscale.study.partitions import (  # noqa: F401 (re-exported)
     DEVICE_MEMORY_KEY,
     Partition,

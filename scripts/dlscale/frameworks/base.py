@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dlscale.run.devices import gpu_identity, pick_gpu
-from dlscale.run.rank_context import RankContext  # noqa: F401 (the adapters' type)
+from dlscale.run.rank_context import RankContext
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, TIMER
 
 if TYPE_CHECKING:
