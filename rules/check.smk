@@ -45,13 +45,22 @@ rule verdicts:
         table=RULE_OUT["verdicts_table"],
     log:
         f"{RULE_OUT['logs']}/verdicts.log",
-    conda:
-        "../envs/analysis.yaml"
     params:
         schema=REFERENCES_SCHEMA,
         name=STUDY.config["references_file"],
-    script:
-        "../scripts/verdicts.py"
+    run:
+        from dlscale.decisions.regression_check import write_verdicts
+
+        write_verdicts(
+            input.scaling,
+            input.status,
+            input.references,
+            output.verdicts,
+            output.table,
+            schema=params.schema,
+            references_name=params.name,
+            log=log[0],
+        )
 
 
 rule check:
@@ -80,7 +89,12 @@ rule compare:
         f"{LOGS}/compare/{{baseline}}.log",
     wildcard_constraints:
         baseline=r"[A-Za-z0-9_.-]+",
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../scripts/compare.py"
+    run:
+        from dlscale.decisions.compare import compare_outputs
+
+        table, summary = compare_outputs(
+            Path(input.baseline_cells).parents[1],
+            Path(input.cells).parents[1],
+            Path(output.table).parent,
+        )
+        Path(log[0]).write_text(summary)

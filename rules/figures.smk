@@ -24,12 +24,18 @@ rule figure:
         f"{RULE_OUT['logs']}/figures/{{hardware}}/{{figure}}.log",
     wildcard_constraints:
         figure=FIGURE_NAME_PATTERN,
-    conda:
-        "../envs/analysis.yaml"
     params:
         spec=figure_spec,
-    script:
-        "../scripts/figure.py"
+    run:
+        import pandas as pd
+        from dlscale.outputs.plotting import plot_figure
+
+        plot_figure(
+            pd.read_csv(input.scaling),
+            spec=params.spec,
+            out=output.pdf,
+            predictions=pd.read_csv(input.predictions),
+        )
 
 
 # The convergence workload's figures (dlscale.outputs.figure_layout.CONVERGENCE_FAMILIES): one rule for every
@@ -53,9 +59,16 @@ rule convergence_figure:
         f"{RULE_OUT['logs']}/figures/{{hardware}}/convergence/{{figure}}.log",
     wildcard_constraints:
         figure=CONVERGENCE_FIGURE_NAME_PATTERN,
-    conda:
-        "../envs/analysis.yaml"
     params:
         spec=convergence_figure_spec,
-    script:
-        "../scripts/convergence_figure.py"
+    run:
+        import pandas as pd
+        from dlscale.outputs.convergence_plots import plot_convergence_figure
+
+        plot_convergence_figure(
+            pd.read_csv(input.time_to_accuracy),
+            pd.read_csv(input.epochs),
+            pd.read_csv(input.convergence),
+            spec=params.spec,
+            out=output.pdf,
+        )

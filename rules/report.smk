@@ -22,13 +22,17 @@ rule report_inputs:
         convergence_table=RULE_OUT["convergence_table"],
     log:
         f"{RULE_OUT['logs']}/report_inputs.log",
-    conda:
-        "../envs/analysis.yaml"
     params:
         config=STUDY.config,
         n_planned=len(STUDY.cells),
-    script:
-        "../scripts/report_inputs.py"
+    run:
+        from dlscale.outputs.report import write_report_inputs
+
+        write_report_inputs(
+            {**dict(input.items()), **dict(output.items())},
+            config=params.config,
+            n_planned=params.n_planned,
+        )
 
 
 rule report_tex:
@@ -38,15 +42,21 @@ rule report_tex:
         tex=RULE_OUT["tex"],
     log:
         f"{RULE_OUT['logs']}/report_tex.log",
-    conda:
-        "../envs/analysis.yaml"
     params:
         title=report_title_param,
         figures=FIGURE_LAYOUT,
         convergence_figures=CONVERGENCE_LAYOUT,
         attachment=report_attachment(),
-    script:
-        "../scripts/report_tex.py"
+    run:
+        from dlscale.outputs.report import render_tex
+
+        render_tex(
+            output.tex,
+            title=params.title,
+            figures=params.figures,
+            convergence_figures=params.convergence_figures,
+            attachment=params.attachment,
+        )
 
 
 rule report_pdf:
@@ -73,7 +83,7 @@ rule report_pdf:
         ),
     log:
         RULE_OUT["pdf_log"],
-    conda:
-        "../envs/latex.yaml"
-    script:
-        "../scripts/report_pdf.py"
+    run:
+        from dlscale.outputs.report import compile_pdf
+
+        compile_pdf(input.tex, log=log[0])

@@ -164,3 +164,35 @@ def test_missing_data_still_renders(tmp_path):
         out.parent.mkdir(parents=True, exist_ok=True)
         drawn = plot_figure(part, spec, str(out))
         assert drawn["panels"] == len(spec["panels"]) and out.stat().st_size > 0
+
+
+def test_one_figure_at_a_time_across_threads():
+    """The workflow draws figures on Snakemake's job threads (`run:` jobs, force-use-threads):
+    while one thread draws under the paper style, no other thread can start drawing, and the
+    style's rcParams never leak out of a drawing."""
+    import threading
+
+    import matplotlib
+
+    from dlscale.outputs import plotting
+
+    default_size = matplotlib.rcParams["font.size"]
+    entered, release, other = threading.Event(), threading.Event(), []
+
+    def draw():
+        with plotting.paper_style():
+            entered.set()
+            release.wait(10)
+
+    drawer = threading.Thread(target=draw)
+    drawer.start()
+    assert entered.wait(10)
+    blocked = threading.Thread(target=lambda: other.append(plotting._PYPLOT.acquire(timeout=0.2)))
+    blocked.start()
+    blocked.join()
+    assert other == [False]  # the second drawer waits while the first draws
+    release.set()
+    drawer.join()
+    assert plotting._PYPLOT.acquire(timeout=1)
+    plotting._PYPLOT.release()
+    assert matplotlib.rcParams["font.size"] == default_size

@@ -314,7 +314,7 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dlscale.outputs.plotting import _style
+    from dlscale.outputs.plotting import paper_style
 
     matched = table[table["side"] == BOTH]
     if len(matched) > MAX_FIGURE_ROWS:  # every flagged cell, then the others in order
@@ -323,7 +323,7 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
     # grouped by framework and model (the figure's labels), then the other axes in POINT's order
     first = ["framework", "model"]
     matched = matched.sort_values([*first, *(a for a in POINT if a not in first)])
-    with plt.style.context(_style()):
+    with paper_style():
         fig, ax = plt.subplots(figsize=(7.0, 1.3 + 0.24 * max(len(matched), 1)))
         ax.axvline(1.0, color="0.3", linestyle="--", linewidth=0.8)
         ax.axvspan(

@@ -19,8 +19,7 @@ from dlscale.outputs.plotting import (
     _label_outer,
     _no_data,
     _nodes_axis,
-    _style,
-    plt,
+    paper_style,
 )
 
 
@@ -180,7 +179,7 @@ def plot_convergence_figure(
     tta, epochs, cells = (
         with_variant(t) if not t.empty else t.assign(variant=[]) for t in (tta, epochs, cells)
     )
-    with plt.style.context(_style()):
+    with paper_style():
         family = spec["family"]
         if family == "time_to_accuracy":
             return plot_time_to_accuracy(tta, spec, out)

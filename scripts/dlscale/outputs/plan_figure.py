@@ -12,7 +12,7 @@ from dlscale.outputs.plotting import (
     _label_outer,
     _nodes_axis,
     _save,
-    _style,
+    paper_style,
     plt,
 )
 
@@ -22,7 +22,7 @@ def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
     nodes for
     each framework x partition option (dashed beyond the measured node counts), the chosen
     option starred; a failed plan draws its message."""
-    with plt.style.context(_style()):
+    with paper_style():
         if isinstance(result, Exception):
             fig, ax = plt.subplots(figsize=(width_in, 1.2))
             ax.axis("off")

@@ -18,6 +18,8 @@ The convergence workload's figures: `convergence_plots`; the planner's: `plan_fi
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from importlib import resources
 
 import matplotlib
@@ -41,6 +43,19 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 def _style():
     return str(resources.files("dlscale").joinpath("styles/paper.mplstyle"))
+
+
+# pyplot's current figure and the style's rcParams are global to a process, and the workflow
+# draws its figures in Snakemake's own process, on its job threads (`run:` jobs, profiles
+# `force-use-threads`): one figure is drawn at a time.
+_PYPLOT = threading.RLock()
+
+
+@contextmanager
+def paper_style():
+    """Draw under the paper style, one figure at a time in this process."""
+    with _PYPLOT, plt.style.context(_style()):
+        yield
 
 
 # ---- drawing ---------------------------------------------------------------------------------
@@ -522,7 +537,7 @@ def plot_figure(
     scaling = with_variant(scaling)
     if predictions is not None and not predictions.empty:
         predictions = with_variant(predictions)
-    with plt.style.context(_style()):
+    with paper_style():
         family = spec["family"]
         if family in SCALING:
             return plot_scaling(scaling, spec, out, predictions)

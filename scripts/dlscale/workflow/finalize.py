@@ -64,6 +64,7 @@ def partial_command(
         "--cores",
         str(max(1, int(cores))),
         "--forceall",
+        "--force-use-threads",  # `run:` jobs on threads of this process (profiles/local)
         "--keep-going",
         "--rerun-incomplete",
         "--nolock",
