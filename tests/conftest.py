@@ -25,9 +25,11 @@ DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
 # ---- parallel groups (scripts/test.sh: `pytest -n N` on pytest-xdist workers) ----------------
 # The scheduler below runs each group on one worker, in one process, so a fixture shared by a
 # group is built once, and hands the groups out largest first, the Slurm group before all:
-#   - "slurm": every test under tests/slurm/. They share the one local Slurm cluster and change
-#     it (a node DOWN, slurmctld restarted, accounting switched on), so they run one after
-#     another on one worker, which starts the cluster once and stops it once;
+#   - "slurm" and "slurm-b": the tests under tests/slurm/, split between two local Slurm
+#     clusters that run side by side (SLURM_CLUSTERS: each its own state dir and ports; the
+#     host's munged is shared). A group's tests change their cluster (a node DOWN, slurmctld
+#     restarted, accounting switched on), so they run one after another on one worker, which
+#     starts that cluster once and stops it once; the two groups run at once;
 #   - a test module that defines a module- or session-scoped fixture (the tiny study run to the
 #     PDF and read by many tests, a model built once): the whole module, so the fixture is built
 #     on one worker only and never twice at the same time;
@@ -41,12 +43,33 @@ TESTS = Path(__file__).resolve().parent
 SLURM_TESTS = "tests/slurm/"
 _SHARED_FIXTURE = re.compile(r"fixture\(\s*scope=[\"'](module|package|session)[\"']")
 
+# The two local clusters (scripts/slurm/cluster-up.sh reads these variables; "slurm" is the
+# default cluster a user starts, with /etc/slurm/slurm.conf) and the modules on the second one,
+# chosen so the two groups take about as long (`.ci/run` prints the slowest tests).
+SLURM_CLUSTERS = {
+    "slurm": {"DLSCALE_SLURM_DIR": "/var/tmp/dlscale-slurm", "up_args": []},
+    "slurm-b": {
+        "DLSCALE_SLURM_DIR": "/var/tmp/dlscale-slurm-b",
+        "DLSCALE_SLURM_CTLD_PORT": "6827",
+        "DLSCALE_SLURM_DBD_PORT": "6829",
+        "DLSCALE_SLURM_DB_PORT": "3308",
+        "DLSCALE_SLURM_NODE_PORT_BASE": "17100",
+        "up_args": ["--no-system-conf"],
+    },
+}
+SLURM_B_MODULES = {"test_faults.py", "test_frameworks.py"}
+
+
+def slurm_group(path: str) -> str:
+    """The cluster group of a test module under tests/slurm/."""
+    return "slurm-b" if Path(path).name in SLURM_B_MODULES else "slurm"
+
 
 def xdist_scope(nodeid: str) -> str:
     """The group of a test, from its id alone (what the xdist controller knows)."""
     path = nodeid.split("::", 1)[0]
     if path.startswith(SLURM_TESTS):
-        return "slurm"
+        return slurm_group(path)
     try:
         if _SHARED_FIXTURE.search((ROOT / path).read_text()):
             return path
@@ -67,7 +90,7 @@ def _own_fixture(fixturedef) -> bool:
 def _needed_group(item: pytest.Item) -> str | None:
     """The group a test needs, from the marks and fixtures it really uses."""
     if item.get_closest_marker("slurm") or "cluster" in item.fixturenames:
-        return "slurm"
+        return slurm_group(item.nodeid.split("::", 1)[0])
     for name in item.fixturenames:
         for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
             if fixturedef.scope in ("module", "package", "session") and _own_fixture(fixturedef):
@@ -81,8 +104,9 @@ def pytest_collection_modifyitems(config, items):
         if needed and xdist_scope(item.nodeid) != needed:
             raise pytest.UsageError(
                 f"{item.nodeid} needs the parallel group {needed!r} (a Slurm test belongs "
-                f"under {SLURM_TESTS}; a shared fixture is declared `@pytest.fixture(scope=...)` "
-                "in the test's own module): see tests/conftest.py"
+                f"under {SLURM_TESTS}, its cluster by SLURM_B_MODULES; a shared fixture is "
+                "declared `@pytest.fixture(scope=...)` in the test's own module): see "
+                "tests/conftest.py"
             )
 
 
@@ -94,8 +118,9 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if "slurm" in self.workqueue:  # the longest group starts first
-                self.workqueue.move_to_end("slurm", last=False)
+            for group in SLURM_CLUSTERS:  # the longest groups start first
+                if group in self.workqueue:
+                    self.workqueue.move_to_end(group, last=False)
             super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
@@ -164,8 +189,16 @@ def tiny_study(dest: Path, profile: str, hardware: dict | None = None, **changes
     return work
 
 
-# ---- the project's local Slurm cluster (scripts/slurm/cluster-up.sh): started once for all
-# Slurm tests, stopped at the end if the tests started it. Under CI=true these tests never skip.
+# ---- the project's local Slurm clusters (scripts/slurm/cluster-up.sh): each started once for
+# its group's tests (SLURM_CLUSTERS), stopped at the end if the tests started it. A module's
+# tests talk to its cluster through SLURM_CONF and DLSCALE_SLURM_DIR in this process's
+# environment, which every command they start inherits. Under CI=true these tests never skip.
+def cluster_env(group: str) -> dict[str, str]:
+    env = {k: v for k, v in SLURM_CLUSTERS[group].items() if k != "up_args"}
+    env["SLURM_CONF"] = f"{env['DLSCALE_SLURM_DIR']}/etc/slurm.conf"
+    return env
+
+
 def _cluster_running() -> bool:
     try:
         out = subprocess.run(
@@ -176,16 +209,32 @@ def _cluster_running() -> bool:
     return out.returncode == 0 and "idle" in out.stdout
 
 
+_STARTED: list[str] = []  # the groups whose cluster this process started
+
+
 @pytest.fixture(scope="session")
-def cluster():
+def _clusters_stopped_at_the_end():
+    yield
+    for group in _STARTED:
+        env = dict(os.environ, **cluster_env(group))
+        subprocess.run(["bash", str(DOWN)], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def cluster(request, _clusters_stopped_at_the_end):
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("the local Slurm cluster needs root (apt, daemons); CI runs these tests")
-    was_running = _cluster_running()
-    up = subprocess.run(
-        ["bash", str(UP), "--nodes", "2"], capture_output=True, text=True, timeout=900
-    )
-    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    group = slurm_group(request.module.__file__)
+    os.environ.update(cluster_env(group))
+    if not _cluster_running():
+        up = subprocess.run(
+            ["bash", str(UP), "--nodes", "2", *SLURM_CLUSTERS[group]["up_args"]],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        if group not in _STARTED:
+            _STARTED.append(group)
     assert _cluster_running()
-    yield
-    if not was_running:
-        subprocess.run(["bash", str(DOWN)], capture_output=True, text=True, timeout=300)
+    yield group

@@ -6,7 +6,7 @@
 # Stops ONLY the daemons this project started, found through the pid files in
 # ${DLSCALE_SLURM_DIR:-/var/tmp/dlscale-slurm}: running jobs are cancelled,
 # then slurmd (one per node), slurmctld, slurmdbd, MariaDB and munged (the last
-# only if cluster-up.sh started it) get SIGTERM, then SIGKILL after a timeout.
+# only if cluster-up.sh started it and no other cluster's slurmctld runs) get SIGTERM, then SIGKILL after a timeout.
 # Idempotent: exits 0 when nothing is running.
 set -euo pipefail
 
@@ -150,9 +150,19 @@ fi
 if p=$(pid_of "$RUN_DIR/slurmctld.pid" slurmctld); then stop_pids 20 slurmctld "$p"; stopped_any=1; fi
 if p=$(pid_of "$RUN_DIR/slurmdbd.pid" slurmdbd); then stop_pids 20 slurmdbd "$p"; stopped_any=1; fi
 if p=$(pid_of "$DB_DIR/mariadbd.pid" mariadbd); then stop_pids 60 mariadbd "$p"; stopped_any=1; fi
-if p=$(pid_of "$MUNGE_DIR/munged.pid" munged); then stop_pids 10 munged "$p"; stopped_any=1; fi
+# munged serves every Slurm cluster on this host (cluster-up.sh reuses a running one): stopped
+# only while no other slurmctld runs
+if p=$(pid_of "$MUNGE_DIR/munged.pid" munged); then
+    other=0
+    for q in $(pgrep -x slurmctld || true); do alive "$q" && other=1; done
+    if (( other )); then
+        log "leaving munged running: another cluster's slurmctld uses it"
+    else
+        stop_pids 10 munged "$p"; stopped_any=1; rm -f "$MUNGE_DIR/munged.pid"
+    fi
+fi
 
-rm -f "$RUN_DIR"/*.pid "$DB_DIR/mariadbd.pid" "$MUNGE_DIR/munged.pid" 2>/dev/null || true
+rm -f "$RUN_DIR"/*.pid "$DB_DIR/mariadbd.pid" 2>/dev/null || true
 
 if (( PURGE )); then
     if [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$CONF" ]]; then

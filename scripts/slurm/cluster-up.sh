@@ -378,6 +378,11 @@ apt_install() {
     return $rc
 }
 
+# apt, munged and /etc/hosts are the host's, shared by every cluster started here (one per state
+# dir: the test suite runs two side by side): one bring-up at a time changes them.
+HOST_LOCK=/run/lock/dlscale-slurm-host.lock
+exec 8>"$HOST_LOCK"
+flock -w 900 8 || die "another cluster-up.sh holds $HOST_LOCK (installing packages?)"
 PKGS=(munge slurm-wlm slurm-client)
 (( ACCOUNTING )) && PKGS+=(mariadb-server slurmdbd)
 MISSING=$(pkg_missing "${PKGS[@]}")
@@ -429,7 +434,7 @@ start_munged() {
         --socket="$MUNGE_SOCKET" \
         --pid-file="$MUNGE_DIR/munged.pid" \
         --log-file="$MUNGE_DIR/munged.log" \
-        --seed-file="$MUNGE_DIR/munged.seed" </dev/null 9>&- \
+        --seed-file="$MUNGE_DIR/munged.seed" </dev/null 9>&- 8>&- \
         || { tail_logs "$MUNGE_DIR/munged.log"; die "munged failed to start"; }
     wait_for 10 munge_works || { tail_logs "$MUNGE_DIR/munged.log"; die "munged started but 'munge -n | unmunge' fails"; }
 }
@@ -464,6 +469,7 @@ ensure_etc_hosts
 } >"$HOSTS_FILE.tmp"
 mv -f "$HOSTS_FILE.tmp" "$HOSTS_FILE"
 chmod 644 "$HOSTS_FILE"
+exec 8>&-   # the host's part is done (packages, munged, /etc/hosts)
 
 # ------------------------------------------------------------- configs ---
 printf '%s\n' "$NEW_CONF" >"$CONF.tmp"

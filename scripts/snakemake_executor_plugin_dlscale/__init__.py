@@ -8,6 +8,8 @@ the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
 
 - `format_job_exec`: a cell's job runs its launcher directly, with no Snakemake inside the
   allocation (dlscale.workflow.jobstep); every other job keeps the plugin's own command.
+- `check_active_jobs`: the plugin's own, then its status poll interval bounded by the setting
+  `dlscale-max-seconds-between-status-checks` (the plugin backs off to 180 s, a fixed bound).
 - `run_jobs`, `report_job_submission`, `report_job_success`, `cancel_jobs`: a study survives its
   driver (dlscale.workflow.resume: adoption of an earlier driver's jobs, the submission journal,
   SIGHUP/SIGINT/SIGTERM). Resume starts at the workflow's onstart (`start_study`, called by
@@ -20,10 +22,10 @@ plugin's settings with its name, so `--slurm-logdir` is `--dlscale-logdir` here 
 pins every base method this class overrides or calls.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: Snakemake reads the settings' field types as types
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmExecutorSettings
@@ -40,7 +42,19 @@ NAME = "dlscale"
 @dataclass
 class ExecutorSettings(SlurmExecutorSettings):
     """The Slurm plugin's settings, each named `dlscale-<setting>` on the command line and in a
-    profile (`slurm-<setting>` under the official plugin)."""
+    profile (`slurm-<setting>` under the official plugin), and one of dlscale's own."""
+
+    max_seconds_between_status_checks: Optional[int] = field(  # noqa: UP045 (a type Snakemake calls)
+        default=180,
+        metadata={
+            "help": "Upper bound in seconds of the status poll interval: the Slurm plugin "
+            "adds 10 s after every poll that finds no job finished, up to 180 s (its own, "
+            "fixed bound). A lower bound here keeps a finished job from waiting that long to "
+            "be seen, at one squeue per this many seconds at most.",
+            "env_var": False,
+            "required": False,
+        },
+    )
 
 
 def misnamed_options(argv: list[str]) -> list[str]:
@@ -70,6 +84,14 @@ class Executor(SlurmExecutor):
     # -- the job path: no Snakemake inside a cell's allocation -------------------------------
     def format_job_exec(self, job) -> str:
         return jobstep.command(job, self.thin, super().format_job_exec)
+
+    # -- status polling: the plugin's back-off, bounded -------------------------------------
+    async def check_active_jobs(self, active_jobs):
+        async for job_info in super().check_active_jobs(active_jobs):
+            yield job_info
+        bound = self.workflow.executor_settings.max_seconds_between_status_checks
+        if bound and bound > 0 and self.next_seconds_between_status_checks > bound:
+            self.next_seconds_between_status_checks = bound
 
     # -- resume ----------------------------------------------------------------------------
     def start_study(self, study_dir: str, mode: str) -> resume.Resume:

@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
 VICTIM = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
 VICTIM_WILDCARDS = "cpu_pytorch_cnn_small_weak_fp32_eager_2_1"
-STATE_DIR = Path(os.environ.get("DLSCALE_SLURM_DIR", "/var/tmp/dlscale-slurm"))
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +173,8 @@ def test_node_down_while_running(study):
 
 
 def _restart_slurmctld() -> None:
-    pid = int((STATE_DIR / "run" / "slurmctld.pid").read_text())
+    state_dir = Path(os.environ["DLSCALE_SLURM_DIR"])  # this module's cluster (conftest.cluster)
+    pid = int((state_dir / "run" / "slurmctld.pid").read_text())
     os.kill(pid, signal.SIGTERM)
     for _ in range(50):
         try:
@@ -182,7 +182,7 @@ def _restart_slurmctld() -> None:
             time.sleep(0.2)
         except ProcessLookupError:
             break
-    conf = STATE_DIR / "etc" / "slurm.conf"
+    conf = state_dir / "etc" / "slurm.conf"
     subprocess.run(
         ["slurmctld", "-f", str(conf)], check=True, env=dict(os.environ, SLURM_CONF=str(conf))
     )

@@ -47,6 +47,9 @@ OVERRIDDEN = {
     "report_job_submission": f"(self, job_info: {INFO}, register_job: bool = True)",
     "report_job_success": f"(self, job_info: {INFO})",
     "cancel_jobs": f"(self, active_jobs: List[{INFO}])",
+    "check_active_jobs": (
+        f"(self, active_jobs: List[{INFO}]) -> Generator[{INFO}, NoneType, NoneType]"
+    ),
 }
 CALLED = {
     "run_job_pre": f"(self, job: {JOB})",  # an adopted or accepted job is announced
@@ -58,7 +61,12 @@ REAL_REPORT_SUBMISSION = f"(self, job_info: {INFO}, register_job: bool = True)"
 CALL_SITES = {
     "run_job": ["self.format_job_exec(job)", "self._report_job_submission_threadsafe("],
     "_report_job_submission_threadsafe": ["self.report_job_submission"],
-    "check_active_jobs": ["self.report_job_success("],
+    "check_active_jobs": [
+        "self.report_job_success(",
+        # the back-off the plugin's override bounds
+        "self.next_seconds_between_status_checks = min(",
+        "self.next_seconds_between_status_checks + 10",
+    ],
     "__post_init__": ["self.run_uuid =", "self.slurm_logdir ="],
 }
 # What RemoteExecutor gives every instance, read by resume's signal handlers and cancel.
@@ -230,3 +238,31 @@ def test_no_live_object_is_patched():
         ):
             assert pattern not in text, f"{path.relative_to(ROOT)}: {pattern}"
         assert not assignment.search(text), f"{path.relative_to(ROOT)}: {assignment.search(text)}"
+
+
+@pytest.mark.parametrize("bound, backed_off, seen", [(30, 180, 30), (30, 12, 12), (0, 180, 180)])
+def test_the_status_back_off_is_bounded_by_the_setting(monkeypatch, bound, backed_off, seen):
+    """The Slurm plugin backs off by 10 s per poll that saw no job finish, up to a fixed 180 s;
+    the dlscale Executor runs the plugin's poll, then bounds the interval it left (0: unbounded).
+    The poll itself is replaced here (no cluster): it yields its job and backs off."""
+    import asyncio
+    import types
+
+    async def poll(self, active_jobs):
+        self.next_seconds_between_status_checks = backed_off
+        for job in active_jobs:
+            yield job
+
+    monkeypatch.setattr(SlurmExecutor, "check_active_jobs", poll)
+    executor = object.__new__(plugin.Executor)
+    executor.workflow = types.SimpleNamespace(
+        executor_settings=plugin.ExecutorSettings(max_seconds_between_status_checks=bound)
+    )
+
+    async def still_running():
+        return [j async for j in executor.check_active_jobs(["job"])]
+
+    assert asyncio.run(still_running()) == ["job"]
+    assert executor.next_seconds_between_status_checks == seen
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    assert profile["dlscale-max-seconds-between-status-checks"] == 30
