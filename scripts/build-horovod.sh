@@ -56,8 +56,10 @@ command -v make >/dev/null || missing+=(make)
 command -v patch >/dev/null || missing+=(patch)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # one apt at a time on this host (scripts/setup.sh installs TeX beside this build)
+  $SUDO flock -w 1800 /run/lock/dlscale-apt.lock apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO flock -w 1800 /run/lock/dlscale-apt.lock \
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 cmake_version=$(cmake --version | sed -n 's/^cmake version \([0-9.]*\).*/\1/p')
 [ "$(printf '%s\n' 3.13 "$cmake_version" | sort -V | head -1)" = 3.13 ] \

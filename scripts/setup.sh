@@ -40,12 +40,36 @@ missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
-if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then missing+=(python3-venv); fi
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+APT_LOCK=/run/lock/dlscale-apt.lock   # one apt at a time (build-horovod.sh, cluster-up.sh)
+apt_install() {
+  $SUDO flock -w 1800 "$APT_LOCK" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO flock -w 1800 "$APT_LOCK" \
+    apt-get install -y -q --no-install-recommends "$@"
+}
+# The venvs need python3-venv first; TeX and the rest install while the venvs build (apt and
+# pip wait on the network and the disk more than on the CPUs): waited for at the end.
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  log "installing Debian package python3-venv"
+  apt_install python3-venv
 fi
+mkdir -p "$ROOT/.cache"
+APT_LOG=$ROOT/.cache/setup-apt.log
+apt_pid=""
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages in the background: ${missing[*]} (log: $APT_LOG)"
+  apt_install "${missing[@]}" >"$APT_LOG" 2>&1 &
+  apt_pid=$!
+fi
+wait_for_apt() {
+  [ -n "$apt_pid" ] || return 0
+  if wait "$apt_pid"; then
+    log "Debian packages installed: ${missing[*]}"
+  else
+    tail -n 30 "$APT_LOG" >&2
+    log "installing ${missing[*]} failed (log above, whole: $APT_LOG)"; exit 1
+  fi
+  apt_pid=""
+}
 
 VENV=$ROOT/.venv
 STAMP=$VENV/.dlscale-setup
@@ -61,11 +85,15 @@ else
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$STAMP"
 fi
-log "driver ready: snakemake $("$VENV/bin/snakemake" --version | head -1), $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+# (versions from the installed metadata: importing snakemake or torch here would cost seconds
+# on every run of the demo and the tests)
+log "driver ready: $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print("snakemake", v("snakemake") + ", torch", v("torch"))')"
 
-# One venv per framework environment (keras runs in the tensorflow one).
-for env in "${ENVS[@]}"; do
-  [ "$env" = none ] && continue
+# One venv per framework environment (keras runs in the tensorflow one), built side by side
+# (each pip install waits on downloads and the disk; Horovod's build is the one that computes),
+# each with its own log; a failure prints its log's tail and fails the set-up.
+build_env() {
+  local env=$1 req target base inputs pip_args want package start
   req=envs/$env.txt
   target=$ROOT/.venvs/$env
   base=${env%-cuda}
@@ -88,7 +116,7 @@ for env in "${ENVS[@]}"; do
       echo "$package" > "$target/.dlscale-package"
     fi
     log ".venvs/$env is up to date"
-    continue
+    return 0
   fi
   log "building .venvs/$env from $req"
   start=$(date +%s)
@@ -102,9 +130,29 @@ for env in "${ENVS[@]}"; do
   if [ "$base" != "$env" ]; then
     # the environment must drive a GPU (read from its files: no GPU needed on this host)
     "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda \
-      || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; exit 1; }
+      || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; return 1; }
   fi
   echo "$want" > "$target/.dlscale-setup"
   echo "$package" > "$target/.dlscale-package"
   log ".venvs/$env ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
+}
+
+pids=() names=()
+for env in "${ENVS[@]}"; do
+  [ "$env" = none ] && continue
+  build_env "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 &
+  pids+=($!) names+=("$env")
 done
+failed=()
+for i in "${!pids[@]}"; do
+  env=${names[$i]}
+  if wait "${pids[$i]}"; then
+    cat "$ROOT/.cache/setup-$env.log" >&2
+  else
+    tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
+    log ".venvs/$env failed (log above, whole: .cache/setup-$env.log)"
+    failed+=("$env")
+  fi
+done
+wait_for_apt
+[ ${#failed[@]} -eq 0 ] || { log "set-up failed for: ${failed[*]}"; exit 1; }

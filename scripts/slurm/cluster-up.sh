@@ -370,9 +370,10 @@ apt_install() {
         printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; made_policy=1
     fi
     export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y --no-install-recommends "$@"; then
+    local apt=(flock -w 1800 /run/lock/dlscale-apt.lock apt-get)   # scripts/setup.sh's lock
+    if ! "${apt[@]}" install -y --no-install-recommends "$@"; then
         log "apt-get install failed; running apt-get update and retrying"
-        apt-get update && apt-get install -y --no-install-recommends "$@" || rc=$?
+        "${apt[@]}" update && "${apt[@]}" install -y --no-install-recommends "$@" || rc=$?
     fi
     (( made_policy )) && rm -f "$policy"
     return $rc
