@@ -10,7 +10,8 @@
 #   3. applies envs/patches/horovod-0.28.1-cxx17.patch;
 #   4. builds a wheel inside the venv (pip wheel --no-build-isolation --no-deps, so it compiles
 #      against the venv's own torch) with PyTorch + gloo only: no MPI, TensorFlow or MXNet;
-#   5. caches the wheel in .cache/wheels/horovod-<version>-<key>/ with the inputs it was built
+#   5. caches the wheel in ~/.cache/dlscale/wheels/horovod-<version>-<key>/ (DLSCALE_CACHE_DIR,
+#      else $XDG_CACHE_HOME/dlscale: shared by every clone on the machine) with the inputs it was built
 #      from (sdist sha256, patch sha256, torch version, Python version, build switches) and
 #      reuses it when they match;
 #   6. installs it (--no-deps: the runtime requirements come from envs/horovod.txt) and checks
@@ -43,7 +44,9 @@ PY=$VENV/bin/python
 [ -x "$PY" ] || die "$PY not found: create the venv and install envs/horovod.txt first"
 PATCH_FILE=$ROOT/envs/patches/horovod-$HOROVOD_VERSION-cxx17.patch
 [ -f "$PATCH_FILE" ] || die "missing $PATCH_FILE"
-CACHE=$ROOT/.cache
+# The build cache is the user's, not the checkout's (like pip's wheel cache): every clone on this
+# machine reuses a wheel built from the same inputs. DLSCALE_CACHE_DIR moves it.
+CACHE=${DLSCALE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dlscale}
 mkdir -p "$CACHE/wheels" "$CACHE/sdist"
 
 # ---------------------------------------------------------------- 1. Debian build tools
@@ -116,7 +119,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && installed_ok; then
   exit 0
 fi
 
-# One build at a time per cache entry (parallel setups share .cache/wheels).
+# One build at a time per cache entry (parallel setups share the cache).
 exec 9>"$CACHE/wheels/.horovod-$KEY.lock"
 flock 9
 

@@ -6,7 +6,7 @@
 #     seaborn, jinja2, pytest) plus the PyTorch framework (pinned CPU wheel) and dlscale itself;
 #   - .venvs/<env>: one venv per other framework environment (envs/<env>.txt): tensorflow
 #     (also serves keras), mxnet, horovod (Horovod is built from its patched sdist by
-#     scripts/build-horovod.sh, wheel cached in .cache/wheels).
+#     scripts/build-horovod.sh, wheel cached in ~/.cache/dlscale/wheels for every clone).
 #   - on a GPU site, the CUDA builds a GPU hardware entry's cells run in (environment_variant
 #     cuda): pytorch-cuda, tensorflow-cuda (also keras), horovod-cuda (Horovod built with NCCL:
 #     needs CUDA_HOME, the site's CUDA toolkit), mxnet-cuda (CUDA 11.7, pre-Hopper GPUs);

@@ -57,7 +57,7 @@ SLURM_CLUSTERS = {
         "up_args": ["--no-system-conf"],
     },
 }
-SLURM_B_MODULES = {"test_faults.py", "test_frameworks.py"}
+SLURM_B_MODULES = {"test_faults.py"}
 
 
 def slurm_group(path: str) -> str:
