@@ -29,7 +29,8 @@ while [[ $# -gt 0 ]]; do
 Usage: $PROG [--purge] [--quiet]
 Stop the daemons started by cluster-up.sh (state dir: $STATE_DIR).
   --purge   also delete the state dir (configs, logs, job state, MariaDB data)
-            and the /etc/slurm/slurm.conf link written by cluster-up.sh
+            and an /etc/slurm/slurm.conf file written by cluster-up.sh (its link
+            is removed by every stop)
   --quiet   less output
 EOF
             exit 0 ;;
@@ -164,10 +165,15 @@ fi
 
 rm -f "$RUN_DIR"/*.pid "$DB_DIR/mariadbd.pid" 2>/dev/null || true
 
+# The system's slurm.conf link goes with the cluster: a client command (scontrol, sinfo; the
+# Slurm executor plugin runs `scontrol show config` when Snakemake loads it, on every snakemake
+# start) would otherwise wait MessageTimeout (10 s) for a controller that is gone.
+# cluster-up.sh writes it again.
+if [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$CONF" ]]; then
+    rm -f /etc/slurm/slurm.conf; log "removed /etc/slurm/slurm.conf link"
+fi
 if (( PURGE )); then
-    if [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$CONF" ]]; then
-        rm -f /etc/slurm/slurm.conf; log "removed /etc/slurm/slurm.conf link"
-    elif [[ -f /etc/slurm/slurm.conf && ! -L /etc/slurm/slurm.conf ]] \
+    if [[ -f /etc/slurm/slurm.conf && ! -L /etc/slurm/slurm.conf ]] \
         && head -n 3 /etc/slurm/slurm.conf | grep -qF "$MARKER"; then
         rm -f /etc/slurm/slurm.conf; log "removed /etc/slurm/slurm.conf"
     fi

@@ -76,7 +76,7 @@ def with_(config, path, value):
         (
             ("exclude",),
             [{"model": "resnet50"}],
-            ["exclude[0].model", "'resnet50'", "allowed values: cnn_small, transformer_small"],
+            ["exclude[0].model", "'resnet50'", "allowed values: cnn_small, gpt2_tiny"],
         ),
         (
             ("exclude",),
@@ -126,7 +126,7 @@ def test_hardware_file_errors_name_the_key(root, base_config, tmp_path):
     "exclude, removed",
     [
         ([], 0),
-        ([{"model": "transformer_small", "policy": "strong"}], 4),  # 2 nodes x 2 reps
+        ([{"model": "gpt2_tiny", "policy": "strong"}], 4),  # 2 nodes x 2 reps
         ([{"nodes": 2}], 8),
         ([{"nodes": 2, "policy": "weak"}, {"nodes": 2}], 8),  # overlapping entries
     ],

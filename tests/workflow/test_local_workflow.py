@@ -32,7 +32,7 @@ def finished_study(tmp_path_factory):
 
 def test_dry_run_shows_product_minus_exclusions(tmp_path, base_config):
     config = copy.deepcopy(base_config)
-    config["exclude"] = [{"model": "transformer_small", "policy": "strong"}]
+    config["exclude"] = [{"model": "gpt2_tiny", "policy": "strong"}]
     work = copy_workflow(tmp_path, config)
     proc = snakemake(work, "--profile", "profiles/local", "-n")
     assert proc.returncode == 0, proc.stderr[-2000:]
