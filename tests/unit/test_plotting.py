@@ -196,3 +196,33 @@ def test_one_figure_at_a_time_across_threads():
     assert plotting._PYPLOT.acquire(timeout=1)
     plotting._PYPLOT.release()
     assert matplotlib.rcParams["font.size"] == default_size
+
+
+def test_importing_the_drawing_code_never_switches_pyplots_backend(tmp_path):
+    """The figure jobs import the drawing modules on Snakemake's threads, where another thread
+    may be half-way through importing matplotlib.pyplot (seaborn imports it). An import that
+    called `matplotlib.use` then found that half-made module and failed ("partially
+    initialized module 'matplotlib.pyplot' has no attribute 'switch_backend'"), as a study
+    did in the full test run; the backend is now chosen under the drawing lock. Reproduced
+    here in a fresh interpreter with pyplot left half-imported in sys.modules."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "half_imported.py"
+    script.write_text(
+        "import sys, types\n"
+        "import matplotlib\n"
+        "sys.modules['matplotlib.pyplot'] = types.ModuleType('matplotlib.pyplot')\n"
+        "import dlscale.outputs.plotting, dlscale.outputs.convergence_plots\n"
+        "import dlscale.outputs.plan_figure, dlscale.decisions.compare\n"
+    )
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(scripts), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -309,12 +309,7 @@ def latex_summary(
 def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, threshold: float):
     """Ratio B/A per matched cell, grouped by framework and model, with its interval; a dashed
     line at 1 and the threshold band used where there is no interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from dlscale.outputs.plotting import paper_style
+    from dlscale.outputs.plotting import paper_style, plt  # drawn under its lock (Agg)
 
     matched = table[table["side"] == BOTH]
     if len(matched) > MAX_FIGURE_ROWS:  # every flagged cell, then the others in order

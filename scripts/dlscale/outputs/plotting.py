@@ -23,17 +23,15 @@ from contextlib import contextmanager
 from importlib import resources
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.container import BarContainer
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-from matplotlib.container import BarContainer  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
-
-from dlscale.outputs.figure_layout import FAMILIES, SCALING, with_variant  # noqa: E402
+from dlscale.outputs.figure_layout import FAMILIES, SCALING, with_variant
 
 PREDICTED_LABEL, UNVALIDATED_LABEL = "predicted", "predicted, not validated"
 REFERENCE_LABELS = {"ideal", PREDICTED_LABEL, UNVALIDATED_LABEL, "target", "not reached"}
@@ -45,17 +43,21 @@ def _style():
     return str(resources.files("dlscale").joinpath("styles/paper.mplstyle"))
 
 
-# pyplot's current figure and the style's rcParams are global to a process, and the workflow
-# draws its figures in Snakemake's own process, on its job threads (`run:` jobs, profiles
-# `force-use-threads`): one figure is drawn at a time.
+# pyplot's backend, current figure and the style's rcParams are global to a process, and the
+# workflow draws its figures in Snakemake's own process, on its job threads (`run:` jobs,
+# profiles `force-use-threads`): one figure is drawn at a time, and the backend is chosen under
+# the same lock (`matplotlib.use` at import time would race another thread's pyplot import:
+# "partially initialized module 'matplotlib.pyplot'").
 _PYPLOT = threading.RLock()
 
 
 @contextmanager
 def paper_style():
-    """Draw under the paper style, one figure at a time in this process."""
-    with _PYPLOT, plt.style.context(_style()):
-        yield
+    """Draw to files (Agg) under the paper style, one figure at a time in this process."""
+    with _PYPLOT:
+        matplotlib.use("Agg")  # files only, never a display
+        with plt.style.context(_style()):
+            yield
 
 
 # ---- drawing ---------------------------------------------------------------------------------
