@@ -90,11 +90,6 @@ rule compare:
     wildcard_constraints:
         baseline=r"[A-Za-z0-9_.-]+",
     run:
-        from dlscale.decisions.compare import compare_outputs
+        from dlscale.decisions.compare import compare_rule
 
-        table, summary = compare_outputs(
-            Path(input.baseline_cells).parents[1],
-            Path(input.cells).parents[1],
-            Path(output.table).parent,
-        )
-        Path(log[0]).write_text(summary)
+        compare_rule(input.baseline_cells, input.cells, output.table, log[0])

@@ -62,13 +62,8 @@ rule convergence_figure:
     params:
         spec=convergence_figure_spec,
     run:
-        import pandas as pd
-        from dlscale.outputs.convergence_plots import plot_convergence_figure
+        from dlscale.outputs.convergence_plots import plot_convergence_tables
 
-        plot_convergence_figure(
-            pd.read_csv(input.time_to_accuracy),
-            pd.read_csv(input.epochs),
-            pd.read_csv(input.convergence),
-            spec=params.spec,
-            out=output.pdf,
+        plot_convergence_tables(
+            input.time_to_accuracy, input.epochs, input.convergence, params.spec, output.pdf
         )

@@ -431,3 +431,12 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def compare_rule(baseline_cells: str, cells: str, table: str, log: str) -> None:
+    """The workflow's `compare` job (rules/check.smk): each study's folder from its cells.csv,
+    the outputs beside `table`, the markdown summary in the job's log."""
+    _, summary = compare_outputs(
+        Path(baseline_cells).parents[1], Path(cells).parents[1], Path(table).parent
+    )
+    Path(log).write_text(summary)

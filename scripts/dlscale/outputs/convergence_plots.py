@@ -188,3 +188,11 @@ def plot_convergence_figure(
         if family == "accuracy_curves":
             return plot_accuracy_curves(epochs, cells, spec, out)
         raise ValueError(f"unknown convergence figure family {family!r}")
+
+
+def plot_convergence_tables(
+    time_to_accuracy: str, epochs: str, convergence: str, spec: dict, out: str
+) -> dict:
+    """plot_convergence_figure from the three tables' CSV files (the `convergence_figure` job)."""
+    tables = (pd.read_csv(f) for f in (time_to_accuracy, epochs, convergence))
+    return plot_convergence_figure(*tables, spec=spec, out=out)
