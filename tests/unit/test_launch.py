@@ -116,3 +116,20 @@ def test_a_failing_rank_fails_the_cell_without_output(tmp_path, capfd):
     assert code != 0 and not out.exists()
     err = capfd.readouterr().err
     assert "cell FAILED: rank" in err and "no_such_model" in err
+
+
+def test_a_local_cells_ports_lie_below_the_ephemeral_range_and_are_all_free():
+    """Local cells take a block below the ephemeral range (never a kernel-chosen port whose
+    +1+rank neighbours other programs' connections may hold), skip a block where any port the
+    ranks use is taken, and fail clearly when every block tried is."""
+    from dlscale.run import launch
+
+    low, _ = launch.ephemeral_range()
+    draws = iter([5, 9, 13])
+    first = launch.slurm_port({"SLURM_JOB_ID": "5"})
+    busy = {first + 3}  # world size 2 uses base .. base + 3: this block is out
+    port = launch.local_port(2, is_free=lambda p: p not in busy, draw=lambda _: next(draws))
+    assert port == launch.slurm_port({"SLURM_JOB_ID": "9"}) and port + 3 < low
+    assert port >= launch.PORT_FLOOR and (port - launch.PORT_FLOOR) % launch.PORT_BLOCK == 0
+    with pytest.raises(RuntimeError, match="rendezvous ports"):
+        launch.local_port(2, is_free=lambda p: False)

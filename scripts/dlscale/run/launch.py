@@ -189,10 +189,31 @@ def local_rank_env(
     )
 
 
+def local_port(world_size: int, is_free=port_free, draw=None) -> int:
+    """Base port of a local cell: a random one of slurm_port's blocks below the ephemeral range,
+    with every port the ranks use (base .. base + world size + 1: TensorFlow's workers listen on
+    base + 1 + rank) free now. Not a kernel-chosen ephemeral port: base + 1 + rank would then
+    lie in the range the kernel hands to other programs' connections (a test run of 4 workers
+    met "Could not start gRPC server ... 0.0.0.0:52734")."""
+    import random
+
+    draw = draw or random.randrange
+    tried = []
+    for _ in range(PORT_PROBES):
+        port = slurm_port({"SLURM_JOB_ID": str(draw(1 << 30))})
+        if all(is_free(port + k) for k in range(world_size + 2)):
+            return port
+        tried.append(port)
+    raise RuntimeError(
+        f"rendezvous ports: blocks at {tried} all have a port in use on this machine; free "
+        f"them or widen the range below the ephemeral ports ({EPHEMERAL_RANGE_FILE})"
+    )
+
+
 def start_local(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
     """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on
     loopback."""
-    port = _free_port()
+    port = local_port(cell.world_size)
     procs = []
     for rank in range(cell.world_size):
         env = local_rank_env(rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank)
