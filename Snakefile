@@ -55,10 +55,12 @@ onerror:
 
 
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before
-# the first job (rules/common.smk). Then the driver records itself and resumes the jobs an
-# earlier driver of the study left behind (dlscale.workflow.resume, README "Resume").
+# the first job (rules/common.smk). Measurements from before their folders existed get one. Then
+# the driver records itself and resumes the jobs an earlier driver of the study left behind
+# (dlscale.workflow.resume, README "Resume").
 onstart:
     check_launcher_matches_executor()
+    adopt_measurements()
     start_driver()
 
 

@@ -17,12 +17,14 @@ request (1 node, 1 task, 1 CPU, the cell's memory and time limit):
   sbatch    one `sbatch --wrap` per cell, all submitted at once, then `squeue` every second
             until none is left (what a user would write by hand)
 
-Per run: wall time; the cells' own work (their launchers' wall_seconds, from the metrics); the
-overhead per cell, (wall - work / 2) / N, since the 2-node cluster runs two 1-node cells at
-once; the tail, from the last metrics file written to the command's exit; and the in-job
-extra, the median of each cell's Slurm job length minus its launcher's wall_seconds (what runs
-around the ranks inside the allocation). Printed: each
-run, then medians over the rounds and the dlscale / sbatch ratios.
+Per run: wall time, and the wall to the last cell (the command's start to the last metrics
+file written: issue 33's measure); the cells' own work (their launchers' wall_seconds, from
+the metrics); the overhead per cell, (wall - work / 2) / N, since the 2-node cluster runs two
+1-node cells at once; the tail, from the last metrics file written to the command's exit; the
+in-job extra, the median of each cell's Slurm job length minus its launcher's wall_seconds
+(what runs around the ranks inside the allocation); when the first and the last job were
+submitted and the first started, after the command's start (slurmctld's whole seconds). Printed:
+each run, then medians over the rounds and the dlscale / sbatch ratios.
 """
 
 from __future__ import annotations
@@ -72,20 +74,30 @@ def cells_work(paths: list[Path]) -> float:
     return total
 
 
-def job_times(job_id: str) -> tuple[float, float] | None:
+def job_times(job_id: str, keys=("StartTime", "EndTime")) -> tuple[float, ...] | None:
     """(start, end) of a finished job as slurmctld reports it (whole seconds; the local cluster
-    keeps finished jobs for MinJobAge = 600 s)."""
+    keeps finished jobs for MinJobAge = 600 s); other `keys` (SubmitTime) on request."""
     out = subprocess.run(
         ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
     ).stdout
     fields = dict(t.partition("=")[::2] for t in out.split() if "=" in t)
     try:
-        return tuple(
-            time.mktime(time.strptime(fields[k], "%Y-%m-%dT%H:%M:%S"))
-            for k in ("StartTime", "EndTime")
-        )
+        return tuple(time.mktime(time.strptime(fields[k], "%Y-%m-%dT%H:%M:%S")) for k in keys)
     except (KeyError, ValueError):
         return None
+
+
+def timeline(start: float, jobs: list[str]) -> dict:
+    """When, after the command's start, the first and the last job were submitted and the first
+    started (slurmctld's whole seconds)."""
+    times = [t for t in (job_times(j, ("SubmitTime", "StartTime")) for j in jobs) if t]
+    if not times:
+        return {"first_submit_s": None, "last_submit_s": None, "first_start_s": None}
+    return {
+        "first_submit_s": min(t[0] for t in times) - start,
+        "last_submit_s": max(t[0] for t in times) - start,
+        "first_start_s": min(t[1] for t in times) - start,
+    }
 
 
 def in_job_extra(paths: list[Path], jobs: list[str]) -> float | None:
@@ -111,10 +123,12 @@ def summarize(
     last = max(p.stat().st_mtime for p in paths)
     return {
         "wall_s": wall,
+        "to_last_cell_s": last - start,
         "work_s": work,
         "overhead_per_cell_s": (wall - work / SLOTS) / cells,
         "tail_s": end - last,
         "in_job_extra_s": in_job_extra(paths, jobs),
+        **timeline(start, jobs),
     }
 
 
@@ -274,13 +288,23 @@ def main() -> None:
         print(
             f"  round {k + 1} {name:8s} wall {r['wall_s']:6.1f} s, cells' work "
             f"{r['work_s']:6.1f} s, overhead {r['overhead_per_cell_s']:5.2f} s/cell, "
-            f"tail {r['tail_s']:5.1f} s, in-job extra {r['in_job_extra_s']:.1f} s",
+            f"tail {r['tail_s']:5.1f} s, in-job extra {r['in_job_extra_s']:.1f} s; to the last "
+            f"cell {r['to_last_cell_s']:6.1f} s; submitted {fmt(r['first_submit_s'])}.."
+            f"{fmt(r['last_submit_s'])} s, first start {fmt(r['first_start_s'])} s",
             flush=True,
         )
 
+    def fmt(seconds: float | None) -> str:
+        return "?" if seconds is None else f"{seconds:.0f}"
+
     results = alternate(a.rounds, variants, show)
     med = {
-        name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        name: {
+            key: statistics.median(r[key] for r in runs if r[key] is not None)
+            if any(r[key] is not None for r in runs)
+            else None
+            for key in runs[0]
+        }
         for name, runs in results.items()
     }
     for name, m in med.items():
@@ -288,7 +312,9 @@ def main() -> None:
         print(
             f"{name:8s} median of {a.rounds}: wall {m['wall_s']:.1f} s, overhead "
             f"{m['overhead_per_cell_s']:.2f} s/cell (range {min(spread):.2f}-{max(spread):.2f}), "
-            f"tail {m['tail_s']:.1f} s, in-job extra {m['in_job_extra_s']:.1f} s per cell"
+            f"tail {m['tail_s']:.1f} s, in-job extra {m['in_job_extra_s']:.1f} s per cell; to "
+            f"the last cell {m['to_last_cell_s']:.1f} s; submitted {fmt(m['first_submit_s'])}.."
+            f"{fmt(m['last_submit_s'])} s, first start {fmt(m['first_start_s'])} s"
         )
     s = med["sbatch"]
     for name in [v for v in med if v != "sbatch"]:
@@ -296,7 +322,8 @@ def main() -> None:
         print(
             f"ratio {name} / sbatch: overhead per cell "
             f"{d['overhead_per_cell_s'] / s['overhead_per_cell_s']:.2f}, wall "
-            f"{d['wall_s'] / s['wall_s']:.2f}"
+            f"{d['wall_s'] / s['wall_s']:.2f}, wall to the last cell "
+            f"{d['to_last_cell_s'] / s['to_last_cell_s']:.2f} (issue 33: <= 1.1)"
         )
 
 

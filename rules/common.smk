@@ -3,11 +3,13 @@
 # package (scripts/dlscale/study/config.py, matrix.py) so it is unit-tested without Snakemake.
 import functools
 import importlib.resources
+import inspect
 import os
 import re
 import sys
 from pathlib import Path
 
+from snakemake.common import overwrite_function_params
 from snakemake.exceptions import WorkflowError
 
 from dlscale.workflow.capability import environment_problems
@@ -73,12 +75,12 @@ if workflow.is_main_process:
     # A study survives its driver (dlscale.workflow.resume): the locks of a previous driver that is gone
     # are removed and named; a live one is named with its pid, host and command (Snakemake's
     # lock check then refuses this run).
-    # (not in the partial build that a failed driver starts: that driver holds the study)
+    # (not in the partial build that a failed driver starts: that driver holds the study).
+    # Also in a dry run: Snakemake parses before it knows the run is one (workflow.dryrun is
+    # False here), and a dead driver's locks are stale either way.
     if PARTIAL_BUILD_ENV not in os.environ:
-        for _line in previous_driver(RESULTS, unlock=not workflow.dryrun):
+        for _line in previous_driver(RESULTS):
             print(f"dlscale: {_line}", file=sys.stderr)
-    if not workflow.dryrun:
-        adopt_unarchived(cell.path for cell in STUDY.cells)
     _changed = changed_cells(STUDY.cells)
     if _changed and not STUDY.config["remeasure"]:
         raise WorkflowError(f"dlscale: {describe_changes(_changed)}")
@@ -120,6 +122,15 @@ wildcard_constraints:
     },
 
 
+# A train job's params are functions of its wildcards (below). Snakemake asks a params function's
+# signature at each of its calls, three times per job (inspect.signature: ~60,000 calls in the
+# dry run of a 10,000-cell study); its own hook snakemake.common.overwrite_function_params
+# hands it the signature once (the same mapping, so the same arguments are passed).
+def per_job(func):
+    overwrite_function_params(func, inspect.signature(func).parameters)
+    return func
+
+
 def cell_of(wildcards, workload=DEFAULT_WORKLOAD):
     """The Cell a job's wildcards name (the wildcards of a workload's train rule); excluded or
     unknown combinations are refused."""
@@ -132,11 +143,13 @@ def cell_of(wildcards, workload=DEFAULT_WORKLOAD):
         ) from None
 
 
+@per_job
 def cell_json(wildcards):
     """The cell, serialised whole: the launcher's one input (dlscale.study.cell.Cell.to_json)."""
     return cell_of(wildcards).to_json()
 
 
+@per_job
 def convergence_cell_json(wildcards):
     """A convergence cell, serialised whole (the convergence train rules' one parameter)."""
     return cell_of(wildcards, "convergence").to_json()
@@ -179,6 +192,7 @@ def train_inputs(workload):
     return {"data": data_path(STUDY.config)}
 
 
+@per_job
 def framework_python(wildcards):
     """Interpreter of the cell's framework environment for its hardware's variant: the driver
     venv for PyTorch's CPU build, else .venvs/<env>/bin/python (built by scripts/setup.sh from
@@ -220,6 +234,15 @@ def check_launcher_matches_executor():
 # submission and handles SIGHUP/SIGINT/SIGTERM (dlscale.workflow.resume). The plugin itself has
 # each cell's job run its launcher with no Snakemake inside the allocation
 # (dlscale.workflow.jobstep). The workflow's `onstart`, after the launcher check, before any job.
+# Existing metrics files without a measurement folder of their own (the layout before
+# dlscale.store.measurements) get one before the first job could remove them: in `onstart`,
+# which Snakemake runs only for a real run with jobs to do, before any job (at parse time a dry
+# run cannot be told from a real one, and a dry run writes nothing).
+def adopt_measurements():
+    if workflow.is_main_process:
+        adopt_unarchived(cell.path for cell in STUDY.cells)
+
+
 def start_driver():
     if not workflow.is_main_process:
         return

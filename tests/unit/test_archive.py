@@ -70,7 +70,8 @@ def test_a_changed_cell_is_named_with_its_fields(tmp_path, monkeypatch):
     never = Cell.from_dict(cell_dict(rep=3))
     write_cell(same)
     write_cell(changed, steps=5, launcher="srun")
-    found = archive.changed_cells([same, changed, never])
+    elsewhere = Cell.from_dict(cell_dict(rep=2, study="not-measured-yet"))
+    found = archive.changed_cells([same, elsewhere, changed, never])
     assert [(c.rep, sorted(diff)) for c, diff in found] == [(2, ["launcher", "steps"])]
     assert found[0][1]["steps"] == (5, 2)
     message = archive.describe_changes(found)

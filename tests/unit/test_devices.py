@@ -287,6 +287,10 @@ def test_a_taken_port_moves_to_the_next_block_then_fails_clearly():
     assert choose_slurm_port(env, is_free=lambda p: p != own) == slurm_port(env, probe=1)
     with pytest.raises(RuntimeError, match="all in use.*4242"):
         choose_slurm_port(env, is_free=lambda p: False)
+    # the ports of the ranks beside rank 0 count too (TensorFlow: base + 1 + rank): with two
+    # ranks on the first node base + 3 is theirs, with one it is not
+    assert choose_slurm_port(env, 2, is_free=lambda p: p != own + 3) == slurm_port(env, probe=1)
+    assert choose_slurm_port(env, 1, is_free=lambda p: p != own + 3) == own
 
 
 # ----------------------------------------------------------------------------- hardware keys

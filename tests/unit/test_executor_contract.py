@@ -266,3 +266,27 @@ def test_the_status_back_off_is_bounded_by_the_setting(monkeypatch, bound, backe
     assert executor.next_seconds_between_status_checks == seen
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     assert profile["dlscale-max-seconds-between-status-checks"] == 30
+
+
+def test_snakemake_takes_a_params_functions_signature_from_the_hook(monkeypatch):
+    """rules/common.smk `per_job`: the train rules' params functions hand Snakemake their
+    signature once (snakemake.common.overwrite_function_params) instead of the three
+    inspect.signature calls per job that Rule.apply_input_function and
+    Rule._is_deriving_function make through get_function_params."""
+    import snakemake.common as common
+    import snakemake.rules as rules
+
+    def cell(wildcards):
+        return wildcards
+
+    parameters = inspect.signature(cell).parameters
+    common.overwrite_function_params(cell, parameters)
+    monkeypatch.setattr(inspect, "signature", lambda *a, **k: pytest.fail("signature asked"))
+    assert common.get_function_params(cell) is parameters
+    assert common.get_input_function_aux_params(cell, {"input": 1, "wildcards": 2}) == {
+        "wildcards": 2
+    }
+    for caller in (rules.Rule.apply_input_function, rules.Rule._is_deriving_function):
+        assert "get_function_params(func)" in inspect.getsource(caller), broken(
+            f"{caller.__qualname__}", "get_function_params(func)", "another way"
+        )

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from dlscale.outputs.figure_layout import CONVERGENCE_FAMILIES, FAMILIES
+from dlscale.study.cell import MEASUREMENTS_DIR, METRICS_FILE
+from dlscale.study.matrix import load_workflow_study
 
-from conftest import copy_workflow, snakemake, tiny_study
+from conftest import BIN, copy_workflow, snakemake, tiny_study
 
 pytestmark = pytest.mark.workflow
 
@@ -43,6 +45,24 @@ def test_dry_run_shows_product_minus_exclusions(tmp_path, base_config):
         "train_cpu_n2": 2 * 2 * 2 - 2,
     }
     assert counts["report_pdf"] == 1 and counts["collect"] == 1
+
+
+def test_a_dry_run_writes_nothing_and_a_run_adopts_old_measurements_first(tmp_path, base_config):
+    """A metrics file from before measurement folders existed: a dry run leaves it as it is
+    (Snakemake parses before it knows the run is a dry one: the adoption is an `onstart`
+    step); the next real run gives it its folder (a hard link) before any job runs."""
+    work = copy_workflow(tmp_path, base_config)
+    cell = load_workflow_study({}, work).cells[0]
+    plain = work / cell.path
+    plain.parent.mkdir(parents=True)
+    plain.write_text("{}\n")
+    proc = snakemake(work, "--profile", "profiles/local", "-n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [p for p in (work / "results").rglob("*") if p.is_file()] == [plain]
+    proc = snakemake(work, "--profile", "profiles/local", "results/data/digits/cifar_binary")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (kept,) = (plain.parent / MEASUREMENTS_DIR).glob(f"*/{METRICS_FILE}")
+    assert kept.samefile(plain) and plain.read_text() == "{}\n"
 
 
 @pytest.mark.parametrize(
@@ -285,7 +305,6 @@ def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
                 and not (fakebin / tool.name).exists()
             ):
                 (fakebin / tool.name).symlink_to(tool)
-    from conftest import BIN
 
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{fakebin}")
     figures = finished_study / "results/tiny/figures/cpu/throughput.pdf"
@@ -699,7 +718,6 @@ def test_failed_cell_gives_a_partial_report_by_the_same_rules(finished_study):
     complete_pdf = work / "results/tiny/report/report.pdf"
     before = complete_pdf.stat().st_mtime
     env = dict(os.environ, DLSCALE_FAULT="eager/n2/r1:1:2:3")
-    from conftest import BIN
 
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(

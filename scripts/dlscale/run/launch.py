@@ -22,6 +22,7 @@ launcher's environment: dlscale's local launcher, srun, or torchrun).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -116,22 +117,37 @@ def port_free(port: int) -> bool:
     return True
 
 
-def choose_slurm_port(env=os.environ, is_free=port_free) -> int:
-    """The job's base port (slurm_port), checked free on this host (the launcher runs on the
-    allocation's first node, where rank 0 listens); the next blocks when it is taken, and a
-    clear error when PORT_PROBES blocks are."""
+def rendezvous_port(seeds, ports: int, where: str, is_free=port_free) -> int:
+    """The base of the first block (slurm_port's block of each seed, at most PORT_PROBES tried)
+    whose ports base .. base + ports - 1 are all free on this host, where rank 0 and the ranks
+    beside it listen; a clear error naming the blocks when each has a port in use. The one port
+    chooser of both launchers (choose_slurm_port, local_port)."""
     tried = []
-    for probe in range(PORT_PROBES):
-        port = slurm_port(env, probe=probe)
-        if is_free(port):
+    for seed in itertools.islice(seeds, PORT_PROBES):
+        port = slurm_port({"SLURM_JOB_ID": str(seed)})
+        if all(is_free(port + k) for k in range(ports)):
             return port
         tried.append(port)
     raise RuntimeError(
-        f"rendezvous ports {tried} are all in use on {socket.gethostname()} (Slurm job "
-        f"{env.get('SLURM_JOB_ID')}): another program holds them. Free them, or raise the "
-        f"start of the ephemeral range ({EPHEMERAL_RANGE_FILE}) to widen the blocks above "
-        f"{PORT_FLOOR}"
+        f"rendezvous ports: blocks at {tried} all in use on {socket.gethostname()} ({where}): "
+        f"another program holds a port of each (base .. base + {ports - 1}). Free them, or "
+        f"raise the start of the ephemeral range ({EPHEMERAL_RANGE_FILE}) to widen the blocks "
+        f"above {PORT_FLOOR}"
     )
+
+
+def ports_per_host(ranks: int) -> int:
+    """Ports a cell's ranks listen on on one host: the base (rank 0's rendezvous), one per rank
+    there (TensorFlow's workers listen on base + 1 + rank) and one spare."""
+    return ranks + 2
+
+
+def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) -> int:
+    """The job's base port (slurm_port), with the ports of the `ranks_here` ranks on this host
+    (the allocation's first node, where the launcher runs) free; the next blocks when not."""
+    job = int(env["SLURM_JOB_ID"])
+    seeds = (job + probe for probe in range(PORT_PROBES))
+    return rendezvous_port(seeds, ports_per_host(ranks_here), f"Slurm job {job}", is_free)
 
 
 def gpu_step_options(cell: Cell) -> list[str]:
@@ -190,24 +206,16 @@ def local_rank_env(
 
 
 def local_port(world_size: int, is_free=port_free, draw=None) -> int:
-    """Base port of a local cell: a random one of slurm_port's blocks below the ephemeral range,
-    with every port the ranks use (base .. base + world size + 1: TensorFlow's workers listen on
-    base + 1 + rank) free now. Not a kernel-chosen ephemeral port: base + 1 + rank would then
-    lie in the range the kernel hands to other programs' connections (a test run of 4 workers
-    met "Could not start gRPC server ... 0.0.0.0:52734")."""
+    """Base port of a local cell: a random one of slurm_port's blocks below the ephemeral range
+    with the ports of all its ranks free (every rank runs on this machine). Not a kernel-chosen
+    ephemeral port: base + 1 + rank would then lie in the range the kernel hands to other
+    programs' connections (a test run of 4 workers met "Could not start gRPC server ...
+    0.0.0.0:52734")."""
     import random
 
     draw = draw or random.randrange
-    tried = []
-    for _ in range(PORT_PROBES):
-        port = slurm_port({"SLURM_JOB_ID": str(draw(1 << 30))})
-        if all(is_free(port + k) for k in range(world_size + 2)):
-            return port
-        tried.append(port)
-    raise RuntimeError(
-        f"rendezvous ports: blocks at {tried} all have a port in use on this machine; free "
-        f"them or widen the range below the ephemeral ports ({EPHEMERAL_RANGE_FILE})"
-    )
+    seeds = (draw(1 << 30) for _ in range(PORT_PROBES))
+    return rendezvous_port(seeds, ports_per_host(world_size), "local cell", is_free)
 
 
 def start_local(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
@@ -256,7 +264,7 @@ def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, s
         }
         overlap = ["--overlap"]
     hosts = allocation_nodes(env)
-    addr, port = hosts[0], choose_slurm_port(env)
+    addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
     env.update(
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),

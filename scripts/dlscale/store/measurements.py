@@ -20,7 +20,14 @@ import shutil
 import time
 from pathlib import Path
 
-from dlscale.study.cell import MEASUREMENTS_DIR, METRICS_FILE, NOT_IDENTITY, Cell
+from dlscale.study.cell import (
+    MEASUREMENTS_DIR,
+    METRICS_FILE,
+    NOT_IDENTITY,
+    STUDY_DIR,
+    WORKLOAD_DIRS,
+    Cell,
+)
 
 # What the config asks for to re-measure changed cells (rules/common.smk).
 REMEASURE_FLAG = "--config remeasure=True"
@@ -123,7 +130,17 @@ def changed_cells(cells: list[Cell]) -> list[tuple[Cell, dict]]:
     """Measured cells whose measurement was made with another identity than the planned one:
     [(cell, {field: (measured, planned)})]. Fields the file does not record are not compared."""
     changed = []
+    # each workload's cell folder of a study, looked at once: a study not measured yet (the
+    # dry run of a new 10,000-cell study) costs one stat, not one per cell
+    folders: dict[tuple[str, str], bool] = {}
     for cell in cells:
+        top = (cell.study, cell.workload)
+        if top not in folders:
+            folders[top] = Path(
+                STUDY_DIR.format(study=cell.study), WORKLOAD_DIRS[cell.workload]
+            ).is_dir()
+        if not folders[top]:
+            continue
         path = Path(cell.path)
         if not path.exists():
             continue

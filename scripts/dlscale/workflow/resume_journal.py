@@ -130,7 +130,7 @@ def study_locks(study_dir: str | Path, lock_dir: str | Path = LOCK_DIR) -> list[
     return found
 
 
-def previous_driver(study_dir: str | Path, unlock: bool = True) -> list[str]:
+def previous_driver(study_dir: str | Path) -> list[str]:
     """Messages about the study's previous driver; removes its locks when it is gone.
 
     Never raises: when the previous driver still runs, Snakemake's own lock check refuses the
@@ -162,8 +162,6 @@ def previous_driver(study_dir: str | Path, unlock: bool = True) -> list[str]:
             f"there (ssh {rec['host']} ps -p {rec['pid']}), unlock with the same command "
             "plus --unlock"
         ]
-    if not unlock:
-        return [f"the study's previous driver ({where}) is gone; its locks would be removed"]
     for lock in locks:
         lock.unlink(missing_ok=True)
     return [
