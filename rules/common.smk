@@ -228,12 +228,6 @@ def check_launcher_matches_executor():
         raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
 
 
-# The driver records itself and, under the project's executor plugin (`executor: dlscale`,
-# snakemake_executor_plugin_dlscale: the official Slurm executor subclassed), starts resume:
-# adopts the jobs an earlier driver of the study left queued or running, journals every
-# submission and handles SIGHUP/SIGINT/SIGTERM (dlscale.workflow.resume). The plugin itself has
-# each cell's job run its launcher with no Snakemake inside the allocation
-# (dlscale.workflow.jobstep). The workflow's `onstart`, after the launcher check, before any job.
 # Existing metrics files without a measurement folder of their own (the layout before
 # dlscale.store.measurements) get one before the first job could remove them: in `onstart`,
 # which Snakemake runs only for a real run with jobs to do, before any job (at parse time a dry
@@ -243,6 +237,12 @@ def adopt_measurements():
         adopt_unarchived(cell.path for cell in STUDY.cells)
 
 
+# The driver records itself and, under the project's executor plugin (`executor: dlscale`,
+# snakemake_executor_plugin_dlscale: the official Slurm executor subclassed), starts resume:
+# adopts the jobs an earlier driver of the study left queued or running, journals every
+# submission and handles SIGHUP/SIGINT/SIGTERM (dlscale.workflow.resume). The plugin itself has
+# each cell's job run its launcher with no Snakemake inside the allocation
+# (dlscale.workflow.jobstep). The workflow's `onstart`, after the launcher check, before any job.
 def start_driver():
     if not workflow.is_main_process:
         return

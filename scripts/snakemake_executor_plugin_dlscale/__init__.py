@@ -8,8 +8,9 @@ the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
 
 - `format_job_exec`: a cell's job runs its launcher directly, with no Snakemake inside the
   allocation (dlscale.workflow.jobstep); every other job keeps the plugin's own command.
-- `check_active_jobs`: the plugin's own, then its status poll interval bounded by the setting
-  `dlscale-max-seconds-between-status-checks` (the plugin backs off to 180 s, a fixed bound).
+- `check_active_jobs`: the plugin's own, then its status poll interval grown by the setting
+  `dlscale-status-backoff-factor` instead of the plugin's +10 s per poll that saw no job finish,
+  and bounded by `dlscale-max-seconds-between-status-checks` (the plugin's bound: 180 s, fixed).
 - `run_jobs`, `report_job_submission`, `report_job_success`, `cancel_jobs`: a study survives its
   driver (dlscale.workflow.resume: adoption of an earlier driver's jobs, the submission journal,
   SIGHUP/SIGINT/SIGTERM). Resume starts at the workflow's onstart (`start_study`, called by
@@ -55,6 +56,18 @@ class ExecutorSettings(SlurmExecutorSettings):
             "required": False,
         },
     )
+    status_backoff_factor: Optional[float] = field(  # noqa: UP045 (a type Snakemake calls)
+        default=None,
+        metadata={
+            "help": "Grow the status poll interval by this factor after a poll that finds no "
+            "job finished (from the init interval: 2, 3, 4.5, ... s at 1.5), instead of the "
+            "Slurm plugin's 10 s per such poll; still bounded by max-seconds-between-status-"
+            "checks. A cell that ends a few seconds after a poll is then seen within seconds, "
+            "not 12 s or more. Unset: the plugin's own step.",
+            "env_var": False,
+            "required": False,
+        },
+    )
 
 
 def misnamed_options(argv: list[str]) -> list[str]:
@@ -87,11 +100,18 @@ class Executor(SlurmExecutor):
 
     # -- status polling: the plugin's back-off, bounded -------------------------------------
     async def check_active_jobs(self, active_jobs):
+        settings = self.workflow.executor_settings
+        before = self.next_seconds_between_status_checks
         async for job_info in super().check_active_jobs(active_jobs):
             yield job_info
-        bound = self.workflow.executor_settings.max_seconds_between_status_checks
-        if bound and bound > 0 and self.next_seconds_between_status_checks > bound:
-            self.next_seconds_between_status_checks = bound
+        after = self.next_seconds_between_status_checks
+        # the plugin backed off (no job finished: before + 10 s) or reset (some finished)
+        if settings.status_backoff_factor and after > before:
+            after = round(max(before * settings.status_backoff_factor, before + 1), 1)
+        bound = settings.max_seconds_between_status_checks
+        if bound and bound > 0 and after > bound:
+            after = bound
+        self.next_seconds_between_status_checks = after
 
     # -- resume ----------------------------------------------------------------------------
     def start_study(self, study_dir: str, mode: str) -> resume.Resume:

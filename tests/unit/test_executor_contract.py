@@ -240,32 +240,57 @@ def test_no_live_object_is_patched():
         assert not assignment.search(text), f"{path.relative_to(ROOT)}: {assignment.search(text)}"
 
 
-@pytest.mark.parametrize("bound, backed_off, seen", [(30, 180, 30), (30, 12, 12), (0, 180, 180)])
-def test_the_status_back_off_is_bounded_by_the_setting(monkeypatch, bound, backed_off, seen):
-    """The Slurm plugin backs off by 10 s per poll that saw no job finish, up to a fixed 180 s;
-    the dlscale Executor runs the plugin's poll, then bounds the interval it left (0: unbounded).
-    The poll itself is replaced here (no cluster): it yields its job and backs off."""
+@pytest.mark.parametrize(
+    "factor, bound, before, after_poll, seen",
+    [
+        (None, 30, 170, 180, 30),  # the plugin's step (+10 s), bounded
+        (None, 30, 2, 12, 12),
+        (None, 0, 170, 180, 180),  # 0: unbounded
+        (1.5, 30, 2, 12, 3),  # no job finished: x 1.5 instead of + 10 s
+        (1.5, 30, 4.5, 14.5, 6.8),
+        (1.5, 30, 2.5, 12.5, 3.8),
+        (1.1, 30, 2, 12, 3),  # at least 1 s more
+        (1.5, 30, 30, 40, 30),  # bounded
+        (1.5, 30, 22.8, 2, 2),  # a job finished: the plugin's reset to the init interval stands
+    ],
+)
+def test_the_status_back_off_grows_by_the_factor_up_to_the_bound(
+    monkeypatch, factor, bound, before, after_poll, seen
+):
+    """The Slurm plugin backs off by 10 s per poll that saw no job finish, up to a fixed 180 s,
+    and resets to its init interval when one did; the dlscale Executor runs the plugin's poll,
+    then (with a factor) grows the interval it started from by the factor instead, and bounds
+    it (0: unbounded). The poll itself is replaced here (no cluster): it yields its job and
+    sets the interval as the plugin would."""
     import asyncio
     import types
 
     async def poll(self, active_jobs):
-        self.next_seconds_between_status_checks = backed_off
+        self.next_seconds_between_status_checks = after_poll
         for job in active_jobs:
             yield job
 
     monkeypatch.setattr(SlurmExecutor, "check_active_jobs", poll)
     executor = object.__new__(plugin.Executor)
     executor.workflow = types.SimpleNamespace(
-        executor_settings=plugin.ExecutorSettings(max_seconds_between_status_checks=bound)
+        executor_settings=plugin.ExecutorSettings(
+            max_seconds_between_status_checks=bound, status_backoff_factor=factor
+        )
     )
+    executor.next_seconds_between_status_checks = before
 
     async def still_running():
         return [j async for j in executor.check_active_jobs(["job"])]
 
     assert asyncio.run(still_running()) == ["job"]
     assert executor.next_seconds_between_status_checks == seen
+
+
+def test_the_profile_polls_geometrically_up_to_30_s():
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     assert profile["dlscale-max-seconds-between-status-checks"] == 30
+    assert profile["dlscale-status-backoff-factor"] == 1.5
+    assert profile["dlscale-init-seconds-before-status-checks"] == 2
 
 
 def test_snakemake_takes_a_params_functions_signature_from_the_hook(monkeypatch):
