@@ -98,7 +98,7 @@ class Executor(SlurmExecutor):
     def format_job_exec(self, job) -> str:
         return jobstep.command(job, self.thin, super().format_job_exec)
 
-    # -- status polling: the plugin's back-off, bounded -------------------------------------
+    # -- status polling: the plugin's poll, its back-off grown by a factor and bounded ----
     async def check_active_jobs(self, active_jobs):
         settings = self.workflow.executor_settings
         before = self.next_seconds_between_status_checks
