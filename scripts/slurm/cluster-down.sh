@@ -6,7 +6,9 @@
 # Stops ONLY the daemons this project started, found through the pid files in
 # ${DLSCALE_SLURM_DIR:-/var/tmp/dlscale-slurm}: running jobs are cancelled,
 # then slurmd (one per node), slurmctld, slurmdbd, MariaDB and munged (the last
-# only if cluster-up.sh started it and no other cluster's slurmctld runs) get SIGTERM, then SIGKILL after a timeout.
+# only if this cluster's cluster-up.sh started or shared it, and no other cluster's slurmctld
+# runs: the last of the project's clusters to stop stops it) get SIGTERM, then SIGKILL after a
+# timeout.
 # Idempotent: exits 0 when nothing is running.
 set -euo pipefail
 

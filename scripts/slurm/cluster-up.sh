@@ -439,8 +439,28 @@ start_munged() {
         || { tail_logs "$MUNGE_DIR/munged.log"; die "munged failed to start"; }
     wait_for 10 munge_works || { tail_logs "$MUNGE_DIR/munged.log"; die "munged started but 'munge -n | unmunge' fails"; }
 }
+# A munged that another local cluster of this project started (its command line names a
+# `--pid-file` in that cluster's state dir, whose slurm.conf carries our marker) is shared:
+# its pid is recorded here too, so whichever cluster stops last stops it (cluster-down.sh
+# leaves it running while another cluster's slurmctld runs). A munged of anything else is
+# used and never recorded, so never stopped.
+adopt_project_munged() {
+    local pid arg dir
+    for pid in $(pgrep -x munged || true); do
+        for arg in $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null); do
+            [[ $arg == --pid-file=*/munge/munged.pid ]] || continue
+            dir=${arg#--pid-file=}; dir=${dir%/munge/munged.pid}
+            if [[ $dir != "$STATE_DIR" ]] && head -n 3 "$dir/etc/slurm.conf" 2>/dev/null | grep -qF "$MARKER"; then
+                install -d -o munge -g munge -m 700 "$MUNGE_DIR"
+                echo "$pid" >"$MUNGE_DIR/munged.pid"
+                log "sharing the munged (pid $pid) that the cluster in $dir started"
+            fi
+        done
+    done
+}
 if munge_works; then
     log "using the munged already running on $MUNGE_SOCKET"
+    adopt_project_munged
 else
     start_munged
 fi
