@@ -101,10 +101,15 @@ def slurm_port(env=os.environ, ephemeral: tuple[int, int] | None = None, probe: 
     ports between PORT_FLOOR and the start of the ephemeral range (352 blocks at Linux's
     default), so concurrent cells differ unless their job ids differ by a multiple of the block
     count; `probe` moves to the next blocks when the job's own is taken."""
-    low, _ = ephemeral or ephemeral_range()
+    return port_block(int(env["SLURM_JOB_ID"]) + probe, ephemeral or ephemeral_range())
+
+
+def port_block(seed: int, ephemeral: tuple[int, int]) -> int:
+    """The base port of block number `seed` (modulo the block count) below the ephemeral range."""
+    low, _ = ephemeral
     floor = PORT_FLOOR if low - PORT_FLOOR >= PORT_BLOCK else 1024
     blocks = max(1, (low - floor) // PORT_BLOCK)
-    return floor + ((int(env["SLURM_JOB_ID"]) + probe) % blocks) * PORT_BLOCK
+    return floor + (seed % blocks) * PORT_BLOCK
 
 
 def port_free(port: int) -> bool:
@@ -118,13 +123,13 @@ def port_free(port: int) -> bool:
 
 
 def rendezvous_port(seeds, ports: int, where: str, is_free=port_free) -> int:
-    """The base of the first block (slurm_port's block of each seed, at most PORT_PROBES tried)
+    """The base of the first block (port_block of each seed, at most PORT_PROBES tried)
     whose ports base .. base + ports - 1 are all free on this host, where rank 0 and the ranks
     beside it listen; a clear error naming the blocks when each has a port in use. The one port
     chooser of both launchers (choose_slurm_port, local_port)."""
-    tried = []
+    tried, ephemeral = [], ephemeral_range()
     for seed in itertools.islice(seeds, PORT_PROBES):
-        port = slurm_port({"SLURM_JOB_ID": str(seed)})
+        port = port_block(seed, ephemeral)
         if all(is_free(port + k) for k in range(ports)):
             return port
         tried.append(port)
@@ -206,7 +211,7 @@ def local_rank_env(
 
 
 def local_port(world_size: int, is_free=port_free, draw=None) -> int:
-    """Base port of a local cell: a random one of slurm_port's blocks below the ephemeral range
+    """Base port of a local cell: a random one of the blocks below the ephemeral range
     with the ports of all its ranks free (every rank runs on this machine). Not a kernel-chosen
     ephemeral port: base + 1 + rank would then lie in the range the kernel hands to other
     programs' connections (a test run of 4 workers met "Could not start gRPC server ...
