@@ -414,11 +414,11 @@ def stats(values: list[float], unit: str, fmt: str = ".2f") -> str:
     )
 
 
-def ratio_line(project: list[float], bare: list[float], what: str) -> str:
+def ratio_line(project: list[float], bare: list[float], what: str, name: str = "project") -> str:
     per_round = [p / b for p, b in zip(project, bare)]
     of_medians = statistics.median(project) / statistics.median(bare)
     return (
-        f"  ratio project/bare {what}: {of_medians:.2f}"
+        f"  ratio {name}/bare {what}: {of_medians:.2f}"
         f" (ratio of medians; per round median {statistics.median(per_round):.2f}, "
         f"min {min(per_round):.2f}, max {max(per_round):.2f})"
     )
@@ -428,12 +428,15 @@ def report(results: dict[str, list[Run]]) -> list[str]:
     lines = []
     for name, runs in results.items():
         lines.append(
-            f"  {name:8s} wall {stats([r.wall_s for r in runs], 's')}; "
+            f"  {name:13s} wall {stats([r.wall_s for r in runs], 's')}; "
             f"peak RSS {stats([r.maxrss_mib for r in runs], 'MiB', '.0f')}"
         )
     p, b = results["project"], results["bare"]
     lines.append(ratio_line([r.wall_s for r in p], [r.wall_s for r in b], "wall"))
     lines.append(ratio_line([r.maxrss_mib for r in p], [r.maxrss_mib for r in b], "peak RSS"))
+    for name, runs in results.items():  # further variants (planning.py --ablate)
+        if name not in ("project", "bare"):
+            lines.append(ratio_line([r.wall_s for r in runs], [r.wall_s for r in b], "wall", name))
     return lines
 
 

@@ -19,6 +19,12 @@ repeats before it runs its one cell.
 
 Goal (issue 7): wall-time ratio project/bare <= 1.2 at 10,000 cells.
 
+--ablate adds two copies of the project that are not usable workflows, measured in the same
+rounds, to show where the excess over bare lies (issue 33): `no-log`, the train rules without
+their `log:` (and its redirection), and `no-log-params`, also with literal strings for the two
+params functions (the cell's JSON, the framework's interpreter). Every removed line is matched
+exactly, so a change to rules/train.smk stops the ablation instead of measuring nothing.
+
 Snakemake's Slurm executor plugin, imported by every snakemake run, asks `scontrol show config`
 for MinJobAge at import: where slurmctld does not answer that costs ~9 s per run, the same in
 both variants, depending on whether a cluster is up. By default the children get an `scontrol`
@@ -28,6 +34,7 @@ that fails at once (the plugin then skips the question); --slurm-probe keeps the
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -69,6 +76,12 @@ def main() -> None:
         "--slurm-probe",
         action="store_true",
         help="let the Slurm plugin query scontrol in every run (see above)",
+    )
+    p.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also time the project without the train rules' log, then also without their "
+        "params functions (see above)",
     )
     a = p.parse_args()
     sizes = [int(x) for x in a.cells.split(",") if x]
@@ -118,6 +131,22 @@ def main() -> None:
                 str(bare_cfg),
             ],
         }
+        if a.ablate:
+            for name, edits in ABLATIONS.items():
+                copy = root / f"{name}-{n}"  # the project copy, its study files included
+                shutil.copytree(
+                    wf, copy, symlinks=True, ignore=shutil.ignore_patterns(".snakemake")
+                )
+                ablate(copy / "rules" / "train.smk", edits)
+                cmds[name] = [
+                    str(a.snakemake),
+                    "-s",
+                    str(copy / "Snakefile"),
+                    "-d",
+                    str(copy),
+                    "--configfile",
+                    str(cfg),
+                ]
         logs = root / f"logs-{n}"
         logs.mkdir(exist_ok=True)
         for name, cmd in cmds.items():  # untimed warm-up; checks the planned train jobs
@@ -151,9 +180,9 @@ def main() -> None:
 
             return common.alternate(
                 a.rounds,
-                {"project": variant("project"), "bare": variant("bare")},
+                {name: variant(name) for name in cmds},
                 on_run=lambda r, name, run: print(
-                    f"     round {r + 1} {name:7s} {run.wall_s:6.2f} s {run.maxrss_mib:5.0f} MiB",
+                    f"     round {r + 1} {name:13s} {run.wall_s:6.2f} s {run.maxrss_mib:5.0f} MiB",
                     flush=True,
                 ),
             )
@@ -193,6 +222,30 @@ def main() -> None:
             flush=True,
         )
     print(f"\nlogs and copies under {root}")
+
+
+# --ablate: what each copy drops from rules/train.smk (old text -> new text, each matched once)
+_NO_LOG = [
+    ("        log:\n            train_log_pattern(_workload, _parallelism),\n", ""),
+    (' > {log:q} 2>&1"', '"'),
+]
+ABLATIONS = {
+    "no-log": _NO_LOG,
+    "no-log-params": [
+        *_NO_LOG,
+        ("cell=CELL_JSON[_workload],", "cell='cell',"),
+        ("python=framework_python,", "python='python',"),
+    ],
+}
+
+
+def ablate(train_smk: Path, edits: list[tuple[str, str]]) -> None:
+    text = train_smk.read_text()
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise SystemExit(f"--ablate: {old!r} is not in {train_smk} exactly once")
+        text = text.replace(old, new)
+    train_smk.write_text(text)
 
 
 if __name__ == "__main__":
