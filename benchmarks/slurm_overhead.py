@@ -74,44 +74,51 @@ def cells_work(paths: list[Path]) -> float:
     return total
 
 
-def job_times(job_id: str, keys=("StartTime", "EndTime")) -> tuple[float, ...] | None:
-    """(start, end) of a finished job as slurmctld reports it (whole seconds; the local cluster
-    keeps finished jobs for MinJobAge = 600 s); other `keys` (SubmitTime) on request."""
+def job_times(job_id: str) -> dict[str, float] | None:
+    """SubmitTime, StartTime and EndTime of a finished job as slurmctld reports them (whole
+    seconds; the local cluster keeps finished jobs for MinJobAge = 600 s): one query per job."""
     out = subprocess.run(
         ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
     ).stdout
     fields = dict(t.partition("=")[::2] for t in out.split() if "=" in t)
     try:
-        return tuple(time.mktime(time.strptime(fields[k], "%Y-%m-%dT%H:%M:%S")) for k in keys)
+        return {
+            k: time.mktime(time.strptime(fields[k], "%Y-%m-%dT%H:%M:%S"))
+            for k in ("SubmitTime", "StartTime", "EndTime")
+        }
     except (KeyError, ValueError):
         return None
 
 
-def timeline(start: float, jobs: list[str]) -> dict:
+def timeline(start: float, times: list[dict[str, float]]) -> dict:
     """When, after the command's start, the first and the last job were submitted and the first
     started (slurmctld's whole seconds)."""
-    times = [t for t in (job_times(j, ("SubmitTime", "StartTime")) for j in jobs) if t]
     if not times:
         return {"first_submit_s": None, "last_submit_s": None, "first_start_s": None}
     return {
-        "first_submit_s": min(t[0] for t in times) - start,
-        "last_submit_s": max(t[0] for t in times) - start,
-        "first_start_s": min(t[1] for t in times) - start,
+        "first_submit_s": min(t["SubmitTime"] for t in times) - start,
+        "last_submit_s": max(t["SubmitTime"] for t in times) - start,
+        "first_start_s": min(t["StartTime"] for t in times) - start,
     }
 
 
-def in_job_extra(paths: list[Path], jobs: list[str]) -> float | None:
+def in_job_extra(paths: list[Path], times: list[dict[str, float] | None]) -> float | None:
     """Median over cells of (job length - the launcher's wall_seconds): what the job runs around
     the cell's ranks (dlscale: the plugin's batch snakemake, its job step's snakemake and the
     launcher's start; sbatch: the launcher's start)."""
     extra = []
-    for path, job in zip(paths, jobs, strict=True):
-        times = job_times(job)
-        if times is None:
+    for path, t in zip(paths, times, strict=True):
+        if t is None:
             continue
         last = json.loads(path.read_text().splitlines()[-1])
-        extra.append(times[1] - times[0] - last["value"]["wall_seconds"])
+        extra.append(t["EndTime"] - t["StartTime"] - last["value"]["wall_seconds"])
     return statistics.median(extra) if extra else None
+
+
+def median_or_none(values) -> float | None:
+    """The median of the values that were measured (None where a job had left slurmctld)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def summarize(
@@ -121,14 +128,15 @@ def summarize(
         raise SystemExit(f"{len(paths)} metrics files, expected {cells}")
     work = cells_work(paths)
     last = max(p.stat().st_mtime for p in paths)
+    times = [job_times(job) for job in jobs]
     return {
         "wall_s": wall,
         "to_last_cell_s": last - start,
         "work_s": work,
         "overhead_per_cell_s": (wall - work / SLOTS) / cells,
         "tail_s": end - last,
-        "in_job_extra_s": in_job_extra(paths, jobs),
-        **timeline(start, jobs),
+        "in_job_extra_s": in_job_extra(paths, times),
+        **timeline(start, [t for t in times if t]),
     }
 
 
@@ -284,6 +292,9 @@ def main() -> None:
             work, root / f"poll10-{k + 1}.log", a.cells, a.train_only, old
         )
 
+    def fmt(seconds: float | None) -> str:
+        return "?" if seconds is None else f"{seconds:.0f}"
+
     def show(k: int, name: str, r: dict) -> None:
         print(
             f"  round {k + 1} {name:8s} wall {r['wall_s']:6.1f} s, cells' work "
@@ -294,17 +305,9 @@ def main() -> None:
             flush=True,
         )
 
-    def fmt(seconds: float | None) -> str:
-        return "?" if seconds is None else f"{seconds:.0f}"
-
     results = alternate(a.rounds, variants, show)
     med = {
-        name: {
-            key: statistics.median(r[key] for r in runs if r[key] is not None)
-            if any(r[key] is not None for r in runs)
-            else None
-            for key in runs[0]
-        }
+        name: {key: median_or_none(r[key] for r in runs) for key in runs[0]}
         for name, runs in results.items()
     }
     for name, m in med.items():

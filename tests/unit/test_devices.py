@@ -20,7 +20,13 @@ from dlscale.run.devices import (
     visible_devices,
 )
 from dlscale.run.energy import EnergyMeter
-from dlscale.run.launch import PORT_BLOCK, choose_slurm_port, gpu_step_options, slurm_port
+from dlscale.run.launch import (
+    PORT_BLOCK,
+    choose_slurm_port,
+    ephemeral_range,
+    gpu_step_options,
+    port_block,
+)
 from dlscale.run.provenance import parse_gpu_activity
 from dlscale.store.metrics_summary import shared_gpus
 from dlscale.study.cell import Cell
@@ -274,22 +280,22 @@ def test_launcher_states_the_gpu_binding():
 
 def test_rendezvous_ports_below_the_ephemeral_range_per_job():
     ephemeral = (32768, 60999)
-    ports = {slurm_port({"SLURM_JOB_ID": str(j)}, ephemeral) for j in range(1000, 1352)}
+    ports = {port_block(j, ephemeral) for j in range(1000, 1352)}
     assert len(ports) == 352  # 352 consecutive jobs, 352 distinct blocks
     assert all(10000 <= p and p + PORT_BLOCK <= 32768 for p in ports)
     # a narrow kernel range still yields ports outside it
-    assert slurm_port({"SLURM_JOB_ID": "7"}, (10020, 60999)) + PORT_BLOCK <= 10020
+    assert port_block(7, (10020, 60999)) + PORT_BLOCK <= 10020
 
 
 def test_a_taken_port_moves_to_the_next_block_then_fails_clearly():
     env = {"SLURM_JOB_ID": "4242"}
-    own = slurm_port(env)
-    assert choose_slurm_port(env, is_free=lambda p: p != own) == slurm_port(env, probe=1)
+    own, next_block = (port_block(seed, ephemeral_range()) for seed in (4242, 4243))
+    assert choose_slurm_port(env, is_free=lambda p: p != own) == next_block
     with pytest.raises(RuntimeError, match="all in use.*4242"):
         choose_slurm_port(env, is_free=lambda p: False)
     # the ports of the ranks beside rank 0 count too (TensorFlow: base + 1 + rank): with two
     # ranks on the first node base + 3 is theirs, with one it is not
-    assert choose_slurm_port(env, 2, is_free=lambda p: p != own + 3) == slurm_port(env, probe=1)
+    assert choose_slurm_port(env, 2, is_free=lambda p: p != own + 3) == next_block
     assert choose_slurm_port(env, 1, is_free=lambda p: p != own + 3) == own
 
 

@@ -124,12 +124,13 @@ def test_a_local_cells_ports_lie_below_the_ephemeral_range_and_are_all_free():
     ranks use is taken, and fail clearly when every block tried is."""
     from dlscale.run import launch
 
-    low, _ = launch.ephemeral_range()
+    ephemeral = launch.ephemeral_range()
+    low, _ = ephemeral
     draws = iter([5, 9, 13])
-    first = launch.slurm_port({"SLURM_JOB_ID": "5"})
+    first = launch.port_block(5, ephemeral)
     busy = {first + 3}  # world size 2 uses base .. base + 3: this block is out
     port = launch.local_port(2, is_free=lambda p: p not in busy, draw=lambda _: next(draws))
-    assert port == launch.slurm_port({"SLURM_JOB_ID": "9"}) and port + 3 < low
+    assert port == launch.port_block(9, ephemeral) and port + 3 < low
     assert port >= launch.PORT_FLOOR and (port - launch.PORT_FLOOR) % launch.PORT_BLOCK == 0
     with pytest.raises(RuntimeError, match="rendezvous ports"):
         launch.local_port(2, is_free=lambda p: False)

@@ -96,16 +96,12 @@ def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
         return 32768, 60999
 
 
-def slurm_port(env=os.environ, ephemeral: tuple[int, int] | None = None, probe: int = 0) -> int:
-    """Rendezvous base port of a Slurm job: the job id picks one of the blocks of PORT_BLOCK
-    ports between PORT_FLOOR and the start of the ephemeral range (352 blocks at Linux's
-    default), so concurrent cells differ unless their job ids differ by a multiple of the block
-    count; `probe` moves to the next blocks when the job's own is taken."""
-    return port_block(int(env["SLURM_JOB_ID"]) + probe, ephemeral or ephemeral_range())
-
-
 def port_block(seed: int, ephemeral: tuple[int, int]) -> int:
-    """The base port of block number `seed` (modulo the block count) below the ephemeral range."""
+    """The base port of block number `seed` (modulo the block count): the blocks of PORT_BLOCK
+    ports between PORT_FLOOR and the start of the ephemeral range (352 blocks at Linux's
+    default). A Slurm cell's seed is its job id (then the next ids when that block is taken), so
+    concurrent cells differ unless their job ids differ by a multiple of the block count; a
+    local cell's seed is drawn at random."""
     low, _ = ephemeral
     floor = PORT_FLOOR if low - PORT_FLOOR >= PORT_BLOCK else 1024
     blocks = max(1, (low - floor) // PORT_BLOCK)
@@ -148,8 +144,9 @@ def ports_per_host(ranks: int) -> int:
 
 
 def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) -> int:
-    """The job's base port (slurm_port), with the ports of the `ranks_here` ranks on this host
-    (the allocation's first node, where the launcher runs) free; the next blocks when not."""
+    """The job's base port (port_block of its job id), with the ports of the `ranks_here`
+    ranks on this host (the allocation's first node, where the launcher runs) free; the next
+    blocks when not."""
     job = int(env["SLURM_JOB_ID"])
     seeds = (job + probe for probe in range(PORT_PROBES))
     return rendezvous_port(seeds, ports_per_host(ranks_here), f"Slurm job {job}", is_free)
