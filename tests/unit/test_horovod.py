@@ -98,7 +98,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 
 def start_ranks(tmp_path: Path, world: int = 2, **extra_env) -> list[subprocess.Popen]:
-    port = launch._free_port()
+    port = launch.local_port(world)
     procs = []
     for rank in range(world):
         env = {**launch.local_rank_env(rank, world, 1, port), **extra_env}

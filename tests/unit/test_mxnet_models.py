@@ -287,7 +287,7 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
     """2 ranks, different data, 2 steps: the weights are identical on both ranks and equal to
     a single process stepping on the mean gradient of both batches."""
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
-    world, steps, port = 2, 2, launch._free_port()
+    world, steps, port = 2, 2, launch.local_port(2)
     procs = []
     for rank in range(world):
         env = {**launch.local_rank_env(rank, world, 1, port), "DLSCALE_COLLECTIVE_TIMEOUT_S": "120"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlscale import frameworks
+from dlscale.run import launch
 from dlscale.study.cell import (
     CELL_PATTERN,
     Cell,
@@ -223,17 +223,12 @@ def test_ddp_cells_keep_their_path_identity_and_hash(root, base_config):
 
 
 # ---- real ranks -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(
     tmp_path, parallelism: str, nodes: int, rpn: int, tp: int = 1, model="transformer_small"
 ) -> list[dict]:
     """Start nodes x rpn ranks of the production adapter (parallel_ranks.py), one process each."""
-    world, port = nodes * rpn, free_port()
+    world = nodes * rpn
+    port = launch.local_port(world)  # production's chooser: below the ephemeral range
     outs = [tmp_path / f"{model}-{parallelism}-{world}-{r}.json" for r in range(world)]
     procs = [
         subprocess.Popen(

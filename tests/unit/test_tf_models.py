@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,9 +20,10 @@ import numpy as np
 import pytest
 
 from dlscale.models import builds, get_spec, names
+from dlscale.run import launch
 from dlscale.store.metrics import read_metrics
 
-from cells import cell_dict, launch_cell
+from cells import cell_dict, launch_cell, wait_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venvs" / "tensorflow" / "bin" / "python"
@@ -322,14 +322,8 @@ EXPECT = """
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ranks(python: Path, argv_of, tmp_path: Path, world: int = 2, **extra: str):
-    port = _free_port()
+    port = launch.local_port(world)  # production's chooser: below the ephemeral range
     procs = []
     for rank in range(world):
         env = tf_env(
@@ -354,6 +348,7 @@ def start_ranks(python: Path, argv_of, tmp_path: Path, world: int = 2, **extra: 
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=tmp_path,
+                start_new_session=True,  # stopped as the launcher stops ranks (wait_ranks)
             )
         )
     return procs
@@ -364,7 +359,7 @@ def test_gradients_are_averaged_across_ranks(tmp_path, tf_python, framework):
     procs = start_ranks(
         tf_python, lambda r: ["-c", textwrap.dedent(RANK), framework, str(tmp_path)], tmp_path
     )
-    codes = [p.wait(timeout=600) for p in procs]
+    codes = wait_ranks(procs, timeout=600)
     logs = "\n".join((tmp_path / f"rank{r}.log").read_text()[-2000:] for r in range(2))
     assert codes == [0, 0], logs
     out = run_tf(tf_python, EXPECT, str(tmp_path), legacy=framework == "keras")

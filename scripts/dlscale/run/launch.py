@@ -55,12 +55,6 @@ from dlscale.study.protocol import RANK_END
 
 
 # ----------------------------------------------------------------------------- the cell's launcher
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def allocation_nodes(env=os.environ) -> list[str]:
     """Host names of the job's allocation. The executor plugin strips SLURM_JOB_NODELIST from
     the job's environment, so ask Slurm by job id when it is gone."""
