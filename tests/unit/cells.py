@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from dlscale.run import launch
@@ -50,16 +49,11 @@ def launch_cell(tmp_path: Path, cell: dict, python=None) -> tuple[int, Path]:
 
 
 def wait_ranks(procs, timeout: float) -> list[int]:
-    """The exit codes of ranks started in their own sessions, stopped as the local launcher
-    stops them (launch._stop, as launch.wait_all does): all of them once one has failed (a peer
-    that died at start-up leaves a TensorFlow survivor waiting for it with no deadline of its
-    own), and all at `timeout` s. A stopped rank's code is negative (its signal)."""
-    deadline = time.monotonic() + timeout
-    while None in (codes := [p.poll() for p in procs]):
-        if any(codes) or time.monotonic() > deadline:
-            launch._stop(list(enumerate(procs)))
-            break
-        time.sleep(0.1)
+    """The exit codes of ranks started in their own sessions, waited for as the local launcher
+    waits (launch.wait_all): all are stopped once one has failed (a peer that died at start-up
+    leaves a TensorFlow survivor waiting for it with no deadline of its own), and all at
+    `timeout` s. A stopped rank's code is negative (its signal)."""
+    launch.wait_all(list(enumerate(procs)), timeout=timeout)
     return [p.returncode for p in procs]
 
 

@@ -134,3 +134,31 @@ def test_a_local_cells_ports_lie_below_the_ephemeral_range_and_are_all_free():
     assert port >= launch.PORT_FLOOR and (port - launch.PORT_FLOOR) % launch.PORT_BLOCK == 0
     with pytest.raises(RuntimeError, match="rendezvous ports"):
         launch.local_port(2, is_free=lambda p: False)
+
+
+def test_wait_all_stops_the_rest_on_a_failure_and_everything_at_its_timeout():
+    """launch.wait_all, as the local launcher and the multi-rank tests wait: a failed rank stops
+    its live peers at once; with a timeout, ranks still running then are stopped and reported."""
+    import subprocess
+    import sys
+    import time
+
+    def ranks(*codes_after):
+        return [
+            (r, subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+            for r, code in enumerate(codes_after)
+        ]
+
+    t0 = time.monotonic()
+    procs = ranks("import time; time.sleep(60)", "raise SystemExit(3)")
+    assert launch.wait_all(procs) == (1, 3)
+    assert procs[0][1].returncode < 0 and time.monotonic() - t0 < 30
+
+    t0 = time.monotonic()
+    procs = ranks("import time; time.sleep(60)", "import time; time.sleep(60)")
+    rank, code = launch.wait_all(procs, timeout=1.0)
+    assert rank == 0 and code < 0
+    assert all(p.returncode < 0 for _, p in procs) and time.monotonic() - t0 < 30
+
+    procs = ranks("pass", "pass")
+    assert launch.wait_all(procs, timeout=30) is None

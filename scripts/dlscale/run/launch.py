@@ -307,11 +307,17 @@ def _stop(procs, grace: float = 10.0) -> None:
             p.wait()
 
 
-def wait_all(procs) -> tuple[int, int] | None:
+def wait_all(procs, timeout: float | None = None) -> tuple[int, int] | None:
     """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a
-    failure."""
+    failure. With `timeout` (s; the launcher has none, Slurm's time limit bounds a job) the
+    ranks still running then are stopped too, and the first of them is the failure."""
     pending = dict((p.pid, (r, p)) for r, p in procs)
+    deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
+        if deadline is not None and time.monotonic() > deadline:
+            rank, p = next(iter(pending.values()))
+            _stop(list(pending.values()))
+            return rank, p.returncode
         for pid, (rank, p) in list(pending.items()):
             code = p.poll()
             if code is None:
