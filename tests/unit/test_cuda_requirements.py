@@ -1,7 +1,11 @@
 """The CUDA environments resolve on PyPI to CUDA builds (issue 29). Their wheels are GBs, so
 pip resolves each envs/*-cuda.txt as scripts/setup.sh installs it (--isolated: PyPI only, no
-local CPU wheel or constraint can stand in) with --dry-run: metadata only, nothing downloaded or
-installed. Needs PyPI (CI has it); skipped offline outside CI."""
+local CPU wheel or constraint can stand in) with --dry-run, nothing installed. The index serves no
+separate metadata files (PEP 658), so a plain --dry-run downloads every wheel in full (~2.5 GB an
+environment; a CI run failed on a full disk and on an interrupted 423 MB download): pip's fast-deps
+reads each wheel's METADATA with HTTP range requests instead (12.7 MB for pytorch-cuda, the same 38
+names, versions and URLs as the full download; pip falls back to the full wheel where a server has
+no range support). Needs PyPI (CI has it); skipped offline outside CI."""
 
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ def resolve():
                 "install",
                 "--isolated",
                 "--dry-run",
+                "--use-feature=fast-deps",
                 "--ignore-installed",
                 "--only-binary=:all:",
                 "--quiet",
