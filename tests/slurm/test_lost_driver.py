@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -118,6 +119,12 @@ def running_and_queued(study: str):
     return "RUNNING" in states and len([s for s in states if s in LIVE_STATES]) >= 2
 
 
+def all_submitted_running_and_queued(study: str):
+    """every cell's job submitted, one running and at least one more queued (the driver submits
+    one job at a time: a kill as soon as one runs can come before the last submission)"""
+    return len(study_jobs(study)) == len(CELLS) and running_and_queued(study)
+
+
 def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
     out, _ = proc.communicate(timeout=timeout)
     return out
@@ -160,7 +167,7 @@ def test_kill9_then_sighup_then_restart_resubmits_nothing(study):
     cells are measured by the four jobs the first driver submitted, and nothing else runs."""
     work, study = study
     first = start(work)
-    wait_until(lambda: running_and_queued(study))
+    wait_until(lambda: all_submitted_running_and_queued(study))
     first.kill()  # kill -9: nothing can be logged
     finish(first)
     assert (work / ".snakemake" / "locks").is_dir()  # the dead driver's locks are left behind
@@ -207,7 +214,7 @@ def test_restart_cancel_then_sigint_leave_nothing_in_the_queue(study):
     (Completing the study after that is the same restart as in the test above.)"""
     work, study = study
     first = start(work)
-    wait_until(lambda: running_and_queued(study))
+    wait_until(lambda: all_submitted_running_and_queued(study))
     first.kill()
     finish(first)
     orphans = set(study_jobs(study))
@@ -220,7 +227,9 @@ def test_restart_cancel_then_sigint_leave_nothing_in_the_queue(study):
     second.send_signal(signal.SIGINT)
     out = finish(second)
     assert second.returncode != 0
-    assert "cancelled 4 Slurm job(s) of an earlier driver" in out, out[-3000:]
+    said = re.search(r"cancelled (\d+) Slurm job\(s\) of an earlier driver \(([\d, ]+)\)", out)
+    assert said and int(said[1]) == len(CELLS), [x for x in out.splitlines() if "driver" in x]
+    assert set(said[2].split(", ")) == orphans, (said[0], orphans)
     assert "cancelling this run's Slurm jobs" in out, out[-3000:]
     wait_until(
         lambda: not [j for j in study_jobs(study).values() if j["state"] in LIVE_STATES],
