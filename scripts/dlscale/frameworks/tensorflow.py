@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 # Before TensorFlow is imported: TensorFlow's default Keras (Keras 3), unless the keras adapter,
@@ -168,6 +169,19 @@ def stop_health_check(strategy) -> None:
             stop()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
+
+
+def leave_together() -> None:
+    """Every worker waits here, at the end of a rank that did not fail, for all the others. The
+    ring all-reduce pulls: a worker whose share of the last collective is done may still be
+    serving a peer's RecvBuf of it, and exiting then resets that peer's connection (seen in CI:
+    rank 0's last allreduce probe failed with "Connection reset by peer" once rank 1 had
+    finished). The barrier is the coordination service's (worker 0 hosts it), not a collective,
+    so passing it means every worker's collectives are over. Bounded by the collectives'
+    timeout; a failed rank skips it (its peers are stopped by the launcher, or time out)."""
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier("dlscale_leave_together", COLLECTIVE_TIMEOUT_S * 1000)
 
 
 class Batches:
@@ -495,6 +509,8 @@ class Adapter(BaseAdapter):
     def teardown(self) -> None:
         if getattr(self, "strategy", None) is not None:
             stop_health_check(self.strategy)
+            if self.ctx.world_size > 1 and sys.exc_info()[0] is None:
+                leave_together()
             if self.ctx.rank == 0 and self.ctx.world_size > 1:
                 # worker 0 hosts TensorFlow's coordination service: leave the others a moment
                 # to exit first, so that they do not log lost-leader errors on the way out
