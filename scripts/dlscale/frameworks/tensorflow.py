@@ -507,14 +507,17 @@ class Adapter(BaseAdapter):
         return None
 
     def teardown(self) -> None:
-        if getattr(self, "strategy", None) is not None:
-            stop_health_check(self.strategy)
-            if self.ctx.world_size > 1 and sys.exc_info()[0] is None:
-                leave_together()
-            if self.ctx.rank == 0 and self.ctx.world_size > 1:
-                # worker 0 hosts TensorFlow's coordination service: leave the others a moment
-                # to exit first, so that they do not log lost-leader errors on the way out
-                time.sleep(TEARDOWN_GRACE_S)
+        if getattr(self, "strategy", None) is None:
+            return
+        stop_health_check(self.strategy)
+        if self.ctx.world_size == 1:
+            return
+        if sys.exc_info()[0] is None:  # a failing rank does not wait for its peers
+            leave_together()
+        if self.ctx.rank == 0:
+            # worker 0 hosts TensorFlow's coordination service: leave the others a moment
+            # to exit first, so that they do not log lost-leader errors on the way out
+            time.sleep(TEARDOWN_GRACE_S)
 
     def build_info(self) -> dict:
         info = {k: str(v) for k, v in tf.sysconfig.get_build_info().items()}
