@@ -7,7 +7,9 @@
   PYTHONPATH, .venvs linked from the source tree);
 - write_bare(): the bare Snakefile with the same N outputs (one wildcard rule, one aggregation
   over all N, rule all);
-- run_child(): wall time and peak RSS (os.wait4 rusage of the child) of one command;
+- planned_jobs()/write_same_jobs_bare(): the bare Snakefile with the same jobs as a project's
+  dry run (the cells by one wildcard rule, every other job literally, from Snakemake's listing);
+- run_child(): wall time, CPU time and peak RSS (os.wait4 rusage of the child) of one command;
 - cell_records(): a synthetic metrics file of one real Cell (dlscale.store.metrics.make_record,
   rank_summary, assemble), to be written with dlscale.store.metrics.write_atomic;
 - stats()/report(): the printed medians, ranges and ratios.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import os
 import re
 import shutil
@@ -343,6 +346,118 @@ def write_bare(dest: Path, cell_paths: list[str], config_path: Path) -> tuple[Pa
     return dest / "Snakefile", cfg
 
 
+# The bare baseline with the project's own jobs (planning.py; issue 33: "a bare Snakefile with
+# the same number of jobs"): the N cells made by one wildcard rule, as in BARE_SNAKEFILE, and
+# every other job the project's dry run planned (jobs.json: its rule and its input and output
+# files, read from Snakemake's own per-job listing) as a rule of its own with those literal
+# files, so the same files link the same jobs; no params, resources, logs or conda.
+SAME_JOBS_SNAKEFILE = """\
+# The bare baseline of dlscale's planning benchmark with the same jobs as the project's dry run:
+# the cells (cells.txt) by one wildcard rule, every other planned job (jobs.json) by a rule of its
+# own naming that job's input and output files.
+import json
+
+with open("cells.txt") as fh:
+    CELLS = fh.read().split()
+with open("jobs.json") as fh:
+    JOBS = json.load(fh)
+
+
+for _k, _job in enumerate(JOBS):
+
+    rule:
+        name:
+            f"{_job['rule']}_{_k}"
+        default_target: _job["rule"] == "all"
+        input:
+            CELLS if _job["cells"] else [],
+            _job["input"],
+        output:
+            _job["output"],
+        shell:
+            "touch {output}"
+
+
+rule train:
+    output:
+        "CELL_PATTERN",
+    shell:
+        "touch {output}"
+"""
+
+
+@dataclass
+class PlannedJob:
+    rule: str
+    input: list[str]
+    output: list[str]
+
+
+_JOB_HEAD = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
+
+
+def planned_jobs(listing: str) -> list[PlannedJob]:
+    """Every job of a dry run's per-job listing (`snakemake -n` without --quiet): its rule and
+    its input and output files, as Snakemake printed them."""
+    jobs: list[PlannedJob] = []
+    job = None
+    for line in listing.splitlines():
+        head = _JOB_HEAD.match(line)
+        if head:
+            job = PlannedJob(head.group(1), [], [])
+            jobs.append(job)
+        elif job is not None and line.startswith("    "):
+            key, _, files = line.strip().partition(": ")
+            if key in ("input", "output"):
+                setattr(job, key, files.split(", "))
+        else:
+            job = None
+    return jobs
+
+
+def write_same_jobs_bare(
+    dest: Path, cell_paths: list[str], jobs: list[PlannedJob], workdir: Path, config_path: Path
+) -> tuple[Path, Path]:
+    """The bare workflow with the project's jobs (SAME_JOBS_SNAKEFILE): the cells by the wildcard
+    rule, every other job of `jobs` literally; an input no job makes is made here as an empty
+    file when the project's workdir has it (a config file, the shipped data), else the listing
+    and the project disagree and this stops. Returns the Snakefile and the copied config."""
+    cells = set(cell_paths)
+    made = {f for job in jobs for f in job.output}
+    others, cell_jobs = [], 0
+    for job in jobs:
+        if job.output and set(job.output) <= cells:
+            cell_jobs += 1
+            continue
+        # collect's inputs: every cell (the wildcard rule's, read from cells.txt) and the rest
+        reads_cells = bool(cells) and cells <= set(job.input)
+        files = [f for f in job.input if f not in cells] if reads_cells else job.input
+        others.append(
+            {"rule": job.rule, "cells": reads_cells, "input": files, "output": job.output}
+        )
+    if cell_jobs != len(cells):
+        raise SystemExit(f"the listing names {cell_jobs} cell jobs, the study {len(cells)}")
+    dest.mkdir(parents=True)
+    for job in others:
+        for f in job["input"]:
+            if f in made or f in cells or os.path.isabs(f):
+                continue
+            if not (workdir / f).exists():
+                raise SystemExit(f"{job['rule']}: input {f} is neither made nor in {workdir}")
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            (dest / f).touch()
+    try:
+        from dlscale.study.cell import CELL_PATTERN as pattern
+    except ImportError:
+        from dlscale.study.matrix import CELL_PATTERN as pattern
+    (dest / "Snakefile").write_text(SAME_JOBS_SNAKEFILE.replace("CELL_PATTERN", pattern))
+    (dest / "cells.txt").write_text("\n".join(cell_paths) + "\n")
+    (dest / "jobs.json").write_text(json.dumps(others))
+    cfg = dest / config_path.name
+    shutil.copy2(config_path, cfg)
+    return dest / "Snakefile", cfg
+
+
 # ----------------------------------------------------------------------------- measurement
 @dataclass
 class Run:
@@ -350,6 +465,7 @@ class Run:
     maxrss_mib: float
     rc: int
     log: Path
+    cpu_s: float = 0.0  # user + system CPU time of the child and the descendants it waited for
 
     def tail(self, n: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-n:]
@@ -366,7 +482,8 @@ def run_child(cmd: list[str], cwd: Path, env: dict, log: Path) -> Run:
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    return Run(wall, usage.ru_maxrss / 1024, proc.returncode, log)  # ru_maxrss: KiB on Linux
+    cpu = usage.ru_utime + usage.ru_stime
+    return Run(wall, usage.ru_maxrss / 1024, proc.returncode, log, cpu)  # ru_maxrss: KiB on Linux
 
 
 def check(run: Run, what: str, expect: str | None = None) -> None:
@@ -414,29 +531,45 @@ def stats(values: list[float], unit: str, fmt: str = ".2f") -> str:
     )
 
 
-def ratio_line(project: list[float], bare: list[float], what: str, name: str = "project") -> str:
+def ratio_line(
+    project: list[float], bare: list[float], what: str, name: str = "project", base: str = "bare"
+) -> str:
     per_round = [p / b for p, b in zip(project, bare)]
     of_medians = statistics.median(project) / statistics.median(bare)
     return (
-        f"  ratio {name}/bare {what}: {of_medians:.2f}"
+        f"  ratio {name}/{base} {what}: {of_medians:.2f}"
         f" (ratio of medians; per round median {statistics.median(per_round):.2f}, "
         f"min {min(per_round):.2f}, max {max(per_round):.2f})"
     )
 
 
 def report(results: dict[str, list[Run]]) -> list[str]:
+    """Each variant's wall, CPU time and peak RSS; project/bare for each; then project/<other
+    bare> for another baseline (a name starting with "bare-"), <variant>/bare for any other
+    variant (planning.py --ablate). CPU time (user + system) is the less noisy figure on a
+    shared machine, whose other tenants lengthen the wall but not the work."""
     lines = []
     for name, runs in results.items():
         lines.append(
             f"  {name:13s} wall {stats([r.wall_s for r in runs], 's')}; "
+            f"CPU {stats([r.cpu_s for r in runs], 's')}; "
             f"peak RSS {stats([r.maxrss_mib for r in runs], 'MiB', '.0f')}"
         )
     p, b = results["project"], results["bare"]
     lines.append(ratio_line([r.wall_s for r in p], [r.wall_s for r in b], "wall"))
+    lines.append(ratio_line([r.cpu_s for r in p], [r.cpu_s for r in b], "CPU"))
     lines.append(ratio_line([r.maxrss_mib for r in p], [r.maxrss_mib for r in b], "peak RSS"))
-    for name, runs in results.items():  # further variants (planning.py --ablate)
-        if name not in ("project", "bare"):
-            lines.append(ratio_line([r.wall_s for r in runs], [r.wall_s for r in b], "wall", name))
+    for name, runs in results.items():
+        if name in ("project", "bare"):
+            continue
+        for what in ("wall_s", "cpu_s"):
+            label = "wall" if what == "wall_s" else "CPU"
+            mine = [getattr(r, what) for r in runs]
+            if name.startswith("bare-"):
+                theirs = [getattr(r, what) for r in p]
+                lines.append(ratio_line(theirs, mine, label, base=name))
+            else:
+                lines.append(ratio_line(mine, [getattr(r, what) for r in b], label, name))
     return lines
 
 

@@ -7,17 +7,25 @@ Snakefile with the same N outputs, side by side in one run.
 For each N: a study config of N cells (printed: the exact count dlscale plans and how it was
 reached) in a copy of the workflow of --workflow-dir (default: this repository; an older
 checkout such as a `git worktree` measures "before"; .venvs is linked from it, else from this
-repository), and a bare Snakefile (one wildcard rule making the same N cell paths, one rule
-aggregating all N like collect, rule all). Both run `snakemake -n --cores 1 --quiet` with
-the same flags (--configfile included) once untimed (which also checks that N train jobs are
-planned), then --rounds times, alternating which goes first. Prints median/min/max/n of the wall
-time and of the peak RSS of the snakemake process (os.wait4 rusage of the child) and the
-project/bare ratios; and, timed inside this process, dlscale's own parse step
+repository), and two bare Snakefiles. `bare`, the baseline of the goal ("a bare Snakefile with
+the same number of jobs"): the project's own jobs, read from its dry-run listing (one untimed
+`snakemake -n` without --quiet): the N cells made by one wildcard rule, every other job (collect,
+each figure, the report, ...) by a rule of its own naming the same input and output files, so
+the same files link the same jobs; no params, resources, logs or conda. `bare-min`, the
+baseline before issue 33's second look: the N cells, one rule aggregating all N like collect,
+rule all (N + 2 jobs; the project's other jobs each read collect's tables, and Snakemake scans
+collect's N inputs at each such read, which only `bare` pays too). All run
+`snakemake -n --cores 1 --quiet` with the same flags (--configfile included) once untimed (which
+also checks that N train jobs, and for `bare` as many jobs as the project, are planned), then
+--rounds times, alternating which goes first. Prints median/min/max/n of the wall time, the CPU
+time (user + system, the less noisy figure on a shared machine) and the peak RSS of the
+snakemake process (os.wait4 rusage of the child), the project/bare ratios and project/bare-min;
+and, timed inside this process, dlscale's own parse step
 (dlscale.study.matrix.load_study of the generated config), its share of the project's dry run; then
 the parse alone (`snakemake --list-rules`, alternating), which every Slurm job's snakemake
 repeats before it runs its one cell.
 
-Goal (issue 7): wall-time ratio project/bare <= 1.2 at 10,000 cells.
+Goal (issue 7; issue 33 names the baseline): wall-time ratio project/bare <= 1.2 at 10,000 cells.
 
 --ablate adds two copies of the project that are not usable workflows, measured in the same
 rounds, to show where the excess over bare lies (issue 33): `no-log`, the train rules without
@@ -109,28 +117,23 @@ def main() -> None:
             paths = [c.path for c in s.cells]
             paths_t.append(time.perf_counter() - t0)
 
-        bare_snakefile, bare_cfg = common.write_bare(root / f"bare-{n}", paths, cfg)
         env = common.child_env(wf, a.snakemake, shim)
-        cmds = {
-            "project": [
-                str(a.snakemake),
-                "-s",
-                str(wf / "Snakefile"),
-                "-d",
-                str(wf),
-                "--configfile",
-                str(cfg),
-            ],
-            "bare": [
-                str(a.snakemake),
-                "-s",
-                str(bare_snakefile),
-                "-d",
-                str(bare_snakefile.parent),
-                "--configfile",
-                str(bare_cfg),
-            ],
-        }
+        project = [str(a.snakemake), "-s", str(wf / "Snakefile"), "-d", str(wf)]
+        project += ["--configfile", str(cfg)]
+        logs = root / f"logs-{n}"
+        logs.mkdir(exist_ok=True)
+        bare_snakefile, bare_cfg, n_jobs = same_jobs_bare(
+            project, paths, wf, cfg, root / f"bare-{n}", env, logs
+        )
+        min_snakefile, min_cfg = common.write_bare(root / f"bare-min-{n}", paths, cfg)
+        print(f"   {n_jobs} jobs planned; bare: the same jobs, bare-min: cells + collect + all")
+        cmds = {"project": project}
+        for name, (snakefile, bare_config) in {
+            "bare": (bare_snakefile, bare_cfg),
+            "bare-min": (min_snakefile, min_cfg),
+        }.items():
+            cmds[name] = [str(a.snakemake), "-s", str(snakefile), "-d", str(snakefile.parent)]
+            cmds[name] += ["--configfile", str(bare_config)]
         if a.ablate:
             for name, edits in ABLATIONS.items():
                 copy = root / f"{name}-{n}"  # the project copy, its study files included
@@ -147,8 +150,6 @@ def main() -> None:
                     "--configfile",
                     str(cfg),
                 ]
-        logs = root / f"logs-{n}"
-        logs.mkdir(exist_ok=True)
         for name, cmd in cmds.items():  # untimed warm-up; checks the planned train jobs
             run = common.run_child(
                 cmd + ["-n", "--cores", "1", "--quiet", "rules"],
@@ -163,6 +164,9 @@ def main() -> None:
                     f"{name}: planned {planned} train jobs, expected "
                     f"{len(study.cells)}; see {run.log}"
                 )
+            total = sum(common.job_stats(run.log.read_text()).values())
+            if name != "bare-min" and total != n_jobs:
+                raise SystemExit(f"{name}: planned {total} jobs, expected {n_jobs}; see {run.log}")
             print(f"   warm-up {name}: {planned} train jobs planned, {run.wall_s:.1f} s")
 
         def side_by_side(args, tag):
@@ -216,12 +220,24 @@ def main() -> None:
         for line in common.report(parsed):
             print(line)
         print(
-            f"  goal (issue 7) at 10,000 cells: wall ratio <= 1.20; here "
+            f"  goal (issues 7, 33) at 10,000 cells: wall ratio project/bare <= 1.20; here "
             f"{project_med / bare_med:.2f} at {len(study.cells)} cells"
             f"{'' if a.slurm_probe else ' (Slurm plugin probe skipped in both)'}",
             flush=True,
         )
     print(f"\nlogs and copies under {root}")
+
+
+def same_jobs_bare(
+    project: list[str], paths: list[str], wf: Path, cfg: Path, dest: Path, env: dict, logs: Path
+) -> tuple[Path, Path, int]:
+    """The bare Snakefile with the project's jobs (benchmarks/_common.SAME_JOBS_SNAKEFILE), read
+    from the project's own dry-run listing (untimed); also the number of jobs planned."""
+    run = common.run_child(project + ["-n", "--cores", "1"], wf, env, logs / "project-listing.log")
+    common.check(run, "project dry run (per-job listing)")
+    jobs = common.planned_jobs(run.log.read_text())
+    snakefile, bare_cfg = common.write_same_jobs_bare(dest, paths, jobs, wf, cfg)
+    return snakefile, bare_cfg, len(jobs)
 
 
 # --ablate: what each copy drops from rules/train.smk (old text -> new text, each matched once)

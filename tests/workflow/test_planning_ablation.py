@@ -9,7 +9,9 @@ import re
 
 import pytest
 
-from conftest import ROOT, copy_workflow, snakemake
+from dlscale.study.matrix import load_study
+
+from conftest import BIN, ROOT, copy_workflow, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -53,3 +55,49 @@ def test_a_changed_train_rule_stops_the_ablation(tmp_path):
     with pytest.raises(SystemExit, match="python=framework_python"):
         planning.ablate(train, planning.ABLATIONS["no-log-params"])
     assert "log:" in train.read_text()  # nothing written when an edit fails
+
+
+def _jobs_by_shape(jobs, cells: set) -> tuple[set, set]:
+    """The cells a listing's jobs make, and every other job as (rule, inputs, outputs); a
+    same-jobs bare's rule `<rule>_<k>` is read as <rule>."""
+    made = {f for job in jobs if set(job.output) <= cells and job.output for f in job.output}
+    others = {
+        (re.sub(r"_\d+$", "", job.rule), frozenset(job.input), frozenset(job.output))
+        for job in jobs
+        if not (job.output and set(job.output) <= cells)
+    }
+    return made, others
+
+
+def test_the_bare_baseline_plans_the_projects_jobs_with_the_same_files(tmp_path):
+    """planning.py's baseline (issue 33: "a bare Snakefile with the same number of jobs"): built
+    from the project's own dry-run listing, it plans as many jobs as the project, the same cells,
+    and every other job with the same input and output files, so the same files link them."""
+    planning = _planning()
+    common = planning.common
+    work = common.copy_workflow(ROOT, tmp_path / "project", common.default_venvs(ROOT))
+    cfg, config, _ = common.write_study(work, 60, max_nodes=4)
+    study = load_study(config, work)
+    paths = [c.path for c in study.cells]
+    env = common.child_env(work, BIN / "snakemake")
+    project = [str(BIN / "snakemake"), "-s", str(work / "Snakefile"), "-d", str(work)]
+    project += ["--configfile", str(cfg)]
+    (tmp_path / "logs").mkdir()
+    snakefile, bare_cfg, n_jobs = planning.same_jobs_bare(
+        project, paths, work, cfg, tmp_path / "bare", env, tmp_path / "logs"
+    )
+    listing = (tmp_path / "logs" / "project-listing.log").read_text()
+    bare = snakemake(snakefile.parent, "-n", "--cores", "1", "--configfile", str(bare_cfg))
+    assert bare.returncode == 0, bare.stdout[-3000:] + bare.stderr[-3000:]
+
+    project_jobs = common.planned_jobs(listing)
+    bare_jobs = common.planned_jobs(bare.stdout + bare.stderr)
+    assert n_jobs == len(project_jobs) == len(bare_jobs) > len(paths) + 2
+    made, others = _jobs_by_shape(project_jobs, set(paths))
+    bare_made, bare_others = _jobs_by_shape(bare_jobs, set(paths))
+    assert made == bare_made == set(paths)
+    assert others == bare_others
+    assert {rule for rule, _, _ in others} >= {"all", "collect", "figure", "report_pdf"}
+    assert all(
+        job.rule == "train" for job in bare_jobs if job.output and set(job.output) <= set(paths)
+    )
