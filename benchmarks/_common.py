@@ -332,14 +332,21 @@ def write_bare(dest: Path, cell_paths: list[str], config_path: Path) -> tuple[Pa
     """The bare workflow: Snakefile, cells.txt, and a copy of the study config (passed with the
     same --configfile flag as the project, unused)."""
     dest.mkdir(parents=True)
+    return _bare_files(dest, BARE_SNAKEFILE, cell_paths, config_path)
+
+
+def _bare_files(
+    dest: Path, snakefile: str, cell_paths: list[str], config_path: Path
+) -> tuple[Path, Path]:
+    """A bare workflow's Snakefile (its CELL_PATTERN filled in), cells.txt and config copy."""
     # the measured checkout's own cell pattern (dlscale.study.cell.CELL_PATTERN;
-    # dlscale.study.matrix's
-    # before the cell module existed): the same wildcards as the study's train rules
+    # dlscale.study.matrix's before the cell module existed): the same wildcards as the study's
+    # train rules
     try:
         from dlscale.study.cell import CELL_PATTERN as pattern
     except ImportError:
         from dlscale.study.matrix import CELL_PATTERN as pattern
-    (dest / "Snakefile").write_text(BARE_SNAKEFILE.replace("CELL_PATTERN", pattern))
+    (dest / "Snakefile").write_text(snakefile.replace("CELL_PATTERN", pattern))
     (dest / "cells.txt").write_text("\n".join(cell_paths) + "\n")
     cfg = dest / config_path.name
     shutil.copy2(config_path, cfg)
@@ -446,16 +453,8 @@ def write_same_jobs_bare(
                 raise SystemExit(f"{job['rule']}: input {f} is neither made nor in {workdir}")
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             (dest / f).touch()
-    try:
-        from dlscale.study.cell import CELL_PATTERN as pattern
-    except ImportError:
-        from dlscale.study.matrix import CELL_PATTERN as pattern
-    (dest / "Snakefile").write_text(SAME_JOBS_SNAKEFILE.replace("CELL_PATTERN", pattern))
-    (dest / "cells.txt").write_text("\n".join(cell_paths) + "\n")
     (dest / "jobs.json").write_text(json.dumps(others))
-    cfg = dest / config_path.name
-    shutil.copy2(config_path, cfg)
-    return dest / "Snakefile", cfg
+    return _bare_files(dest, SAME_JOBS_SNAKEFILE, cell_paths, config_path)
 
 
 # ----------------------------------------------------------------------------- measurement
