@@ -399,6 +399,10 @@ class PlannedJob:
     input: list[str]
     output: list[str]
 
+    def makes_only(self, files: set[str]) -> bool:
+        """Whether the job has outputs and every one is among `files` (a cell's job)."""
+        return bool(self.output) and set(self.output) <= files
+
 
 _JOB_HEAD = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
 
@@ -433,7 +437,7 @@ def write_same_jobs_bare(
     made = {f for job in jobs for f in job.output}
     others, cell_jobs = [], 0
     for job in jobs:
-        if job.output and set(job.output) <= cells:
+        if job.makes_only(cells):
             cell_jobs += 1
             continue
         # collect's inputs: every cell (the wildcard rule's, read from cells.txt) and the rest

@@ -8,8 +8,8 @@ For each N: a study config of N cells (printed: the exact count dlscale plans an
 reached) in a copy of the workflow of --workflow-dir (default: this repository; an older
 checkout such as a `git worktree` measures "before"; .venvs is linked from it, else from this
 repository), and two bare Snakefiles. `bare`, the baseline of the goal ("a bare Snakefile with
-the same number of jobs"): the project's own jobs, read from its dry-run listing (one untimed
-`snakemake -n` without --quiet): the N cells made by one wildcard rule, every other job (collect,
+the same number of jobs"): the project's own jobs, read from its dry-run listing (its untimed
+warm-up, `snakemake -n` without --quiet): the N cells made by one wildcard rule, every other job (collect,
 each figure, the report, ...) by a rule of its own naming the same input and output files, so
 the same files link the same jobs; no params, resources, logs or conda. `bare-min`, the
 baseline before issue 33's second look: the N cells, one rule aggregating all N like collect,
@@ -118,22 +118,21 @@ def main() -> None:
             paths_t.append(time.perf_counter() - t0)
 
         env = common.child_env(wf, a.snakemake, shim)
-        project = [str(a.snakemake), "-s", str(wf / "Snakefile"), "-d", str(wf)]
-        project += ["--configfile", str(cfg)]
+        project = snakemake_cmd(a.snakemake, wf / "Snakefile", cfg)
         logs = root / f"logs-{n}"
         logs.mkdir(exist_ok=True)
-        bare_snakefile, bare_cfg, n_jobs = same_jobs_bare(
+        # the project's warm-up is the dry run whose listing the same-jobs bare is built from
+        bare_snakefile, bare_cfg, listing = same_jobs_bare(
             project, paths, wf, cfg, root / f"bare-{n}", env, logs
         )
+        n_jobs = sum(common.job_stats(listing.log.read_text()).values())
         min_snakefile, min_cfg = common.write_bare(root / f"bare-min-{n}", paths, cfg)
         print(f"   {n_jobs} jobs planned; bare: the same jobs, bare-min: cells + collect + all")
-        cmds = {"project": project}
-        for name, (snakefile, bare_config) in {
-            "bare": (bare_snakefile, bare_cfg),
-            "bare-min": (min_snakefile, min_cfg),
-        }.items():
-            cmds[name] = [str(a.snakemake), "-s", str(snakefile), "-d", str(snakefile.parent)]
-            cmds[name] += ["--configfile", str(bare_config)]
+        cmds = {
+            "project": project,
+            "bare": snakemake_cmd(a.snakemake, bare_snakefile, bare_cfg),
+            "bare-min": snakemake_cmd(a.snakemake, min_snakefile, min_cfg),
+        }
         if a.ablate:
             for name, edits in ABLATIONS.items():
                 copy = root / f"{name}-{n}"  # the project copy, its study files included
@@ -141,17 +140,10 @@ def main() -> None:
                     wf, copy, symlinks=True, ignore=shutil.ignore_patterns(".snakemake")
                 )
                 ablate(copy / "rules" / "train.smk", edits)
-                cmds[name] = [
-                    str(a.snakemake),
-                    "-s",
-                    str(copy / "Snakefile"),
-                    "-d",
-                    str(copy),
-                    "--configfile",
-                    str(cfg),
-                ]
+                cmds[name] = snakemake_cmd(a.snakemake, copy / "Snakefile", cfg)
         for name, cmd in cmds.items():  # untimed warm-up; checks the planned train jobs
-            run = common.run_child(
+            run = listing if name == "project" else None
+            run = run or common.run_child(
                 cmd + ["-n", "--cores", "1", "--quiet", "rules"],
                 root,
                 env,
@@ -228,16 +220,29 @@ def main() -> None:
     print(f"\nlogs and copies under {root}")
 
 
+def snakemake_cmd(snakemake: Path, snakefile: Path, cfg: Path) -> list[str]:
+    """snakemake on a workflow copy: its Snakefile, its folder as workdir, the study config."""
+    return [
+        str(snakemake),
+        "-s",
+        str(snakefile),
+        "-d",
+        str(snakefile.parent),
+        "--configfile",
+        str(cfg),
+    ]
+
+
 def same_jobs_bare(
     project: list[str], paths: list[str], wf: Path, cfg: Path, dest: Path, env: dict, logs: Path
-) -> tuple[Path, Path, int]:
+) -> tuple[Path, Path, common.Run]:
     """The bare Snakefile with the project's jobs (benchmarks/_common.SAME_JOBS_SNAKEFILE), read
-    from the project's own dry-run listing (untimed); also the number of jobs planned."""
+    from the project's own dry-run listing (untimed; its run is returned too)."""
     run = common.run_child(project + ["-n", "--cores", "1"], wf, env, logs / "project-listing.log")
     common.check(run, "project dry run (per-job listing)")
     jobs = common.planned_jobs(run.log.read_text())
     snakefile, bare_cfg = common.write_same_jobs_bare(dest, paths, jobs, wf, cfg)
-    return snakefile, bare_cfg, len(jobs)
+    return snakefile, bare_cfg, run
 
 
 # --ablate: what each copy drops from rules/train.smk (old text -> new text, each matched once)

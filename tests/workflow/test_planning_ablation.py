@@ -60,11 +60,11 @@ def test_a_changed_train_rule_stops_the_ablation(tmp_path):
 def _jobs_by_shape(jobs, cells: set) -> tuple[set, set]:
     """The cells a listing's jobs make, and every other job as (rule, inputs, outputs); a
     same-jobs bare's rule `<rule>_<k>` is read as <rule>."""
-    made = {f for job in jobs if set(job.output) <= cells and job.output for f in job.output}
+    made = {f for job in jobs if job.makes_only(cells) for f in job.output}
     others = {
         (re.sub(r"_\d+$", "", job.rule), frozenset(job.input), frozenset(job.output))
         for job in jobs
-        if not (job.output and set(job.output) <= cells)
+        if not job.makes_only(cells)
     }
     return made, others
 
@@ -80,13 +80,13 @@ def test_the_bare_baseline_plans_the_projects_jobs_with_the_same_files(tmp_path)
     study = load_study(config, work)
     paths = [c.path for c in study.cells]
     env = common.child_env(work, BIN / "snakemake")
-    project = [str(BIN / "snakemake"), "-s", str(work / "Snakefile"), "-d", str(work)]
-    project += ["--configfile", str(cfg)]
+    project = planning.snakemake_cmd(BIN / "snakemake", work / "Snakefile", cfg)
     (tmp_path / "logs").mkdir()
-    snakefile, bare_cfg, n_jobs = planning.same_jobs_bare(
+    snakefile, bare_cfg, run = planning.same_jobs_bare(
         project, paths, work, cfg, tmp_path / "bare", env, tmp_path / "logs"
     )
-    listing = (tmp_path / "logs" / "project-listing.log").read_text()
+    listing = run.log.read_text()
+    n_jobs = sum(common.job_stats(listing).values())
     bare = snakemake(snakefile.parent, "-n", "--cores", "1", "--configfile", str(bare_cfg))
     assert bare.returncode == 0, bare.stdout[-3000:] + bare.stderr[-3000:]
 
@@ -98,6 +98,4 @@ def test_the_bare_baseline_plans_the_projects_jobs_with_the_same_files(tmp_path)
     assert made == bare_made == set(paths)
     assert others == bare_others
     assert {rule for rule, _, _ in others} >= {"all", "collect", "figure", "report_pdf"}
-    assert all(
-        job.rule == "train" for job in bare_jobs if job.output and set(job.output) <= set(paths)
-    )
+    assert all(job.rule == "train" for job in bare_jobs if job.makes_only(set(paths)))
