@@ -5,25 +5,24 @@ Snakefile with the same N outputs, side by side in one run.
                                             [--workflow-dir DIR] [--workdir DIR] [--slurm-probe]
 
 For each N: a study config of N cells (printed: the exact count dlscale plans and how it was
-reached) in a copy of the workflow of --workflow-dir (default: this repository; an older
-checkout such as a `git worktree` measures "before"; .venvs is linked from it, else from this
-repository), and two bare Snakefiles. `bare`, the baseline of the goal ("a bare Snakefile with
-the same number of jobs"): the project's own jobs, read from its dry-run listing (its untimed
-warm-up, `snakemake -n` without --quiet): the N cells made by one wildcard rule, every other job (collect,
-each figure, the report, ...) by a rule of its own naming the same input and output files, so
-the same files link the same jobs; no params, resources, logs or conda. `bare-min`, the
-baseline before issue 33's second look: the N cells, one rule aggregating all N like collect,
-rule all (N + 2 jobs; the project's other jobs each read collect's tables, and Snakemake scans
-collect's N inputs at each such read, which only `bare` pays too). All run
-`snakemake -n --cores 1 --quiet` with the same flags (--configfile included) once untimed (which
-also checks that N train jobs, and for `bare` as many jobs as the project, are planned), then
---rounds times, alternating which goes first. Prints median/min/max/n of the wall time, the CPU
-time (user + system, the less noisy figure on a shared machine) and the peak RSS of the
-snakemake process (os.wait4 rusage of the child), the project/bare ratios and project/bare-min;
-and, timed inside this process, dlscale's own parse step
-(dlscale.study.matrix.load_study of the generated config), its share of the project's dry run; then
-the parse alone (`snakemake --list-rules`, alternating), which every Slurm job's snakemake
-repeats before it runs its one cell.
+reached) in a copy of the workflow of --workflow-dir (default: this repository; an older checkout
+such as a `git worktree` measures "before"; .venvs is linked from it, else from this repository),
+and two bare Snakefiles. `bare`, the baseline of the goal ("a bare Snakefile with the same number of
+jobs"): the project's own jobs, read from its dry-run listing (its untimed warm-up, `snakemake -n`
+without --quiet): the N cells made by one wildcard rule, every other job (collect, each figure, the
+report, ...) by a rule of its own naming the same input and output files, so the same files link the
+same jobs; no params, resources, logs or conda. `bare-min`, the baseline before issue 33's second
+look: the N cells, one rule aggregating all N like collect, rule all (N + 2 jobs; the project's
+other jobs each read collect's tables, and Snakemake scans collect's N inputs at each such read,
+which only `bare` pays too). All run `snakemake -n --cores 1 --quiet` with the same flags
+(--configfile included), once untimed (the project's is the listing run above; each checks that N
+train jobs, and for `bare` as many jobs as the project, are planned), then --rounds times,
+alternating which goes first. Prints median/min/max/n of the wall time, the CPU time (user + system,
+the less noisy figure on a shared machine) and the peak RSS of the snakemake process (os.wait4
+rusage of the child), the project/bare ratios and project/bare-min; and, timed inside this process,
+dlscale's own parse step (dlscale.study.matrix.load_study of the generated config), its share of the
+project's dry run; then the parse alone (`snakemake --list-rules`, alternating), which every Slurm
+job's snakemake repeats before it runs its one cell.
 
 Goal (issue 7; issue 33 names the baseline): wall-time ratio project/bare <= 1.2 at 10,000 cells.
 
