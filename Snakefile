@@ -59,7 +59,7 @@ onerror:
 # the driver records itself and resumes the jobs an earlier driver of the study left behind
 # (dlscale.workflow.resume, README "Resume").
 onstart:
-    check_launcher_matches_executor()
+    check_launcher_of_the_run()
     adopt_measurements()
     start_driver()
 

@@ -10,6 +10,10 @@
 A schema key without a description, or a marker naming a missing schema or file, is logged as
 a warning, which `mkdocs build --strict` (the test command: tests/test_docs.py) turns into a
 failed build.
+
+Every build empties its site folder first ("Cleaning site directory"). `on_config` refuses a
+site folder that holds a study's measurements (a study folder named `site` from before the name
+was reserved, or a `-d` pointing into a study), before anything is removed.
 """
 
 from __future__ import annotations
@@ -188,6 +192,23 @@ def include(relative: str) -> str:
     section of the page that includes it)."""
     text = (ROOT / relative).read_text()
     return re.sub(r"(?m)^(#{1,5}) ", r"#\1 ", text)
+
+
+def on_config(config):
+    """Refuse to build into (and so empty) a folder holding any cell's metrics."""
+    from mkdocs.exceptions import Abort
+
+    site = Path(config["site_dir"])
+    if site.is_dir():
+        measured = next(site.rglob("metrics.jsonl"), None)
+        if measured is not None:
+            raise Abort(
+                f"The site folder {site} holds a study's measurements ({measured}); a build "
+                "empties its site folder first, so nothing was built or removed. Move the study "
+                "(e.g. `mv results/site results/site-study`, then run it with `study: "
+                "site-study`), or build elsewhere with `mkdocs build -f docs/mkdocs.yml -d DIR`."
+            )
+    return config
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

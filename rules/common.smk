@@ -38,15 +38,71 @@ from dlscale.study.matrix import load_workflow_study
 from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
 from dlscale.workflow.resume_journal import previous_driver
+from dlscale.workflow.advice import Invocation, with_config
+from dlscale.decisions.plan_jobs import plan_problems
+from dlscale.study.partitions import partitions_from_hardware
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
 # `--config study_file=...`, then the rest of --config; every file bounded and strict
 # (dlscale.study.config.load_config_file). Files given with --configfile are checked the same way.
+#
+# The driver's own command line (dlscale.workflow.advice), read back with Snakemake's parser: a
+# message that suggests a setting prints this command with the setting in its one --config,
+# complete as printed. A --config (or --configfile) given twice is refused first: Snakemake keeps
+# only the last, so the study or settings of the first would be dropped without a word. (None
+# in the partial build, which a failed driver starts with a command line of its own.)
+INVOCATION = (
+    Invocation.current()
+    if workflow.is_main_process and PARTIAL_BUILD_ENV not in os.environ
+    else None
+)
+if INVOCATION is not None and (_repeated := INVOCATION.repeated_options()):
+    raise WorkflowError(f"dlscale: {_repeated}\nNo job was started.")
 try:
     STUDY = load_workflow_study(config, workflow.basedir, workflow.overwrite_configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
+
+
+# The launcher must match the executor: a `--config ...` on the command line replaces the
+# profile's whole `config:` list, so `--profile profiles/slurm --config remeasure=True` would
+# drop the profile's launcher=srun and start every multi-node cell as local processes on the
+# submit host. Checked against the executor the command line names (the profile's, for a dry run
+# too), before anything is planned and before the cells' identities are compared (the launcher
+# is part of a cell's identity: a wrong launcher must not read as a change to re-measure); again
+# in `onstart` against the executor that really runs (a run started through Snakemake's API).
+def check_launcher_matches_executor(executor):
+    from dlscale.study.matrix_checks import launcher_problem
+
+    problem = launcher_problem(
+        executor,
+        STUDY.config["launcher"],
+        in_allocation="SLURM_JOB_ID" in os.environ,
+        command_with_launcher=lambda launcher: with_config(INVOCATION, launcher=launcher),
+    )
+    if problem:
+        raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
+
+
+if INVOCATION is not None:
+    check_launcher_matches_executor(INVOCATION.executor)
+
+# The planner's refusals that the study's settings alone decide (a job in tokens for a vision
+# model, a model or filter no cell measures, ...: dlscale.decisions.plan_jobs) now, with the
+# planner's own messages, not after every cell has run.
+_plan_problems = plan_problems(
+    STUDY.config["plan"],
+    STUDY.config["axes"]["model"],
+    STUDY.cells_of("throughput"),
+    partitions_from_hardware(STUDY.hardware),
+)
+if _plan_problems:
+    raise WorkflowError(
+        "dlscale: the plan: section cannot be planned:\n"
+        + "\n".join(f"  - plan: {problem}" for problem in _plan_problems)
+        + "\nNo job was started."
+    )
 
 CELLS = STUDY.by_key()
 # The study's own results folder: its cells, tables, figures, report and logs. Every output path
@@ -83,7 +139,9 @@ if workflow.is_main_process:
             print(f"dlscale: {_line}", file=sys.stderr)
     _changed = changed_cells(STUDY.cells)
     if _changed and not STUDY.config["remeasure"]:
-        raise WorkflowError(f"dlscale: {describe_changes(_changed)}")
+        raise WorkflowError(
+            f"dlscale: {describe_changes(_changed, with_config(INVOCATION, remeasure=True))}"
+        )
     if _changed:
         print(
             f"dlscale: re-measuring {len(_changed)} changed cell(s) ({REMEASURE_FLAG}); "
@@ -209,23 +267,12 @@ def _framework_python(hardware, framework):
     return str(_environment_dir(env) / "bin" / "python")
 
 
-# The launcher must match the executor: a `--config ...` on the command line replaces the
-# profile's whole `config:` list, so `--profile profiles/slurm --config remeasure=True` would
-# drop the profile's launcher=srun and start every multi-node cell as local processes on the
-# submit host. The executor is known only once the run starts (not at parse time), so the check
-# is the `onstart` handler: it stops the run before the first job. A dry run plans with the
-# `dryrun` executor and runs no handler.
-def check_launcher_matches_executor():
+# The launcher check again (above), against the executor that really runs the jobs: the
+# workflow's `onstart` handler, before the first job (a dry run runs no handler).
+def check_launcher_of_the_run():
     plugin = workflow.executor_plugin
-    if plugin is None or not workflow.is_main_process:
-        return
-    from dlscale.study.matrix_checks import launcher_problem
-
-    problem = launcher_problem(
-        plugin.name, STUDY.config["launcher"], in_allocation="SLURM_JOB_ID" in os.environ
-    )
-    if problem:
-        raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
+    if plugin is not None and workflow.is_main_process:
+        check_launcher_matches_executor(plugin.name)
 
 
 # Existing metrics files without a measurement folder of their own (the layout before

@@ -74,9 +74,10 @@ def test_a_changed_cell_is_named_with_its_fields(tmp_path, monkeypatch):
     found = archive.changed_cells([same, elsewhere, changed, never])
     assert [(c.rep, sorted(diff)) for c, diff in found] == [(2, ["launcher", "steps"])]
     assert found[0][1]["steps"] == (5, 2)
-    message = archive.describe_changes(found)
+    command = "snakemake --profile profiles/local --config study_file=s.yaml remeasure=True"
+    message = archive.describe_changes(found, command)
     assert changed.path in message and "steps: measured 5, now 2" in message
-    assert "--config remeasure=True" in message and "Nothing was run or removed" in message
+    assert f"\n  {command}" in message and "Nothing was run or removed" in message
 
 
 def test_files_from_before_the_identity_fields_compare_what_they_record(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -382,15 +383,21 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
         assert set(cells["study"]) == {study} and set(cells["per_rank_batch"]) == {batch}
         assert (work / f"results/{study}/report/report.pdf").stat().st_size > 0
 
-    # another launcher or step count for measured cells: a clear stop, nothing removed
-    for change, field in (("launcher=srun", "launcher"), ("steps=2", "steps")):
-        for flags in ((), ("-n",)):
-            proc = snakemake(work, "--profile", "profiles/local", *flags, "--config", change)
-            out = proc.stdout + proc.stderr
-            assert proc.returncode != 0, out[-3000:]
-            assert "2 measured cell(s)" in out and f"differing: {field}" in out, out[-3000:]
-            assert cell in out and "--config remeasure=True" in out
-            assert measured(work) == both
+    # another step count for measured cells: a clear stop naming the command that re-measures
+    # them (this one, remeasure=True in its --config), nothing removed; a launcher the local
+    # executor cannot run (srun outside an allocation) is refused before the cells are compared
+    for flags in ((), ("-n",)):
+        proc = snakemake(work, "--profile", "profiles/local", *flags, "--config", "steps=2")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "2 measured cell(s)" in out and "differing: steps" in out, out[-3000:]
+        again = shlex.join(["snakemake", "--profile", "profiles/local", *flags, "--config"])
+        assert cell in out and f"{again} steps=2 remeasure=True\n" in out, out[-3000:]
+        proc = snakemake(work, "--profile", "profiles/local", *flags, "--config", "launcher=srun")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "outside any Slurm allocation" in out, out[-3000:]
+        assert f"{again} launcher=local\n" in out and "measured cell(s)" not in out
+        assert measured(work) == both
 
     # an explicit re-measure: new measurements, the earlier ones kept beside them
     proc = snakemake(work, "--profile", "profiles/local", "--config", "steps=2", "remeasure=True")

@@ -11,88 +11,17 @@ import numpy as np
 import pandas as pd
 
 from dlscale.analysis.stats import GROUP, with_axes
+from dlscale.decisions.plan_jobs import (  # noqa: F401 (re-exported: the planner's job checks)
+    DEFAULT_SAMPLES,
+    JOB_AMOUNTS,
+    PlanError,
+    jobs_from_config,
+    parse_job,
+    tokens_refusal,
+)
 from dlscale.study.partitions import DEVICE_MEMORY_KEY, Partition
 
-DEFAULT_SAMPLES = 1_000_000
 DOES_NOT_FIT = "does_not_fit"  # the status of a cell whose ranks ran out of memory
-JOB_AMOUNTS = ("samples", "tokens")  # what a job may be given in (--job MODEL:KEY=N)
-
-
-class PlanError(ValueError):
-    """No plan: the message says why and, for a budget or deadline, the smallest feasible one."""
-
-
-def jobs_from_config(plan: dict, models: list[str]) -> list[dict]:
-    """The plan's jobs; none configured: one per model of the study, default_samples each."""
-    jobs = plan.get("jobs") or [
-        {"name": m, "model": m, "samples": plan.get("default_samples", DEFAULT_SAMPLES)}
-        for m in models
-    ]
-    out = []
-    for i, job in enumerate(jobs):
-        if job.get("target_accuracy") is not None:
-            raise PlanError(
-                f"plan.jobs[{i}].target_accuracy: the planner plans from the throughput cells "
-                "(the convergence cells' time-to-accuracy is not planned from yet); give samples "
-                "or epochs x samples_per_epoch"
-            )
-        samples, tokens = job.get("samples"), job.get("tokens")
-        if tokens is not None:
-            if samples is not None or job.get("epochs") is not None:
-                raise PlanError(f"plan.jobs[{i}]: give tokens or samples (or epochs), not both")
-            # samples per option: tokens / the series' seq_len (options)
-            out.append(
-                {
-                    **job,
-                    "name": job.get("name") or f"job{i + 1}",
-                    "samples": None,
-                    "tokens": float(tokens),
-                }
-            )
-            continue
-        if samples is None and job.get("epochs") is not None:
-            samples = job["epochs"] * job["samples_per_epoch"]
-        if samples is None:
-            raise PlanError(
-                f"plan.jobs[{i}]: give samples, epochs and samples_per_epoch, or tokens "
-                "(models with a sequence length)"
-            )
-        out.append(
-            {
-                **job,
-                "name": job.get("name") or f"job{i + 1}",
-                "samples": float(samples),
-                "tokens": None,
-            }
-        )
-    names = [job["name"] for job in out]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise PlanError(f"plan.jobs: job names must differ; given more than once: {twice}")
-    return out
-
-
-def parse_job(text: str) -> dict:
-    """A --job argument: MODEL:SAMPLES, MODEL:samples=N or MODEL:tokens=N."""
-    model, _, amount = text.partition(":")
-    key, eq, value = amount.partition("=")
-    if not eq:
-        key, value = "samples", amount
-    key = key.strip()
-    if not model or key not in JOB_AMOUNTS:
-        raise ValueError(
-            f"--job {text!r}: give MODEL:SAMPLES, MODEL:samples=N or MODEL:tokens=N "
-            f"(e.g. resnet50:1.28e8, gpt2_124m:tokens=2e9); allowed keys: {', '.join(JOB_AMOUNTS)}"
-        )
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(
-            f"--job {text!r}: {key} must be a number, e.g. {model}:{key}=1e9"
-        ) from None
-    if not number > 0:
-        raise ValueError(f"--job {text!r}: {key} must be above 0")
-    return {"model": model, key: number}
 
 
 def _seq_lens(pred: pd.DataFrame) -> pd.Series:
@@ -175,11 +104,7 @@ def _job_samples(sel: pd.DataFrame, job: dict, pred: pd.DataFrame) -> tuple[np.n
     seq_len = _seq_lens(sel)
     if job.get("tokens") is not None:
         if seq_len.isna().all():
-            raise PlanError(
-                f"job {job['name']!r}: tokens is for models with a sequence length; "
-                f"{job['model']!r} has none (give samples); allowed models for tokens: "
-                f"{', '.join(_token_models(pred)) or 'none measured'}"
-            )
+            raise PlanError(tokens_refusal(job, _token_models(pred)))
         samples = job["tokens"] / seq_len.to_numpy(float)
     else:
         samples = np.full(len(sel), job["samples"], dtype=float)

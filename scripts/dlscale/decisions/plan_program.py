@@ -10,8 +10,12 @@ import warnings
 import numpy as np
 import pandas as pd
 
-MIN_TIME, MIN_NODE_HOURS = "min_time", "min_node_hours"
-OBJECTIVES = (MIN_TIME, MIN_NODE_HOURS)
+from dlscale.decisions.plan_jobs import (  # noqa: F401 (re-exported)
+    MIN_NODE_HOURS,
+    MIN_TIME,
+    OBJECTIVES,
+)
+
 _REL = 1e-7  # relative slack when an earlier objective is fixed at its optimum
 
 

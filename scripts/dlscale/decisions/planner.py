@@ -61,6 +61,7 @@ from pathlib import Path
 import pandas as pd
 
 from dlscale.analysis.stats import GROUP
+from dlscale.decisions.plan_jobs import no_series_refusal, objective_refusal
 from dlscale.decisions.plan_options import (
     DOES_NOT_FIT,
     PlanError,
@@ -144,10 +145,9 @@ def make_plan(
     """The plan for `jobs` on `partitions` from the predictions table
     (dlscale.analysis.scaling_model); `does_not_fit`: the status table (or its rows with status
     does_not_fit), whose cells and the node counts they rule out are never offered."""
-    if objective not in OBJECTIVES:
-        raise PlanError(f"objective {objective!r}; allowed: {', '.join(OBJECTIVES)}")
-    if objective == MIN_NODE_HOURS and deadline_hours is None:
-        raise PlanError("objective min_node_hours needs deadline_hours")
+    refused = objective_refusal(objective, deadline_hours)
+    if refused:
+        raise PlanError(refused)
     limits = {
         "budget_node_hours": budget_node_hours,
         "budget_kwh": budget_kwh,
@@ -167,11 +167,7 @@ def make_plan(
                     f"job {job['name']!r}: no option of model {job['model']!r} fits in memory "
                     f"({len(mine)} left out): " + "; ".join(reasons.head(3))
                 )
-            why = " with a known node_power_w" if budget_kwh is not None else ""
-            raise PlanError(
-                f"job {job['name']!r}: no measured series of model {job['model']!r} on any "
-                f"partition{why} ({', '.join(p.name for p in partitions)}) matches it"
-            )
+            raise PlanError(no_series_refusal(job, partitions, budget_kwh))
     opts = fastest_per_slot(all_opts)
     capacity = {p.name: p.nodes_available for p in partitions}
     started = time.perf_counter()

@@ -157,8 +157,12 @@ def changed_cells(cells: list[Cell]) -> list[tuple[Cell, dict]]:
     return changed
 
 
-def describe_changes(changed: list[tuple[Cell, dict]], limit: int = 20) -> str:
-    """The message that stops a run: how many cells, which fields, the first cells, the flag."""
+def describe_changes(
+    changed: list[tuple[Cell, dict]], remeasure_command: str, limit: int = 20
+) -> str:
+    """The message that stops a run: how many cells, which fields, the first cells, and the
+    command that re-measures them (the run's own, with remeasure=True in its one --config:
+    dlscale.workflow.advice)."""
     fields = sorted({k for _, diff in changed for k in diff})
     lines = [
         f"{len(changed)} measured cell(s) were measured with another configuration than "
@@ -172,7 +176,7 @@ def describe_changes(changed: list[tuple[Cell, dict]], limit: int = 20) -> str:
     lines.append(
         "Nothing was run or removed. Either keep these measurements (run this study with "
         "its previous settings, or give the new one another `study` name, which gives it "
-        f"its own results folder), or re-measure them: add `{REMEASURE_FLAG}` (each "
-        f"current measurement stays in its cell's {MEASUREMENTS_DIR}/ folder)."
+        "its own results folder), or re-measure them (each current measurement stays in its "
+        f"cell's {MEASUREMENTS_DIR}/ folder) with:\n  {remeasure_command}"
     )
     return "\n".join(lines)

@@ -23,7 +23,11 @@ from typing import Any
 import jsonschema
 import yaml
 
-from dlscale.study.cell import AXES  # noqa: F401  (re-exported: the axes of a study's matrix)
+from dlscale.study.cell import (
+    AXES,  # noqa: F401  (re-exported: the axes of a study's matrix)
+    RESERVED_UNDER_RESULTS,
+    STUDY_DIR,
+)
 from dlscale.study.errors import ConfigError  # noqa: F401 (re-exported)
 
 # Bounds on reading a configuration file: it is refused before parsing when larger than
@@ -471,11 +475,39 @@ def apply_defaults(schema: dict, instance: Any) -> Any:
     return out
 
 
+def study_name_problem(study: Any) -> str | None:
+    """Why `study` cannot name a study's results folder: it is (case-insensitively) a name the
+    project itself writes under results/ (dlscale.study.cell.RESERVED_UNDER_RESULTS)."""
+    if not isinstance(study, str):
+        return None
+    reserved = {name.lower(): name for name in RESERVED_UNDER_RESULTS}
+    taken = reserved.get(study.lower())
+    if taken is None:
+        return None
+    folder = STUDY_DIR.format(study=study)
+    message = (
+        f"study: {study!r} cannot name a study: {STUDY_DIR.format(study=taken)} is "
+        f"{RESERVED_UNDER_RESULTS[taken]}. Reserved under results/ (in any letter case): "
+        f"{', '.join(sorted(RESERVED_UNDER_RESULTS))}; choose another name"
+    )
+    if os.path.isdir(folder) and next(Path(folder).rglob("metrics.jsonl"), None) is not None:
+        # a study of that name measured before the name was reserved: its cells move with their
+        # folder (a study's name is not part of a cell's identity)
+        message += (
+            f". {folder} holds measurements: keep them by moving the folder, e.g. "
+            f"`mv {folder} {folder}-study`, and name the study {study + '-study'!r}"
+        )
+    return message
+
+
 def validate_config(config: dict, schema: dict, source: str = "config") -> dict:
     """Schema-validate the study config and return it with defaults filled in."""
     if not isinstance(config, dict):
         raise ConfigError(source, [f"(top level): must be a mapping, got {type(config).__name__}"])
     problems = schema_problems(config, schema)
+    reserved = study_name_problem(config.get("study"))
+    if reserved:
+        problems.append(reserved)
     if problems:
         raise ConfigError(source, problems)
     return apply_defaults(schema, config)

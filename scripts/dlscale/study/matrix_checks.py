@@ -315,8 +315,8 @@ def cell_count_problem(config: dict) -> str | None:
     how = "" if exact else " before `exclude`"
     return (
         f"max_cells: the study plans {count:,} cells{how} ({sizes}); the limit is {limit:,}. "
-        "Shrink the axes or exclude combinations, or raise max_cells (e.g. --config "
-        "max_cells=N) if the cluster can take it"
+        f"Shrink the axes or exclude combinations, or raise max_cells to {count} (`max_cells: "
+        f"{count}` in the study file) if the cluster can take it"
     )
 
 
@@ -326,20 +326,29 @@ def cell_count_problem(config: dict) -> str | None:
 EXECUTOR_LAUNCHERS = {"slurm": "srun", "dlscale": "srun", "local": "local"}
 
 
-def launcher_problem(executor: str, launcher: str, *, in_allocation: bool) -> str | None:
+def launcher_problem(
+    executor: str | None, launcher: str, *, in_allocation: bool, command_with_launcher=None
+) -> str | None:
     """Why the configured launcher cannot run cells under this Snakemake executor, with the
-    fix; None when they agree."""
+    fix: `command_with_launcher(L)` is the run's own command with launcher=L in its one
+    --config (dlscale.workflow.advice); None when they agree."""
+
+    def fix(wanted: str) -> str:
+        if command_with_launcher is None:
+            return f"--config launcher={wanted} (with your other --config entries)"
+        return command_with_launcher(wanted)
+
     if EXECUTOR_LAUNCHERS.get(executor) == "srun" and launcher != "srun":
         return (
             f"Snakemake's executor is {executor!r} but launcher is {launcher!r}: every cell would "
             "start its ranks as local processes on one node. A --config on the command line "
             "replaces the profile's whole `config:` list (profiles/slurm sets launcher=srun). "
-            "Add launcher=srun to your --config, e.g. --config launcher=srun remeasure=True"
+            f"Add launcher=srun to your --config:\n  {fix('srun')}"
         )
     if executor == "local" and launcher == "srun" and not in_allocation:
         return (
             "Snakemake's executor is 'local' but launcher is 'srun', outside any Slurm "
             "allocation: srun has nothing to start the ranks in. Use --profile profiles/slurm, "
-            "or --config launcher=local (or run inside salloc)"
+            f"run inside salloc, or run the ranks locally:\n  {fix('local')}"
         )
     return None
