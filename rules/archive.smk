@@ -16,9 +16,10 @@ rule study_archive:
     log:
         OUT["archive_log"],
     params:
-        # every study file the run read: --configfile ones and the --config study_file
-        configfiles=[*workflow.configfiles, *filter(None, [STUDY.config.get("study_file")])],
-        config=STUDY.config,
+        # the run's --configfile files and --config entries: the archive resolves the study's
+        # configuration from them as this workflow did (and holds every file they name)
+        configfiles=[str(path) for path in workflow.overwrite_configfiles],
+        config=dict(workflow.config_settings.config),
     run:
         create_study_archive(
             RESULTS,
@@ -26,5 +27,5 @@ rule study_archive:
             log[0],
             root=workflow.basedir,
             configfiles=params.configfiles,
-            resolved_config=params.config,
+            config=params.config,
         )

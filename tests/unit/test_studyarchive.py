@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dlscale.store import study_archive as studyarchive
 
+ROOT = Path(__file__).resolve().parents[2]
 CELL = "results/s1/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1"
 
 
@@ -19,7 +20,8 @@ def workflow_tree(root: Path) -> Path:
     files = {
         "config/config.yaml": "study: s1\n",
         "config/hardware.yaml": "cpu: {}\n",
-        "config/schemas/config.schema.json": "{}\n",
+        # the real schema: the archive resolves the study's configuration as the workflow does
+        "config/schemas/config.schema.json": (ROOT / studyarchive.CONFIG_SCHEMA).read_text(),
         "profiles/local/config.yaml": "cores: 1\n",
         "envs/pytorch.txt": "torch==2.13.0\n",
         f"{CELL}/measurements/20260101T000000Z-job7/metrics.jsonl": '{"m": 1}\n',
@@ -45,12 +47,7 @@ def workflow_tree(root: Path) -> Path:
 
 def test_archive_holds_the_study_and_round_trips(tmp_path):
     study = workflow_tree(tmp_path)
-    archive, checksum = studyarchive.create(
-        study,
-        root=tmp_path,
-        configfiles=[tmp_path / "config/config.yaml"],
-        resolved_config={"study": "s1"},
-    )
+    archive, checksum = studyarchive.create(study, root=tmp_path)
     assert archive == study / "archive" / "s1.tar.gz"
     assert Path(f"{archive}.sha256").read_text() == f"{checksum}  s1.tar.gz\n"
     with tarfile.open(archive) as tar:
@@ -59,6 +56,7 @@ def test_archive_holds_the_study_and_round_trips(tmp_path):
         "MANIFEST.sha256",
         "ARCHIVE.json",
         "study-config.json",
+        "command-line.json",
         "config/config.yaml",
         "config/hardware.yaml",
         "config/schemas/config.schema.json",
@@ -79,12 +77,7 @@ def test_archive_holds_the_study_and_round_trips(tmp_path):
     assert not any("/archive/" in n for n in names)
     assert studyarchive.verify(archive) == []
     # the same files give the same archive, byte for byte
-    again, checksum2 = studyarchive.create(
-        study,
-        root=tmp_path,
-        configfiles=[tmp_path / "config/config.yaml"],
-        resolved_config={"study": "s1"},
-    )
+    again, checksum2 = studyarchive.create(study, root=tmp_path)
     assert checksum2 == checksum
     # extracted, it verifies too (the folder or its parent)
     out = tmp_path / "x"
@@ -143,3 +136,62 @@ def test_cli_create_and_verify(tmp_path):
     assert bad.returncode == 1 and "changed: config/hardware.yaml" in bad.stdout
     none = subprocess.run([*run, "create", str(tmp_path / "nope")], capture_output=True, text=True)
     assert none.returncode == 2 and "no such study folder" in none.stderr
+
+
+def test_an_archive_rebuilds_the_resolved_configuration_from_its_own_files(tmp_path):
+    """Issue 41: base config, a study file outside the checkout, a --configfile and --config
+    entries: the archive holds each, and its files alone resolve to the recorded configuration
+    (study-config.json); a study file changed after the fact is found, by the manifest and by
+    the rebuild."""
+    root = tmp_path / "checkout"
+    study = workflow_tree(root)
+    elsewhere = tmp_path / "home" / "my-study.yaml"  # outside the checkout
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("study: s1\nsteps: 7\nper_rank_batch: 4\n")
+    extra = root / "extra.yaml"
+    extra.write_text("warmup_steps: 3\n")
+    config = {"study_file": str(elsewhere), "max_cells": 500, "report": {"title": "T"}}
+    original = studyarchive.resolved_config(root, [extra], config)
+    assert (original["steps"], original["warmup_steps"], original["max_cells"]) == (7, 3, 500)
+    archive, _ = studyarchive.create(study, root=root, configfiles=[extra], config=config)
+    out = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        names = {n.removeprefix("dlscale-s1/") for n in tar.getnames()}
+        tar.extractall(out, filter="data")
+    assert {"config/config.yaml", "external/my-study.yaml", "extra.yaml"} <= names
+    top = out / "dlscale-s1"
+    recorded = json.loads((top / "study-config.json").read_text())
+    assert recorded == json.loads(json.dumps(original, default=str))
+    assert studyarchive.rebuilt_config(top) == recorded
+    assert studyarchive.verify(archive) == [] and studyarchive.verify(top) == []
+
+    # the study file edited after the archive was made: the manifest and the rebuild both say so
+    (top / "external/my-study.yaml").write_text("study: s1\nsteps: 8\nper_rank_batch: 4\n")
+    assert studyarchive.verify(top) == ["changed: external/my-study.yaml"]
+    assert studyarchive.config_problems(top) == [
+        "configuration: steps resolves to 8 from the archive's files, study-config.json says 7"
+    ]
+
+
+def test_an_archive_of_another_study_than_its_settings_is_refused(tmp_path):
+    """The base config names s1; archiving study s2 without its settings would hold a
+    configuration that does not reproduce it: refused, nothing written."""
+    workflow_tree(tmp_path)
+    other = tmp_path / "results/s2"
+    (other / "runs").mkdir(parents=True)
+    (other / "runs/metrics.jsonl").write_text("{}\n")
+    run = [sys.executable, "-m", "dlscale.store.study_archive", "create", str(other)]
+    made = subprocess.run([*run, "--root", str(tmp_path)], capture_output=True, text=True)
+    assert made.returncode == 2, made.stderr
+    assert "resolves to study 's1'" in made.stderr and "--config study_file=FILE" in made.stderr
+    assert not (other / "archive").exists()
+    (tmp_path / "s2.yaml").write_text("study: s2\n")
+    made = subprocess.run(
+        [*run, "--root", str(tmp_path), "--config", f"study_file={tmp_path / 's2.yaml'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    with tarfile.open(made.stdout.split()[1]) as tar:
+        command = json.load(tar.extractfile("dlscale-s2/command-line.json"))
+    assert command["study_file"]["archived"] == "s2.yaml"

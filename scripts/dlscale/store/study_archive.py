@@ -1,14 +1,16 @@
 """One archive per study, with a checksum manifest, and the check that an archive matches it.
 
-    python -m dlscale.store.study_archive create results/<study> [--output FILE] [--configfile F
-    ...]
+    python -m dlscale.store.study_archive create results/<study> [--output FILE]
+        [--configfile F ...] [--config KEY=VALUE ...]
     python -m dlscale.store.study_archive verify FILE.tar.gz | DIR
 
 `create` writes one gzipped tarball (default results/<study>/archive/<study>.tar.gz) holding,
 under one top folder `dlscale-<study>/`:
-- the study's configuration files (the --configfile files, config/hardware.yaml, the regression
-  references config/references.yaml, the config schemas) and, from the workflow, the resolved
-  configuration (`study-config.json`);
+- the study's configuration: the base config/config.yaml, the study file (`study_file`) and
+  every --configfile file, the hardware file and the regression references it names, the config
+  schemas; the command line's settings (`command-line.json`: the --configfile files in order, as
+  archive paths, and the --config entries as Snakemake parsed them), and the configuration they
+  resolve to (`study-config.json`), computed by `resolved_config` as the workflow computes it;
 - the profiles (profiles/) and the environment lists (envs/);
 - the whole study folder results/<study>/: every cell's metrics with every kept measurement
   (measurements/<time>-<job>/: metrics, the ranks' logs, the Slurm job), the launchers' logs,
@@ -24,7 +26,9 @@ as `<archive>.sha256`. That checksum names the study (README: citing a study).
 
 `verify` recomputes every file's sha256 from a tarball or an extracted folder and reports files
 changed, missing from or added to the manifest (exit status 1), and a `<archive>.sha256`
-beside a tarball that does not match it.
+beside a tarball that does not match it; it also resolves the configuration again from the
+archive's own files and command line (`rebuilt_config`) and reports any difference from
+`study-config.json`, so an archive proves it reproduces the study's settings.
 """
 
 from __future__ import annotations
@@ -47,10 +51,21 @@ VERSION = 1
 MANIFEST = "MANIFEST.sha256"
 INFO = "ARCHIVE.json"
 RESOLVED_CONFIG = "study-config.json"
+COMMAND_LINE = "command-line.json"
 ARCHIVE_DIR = "archive"  # in the study folder: where `create` writes by default (never archived)
 ARCHIVE_LOG = "logs/study_archive.log"  # the workflow rule's own log (never archived)
-# Beside the study: what makes it reproducible (relative to the workflow's root).
-SHARED = ("config/hardware.yaml", "config/references.yaml", "config/schemas", "profiles", "envs")
+BASE_CONFIG = "config/config.yaml"  # every study's base (dlscale.study.matrix.DEFAULT_STUDY_FILE)
+CONFIG_SCHEMA = "config/schemas/config.schema.json"
+# Beside the study: what makes it reproducible (relative to the workflow's root); the hardware
+# and references files a study names elsewhere are added from its resolved configuration.
+SHARED = (
+    BASE_CONFIG,
+    "config/hardware.yaml",
+    "config/references.yaml",
+    "config/schemas",
+    "profiles",
+    "envs",
+)
 _CHUNK = 1 << 20
 
 
@@ -96,6 +111,55 @@ def _study_jobs(study_dir: Path) -> set[str]:
     return jobs
 
 
+def archive_name(path: str | Path, root: str | Path) -> str:
+    """A file's path in the archive: relative to the workflow's folder, or external/<name> for
+    a file outside it (a study file kept elsewhere)."""
+    path = Path(root) / path if not Path(path).is_absolute() else Path(path)
+    path = path.resolve() if not path.is_symlink() else path.absolute()
+    try:
+        return path.relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return f"external/{path.name}"
+
+
+def resolved_config(root: str | Path, configfiles=(), config: dict | None = None) -> dict:
+    """The study's configuration as the workflow resolves it (rules/common.smk): Snakemake's
+    config (the --configfile files merged in order, then the --config entries `config`), read
+    by dlscale.study.matrix.workflow_config over config/config.yaml and the study file, and
+    validated with its defaults filled in (what the workflow's STUDY.config holds)."""
+    from dlscale.study.config import load_config_file, load_schema, validate_config
+    from dlscale.study.matrix import merge_config, workflow_config
+
+    cli: dict = {}
+    for path in configfiles:
+        cli = merge_config(cli, load_config_file(path, source=f"--configfile {path}"))
+    cli = merge_config(cli, dict(config or {}))
+    return validate_config(
+        workflow_config(cli, root, configfiles), load_schema(Path(root) / CONFIG_SCHEMA)
+    )
+
+
+def _jsonable(value) -> object:
+    """`value` as its JSON file reads back (what study-config.json holds)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def rebuilt_config(folder: str | Path) -> dict:
+    """The configuration resolved again from an archive's own files (an extracted archive's
+    top folder): its config/config.yaml, the --configfile files and the study file it holds,
+    and the --config entries of command-line.json. It equals study-config.json when the archive
+    reproduces the study's settings."""
+    folder = Path(folder)
+    command = json.loads((folder / COMMAND_LINE).read_text())
+    config = dict(command["config"])
+    if command.get("study_file"):  # read from the archive, reported as it was given
+        config["study_file"] = str(folder / command["study_file"]["archived"])
+    rebuilt = resolved_config(folder, [folder / n for n in command["configfiles"]], config)
+    if command.get("study_file"):
+        rebuilt["study_file"] = command["study_file"]["given"]
+    return _jsonable(rebuilt)
+
+
 def study_files(
     study_dir: str | Path, *, root: str | Path = ".", configfiles=(), exclude=()
 ) -> dict[str, Path]:
@@ -111,11 +175,7 @@ def study_files(
         path = path.resolve() if not path.is_symlink() else path.absolute()
         if any(path == s or s in path.parents for s in skip) or RANK_DIR in path.parts:
             return
-        try:
-            name = path.relative_to(root).as_posix()
-        except ValueError:  # a config file outside the workflow's folder
-            name = f"external/{path.name}"
-        files[name] = path
+        files[archive_name(path, root)] = path
 
     for config in configfiles:
         if not Path(config).is_file():
@@ -147,33 +207,66 @@ def create(
     *,
     root: str | Path = ".",
     configfiles=(),
-    resolved_config: dict | None = None,
+    config: dict | None = None,
 ) -> tuple[Path, str]:
-    """Write the study's archive and `<archive>.sha256`; returns (archive, its sha256)."""
+    """Write the study's archive and `<archive>.sha256`; returns (archive, its sha256).
+    `configfiles` and `config`: the study's --configfile files and --config entries, as the
+    workflow was run (the workflow's study_archive rule passes its own)."""
+    from dlscale.study.config import ConfigError
+
     study_dir = Path(study_dir)
+    if not study_dir.is_dir():
+        raise ArchiveError(f"{study_dir.resolve()}: no such study folder")
     study = study_dir.resolve().name
     output = Path(output) if output else default_output(study_dir)
-    files = study_files(study_dir, root=root, configfiles=configfiles, exclude=[output])
+    try:
+        resolved = resolved_config(root, configfiles, config)
+    except ConfigError as exc:
+        raise ArchiveError(f"the study's configuration does not resolve: {exc}") from None
+    if resolved["study"] != study:
+        given = " ".join(f"--configfile {f}" for f in configfiles) + "".join(
+            f" --config {k}={v}" for k, v in (config or {}).items()
+        )
+        raise ArchiveError(
+            f"{study_dir} is study {study!r}, but {BASE_CONFIG}{' with ' + given if given else ''}"
+            f" resolves to study {resolved['study']!r}: give the settings the study was run "
+            "with (its study file: --configfile FILE, or --config study_file=FILE and any other "
+            "--config entries), so the archive can reproduce them"
+        )
+    # the files the configuration names (a hardware or references file that does not exist is
+    # not archived: the workflow reads neither for a study that does not use it)
+    named = [resolved.get("study_file"), resolved["hardware_file"], resolved["references_file"]]
+    named = [Path(root) / n for n in named if n and (Path(root) / n).is_file()]
+    files = study_files(study_dir, root=root, configfiles=[*configfiles, *named], exclude=[output])
     if not any(n.endswith("/metrics.jsonl") for n in files):
         raise ArchiveError(f"{study_dir}: no cell metrics to archive")
+    command = {
+        "configfiles": [archive_name(f, root) for f in configfiles],
+        "config": _jsonable(dict(config or {})),
+        "study_file": resolved.get("study_file")
+        and {
+            "given": resolved["study_file"],
+            "archived": archive_name(resolved["study_file"], root),
+        },
+    }
     extra = {
-        INFO: json.dumps(
+        RESOLVED_CONFIG: json.dumps(_jsonable(resolved), indent=1, sort_keys=True).encode() + b"\n",
+        COMMAND_LINE: json.dumps(command, indent=1, sort_keys=True).encode() + b"\n",
+    }
+    extra[INFO] = (
+        json.dumps(
             {
                 "format": FORMAT,
                 "version": VERSION,
                 "study": study,
                 "git_commit": git_commit(str(root)),
-                "files": len(files) + (2 if resolved_config is not None else 1),
+                "files": len(files) + len(extra) + 1,
             },
             indent=1,
             sort_keys=True,
         ).encode()
         + b"\n"
-    }
-    if resolved_config is not None:
-        extra[RESOLVED_CONFIG] = (
-            json.dumps(resolved_config, indent=1, sort_keys=True, default=str).encode() + b"\n"
-        )
+    )
     digests = {name: sha256_file(path) for name, path in files.items()}
     digests.update({name: hashlib.sha256(data).hexdigest() for name, data in extra.items()})
     manifest = "".join(f"{digests[n]}  {n}\n" for n in sorted(digests)).encode()
@@ -265,36 +358,56 @@ def _verify_dir(path: Path) -> list[str]:
         for p in _files_under(path)
         if p != path / MANIFEST
     }
-    return _compare(manifest, found)
+    problems = _compare(manifest, found)
+    return problems + ([] if problems else config_problems(path))
+
+
+def config_problems(folder: Path) -> list[str]:
+    """Every difference between the configuration resolved again from an extracted archive's
+    files (`rebuilt_config`) and the one it recorded (study-config.json)."""
+    from dlscale.study.config import ConfigError
+
+    if not (folder / COMMAND_LINE).is_file():
+        return [
+            f"no {COMMAND_LINE} (an archive made before archives held the study's command "
+            "line): its configuration cannot be rebuilt from it"
+        ]
+    try:
+        rebuilt = rebuilt_config(folder)
+        recorded = json.loads((folder / RESOLVED_CONFIG).read_text())
+    except (ConfigError, OSError, ValueError, KeyError) as exc:
+        return [f"the configuration does not resolve from the archive's own files: {exc}"]
+    return [
+        f"configuration: {key} resolves to {rebuilt.get(key)!r} from the archive's files, "
+        f"{RESOLVED_CONFIG} says {recorded.get(key)!r}"
+        for key in sorted(set(rebuilt) | set(recorded))
+        if rebuilt.get(key) != recorded.get(key)
+    ]
+
+
+def _tar_config_problems(path: Path) -> list[str]:
+    """config_problems of a tarball: its files outside the study folder, extracted."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(path, "r:*") as tar:
+        members = [
+            m for m in tar.getmembers() if m.isfile() and m.name.split("/")[1:2] != ["results"]
+        ]
+        tar.extractall(tmp, members=members, filter="data")
+        tops = [p for p in Path(tmp).iterdir() if p.is_dir()]
+        return config_problems(tops[0]) if len(tops) == 1 else ["no top folder"]
 
 
 def verify(path: str | Path) -> list[str]:
-    """Every difference between an archive (tarball or extracted folder) and its manifest."""
+    """Every difference between an archive (tarball or extracted folder) and its manifest, and
+    between its recorded configuration and the one its own files resolve to."""
     path = Path(path)
     if not path.exists():
         raise ArchiveError(f"{path}: not found")
-    return _verify_dir(path) if path.is_dir() else _verify_tar(path)
-
-
-def _default_configfiles(root: str, study_dir: str) -> list[Path]:
-    """config/config.yaml when it is this study's (its `study:` key names it), else nothing."""
-    default = Path(root) / "config" / "config.yaml"
-    try:
-        import yaml
-
-        named = (yaml.safe_load(default.read_text()) or {}).get("study")
-    except (ImportError, OSError, ValueError):
-        return []
-    if named == Path(study_dir).resolve().name:
-        return [default]
-    print(
-        f"dlscale.store.study_archive: {default} is study {named!r}, not this one; "
-        "pass the study's "
-        "configuration with --configfile (the archive holds the resolved configuration only "
-        "when made by the workflow target)",
-        file=sys.stderr,
-    )
-    return []
+    if path.is_dir():
+        return _verify_dir(path)
+    problems = _verify_tar(path)
+    return problems + ([] if problems else _tar_config_problems(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,8 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         "--configfile",
         action="append",
         default=[],
-        help="the study's configuration file(s), as given to snakemake (repeatable; default: "
-        "config/config.yaml when its `study:` names this study)",
+        help="the study's --configfile file(s), as given to snakemake (repeatable)",
+    )
+    c.add_argument(
+        "--config",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the study's --config entries, as given to snakemake (e.g. study_file=my-study.yaml)",
     )
     c.add_argument("--root", default=".", help="the workflow's folder (default: .)")
     v = sub.add_parser("verify", help="check an archive (or an extracted one) against its manifest")
@@ -319,9 +438,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.command == "create":
-            configfiles = args.configfile or _default_configfiles(args.root, args.study_dir)
+            from snakemake.cli import parse_config  # --config read as Snakemake reads it
+
             out, checksum = create(
-                args.study_dir, args.output, root=args.root, configfiles=configfiles
+                args.study_dir,
+                args.output,
+                root=args.root,
+                configfiles=args.configfile,
+                config=parse_config(args.config),
             )
             print(f"{checksum}  {out}")
             return 0

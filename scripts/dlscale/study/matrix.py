@@ -261,13 +261,13 @@ def build_matrix(
 DEFAULT_STUDY_FILE = "config/config.yaml"
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_config(base: dict, over: dict) -> dict:
     """`over`'s keys replace `base`'s, mappings merged key by key, lists replaced whole
     (Snakemake's rule for --configfile and --config)."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_config(out[key], value)
         else:
             out[key] = value
     return out
@@ -298,8 +298,8 @@ def workflow_config(
         study = load_config_file(_resolve(workflow_dir, study_file), source=study_file)
         if "study_file" in study:
             raise ConfigError(study_file, ["study_file: a study file cannot name another one"])
-        config = _merge(config, study)
-    return _merge(config, cli_config)
+        config = merge_config(config, study)
+    return merge_config(config, cli_config)
 
 
 def load_workflow_study(

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.study.cell import CELL_RULE_PREFIXES, parse_cell_path, path_key, train_rule
+from dlscale.workflow.advice import Invocation, with_config
 from dlscale.workflow.resume_journal import journal, say, write_driver_record
 
 RESTART_MODES = ("adopt", "cancel")
@@ -232,6 +233,8 @@ class Resume:
         self.adopted: dict[str, str] = {}  # Slurm job id -> cell path
         self.cancelled: set[str] = set()  # Slurm job ids this driver cancelled
         self.cells: dict[str, str] = {}  # Slurm job id -> cell path, of this run's jobs
+        # what the SIGHUP message suggests instead of adopting: this command with restart=cancel
+        self.cancel_command = with_config(Invocation.current(), restart="cancel")
 
     # -- planning, at onstart ------------------------------------------------------------
     def cell_path(self, job) -> str | None:
@@ -498,7 +501,8 @@ class Resume:
             self.study_dir,
             f"SIGHUP (terminal closed): the driver exits and leaves {len(jobs)} Slurm job(s) "
             f"running: {', '.join(j for _, j in jobs) or 'none'}. Run the same command again to "
-            "adopt them (--config restart=cancel cancels them instead).",
+            f"adopt them, or cancel them (their cells are measured again) with: "
+            f"{self.cancel_command}",
         )
         os._exit(128 + signum)  # no cleanup: Snakemake's would cancel the jobs
 
