@@ -71,7 +71,7 @@ rule check:
     run:
         from dlscale.decisions.regression_check import enforce_verdicts
 
-        enforce_verdicts(input.verdicts, log[0])
+        enforce_verdicts(input.verdicts, log[0], results=RESULTS)
 
 
 rule compare:

@@ -87,9 +87,30 @@ def _pct(x) -> str:
     return "--" if x is None or pd.isna(x) else f"{x * 100:+.1f} %"
 
 
-def format_verdicts(table: pd.DataFrame, *, all_rows: bool = False) -> str:
+def no_reference_hint(table: pd.DataFrame, results: str | None = None) -> str | None:
+    """Why rows have no verdict, and the command that records references for them (None when
+    every measured row has a reference)."""
+    missing = table[table["verdict"] == NO_REFERENCE]
+    if missing.empty:
+        return None
+    systems = sorted(str(h) for h in missing["hardware"].unique())
+    hint = (
+        f"{len(missing)} measured row(s) have no reference: the references file has no entry "
+        f"for {', '.join(systems)} that matches their cells (list them with --all)."
+    )
+    if results:
+        blesses = [
+            f"python -m dlscale.decisions.regression_check bless {results} --system {system}"
+            for system in systems
+        ]
+        hint += " Record the current results as references with:\n  " + "\n  ".join(blesses)
+    return hint
+
+
+def format_verdicts(table: pd.DataFrame, *, all_rows: bool = False, results=None) -> str:
     """A plain-text table for the terminal: every row with a reference (FAIL first); the
-    no-reference rows only counted unless all_rows."""
+    no-reference rows only counted unless all_rows, with why and the command that records
+    references for them (`results`: the study's results folder)."""
     shown = table if all_rows else table[table["verdict"] != NO_REFERENCE]
     shown = shown.assign(_o=shown["verdict"].map(VERDICTS.index)).sort_values("_o", kind="stable")
     lines = []
@@ -127,6 +148,9 @@ def format_verdicts(table: pd.DataFrame, *, all_rows: bool = False) -> str:
         lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
         lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)).rstrip() for b in body]
     lines.append(f"verdicts: {summary_line(table)}")
+    hint = no_reference_hint(table, results)
+    if hint:
+        lines.append(hint)
     return "\n".join(lines)
 
 
@@ -229,23 +253,23 @@ def write_verdicts(
     return table
 
 
-def check_table(table: pd.DataFrame, out=None, *, all_rows: bool = False) -> int:
+def check_table(table: pd.DataFrame, out=None, *, all_rows: bool = False, results=None) -> int:
     """Print the verdicts; 1 when any is FAIL, else 0."""
     out = out or sys.stdout
-    print(format_verdicts(table, all_rows=all_rows), file=out)
+    print(format_verdicts(table, all_rows=all_rows, results=results), file=out)
     failed = counts(table)[FAIL]
     if failed:
         print(f"dlscale check: {failed} {FAILED_MARK}", file=out)
     return 1 if failed else 0
 
 
-def enforce_verdicts(verdicts_csv: str, log: str) -> None:
+def enforce_verdicts(verdicts_csv: str, log: str, results: str | None = None) -> None:
     """The check rule: print the verdicts (and write them to `log`); raise on any FAIL so the
-    run exits non-zero."""
+    run exits non-zero. `results`: the study's results folder (named in the bless command)."""
     import io
 
     buffer = io.StringIO()
-    code = check_table(pd.read_csv(verdicts_csv), buffer)
+    code = check_table(pd.read_csv(verdicts_csv), buffer, results=results)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     Path(log).write_text(buffer.getvalue())
     print(buffer.getvalue(), end="")
@@ -328,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dlscale check: {exc}", file=sys.stderr)
         return 2
-    return check_table(table, all_rows=a.all)
+    return check_table(table, all_rows=a.all, results=a.results)
 
 
 if __name__ == "__main__":
