@@ -15,8 +15,10 @@ from dlscale.study.references import failed_since, load_references
 from dlscale.study.references import schema_path as references_schema_path
 from dlscale.outputs.snakemake_report import table_caption, table_category, table_labels
 
-REFERENCES_PATH = str(Path(workflow.basedir) / STUDY.config["references_file"])
-REFERENCES_SCHEMA = str(references_schema_path(workflow.basedir))
+# (as the jobs name them: relative to the working directory, so a checkout moved or copied
+# elsewhere does not count as changed inputs and params, which would redo the verdicts)
+REFERENCES_PATH = os.path.relpath(Path(workflow.basedir) / STUDY.config["references_file"])
+REFERENCES_SCHEMA = os.path.relpath(references_schema_path(workflow.basedir))
 # Validated before any job, like the other configuration files: every problem at once.
 try:
     load_references(REFERENCES_PATH, REFERENCES_SCHEMA)
