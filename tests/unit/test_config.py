@@ -291,3 +291,26 @@ def test_a_gres_gpu_type_the_slurm_plugin_would_refuse_is_an_early_error(root):
         validate_hardware({"a100": entry}, schema)
     assert validate_hardware({"a100": dict(entry, gpu_request="gpus")}, schema)
     assert validate_hardware({"a100": dict(entry, gpu_type="a100_80g")}, schema)
+
+
+# Issue 41: only study folders live directly under results/; the project's own names are refused.
+@pytest.mark.parametrize(
+    "name", ["data", "DATA", "Site", "logs", "report.zip", "README.md", "runs", "Report"]
+)
+def test_a_name_the_project_writes_under_results_is_refused_as_a_study(root, name):
+    from dlscale.study.cell import RESERVED_UNDER_RESULTS
+    from dlscale.study.matrix import load_workflow_study
+
+    with pytest.raises(ConfigError) as exc:
+        load_workflow_study({"study": name}, root)
+    message = str(exc.value)
+    assert f"study: {name!r} cannot name a study" in message
+    listed = ", ".join(sorted(RESERVED_UNDER_RESULTS))
+    assert f"Reserved under results/ (in any letter case): {listed}" in message
+
+
+@pytest.mark.parametrize("name", ["site-2", "data.v2", "Logs2", "archive", "partial", "demo"])
+def test_names_that_only_look_reserved_are_studies(root, name):
+    from dlscale.study.matrix import load_workflow_study
+
+    assert load_workflow_study({"study": name}, root).config["study"] == name

@@ -369,3 +369,57 @@ def test_a_job_in_tokens_for_a_model_without_a_sequence_length_is_refused():
         pl.jobs_from_config({"jobs": [{"model": "m", "tokens": 1, "samples": 1}]}, ["m"])
     with pytest.raises(ValueError, match="allowed keys: samples, tokens"):
         pl.parse_job("gpt2_tiny:epochs=3")
+
+
+# Issue 41: what the planner refuses from the study's settings alone is refused when the study is
+# parsed (dlscale.decisions.plan_jobs.plan_problems, called by rules/common.smk), with the
+# planner's own message: each case is refused both ways, and the messages are the same.
+PARSE_TIME_REFUSALS = {
+    "tokens for a vision model": {"jobs": [{"model": "cnn_small", "tokens": 1000}]},
+    "a model the study does not measure": {"jobs": [{"model": "resnet50", "samples": 1e6}]},
+    "a framework no cell uses": {
+        "jobs": [{"model": "cnn_small", "samples": 1e6, "frameworks": ["tensorflow"]}]
+    },
+    "an energy budget without any node power": {"budget_kwh": 5.0},
+    "a node-hour objective without a deadline": {"objective": "min_node_hours"},
+    "a target accuracy": {"jobs": [{"model": "cnn_small", "target_accuracy": 0.9}]},
+}
+
+
+@pytest.mark.parametrize("case", PARSE_TIME_REFUSALS)
+def test_the_planners_settings_checks_run_at_parse_time_with_its_messages(root, case):
+    from dlscale.analysis.scaling_model import model_tables
+    from dlscale.decisions.plan_jobs import plan_problems
+    from dlscale.study.matrix import load_workflow_study
+
+    from synthetic_study import cells_table
+
+    study = load_workflow_study({"plan": PARSE_TIME_REFUSALS[case]}, root)
+    cells = study.cells_of("throughput")
+    models = study.config["axes"]["model"]
+    parts = pl.partitions_from_hardware(study.hardware)
+    at_parse = plan_problems(study.config["plan"], models, cells, parts)
+    # the planner, after the cells: predictions of every planned series of the study
+    axes = {axis: sorted({getattr(c, axis) for c in cells}) for axis in ("hardware", "model")}
+    axes |= {a: sorted({getattr(c, a) for c in cells}) for a in ("framework", "policy")}
+    axes |= {a: sorted({getattr(c, a) for c in cells}) for a in ("precision", "mode", "nodes")}
+    preds = model_tables(cells_table({**axes, "rep": [1, 2]}))[1]
+    with pytest.raises(pl.PlanError) as late:
+        pl.plan_from_config(preds, study.config["plan"], study.hardware, models)
+    # the planner stops at its first refusal; the parse-time check lists every one, that first
+    assert at_parse[0] == str(late.value)
+
+
+def test_a_plan_the_planner_can_make_passes_the_parse_time_checks(root):
+    from dlscale.decisions.plan_jobs import plan_problems
+    from dlscale.study.matrix import load_workflow_study
+
+    plan = {"jobs": [{"model": "gpt2_tiny", "tokens": 1e9}, {"model": "cnn_small", "samples": 5}]}
+    study = load_workflow_study({"plan": plan}, root)
+    parts = pl.partitions_from_hardware(study.hardware)
+    assert (
+        plan_problems(
+            study.config["plan"], study.config["axes"]["model"], study.cells_of("throughput"), parts
+        )
+        == []
+    )
