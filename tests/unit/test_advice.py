@@ -94,3 +94,10 @@ def test_outside_the_snakemake_command_the_message_says_what_to_add(monkeypatch)
     )
     monkeypatch.setattr("sys.argv", [os.path.join("venv", "bin", "snakemake"), "-n"])
     assert Invocation.current().tokens == ("-n",)
+
+
+def test_a_command_line_that_does_not_read_back_gives_no_command(monkeypatch):
+    """A profile named relative to another folder (snakemake --directory ...): Snakemake's
+    parser exits here; the workflow goes on and its messages say what to add."""
+    monkeypatch.setattr("sys.argv", ["snakemake", "--profile", "no/such/profile"])
+    assert Invocation.current() is None

@@ -69,10 +69,15 @@ class Invocation:
 
     @classmethod
     def current(cls) -> Invocation | None:
-        """This process's command line, if it is the `snakemake` command's."""
+        """This process's command line, if it is the `snakemake` command's and reads back here
+        (a profile named relative to another folder than the workflow's, with --directory, may
+        not: then None, and the messages say what to add instead of printing a command)."""
         if not sys.argv or not _is_snakemake(sys.argv[0]):
             return None
-        return cls.parse(sys.argv[1:])
+        try:
+            return cls.parse(sys.argv[1:])
+        except (SystemExit, Exception):  # argparse exits on what it cannot read
+            return None
 
     @classmethod
     def parse(cls, tokens: list[str]) -> Invocation:
