@@ -157,3 +157,41 @@ def test_the_first_step_deadline_is_in_no_identity():
     assert longer.config_hash == default.config_hash
     spec = TrainSpec.from_cell(longer)
     assert spec.first_step_timeout_s == 7200
+
+
+def test_the_energy_window_opens_after_the_devices_queue_is_drained(monkeypatch):
+    """Issue 46: work still queued on the device when the window opens (the re-warm steps) is
+    not counted. A stand-in for a device queue: each step queues one unit of energy, a sync
+    runs what is queued; the meter reads the energy run so far. With the meter started before
+    the window's opening sync, the re-warm steps' units were counted too."""
+    import dlscale.frameworks.timing as timing
+
+    adapter = one_rank_adapter()
+    device = {"queued": 0, "ran": 0}
+    step, sync = adapter.step, adapter.sync
+
+    def queued_step():
+        step()
+        device["queued"] += 1
+
+    def draining_sync():
+        sync()
+        device["ran"] += device.pop("queued")
+        device["queued"] = 0
+
+    class Meter:  # reads the stand-in's counter as the board's energy counter
+        def __init__(self, device_kind, gpu):
+            pass
+
+        def start(self):
+            self.at_start = device["ran"]
+
+        def stop(self, samples):
+            return {"available": True, "joules": device["ran"] - self.at_start}
+
+    monkeypatch.setattr(adapter, "step", queued_step)
+    monkeypatch.setattr(adapter, "sync", draining_sync)
+    monkeypatch.setattr(timing, "EnergyMeter", Meter)
+    run = run_timed(adapter)
+    assert run["rewarm_steps"] >= REWARM_STEPS >= 1
+    assert run["energy"]["joules"] == STEPS  # the window's steps, none of the re-warm ones

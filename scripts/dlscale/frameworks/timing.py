@@ -140,9 +140,11 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
         adapter.step()
     phase("rewarm")
     timer = adapter.step_timer()
+    # the window opens at a device synchronisation: the re-warm steps still queued on the device
+    # finish before it, so neither the window's time nor its energy and telemetry count them
+    adapter.sync()
     meter.start()
     telemetry.start()  # sampled by a background thread, off the step's path
-    adapter.sync()
     window_start = time.perf_counter()
     with audit.window() if audit else contextlib.nullcontext():
         for i in range(spec.warmup_steps, spec.warmup_steps + spec.steps):
