@@ -103,6 +103,7 @@ class Adapter(TorchModel, BaseAdapter):
                 world_size=ctx.world_size,
                 timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
             )
+        self.mesh = None  # the device mesh of a strategy other than ddp (parallelize)
         model = self.prepare_model()
         if self.sharded_or_split:
             model = self.parallelize(model)
@@ -286,12 +287,18 @@ class Adapter(TorchModel, BaseAdapter):
 
     @contextlib.contextmanager
     def _pg_timeout(self, seconds: float):
-        set_timeout = dist.distributed_c10d._set_pg_timeout
-        set_timeout(datetime.timedelta(seconds=seconds))
+        """Every process group of the cell (the world's and its device mesh's: FSDP, TP, PP and
+        replica groups) waits `seconds` inside the block, the collective timeout after it."""
+        from dlscale.frameworks.torch_parallel import mesh_groups, set_group_timeout
+
+        groups = [None, *(mesh_groups(self.mesh) if self.mesh is not None else [])]
+        for group in groups:
+            set_group_timeout(group, seconds)
         try:
             yield
         finally:
-            set_timeout(datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            for group in groups:
+                set_group_timeout(group, COLLECTIVE_TIMEOUT_S)
 
     def window_facts(self) -> dict:
         if not self.ddp:

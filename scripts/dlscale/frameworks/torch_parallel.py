@@ -12,22 +12,40 @@ Works on CPUs with gloo (every collective these APIs use) and on GPUs with NCCL.
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S
 from dlscale.study.parallel_dims import FSDP_UNITS, SHARDED, TENSOR_PARALLEL, TP_PLANS, ParallelDims
 
 
 def build_mesh(dims: ParallelDims, device_type: str):
     """The cell's device mesh: (dp_replicate, dp_shard, tp), outermost first (a tensor-parallel
-    group is consecutive ranks, i.e. ranks of one node)."""
+    group is consecutive ranks, i.e. ranks of one node). Every dimension's process group gets
+    the project's collective timeout (init_device_mesh creates its subgroups with the backend's
+    default: 10 minutes for NCCL, 30 for gloo), so a peer that never joins fails the cell at
+    the same deadline whichever group it stalls."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape, names = dims.mesh()
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    for group in mesh_groups(mesh):
+        set_group_timeout(group, COLLECTIVE_TIMEOUT_S)
+    return mesh
+
+
+def mesh_groups(mesh) -> list:
+    """The process groups of every dimension of `mesh` (this rank's one per dimension)."""
+    return [mesh.get_group(name) for name in mesh.mesh_dim_names]
+
+
+def set_group_timeout(group, seconds: float) -> None:
+    """The timeout of one process group's collectives (None: the default, world group)."""
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), group)
 
 
 def broadcast_from_rank0(model: nn.Module) -> None:
