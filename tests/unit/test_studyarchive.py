@@ -195,3 +195,20 @@ def test_an_archive_of_another_study_than_its_settings_is_refused(tmp_path):
     with tarfile.open(made.stdout.split()[1]) as tar:
         command = json.load(tar.extractfile("dlscale-s2/command-line.json"))
     assert command["study_file"]["archived"] == "s2.yaml"
+
+
+def test_an_archive_from_before_the_command_line_still_verifies(tmp_path, capsys):
+    """Archives made before they held command-line.json: their files are checked as before, and
+    the missing rebuild is a note, not a difference."""
+    study = workflow_tree(tmp_path)
+    archive, _ = studyarchive.create(study, root=tmp_path)
+    out = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    top = out / "dlscale-s1"
+    (top / "command-line.json").unlink()
+    manifest = top / "MANIFEST.sha256"
+    lines = manifest.read_text().splitlines()
+    manifest.write_text("".join(f"{ln}\n" for ln in lines if not ln.endswith("command-line.json")))
+    assert studyarchive.verify(top) == []
+    assert "note: no command-line.json" in capsys.readouterr().err

@@ -367,11 +367,13 @@ def config_problems(folder: Path) -> list[str]:
     files (`rebuilt_config`) and the one it recorded (study-config.json)."""
     from dlscale.study.config import ConfigError
 
-    if not (folder / COMMAND_LINE).is_file():
-        return [
-            f"no {COMMAND_LINE} (an archive made before archives held the study's command "
-            "line): its configuration cannot be rebuilt from it"
-        ]
+    if not (folder / COMMAND_LINE).is_file():  # made before archives held it: not a difference
+        print(
+            f"note: no {COMMAND_LINE} (an archive made before archives held the study's command "
+            "line): its configuration was not rebuilt from its files",
+            file=sys.stderr,
+        )
+        return []
     try:
         rebuilt = rebuilt_config(folder)
         recorded = json.loads((folder / RESOLVED_CONFIG).read_text())
@@ -456,9 +458,16 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(line)
     if problems:
-        print(f"{args.archive}: {len(problems)} difference(s) from its manifest", file=sys.stderr)
+        print(
+            f"{args.archive}: {len(problems)} difference(s) from its manifest or its recorded "
+            "configuration",
+            file=sys.stderr,
+        )
         return 1
-    print(f"{args.archive}: every file matches its manifest")
+    print(
+        f"{args.archive}: every file matches its manifest, and its files resolve to its recorded "
+        "configuration"
+    )
     return 0
 
 
