@@ -39,8 +39,6 @@ from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
 from dlscale.workflow.resume_journal import previous_driver
 from dlscale.workflow.advice import Invocation, with_config
-from dlscale.decisions.plan_jobs import plan_problems
-from dlscale.study.partitions import partitions_from_hardware
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
@@ -87,22 +85,6 @@ def check_launcher_matches_executor(executor):
 
 if INVOCATION is not None:
     check_launcher_matches_executor(INVOCATION.executor)
-
-# The planner's refusals that the study's settings alone decide (a job in tokens for a vision
-# model, a model or filter no cell measures, ...: dlscale.decisions.plan_jobs) now, with the
-# planner's own messages, not after every cell has run.
-_plan_problems = plan_problems(
-    STUDY.config["plan"],
-    STUDY.config["axes"]["model"],
-    STUDY.cells_of("throughput"),
-    partitions_from_hardware(STUDY.hardware),
-)
-if _plan_problems:
-    raise WorkflowError(
-        "dlscale: the plan: section cannot be planned:\n"
-        + "\n".join(f"  - plan: {problem}" for problem in _plan_problems)
-        + "\nNo job was started."
-    )
 
 CELLS = STUDY.by_key()
 # The study's own results folder: its cells, tables, figures, report and logs. Every output path

@@ -5,11 +5,26 @@
 # `python -m dlscale.decisions.planner results/<study>` plans from an existing results folder by hand.
 # (the fitting and solving modules are imported in the jobs, not at every parse: scipy.optimize
 # and pulp stay out of each Slurm job's snakemake start-up)
+from dlscale.decisions.plan_jobs import plan_problems
 from dlscale.study.partitions import partitions_from_hardware
 
 PLAN_CONFIG = STUDY.config["plan"]
+PARTITIONS = partitions_from_hardware(STUDY.hardware)
 # The planner's node counts per partition (hardware file: nodes_available, else max_nodes).
-PLAN_NODES = {p.name: p.nodes_available for p in partitions_from_hardware(STUDY.hardware)}
+PLAN_NODES = {p.name: p.nodes_available for p in PARTITIONS}
+
+# The planner's refusals that the study's settings alone decide (a job in tokens for a vision
+# model, a model or filter no cell measures, ...: dlscale.decisions.plan_jobs) when the workflow
+# is parsed, before any job, with the planner's own messages, not after every cell has run.
+_plan_problems = plan_problems(
+    PLAN_CONFIG, STUDY.config["axes"]["model"], STUDY.cells_of("throughput"), PARTITIONS
+)
+if _plan_problems:
+    raise WorkflowError(
+        "dlscale: the plan: section cannot be planned:\n"
+        + "\n".join(f"  - plan: {problem}" for problem in _plan_problems)
+        + "\nNo job was started."
+    )
 
 
 rule scaling_model:
