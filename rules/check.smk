@@ -37,6 +37,7 @@ rule verdicts:
         scaling=RULE_OUT["scaling"],
         status=RULE_OUT["status"],
         references=REFERENCES_PATH,
+        schema=REFERENCES_SCHEMA,
     output:
         verdicts=report(
             RULE_OUT["verdicts"],
@@ -47,9 +48,6 @@ rule verdicts:
         table=RULE_OUT["verdicts_table"],
     log:
         f"{RULE_OUT['logs']}/verdicts.log",
-    params:
-        schema=REFERENCES_SCHEMA,
-        name=STUDY.config["references_file"],
     run:
         from dlscale.decisions.regression_check import write_verdicts
 
@@ -59,8 +57,8 @@ rule verdicts:
             input.references,
             output.verdicts,
             output.table,
-            schema=params.schema,
-            references_name=params.name,
+            schema=input.schema,
+            references_name=STUDY.config["references_file"],  # as the study names it
             log=log[0],
         )
 
