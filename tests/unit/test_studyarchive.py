@@ -45,6 +45,14 @@ def workflow_tree(root: Path) -> Path:
     return root / "results/s1"
 
 
+def extracted_archive(tmp_path: Path) -> tuple[Path, Path]:
+    """The workflow tree's study archived and extracted: the archive and its top folder."""
+    archive, _ = studyarchive.create(workflow_tree(tmp_path), root=tmp_path)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    return archive, tmp_path / "x" / "dlscale-s1"
+
+
 def test_archive_holds_the_study_and_round_trips(tmp_path):
     study = workflow_tree(tmp_path)
     archive, checksum = studyarchive.create(study, root=tmp_path)
@@ -90,12 +98,7 @@ def test_archive_holds_the_study_and_round_trips(tmp_path):
 
 
 def test_a_changed_missing_or_added_file_is_found(tmp_path):
-    study = workflow_tree(tmp_path)
-    archive, _ = studyarchive.create(study, root=tmp_path)
-    out = tmp_path / "x"
-    with tarfile.open(archive) as tar:
-        tar.extractall(out, filter="data")
-    top = out / "dlscale-s1"
+    archive, top = extracted_archive(tmp_path)
     (top / CELL / "metrics.jsonl").write_text('{"m": 2}\n')
     (top / "results/s1/tables/cells.csv").unlink()
     (top / "results/s1/extra.txt").write_text("added\n")
@@ -200,12 +203,7 @@ def test_an_archive_of_another_study_than_its_settings_is_refused(tmp_path):
 def test_an_archive_from_before_the_command_line_still_verifies(tmp_path, capsys):
     """Archives made before they held command-line.json: their files are checked as before, and
     the missing rebuild is a note, not a difference."""
-    study = workflow_tree(tmp_path)
-    archive, _ = studyarchive.create(study, root=tmp_path)
-    out = tmp_path / "x"
-    with tarfile.open(archive) as tar:
-        tar.extractall(out, filter="data")
-    top = out / "dlscale-s1"
+    _, top = extracted_archive(tmp_path)
     (top / "command-line.json").unlink()
     manifest = top / "MANIFEST.sha256"
     lines = manifest.read_text().splitlines()

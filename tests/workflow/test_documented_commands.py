@@ -205,7 +205,7 @@ def test_documented_commands_lose_no_measurement_beside_reserved_looking_studies
     allowed look-alikes); every metrics file survives, and each command's named outputs exist."""
     work = tmp_path / "w"
     shutil.copytree(measured, work, symlinks=True)
-    beside = ["data", "logs", "tables", "figures", "report", "site-2", "Data2", "demo.bak"]
+    beside = ["data", "logs", "runs", "tables", "figures", "report", "site-2", "Data2", "demo.bak"]
     for name in beside:
         plant(work, name)
     before = measured_files(work)
