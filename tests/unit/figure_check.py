@@ -9,7 +9,7 @@ drawn matplotlib artists of a figure as it is saved, after a draw with the figur
 - two text labels (titles, axis labels, tick labels inside the limits, legend entries, panel
   texts) whose rendered bounding boxes overlap (the renderer's window extents);
 - an element the caption names (CAPTION_ELEMENTS: "shaded by its interval", "error bars",
-  "dashed: ideal", "dotted", "hatched") that no visible panel draws.
+  "dashed: ideal", "dashed: the target", "dotted", "hatched") that no visible panel draws.
 
 This is the tests' own inspection: it reads the artists, it does not call the plotting
 module's helpers.
@@ -168,6 +168,7 @@ CAPTION_ELEMENTS = {
     "shaded by its interval": _shaded,
     "error bars": _error_bars,
     "dashed: ideal": lambda ax: _line_styled(ax, "--", "ideal"),
+    "dashed: the target": lambda ax: _line_styled(ax, "--", "target"),
     "dotted": lambda ax: _line_styled(ax, ":"),
     "hatched": _hatched,
 }

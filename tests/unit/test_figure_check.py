@@ -16,7 +16,7 @@ from dlscale.analysis.stats import GROUP, scaling_summary
 from dlscale.outputs import plotting
 from dlscale.outputs.figure_layout import FAMILIES, figure_layout, variant
 
-from figure_check import figure_problems, predicted_panels
+from figure_check import CAPTION_ELEMENTS, figure_problems, predicted_panels
 from synthetic_study import cells_table
 
 COLUMN_IN = 3.5  # the report's column width (rules/common.smk)
@@ -206,3 +206,15 @@ def test_the_demo_flags_a_weak_scaling_prediction_above_every_measured_point(ins
     assert (
         "no series" in recommendation_macros(ValueError("x"), rising, plan)["dlsModelContradicts"]
     )
+
+
+def test_every_caption_element_the_check_knows_is_named_by_some_caption():
+    """The caption check is not vacuous: each phrase it looks for is in a caption a study has."""
+    from dlscale.outputs.figure_layout import convergence_layout
+
+    _, _, keys = tables("demo")
+    captions = " ".join(
+        s["caption"]
+        for s in [*figure_layout(keys, COLUMN_IN), *convergence_layout(keys, COLUMN_IN)]
+    )
+    assert [p for p in CAPTION_ELEMENTS if p not in captions] == []
