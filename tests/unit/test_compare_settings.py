@@ -4,6 +4,8 @@ settings differ is never called faster or slower without saying so."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from dlscale.decisions.compare import (
@@ -48,7 +50,22 @@ def test_a_cell_whose_settings_differ_is_never_plainly_faster():
     assert COLUMNS.index("provenance_differs") < COLUMNS.index("median_a")
 
 
-def test_the_summary_shows_what_differs_first(tmp_path):
+def test_the_summary_shows_what_differs_first(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from figure_check import figure_problems
+
+    checked = {}
+    original = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, out, *args, **kwargs):  # the ratio figure, checked as it is saved
+        checked[Path(out).parent.name] = (
+            figure_problems(fig),
+            {ln.get_color() for ax in fig.axes for ln in ax.get_lines()},
+        )
+        return original(fig, out, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     a, b = two_studies()
     for name, cells in (("a", a), ("b", b)):
         (tmp_path / name / "tables").mkdir(parents=True)
@@ -71,3 +88,6 @@ def test_the_summary_shows_what_differs_first(tmp_path):
     _, same = compare_outputs(tmp_path / "a", tmp_path / "a", tmp_path / "self")
     assert "Settings: no difference in" in same and "no cell of either study" in same
     assert (table["side"] == BOTH).all()
+    problems, colours = checked["out"]
+    assert problems == [] and "tab:orange" in colours  # settings differ: drawn apart
+    assert checked["self"][0] == [] and "tab:orange" not in checked["self"][1]

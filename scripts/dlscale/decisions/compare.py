@@ -454,7 +454,8 @@ def latex_summary(
 
 def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, threshold: float):
     """Ratio B/A per matched cell, grouped by framework and model, with its interval; a dashed
-    line at 1 and the threshold band used where there is no interval."""
+    line at 1 and the threshold band used where there is no interval; red beyond noise, blue
+    within, orange where the cell's settings differ (whatever its ratio)."""
     from dlscale.outputs.plotting import paper_style, plt  # drawn under its lock (Agg)
 
     matched = table[table["side"] == BOTH]
@@ -477,6 +478,8 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
         labels = []
         for y, r in enumerate(matched.itertuples(index=False)):
             colour = "tab:red" if r.beyond_noise else "tab:blue"
+            if r.settings_differ:  # its ratio measures the settings too: never plain red/blue
+                colour = "tab:orange"
             has = not pd.isna(r.ratio_low)
             ax.errorbar(
                 r.ratio,
@@ -501,13 +504,14 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
         handles = [
             Line2D([], [], marker="o", linestyle="", color="tab:red", label="beyond noise"),
             Line2D([], [], marker="o", linestyle="", color="tab:blue", label="within noise"),
+            Line2D([], [], marker="o", linestyle="", color="tab:orange", label=SETTINGS_DIFFER),
             *ax.get_legend_handles_labels()[0],
         ]
         ax.legend(
             handles=handles,
             loc="lower center",
             bbox_to_anchor=(0.5, 1.0),
-            ncols=3,
+            ncols=4,
             fontsize="small",
         )
         ax.set_title(
