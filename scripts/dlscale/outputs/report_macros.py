@@ -236,8 +236,8 @@ def build_macros(
 
 
 def uses_gpu(cells: pd.DataFrame) -> bool:
-    """Whether any measured cell ran on a GPU (cells.csv `device`; a table without the column
-    counts a GPU where a cell's device model is not a CPU's: unknown, so say both)."""
+    """Whether any measured cell ran on a GPU (cells.csv `device`). A table without the column
+    cannot say: True, so the report keeps its statements for both kinds of hardware."""
     if "device" in cells:
         return bool((cells["device"].fillna("cpu").astype(str) != "cpu").any())
     return True
