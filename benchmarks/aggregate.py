@@ -51,6 +51,7 @@ def write_cells(root: Path, n: int, steps: int) -> list[str]:
             model=model,
             policy=policy,
             precision=prec,
+            mode="eager",
             nodes=nodes,
             rep=rep,
             device="cpu",

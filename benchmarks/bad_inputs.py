@@ -54,10 +54,15 @@ def run_one(name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from bad_input_corpus import CORPUS
 
-    rows = [run_one("(valid demo study)")] + [run_one(name) for name, _, _ in CORPUS]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=None, help="the first N cases only (smoke run)")
+    cases = CORPUS[: p.parse_args(argv).cases]
+    rows = [run_one("(valid demo study)")] + [run_one(name) for name, _, _ in cases]
     errors = [r for r in rows if "error" in r]
     for r in errors:
         print(f"ERROR {r['case']}: {r['error']}", file=sys.stderr)

@@ -79,10 +79,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--frameworks", type=int, default=2)
+    parser.add_argument(
+        "--models", type=int, default=len(MODELS), help="the first N models (and jobs) only"
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
+    models = MODELS[: args.models]
     cells = synthetic_cells(args.frameworks)
+    cells = cells[cells["model"].isin(models)]
     _, preds = sm.model_tables(cells, plan_nodes={hw: 64 for hw in PARTITIONS})
     n_series = cells.groupby(["hardware", "framework", "model"]).ngroups
     print(
@@ -91,7 +96,7 @@ def main() -> None:
         f"(fitted in {time.perf_counter() - started:.1f} s, not part of the solve)"
     )
     parts = [pl.Partition(h, 64, cost, power) for h, (_, _, cost, power) in PARTITIONS.items()]
-    jobs = [{"name": f"job{i + 1}", "model": m, "samples": 5e8} for i, m in enumerate(MODELS)]
+    jobs = [{"name": f"job{i + 1}", "model": m, "samples": 5e8} for i, m in enumerate(models)]
     free = pl.make_plan(preds, jobs, parts)
     cases = {
         "min_time": {},

@@ -205,16 +205,28 @@ def test_slurmctld_restart_during_a_study(cluster, tmp_path):
         text=True,
     )
     deadline = time.time() + 120
-    while (
-        time.time() < deadline
-        and not subprocess.run(
-            ["squeue", "-h", "-t", "RUNNING"], capture_output=True, text=True
-        ).stdout.strip()
-    ):
-        time.sleep(0.5)
+    running = ""
+    while time.time() < deadline and not running and proc.poll() is None:
+        running = subprocess.run(
+            ["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True
+        ).stdout.split()
+        running = running[0] if running else ""
+        if not running:
+            time.sleep(0.5)
+    # the fault must happen while a cell's job runs, or this test would test nothing
+    assert running, "no job of the study was running within 120 s: slurmctld not restarted"
     _restart_slurmctld()
+    # the restarted controller still knows the job that ran across its restart (asked until
+    # it answers: a controller just started may refuse connections for a moment)
+    known, until = "", time.time() + 30
+    while f"JobId={running}" not in known and time.time() < until:
+        known = subprocess.run(
+            ["scontrol", "show", "job", running], capture_output=True, text=True
+        ).stdout
+        time.sleep(0.0 if f"JobId={running}" in known else 1.0)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
+    assert f"JobId={running}" in known, known or "scontrol knew no such job after the restart"
     with open(work / "results/tiny/tables/status.csv") as fh:
         assert {r["status"] for r in csv.DictReader(fh)} == {"ok"}
     assert (work / "results/tiny/report/report.pdf").stat().st_size > 0

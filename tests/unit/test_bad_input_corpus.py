@@ -1,6 +1,9 @@
 """The bad-input corpus (tests/unit/bad_input_corpus.py, issue 17): every case is refused with
-its precise message, within 2 s, without running code from a file and without touching an
-existing results/ folder (checksums before and after)."""
+its precise message, without hanging, without running code from a file and without touching an
+existing results/ folder (checksums before and after). The speed target (each refusal < 2 s and
+< 200 MB in a fresh process) is benchmarks/bad_inputs.py's, measured on an idle machine; here,
+on xdist workers of a loaded machine with lazy imports paid by whichever case comes first, a
+generous bound only catches a refusal that hangs (a parser looping, a file read without end)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ import time
 import pytest
 from bad_input_corpus import CORPUS, make_workspace, reject, results_checksums
 
-WORST_SECONDS = 2.0
+# a bound for a hang, not a speed target: 15x the benchmark's 2 s, which a loaded 2-core machine
+# (load 18 seen) with the first case's imports stays far below
+HANG_SECONDS = 30.0
 
 
 def test_corpus_is_large_and_names_are_unique():
@@ -29,6 +34,6 @@ def test_bad_input_is_refused(tmp_path, monkeypatch, name, setup, expected):
     assert expected in message, f"{expected!r} not in:\n{message}"
     assert "Traceback" not in message
     assert len(message) < 4000, f"message of {len(message)} characters"
-    assert seconds < WORST_SECONDS, f"{name}: refused after {seconds:.2f} s"
+    assert seconds < HANG_SECONDS, f"{name}: refused after {seconds:.2f} s (hung?)"
     assert not (ws / "PWNED").exists(), "code from a study file ran"
     assert results_checksums(ws) == before, "results/ changed"

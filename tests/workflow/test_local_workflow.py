@@ -22,6 +22,14 @@ from conftest import BIN, copy_workflow, snakemake, tiny_study
 pytestmark = pytest.mark.workflow
 
 
+def pdf_text(pdf: Path) -> str:
+    """The PDF's text by pdftotext (poppler-utils, which scripts/setup.sh installs): a missing
+    tool fails the test, never drops its assertions."""
+    tool = shutil.which("pdftotext")
+    assert tool, "pdftotext not found: scripts/setup.sh installs poppler-utils"
+    return subprocess.run([tool, str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+
+
 def job_counts(dry_run_stdout: str) -> dict[str, int]:
     table = dry_run_stdout.split("Job stats:")[1].split("total")[0]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
@@ -137,25 +145,20 @@ def test_tiny_study_reaches_the_pdf(finished_study):
     assert cells.loc[2, "scaling_efficiency"] == pytest.approx(
         cells.loc[2, "throughput_samples_per_s"] / cells.loc[1, "throughput_samples_per_s"] / 2
     )
-    if shutil.which("pdftotext"):
-        text = subprocess.run(
-            ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
-            capture_output=True,
-            text=True,
-        ).stdout
-        assert "Figure 5" in text and "Cells" in text and "tiny" in text
-        words = " ".join(text.split())
-        assert "Throughput (synthetic data)" in words and "Time to accuracy (real data)" in words
-        assert "Excluded: process start-up" in words and "not reached (0 of 2 cells" in words
-        assert "Input pipeline. After the last epoch each rank iterates" in words
-        assert "input-bound (below 3): 0 of 2 cells (none)" in words
-        assert "The ranks read the dataset in place" in words and "Loader / train" in words
-        assert "95% nonparametric order-statistic CI" in text
-        assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
-        # the planner's section: numbers from its macros; a 2-node-count series is not validated
-        words = " ".join(text.split())
-        assert "Recommendations" in words and "too short to validate" in words
-        assert "The plan below is the exact optimum" in words and "predicted" in words
+    text = pdf_text(work / "results/tiny/report/report.pdf")
+    assert "Figure 5" in text and "Cells" in text and "tiny" in text
+    words = " ".join(text.split())
+    assert "Throughput (synthetic data)" in words and "Time to accuracy (real data)" in words
+    assert "Excluded: process start-up" in words and "not reached (0 of 2 cells" in words
+    assert "Input pipeline. After the last epoch each rank iterates" in words
+    assert "input-bound (below 3): 0 of 2 cells (none)" in words
+    assert "The ranks read the dataset in place" in words and "Loader / train" in words
+    assert "95% nonparametric order-statistic CI" in text
+    assert "cells.csv, is attached to this PDF: 2 rows" in " ".join(text.split())
+    # the planner's section: numbers from its macros; a 2-node-count series is not validated
+    words = " ".join(text.split())
+    assert "Recommendations" in words and "too short to validate" in words
+    assert "The plan below is the exact optimum" in words and "predicted" in words
     plan = pd.read_csv(work / "results/tiny/plan/plan.csv")
     assert list(plan["job"]) == ["cnn_small"] and plan.loc[0, "hardware"] == "cpu"
     preds = pd.read_csv(work / "results/tiny/tables/predictions.csv")
@@ -254,13 +257,8 @@ def test_systems_table_and_the_study_archive(finished_study, tmp_path):
     )
     assert (table["cells_nodes_differ"] == 0).all()  # one machine: its nodes agree
     assert table["mlperf_fields"].astype(bool).all()
-    if shutil.which("pdftotext"):
-        text = subprocess.run(
-            ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
-            capture_output=True,
-            text=True,
-        ).stdout
-        assert "Systems" in text and "MLPerf" in text and "host_processor_model_name" in text
+    text = pdf_text(work / "results/tiny/report/report.pdf")
+    assert "Systems" in text and "MLPerf" in text and "host_processor_model_name" in text
 
     proc = snakemake(work, "study_archive", "--profile", "profiles/local")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -415,15 +413,8 @@ def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert kept(after) <= kept(measured(work))
     assert len(list((work / cell).parent.glob("measurements/*/metrics.jsonl"))) == 3
-    if shutil.which("pdftotext"):
-        text = " ".join(
-            subprocess.run(
-                ["pdftotext", str(work / "results/tiny/report/report.pdf"), "-"],
-                capture_output=True,
-                text=True,
-            ).stdout.split()
-        )
-        assert "3 earlier measurement(s) of 2 re-measured cell(s)" in text, text[-2000:]
+    text = " ".join(pdf_text(work / "results/tiny/report/report.pdf").split())
+    assert "3 earlier measurement(s) of 2 re-measured cell(s)" in text, text[-2000:]
 
 
 HOSTILE_RUNS = {

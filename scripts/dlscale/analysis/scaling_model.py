@@ -399,8 +399,27 @@ def predict(
             "memory_per_rank_mb": memory,
             "memory_measure": series.memory_measure,
             "memory_from": memory_from,
+            "contradicts_measurements": contradicts_measurements(series, nodes, x),
         }
     )
+
+
+CONTRADICTS = (
+    "predicted above every throughput measured in its weak-scaling series although the measured "
+    "throughput fell at the series' largest node count: the model contradicts the data it was "
+    "fitted to"
+)
+
+
+def contradicts_measurements(series: Series, nodes: np.ndarray, predicted: np.ndarray):
+    """Per node count, whether a prediction beyond the measured ones contradicts the series'
+    own measurements (CONTRADICTS): under weak scaling the throughput at the largest measured
+    node count is below the series' best measured median, yet the model predicts more than
+    every measured median. (A weak-scaling series whose throughput still rises is expected to
+    be predicted above its measurements: that is no contradiction.)"""
+    medians = series.points()["throughput"]
+    falling = series.policy == "weak" and len(medians) >= 2 and medians[-1] < np.max(medians)
+    return (nodes > max(series.nodes)) & falling & (predicted > np.max(medians))
 
 
 PREDICTION_COLUMNS = [
@@ -426,6 +445,7 @@ PREDICTION_COLUMNS = [
     "memory_per_rank_mb",
     "memory_measure",
     "memory_from",
+    "contradicts_measurements",
     "max_extrapolation",
 ]
 
@@ -477,6 +497,7 @@ def model_tables(
             }
         )
         preds.append(predict(s, [*s.nodes, *extra], model, loo).assign(max_extrapolation=factor))
+        fits[-1]["contradicts_measurements"] = bool(preds[-1]["contradicts_measurements"].any())
     fit_cols = [*GROUP, "node_counts", "reps_min", "model_kind", "params"]
     fits_df = pd.DataFrame(fits)
     for c in (
@@ -486,6 +507,7 @@ def model_tables(
         "loo_max_error",
         "loo_errors",
         "max_extrapolation",
+        "contradicts_measurements",
     ):
         if c not in fits_df:
             fits_df[c] = pd.Series(dtype=object)

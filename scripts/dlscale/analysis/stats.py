@@ -123,11 +123,13 @@ def interval_label(kind: str, n: int) -> str:
     ] + f" (n={n})"
 
 
-CI_METHOD = (
-    f"median over repetitions; interval: {CI_LEVEL:.0%} nonparametric order-statistic CI "
+# the interval alone, for a sentence that already says what the point is (the report)
+CI_INTERVAL = (
+    f"the {CI_LEVEL:.0%} nonparametric order-statistic CI "
     f"(binomial, n >= {min(n for n in range(2, 50) if order_statistic_ranks(n))}), "
-    "min-max range for fewer repetitions, none for one"
+    "the min-max range for fewer repetitions, none for one repetition"
 )
+CI_METHOD = f"median over repetitions; interval: {CI_INTERVAL.removeprefix('the ')}"
 
 
 def with_axes(cells: pd.DataFrame) -> pd.DataFrame:

@@ -13,10 +13,15 @@ fewer repetitions, none for one), and flags a difference as beyond noise when
 - it has none (a side has one repetition) and |ratio - 1| exceeds the threshold (default 5 %):
   the table says so (`basis`), since without repetitions the noise is unknown.
 
-Cells present in only one study are listed, never dropped; the provenance columns that differ
-(library versions, Python, device, launcher, hosts, commit) are named per cell, and the system
-fields that differ (driver, CUDA/NCCL, OS, framework build, ...: dlscale.analysis.systems_table)
-beside them.
+Cells present in only one study are listed, never dropped. What else differs between the two
+sides comes first, each in a column of its own, per cell and study-wide: the cells' settings
+(SETTINGS: steps, warm-up, batch sizes, ranks, device: `settings_differ`), the competition flag
+(repetitions measured while other processes kept the host busy: `competing`), and the
+provenance (library versions, Python, device, launcher, hosts, commit: `provenance_differs`;
+the system fields that differ, driver, CUDA/NCCL, OS, framework build, ...:
+dlscale.analysis.systems_table). A cell whose settings differ is never called plainly faster or
+slower: its difference reads "faster, settings differ" and is counted apart, since its ratio
+measures the settings as much as the change under test.
 
 Outputs (compare_outputs): compare.csv (every cell), summary.md and summary.tex (the short
 summary), ratios.pdf (ratio per cell grouped by framework and model, with its interval).
@@ -31,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dlscale.analysis.collect import CELL_FIELDS
 from dlscale.analysis.stats import (
     CI,
     GROUP,
@@ -47,6 +53,9 @@ MEASURE = "throughput_samples_per_s"
 DEFAULT_THRESHOLD = 0.05
 # Per-cell provenance columns of cells.csv compared between the two sides.
 PROVENANCE = ["libraries", "python", "device_model", "launcher", "hosts", "git_commit"]
+# Per-cell settings of cells.csv compared between the two sides: a difference makes a ratio a
+# comparison of settings, not only of the change under test.
+SETTINGS = list(CELL_FIELDS)
 # System fields (systems.csv) worth printing beside the ratios when they differ.
 SYSTEM_FIELDS = [
     "Operating system",
@@ -62,6 +71,7 @@ SYSTEM_FIELDS = [
     "Slurm",
 ]
 SLOWER, FASTER, WITHIN = "slower", "faster", "within noise"
+SETTINGS_DIFFER = "settings differ"
 ONLY_A, ONLY_B, BOTH = "only in A", "only in B", "both"
 MAX_FIGURE_ROWS = 80
 MAX_SUMMARY_ROWS = 50
@@ -69,6 +79,9 @@ COLUMNS = [
     *POINT,
     "cell",
     "side",
+    "settings_differ",
+    "competing",
+    "provenance_differs",
     "n_a",
     "n_b",
     "median_a",
@@ -80,7 +93,6 @@ COLUMNS = [
     "basis",
     "difference",
     "beyond_noise",
-    "provenance_differs",
 ]
 
 
@@ -88,6 +100,31 @@ def _values(part: pd.DataFrame, column: str) -> str:
     if column not in part:
         return ""
     return "; ".join(sorted({str(v) for v in part[column].dropna()}))
+
+
+def _settings_differ(ga: pd.DataFrame, gb: pd.DataFrame) -> str:
+    """`steps 10 -> 12, warmup_steps 3 -> 5`: the settings (SETTINGS) whose values differ."""
+    return ", ".join(
+        f"{c} {_values(ga, c) or '--'} -> {_values(gb, c) or '--'}"
+        for c in SETTINGS
+        if _values(ga, c) != _values(gb, c)
+    )
+
+
+def _n_competing(g: pd.DataFrame | None) -> int:
+    if g is None or "competing" not in g:
+        return 0
+    return int(g["competing"].fillna(False).astype(bool).sum())
+
+
+def _competing(ga: pd.DataFrame | None, gb: pd.DataFrame | None) -> str:
+    """`A 0/2, B 2/2`: repetitions measured under competition on each side, empty where none."""
+    if not (_n_competing(ga) or _n_competing(gb)):
+        return ""
+    return ", ".join(
+        f"{side} {_n_competing(g)}/{0 if g is None else len(g)}"
+        for side, g in (("A", ga), ("B", gb))
+    )
 
 
 def compare_cells(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD):
@@ -115,6 +152,8 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_T
                 basis="",
                 difference="",
                 beyond_noise=False,
+                settings_differ="",
+                competing=_competing(ga, gb),
                 provenance_differs="",
             )
             rows.append(row)
@@ -134,6 +173,10 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_T
         else:
             beyond = bool(abs(ratio - 1) > threshold)
             basis = f"threshold +-{threshold:.0%} (no interval: n={n})"
+        settings = _settings_differ(ga, gb)
+        difference = (SLOWER if ratio < 1 else FASTER) if beyond else WITHIN
+        if beyond and settings:
+            difference = f"{difference}, {SETTINGS_DIFFER}"
         row.update(
             side=BOTH,
             n_a=len(va),
@@ -145,8 +188,10 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, threshold: float = DEFAULT_T
             ratio_high=high,
             interval=interval_label(kind, n),
             basis=basis,
-            difference=(SLOWER if ratio < 1 else FASTER) if beyond else WITHIN,
+            difference=difference,
             beyond_noise=beyond,
+            settings_differ=settings,
+            competing=_competing(ga, gb),
             provenance_differs=", ".join(c for c in PROVENANCE if _values(ga, c) != _values(gb, c)),
         )
         rows.append(row)
@@ -196,30 +241,118 @@ def _interval(r) -> str:
 
 
 def counts(table: pd.DataFrame) -> dict:
+    """Matched cells by difference: slower and faster count cells of equal settings only; a
+    cell beyond noise whose settings differ is counted under settings_beyond."""
     matched = table[table["side"] == BOTH]
+    settings = matched["settings_differ"].fillna("") != ""
     return {
         "matched": len(matched),
         "slower": int((matched["difference"] == SLOWER).sum()),
         "faster": int((matched["difference"] == FASTER).sum()),
         "within": int((matched["difference"] == WITHIN).sum()),
+        "settings": int(settings.sum()),
+        "settings_beyond": int((settings & matched["beyond_noise"]).sum()),
+        "competing": int((matched["competing"].fillna("") != "").sum()),
         "only_a": int((table["side"] == ONLY_A).sum()),
         "only_b": int((table["side"] == ONLY_B).sum()),
     }
 
 
+def settings_differences(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Study-wide settings that differ over the cells both sides measured: field, A, B."""
+    if a.empty or b.empty:
+        return pd.DataFrame(columns=["field", "a", "b"])
+    both = a.merge(b[POINT].drop_duplicates(), on=POINT)
+    both_b = b.merge(a[POINT].drop_duplicates(), on=POINT)
+    rows = [
+        {"field": c, "a": _values(both, c), "b": _values(both_b, c)}
+        for c in SETTINGS
+        if _values(both, c) != _values(both_b, c)
+    ]
+    return pd.DataFrame(rows, columns=["field", "a", "b"])
+
+
+def competition_text(a: pd.DataFrame, b: pd.DataFrame) -> str:
+    """How many cells of each side were measured while other processes competed."""
+
+    def one(cells: pd.DataFrame) -> str:
+        if cells.empty:
+            return "0 of 0"
+        per_cell = (
+            cells.groupby(POINT)["competing"].apply(
+                lambda c: bool(c.fillna(False).astype(bool).any())
+            )
+            if "competing" in cells
+            else pd.Series(dtype=bool)
+        )
+        return f"{int(per_cell.sum())} of {cells[POINT].drop_duplicates().shape[0]}"
+
+    na, nb = one(a), one(b)
+    if na.startswith("0 ") and nb.startswith("0 "):
+        return "no cell of either study was measured while other processes competed."
+    return (
+        f"cells measured while other processes competed for the host (a repetition or more; "
+        f"column competing): A {na}, B {nb}. Their ratios may reflect the load, not the change."
+    )
+
+
+def _differs_first_md(settings: pd.DataFrame, competition: str, prov: pd.DataFrame) -> list:
+    """The differences besides the change under test, shown before any ratio."""
+    lines = ["## What differs besides the change under test", ""]
+    if settings.empty:
+        lines.append("Settings: no difference in " + ", ".join(SETTINGS) + ".")
+    else:
+        lines += [
+            "Settings differ (a ratio of these cells measures the settings too):",
+            "",
+            "| setting | A | B |",
+            "| --- | --- | --- |",
+        ]
+        lines += [f"| {r.field} | {r.a or '--'} | {r.b or '--'} |" for r in settings.itertuples()]
+    lines += ["", f"Competition: {competition}", ""]
+    if prov.empty:
+        lines.append("Provenance: no difference in versions, driver, device, launcher or hosts.")
+    else:
+        lines += ["Provenance differences:", "", "| field | A | B |", "| --- | --- | --- |"]
+        lines += [f"| {r.field} | {r.a or '--'} | {r.b or '--'} |" for r in prov.itertuples()]
+    return [*lines, ""]
+
+
+def _counts_sentence(c: dict, threshold: float) -> str:
+    text = (
+        f"{c['matched']} matched cell(s): {c['slower']} slower and {c['faster']} faster beyond "
+        f"noise, {c['within']} within noise; {c['only_a']} only in A, {c['only_b']} only in B."
+    )
+    if c["settings_beyond"]:
+        text += (
+            f" {c['settings_beyond']} more differ beyond noise but their settings differ too "
+            "(difference 'faster, settings differ' or 'slower, settings differ'): not counted "
+            "as faster or slower."
+        )
+    return text
+
+
 def markdown_summary(
-    table: pd.DataFrame, prov: pd.DataFrame, name_a: str, name_b: str, threshold: float
+    table: pd.DataFrame,
+    prov: pd.DataFrame,
+    name_a: str,
+    name_b: str,
+    threshold: float,
+    settings: pd.DataFrame | None = None,
+    competition: str = "",
 ) -> str:
     c = counts(table)
+    settings = settings if settings is not None else pd.DataFrame(columns=["field", "a", "b"])
     lines = [
         f"# dlscale compare: B = {name_b} against A = {name_a}",
         "",
+        *_differs_first_md(settings, competition or "not compared.", prov),
+        "## Ratios",
+        "",
         f"Ratio of median throughput B / A per cell (below 1: B is slower), matched on "
-        f"{', '.join(POINT)}. {c['matched']} matched cell(s): {c['slower']} slower and "
-        f"{c['faster']} faster beyond noise, {c['within']} within noise; {c['only_a']} only in "
-        f"A, {c['only_b']} only in B. Beyond noise: the ratio's interval (from each side's "
-        "median interval, dlscale.analysis.stats) excludes 1; where a side has one repetition "
-        "there is "
+        f"{', '.join(POINT)}. {_counts_sentence(c, threshold)} Beyond noise: the ratio's "
+        "interval (from each side's median interval, dlscale.analysis.stats) excludes 1; where "
+        "a side has one repetition there is "
         f"no interval and a difference beyond +-{threshold:.0%} counts (column basis).",
         "",
     ]
@@ -232,16 +365,16 @@ def markdown_summary(
             )
             lines.append("")
         lines += [
-            "| hardware | cell | A median | B median | B / A | interval | difference | basis "
-            "| provenance differs |",
-            "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |",
+            "| hardware | cell | settings differ | competing | provenance differs | A median "
+            "| B median | B / A | interval | difference | basis |",
+            "| --- | --- | --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |",
         ]
         for r in shown.itertuples(index=False):
             diff = f"**{r.difference}**" if r.beyond_noise else r.difference
             lines.append(
-                f"| {r.hardware} | {r.cell} | {_f(r.median_a)} | {_f(r.median_b)} | "
-                f"{_f(r.ratio, 3)} | {_interval(r)} | {diff} | {r.basis} | "
-                f"{r.provenance_differs or '--'} |"
+                f"| {r.hardware} | {r.cell} | {r.settings_differ or '--'} | "
+                f"{r.competing or '--'} | {r.provenance_differs or '--'} | {_f(r.median_a)} | "
+                f"{_f(r.median_b)} | {_f(r.ratio, 3)} | {_interval(r)} | {diff} | {r.basis} |"
             )
         lines.append("")
     only = table[table["side"] != BOTH]
@@ -251,26 +384,45 @@ def markdown_summary(
             f"- {r.side}: {r.hardware}/{r.cell} (n={r.n_a or r.n_b})" for r in only.itertuples()
         ]
         lines.append("")
-    if prov.empty:
-        lines.append("Provenance: no difference in versions, driver, device, launcher or hosts.")
-    else:
-        lines += ["Provenance differences:", "", "| field | A | B |", "| --- | --- | --- |"]
-        lines += [f"| {r.field} | {r.a or '--'} | {r.b or '--'} |" for r in prov.itertuples()]
     return "\n".join(lines) + "\n"
 
 
 def latex_summary(
-    table: pd.DataFrame, prov: pd.DataFrame, name_a: str, name_b: str, threshold: float
+    table: pd.DataFrame,
+    prov: pd.DataFrame,
+    name_a: str,
+    name_b: str,
+    threshold: float,
+    settings: pd.DataFrame | None = None,
+    competition: str = "",
 ) -> str:
-    """A fragment to \\input into a LaTeX document (booktabs, longtable): numbers generated."""
+    """A fragment to \\input into a LaTeX document (booktabs, longtable): numbers generated;
+    the differences besides the change under test (settings, competition, provenance) first."""
     from dlscale.outputs.latex_text import tex_escape as e
 
     c = counts(table)
-    text = (
-        f"Study \\texttt{{{e(name_b)}}} (B) against \\texttt{{{e(name_a)}}} (A): ratio of median "
-        f"throughput B/A per cell. {c['matched']} matched cell(s): {c['slower']} slower and "
-        f"{c['faster']} faster beyond noise, {c['within']} within noise; {c['only_a']} only in "
-        f"A, {c['only_b']} only in B. A difference is beyond noise when the ratio's interval "
+    settings = settings if settings is not None else pd.DataFrame(columns=["field", "a", "b"])
+    text = f"Study \\texttt{{{e(name_b)}}} (B) against \\texttt{{{e(name_a)}}} (A).\n"
+    differs = pd.concat(
+        [settings.assign(kind="setting"), prov.assign(kind="provenance")], ignore_index=True
+    )
+    text += "\nCompetition: " + e(competition or "not compared.") + "\n"
+    if not differs.empty:
+        text += (
+            "\n{\\footnotesize\\begin{longtable}{lp{0.2\\linewidth}p{0.3\\linewidth}"
+            "p{0.3\\linewidth}}\n\\toprule\nDiffers & Field & A & B \\\\\n\\midrule\n"
+            + "\n".join(
+                f"{e(r.kind)} & {e(r.field)} & {e(r.a)} & {e(r.b)} \\\\"
+                for r in differs.itertuples()
+            )
+            + "\n\\bottomrule\n\\end{longtable}}\n"
+        )
+    else:
+        text += "\nSettings and provenance: no difference.\n"
+    text += (
+        "\nRatio of median throughput B/A per cell. "
+        + e(_counts_sentence(c, threshold))
+        + " A difference is beyond noise when the ratio's interval "
         f"excludes 1, or, without an interval (one repetition), when it exceeds "
         f"$\\pm${threshold * 100:g}\\,\\%.\n"
     )
@@ -278,16 +430,17 @@ def latex_summary(
     if not flagged.empty:
         rows = "\n".join(
             e(f"{r.hardware}/{r.cell}").replace("/", r"/\allowbreak{}")
-            + f" & {_f(r.median_a)} & {_f(r.median_b)} & "
-            f"{_f(r.ratio, 3)} & {e(_interval(r))} & {e(r.difference)} & "
-            f"{e(r.provenance_differs or '--')} \\\\"
+            + f" & {e(r.settings_differ or '--')} & {e(r.competing or '--')} & "
+            f"{e(r.provenance_differs or '--')} & {_f(r.median_a)} & {_f(r.median_b)} & "
+            f"{_f(r.ratio, 3)} & {e(_interval(r))} & {e(r.difference)} \\\\"
             for r in flagged.head(MAX_SUMMARY_ROWS).itertuples(index=False)
         )
         text += (
             "\n{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
-            "\\begin{longtable}{p{0.3\\linewidth}rrrllp{0.15\\linewidth}}\n\\toprule\n"
-            "Cell & A & B & B/A & Interval & Difference & Provenance differs \\\\\n"
-            "\\midrule\\endhead\n" + rows + "\n\\bottomrule\n\\end{longtable}}\n"
+            "\\begin{longtable}{p{0.24\\linewidth}p{0.12\\linewidth}p{0.08\\linewidth}"
+            "p{0.1\\linewidth}rrrlp{0.1\\linewidth}}\n\\toprule\n"
+            "Cell & Settings differ & Competing & Provenance differs & A & B & B/A & Interval & "
+            "Difference \\\\\n\\midrule\\endhead\n" + rows + "\n\\bottomrule\n\\end{longtable}}\n"
         )
     only = table[table["side"] != BOTH]
     if not only.empty:
@@ -296,19 +449,13 @@ def latex_summary(
             + "; ".join(e(f"{r.side}: {r.hardware}/{r.cell}") for r in only.itertuples())
             + ".\n"
         )
-    if not prov.empty:
-        text += (
-            "\n{\\footnotesize\\begin{longtable}{p{0.2\\linewidth}p{0.37\\linewidth}"
-            "p{0.37\\linewidth}}\n\\toprule\nProvenance & A & B \\\\\n\\midrule\n"
-            + "\n".join(f"{e(r.field)} & {e(r.a)} & {e(r.b)} \\\\" for r in prov.itertuples())
-            + "\n\\bottomrule\n\\end{longtable}}\n"
-        )
     return text
 
 
 def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, threshold: float):
     """Ratio B/A per matched cell, grouped by framework and model, with its interval; a dashed
-    line at 1 and the threshold band used where there is no interval."""
+    line at 1 and the threshold band used where there is no interval; red beyond noise, blue
+    within, orange where the cell's settings differ (whatever its ratio)."""
     from dlscale.outputs.plotting import paper_style, plt  # drawn under its lock (Agg)
 
     matched = table[table["side"] == BOTH]
@@ -331,6 +478,8 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
         labels = []
         for y, r in enumerate(matched.itertuples(index=False)):
             colour = "tab:red" if r.beyond_noise else "tab:blue"
+            if r.settings_differ:  # its ratio measures the settings too: never plain red/blue
+                colour = "tab:orange"
             has = not pd.isna(r.ratio_low)
             ax.errorbar(
                 r.ratio,
@@ -355,13 +504,14 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
         handles = [
             Line2D([], [], marker="o", linestyle="", color="tab:red", label="beyond noise"),
             Line2D([], [], marker="o", linestyle="", color="tab:blue", label="within noise"),
+            Line2D([], [], marker="o", linestyle="", color="tab:orange", label=SETTINGS_DIFFER),
             *ax.get_legend_handles_labels()[0],
         ]
         ax.legend(
             handles=handles,
             loc="lower center",
             bbox_to_anchor=(0.5, 1.0),
-            ncols=3,
+            ncols=4,
             fontsize="small",
         )
         ax.set_title(
@@ -391,12 +541,18 @@ def compare_outputs(
     cells_b, sys_b, name_b = _read(Path(b_dir))
     table = compare_cells(cells_a, cells_b, threshold)
     prov = provenance_differences(cells_a, cells_b, sys_a, sys_b)
+    differs = {
+        "settings": settings_differences(cells_a, cells_b),
+        "competition": competition_text(cells_a, cells_b),
+    }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "compare.csv", index=False)
-    md = markdown_summary(table, prov, name_a, name_b, threshold)
+    md = markdown_summary(table, prov, name_a, name_b, threshold, **differs)
     (out / "summary.md").write_text(md)
-    (out / "summary.tex").write_text(latex_summary(table, prov, name_a, name_b, threshold))
+    (out / "summary.tex").write_text(
+        latex_summary(table, prov, name_a, name_b, threshold, **differs)
+    )
     plot_ratios(table, str(out / "ratios.pdf"), name_a=name_a, name_b=name_b, threshold=threshold)
     return table, md
 

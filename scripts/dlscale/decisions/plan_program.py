@@ -125,6 +125,17 @@ def objective_values(rows: pd.DataFrame) -> dict:
     }
 
 
+def _apart(asked: float, least: float) -> tuple[str, str]:
+    """The asked and the smallest feasible limit, each with as many significant digits (4 at
+    least) as it takes for the two to read differently: a budget of 19.0476 against a need of
+    19.0512 reads 19.048 and 19.051, not 19.05 and 19.05."""
+    for digits in range(4, 17):
+        a, b = f"{asked:.{digits}g}", f"{least:.{digits}g}"
+        if a != b:
+            return a, b
+    return repr(asked), repr(least)
+
+
 def _smallest_feasible(opts, n_jobs, capacity, limits, objective) -> str:
     """Why no plan exists and the smallest budget or deadline that would have one."""
     if not solve(opts, n_jobs, capacity, {}, MIN_TIME):
@@ -147,17 +158,17 @@ def _smallest_feasible(opts, n_jobs, capacity, limits, objective) -> str:
             continue
         need = best[1][term]
         if need > limits[key] * (1 + _REL):
+            asked, least = _apart(limits[key], need)
             msgs.append(
-                f"{key} {limits[key]:.4g} is infeasible; the smallest feasible {key} is "
-                f"{need:.4g} {unit}"
+                f"{key} {asked} is infeasible; the smallest feasible {key} is {least} {unit}"
             )
     if limits.get("budget_kwh") is not None:
         other = {k: v for k, v in limits.items() if k != "budget_kwh"}
         prob_best = _min_energy(opts, n_jobs, capacity, other)
         if prob_best is not None and prob_best > limits["budget_kwh"] * (1 + _REL):
+            asked, least = _apart(limits["budget_kwh"], prob_best)
             msgs.append(
-                f"budget_kwh {limits['budget_kwh']:.4g} is infeasible; the smallest feasible "
-                f"budget_kwh is {prob_best:.4g} kWh"
+                f"budget_kwh {asked} is infeasible; the smallest feasible budget_kwh is {least} kWh"
             )
     return "; ".join(msgs) or "the budget and deadline together are infeasible"
 

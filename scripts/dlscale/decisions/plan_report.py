@@ -42,6 +42,7 @@ def recommendation_macros(result, fits: pd.DataFrame, plan_config: dict) -> dict
         if len(validated)
         else "n/a",
         "LooMaxError": f"{validated['loo_max_error'].max():.1%}" if len(validated) else "n/a",
+        "ModelContradicts": contradicts_text(fits),
         "MaxExtrapolation": _fmt(plan_config["max_extrapolation"]),
         "MaxExtrapolationUnvalidated": _fmt(
             min(
@@ -88,6 +89,24 @@ def recommendation_macros(result, fits: pd.DataFrame, plan_config: dict) -> dict
             PlanExtrapolated=int(result.plan["extrapolated"].astype(bool).sum()),
         )
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
+
+
+def contradicts_text(fits: pd.DataFrame) -> str:
+    """The series whose predictions contradict their own measurements
+    (dlscale.analysis.scaling_model.CONTRADICTS), named, or that none does."""
+    from dlscale.analysis.scaling_model import CONTRADICTS
+    from dlscale.analysis.stats import GROUP
+
+    column = fits.get("contradicts_measurements", pd.Series(dtype=object))
+    bad = fits[column.fillna(False).astype(bool)] if len(fits) else fits
+    if bad.empty:
+        return "no series' prediction contradicts its measurements"
+    names = "; ".join("/".join(str(row[k]) for k in GROUP if k in row) for _, row in bad.iterrows())
+    return (
+        f"{len(bad)} series ({names}) {'is' if len(bad) == 1 else 'are'} {CONTRADICTS} "
+        "(crossed in red in the scaling figures): read such a prediction as the model "
+        "failing on this series, not as a forecast"
+    )
 
 
 def _memory_lines(plan: pd.DataFrame) -> str:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from dlscale.analysis.stats import EXACT, GROUP, NONE, RANGE
 from dlscale.outputs.latex_text import _fmt, tex_escape
+from dlscale.study.cell import DEFAULT_WORKLOAD
 
 # Which interval column labels a measure's interval (dlscale.analysis.stats interval kinds).
 _INTERVAL_KIND = {"throughput_samples_per_s": "interval", "scaling_efficiency": "speedup_interval"}
@@ -87,6 +88,8 @@ def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
             *_AT_TOP,
         ],
     )
+    if "workload" in status:  # the throughput cells only, which this table summarises
+        status = status[status["workload"].fillna(DEFAULT_WORKLOAD) == DEFAULT_WORKLOAD]
     if status.empty:
         out = measured.assign(
             cells_ok=measured["cells_measured"], cells_planned=measured["cells_measured"]
@@ -172,7 +175,9 @@ def _summary_head(
             "are those at the group's largest measured node count (the last of its node "
             "counts): median over n repetitions; in square brackets its 95\\,\\% "
             "order-statistic confidence interval (n $\\geq$ 6), in parentheses the min--max "
-            "range where fewer repetitions allow no such interval, nothing for one repetition."
+            "range where fewer repetitions allow no such interval, nothing for one repetition. "
+            "Cells: the group's throughput cells measured of those planned (convergence cells "
+            "are counted in their own section)."
         )
         spec = "l" * len(keys) + "rlrrr"
         head = (

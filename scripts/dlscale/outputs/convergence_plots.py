@@ -140,7 +140,7 @@ def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, 
     """Validation accuracy after each epoch: one line per node count and repetition (colour:
     node count), the target dashed."""
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     nodes = sorted(epochs["nodes"].unique()) if not epochs.empty else []
     colours = dict(zip(nodes, sns.color_palette("viridis", max(1, len(nodes)))))
     for ax, panel in zip(axes.flat, panels):

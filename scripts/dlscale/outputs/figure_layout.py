@@ -66,13 +66,18 @@ def predicted_caption(plan: dict | None = None) -> str:
         f"{_factor(validated)}x the largest measured node count of a validated series and "
         f"{_factor(unvalidated)}x that of an unvalidated one"
     )
+    contradicts = (
+        " A red cross marks a prediction above every throughput measured in its weak-scaling "
+        "series although the measured throughput fell at the series' largest node count: there "
+        "the model contradicts the data it was fitted to."
+    )
     if unvalidated > DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED:
         text += (
             f" (the configuration's plan.max_extrapolation_unvalidated = {_factor(asked)}, "
             f"beyond the default {_factor(DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED)}x: these "
             "predictions go further than any check of the model)"
         )
-    return text + "."
+    return text + "." + contradicts
 
 
 PREDICTED = predicted_caption()

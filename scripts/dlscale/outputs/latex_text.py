@@ -33,7 +33,19 @@ def _macro_name(name: str) -> str:
 
 
 def _fmt(x: float, digits: int = 3) -> str:
-    return f"{x:.{digits}g}" if abs(x) < 10**digits else f"{x:,.0f}"
+    """A number for reading: `digits` significant digits, never in scientific notation (99.7 to
+    2 digits is 100, not 1e+02; 0.000123 is 0.000123), thousands separated from 10**digits."""
+    if abs(x) >= 10**digits:
+        return f"{x:,.0f}"
+    import numpy as np
+
+    return np.format_float_positional(x, precision=digits, fractional=False, trim="-")
+
+
+def _range(low, high, digits: int = 3) -> str:
+    """`low--high`, or the one number where both ends read the same (n = 2, not n = 2--2)."""
+    a, b = _fmt(low, digits), _fmt(high, digits)
+    return a if a == b else f"{a}--{b}"
 
 
 def _join(values) -> str:

@@ -10,6 +10,7 @@ from dlscale.outputs.plotting import (
     _finish,
     _grid,
     _label_outer,
+    _log_y,
     _nodes_axis,
     _save,
     paper_style,
@@ -70,7 +71,7 @@ def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
                 linestyle="none",
                 label="chosen",
             )
-            ax.set_yscale("log")
+            _log_y(ax)  # labelled however short the span of hours
             nodes = sorted(int(n) for n in mine["nodes"].unique())
             _nodes_axis(ax, [n for n in nodes if n & (n - 1) == 0])  # powers of two
             ax.set_title(str(chosen["job"]))

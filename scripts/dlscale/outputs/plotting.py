@@ -34,7 +34,17 @@ from matplotlib.patches import Patch, Rectangle
 from dlscale.outputs.figure_layout import FAMILIES, SCALING, with_variant
 
 PREDICTED_LABEL, UNVALIDATED_LABEL = "predicted", "predicted, not validated"
-REFERENCE_LABELS = {"ideal", PREDICTED_LABEL, UNVALIDATED_LABEL, "target", "not reached"}
+# a prediction above every measured point of a weak-scaling series whose throughput fell
+# (dlscale.analysis.scaling_model.contradicts_measurements): a red cross over its open marker
+CONTRADICTS_LABEL = "predicted above all measured: contradicts the data"
+REFERENCE_LABELS = {
+    "ideal",
+    PREDICTED_LABEL,
+    UNVALIDATED_LABEL,
+    CONTRADICTS_LABEL,
+    "target",
+    "not reached",
+}
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 LINESTYLES = ["-", "--", ":", "-."]
 
@@ -63,16 +73,16 @@ def paper_style():
 # ---- drawing ---------------------------------------------------------------------------------
 
 
-def _grid(n_panels: int, ncols: int, width: float, sharey: bool = False, aspect: float = 0.8):
+def _grid(n_panels: int, ncols: int, width: float, aspect: float = 0.8):
     """A grid of panels `width` wide; a panel is `aspect` times as high as wide (at most
-    2.75 in wide for the height, so one-column grids of wide figures stay short)."""
+    2.75 in wide for the height, so one-column grids of wide figures stay short). Every panel
+    has its own y range: a shared one hides the points of a panel whose values lie far from
+    the others' (issue 42), or squeezes them flat."""
     ncols = max(1, min(ncols, n_panels))
     nrows = max(1, -(-n_panels // ncols))
     panel_w = width / ncols
     panel_h = aspect * min(panel_w, 2.75)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width, panel_h * nrows + 0.45), squeeze=False, sharey=sharey
-    )
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, panel_h * nrows + 0.45), squeeze=False)
     for ax in axes.flat[max(n_panels, 1) :]:
         ax.set_visible(False)
     return fig, axes
@@ -140,10 +150,49 @@ def _panels(scaling: pd.DataFrame, spec: dict, axes, title: str = "{0}, {1}"):
 
 
 def _nodes_axis(ax, nodes: list) -> None:
+    """Node counts on a log-2 x axis, a tick at each one (no minor ticks on x; the y axis
+    keeps its own)."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(nodes)
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.minorticks_off()
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+# tick values on a logarithmic y axis: 1-2-5 per decade where the data span at most this many
+# decades, powers of ten beyond (more labels would crowd a short panel)
+LOG_125_DECADES = 2.0
+
+
+def _nice_125(value: float, up: bool) -> float:
+    """The nearest 1-2-5 number (1, 2, 5 x 10^k) at or below (`up` False) or above `value`."""
+    k = np.floor(np.log10(value))
+    steps = [m * 10.0**e for e in (k - 1, k, k + 1) for m in (1.0, 2.0, 5.0)]
+    return max(v for v in steps if v <= value) if not up else min(v for v in steps if v >= value)
+
+
+def _tick_text(value: float, _pos=None) -> str:
+    """A tick label for reading: 200, 1,000, 0.05 (never 2e+02)."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return np.format_float_positional(value, precision=3, fractional=False, trim="-")
+
+
+def _log_y(ax) -> None:
+    """A logarithmic y axis with labelled ticks inside its limits, however short the span:
+    the limits widened to the nearest 1-2-5 numbers around the data (so at least two labels),
+    labels at 1-2-5 per decade (powers of ten over more than LOG_125_DECADES decades), plain
+    numbers, unlabelled minor ticks."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0 or hi <= lo:
+        return
+    lo, hi = _nice_125(lo, up=False), _nice_125(hi, up=True)
+    ax.set_ylim(lo, hi)
+    wide = np.log10(hi / lo) > LOG_125_DECADES
+    ticker = matplotlib.ticker
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0,) if wide else (1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(_tick_text))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def bars_on_log_axes(fig) -> list[str]:
@@ -203,10 +252,16 @@ def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
 
 
 def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
+    """The y label once per figure (beside the first column's panels; a grid of several rows
+    gets it once for all rows, as the figure's y label: repeated per row, long labels overlap),
+    the x label under the lowest panel of each column."""
     nrows, ncols = axes.shape
+    used_rows = -(-n_panels // ncols)
+    if used_rows > 1:
+        axes.flat[0].figure.supylabel(ylabel, fontsize=plt.rcParams["axes.labelsize"])
     for i, ax in enumerate(axes.flat[:n_panels]):
         row, col = divmod(i, ncols)
-        if col == 0:
+        if col == 0 and used_rows == 1:
             ax.set_ylabel(ylabel)
         # the lowest visible panel of each column carries the x label
         if xlabel and (row == nrows - 1 or i + ncols >= n_panels):
@@ -215,10 +270,12 @@ def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
 
 def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour) -> list:
     """The series' predicted extension (dlscale.analysis.scaling_model): open markers on a dashed
-    line from
-    its largest measured node count, the interval shaded (the repetitions' noise widened by the
-    model's leave-one-out error where validated; labelled "not validated" where it is not: the
-    model error is unknown); returns the node counts drawn."""
+    line from its largest measured node count, the interval shaded from that point's own
+    interval to the predictions' (the repetitions' noise widened by the model's leave-one-out
+    error where validated; labelled "not validated" where it is not: the model error is
+    unknown; a band over one predicted node count alone would have no width), a prediction that
+    contradicts the series' measurements crossed in red (CONTRADICTS_LABEL); returns the node
+    counts drawn."""
     if preds is None or preds.empty:
         return []
     keep = np.ones(len(preds), dtype=bool)
@@ -247,18 +304,30 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
         markeredgecolor=colour,
         color=colour,
     )
-    high = ext[f"{column}_high"].to_numpy(dtype=float)
+    if "contradicts_measurements" in ext:
+        bad = ext[ext["contradicts_measurements"].astype(bool)]
+        if not bad.empty:
+            ax.plot(
+                bad["nodes"],
+                bad[f"{column}_pred"],
+                linestyle="none",
+                marker="x",
+                markersize=5,
+                color="tab:red",
+                label=CONTRADICTS_LABEL,
+            )
+    start_low, start_high = last[f"{column}_ci_low"], last[f"{column}_ci_high"]
+    start_low = last[f"{column}_median"] if pd.isna(start_low) else start_low
+    start_high = last[f"{column}_median"] if pd.isna(start_high) else start_high
+    low = np.array([start_low, *ext[f"{column}_low"]], dtype=float)
+    high = np.array([start_high, *ext[f"{column}_high"]], dtype=float)
     if np.isinf(high).any():  # a model error of 100 % or more: no upper bound, shade to the top
         top = ax.get_ylim()[1]
         high = np.where(np.isinf(high), max(top, np.nanmax(ext[f"{column}_pred"])), high)
-    ax.fill_between(
-        ext["nodes"],
-        ext[f"{column}_low"],
-        high,
-        color=colour,
-        alpha=0.15,
-        linewidth=0,
-    )
+    if np.isfinite(low[1:]).any() and np.isfinite(high[1:]).any():  # no interval: no band
+        ax.fill_between(
+            [last["nodes"], *ext["nodes"]], low, high, color=colour, alpha=0.15, linewidth=0
+        )
     return list(ext["nodes"])
 
 
@@ -277,9 +346,8 @@ def plot_scaling(
     family = spec["family"]
     column, ylabel = SCALING[family]
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=family != "throughput")
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
-    top = 1.1
     for ax, _, part in _panels(scaling, spec, axes):
         predicted: list = []
         for framework, precision, line in _series(part, spec):
@@ -301,13 +369,9 @@ def plot_scaling(
             ax.plot(nodes, ideal, linestyle="--", color="0.4", linewidth=0.8, label="ideal")
         _nodes_axis(ax, nodes)
         if family == "throughput":
-            ax.set_yscale("log")
-        if family == "efficiency":
-            high = part[f"{column}_ci_high"].max()
-            high = part[f"{column}_median"].max() if np.isnan(high) else high
-            top = max(top, float(0 if np.isnan(high) else high) * 1.05)
-    if family == "efficiency":
-        axes.flat[0].set_ylim(0, top)  # shared y axis
+            _log_y(ax)
+        if family == "efficiency":  # from 0, and ideal (1) always in view
+            ax.set_ylim(0, max(1.1, ax.get_ylim()[1]))
     _label_outer(axes, len(panels), ylabel, "Nodes")
     return _finish(fig, axes, out)
 
@@ -361,7 +425,7 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
             rotation=20 if len(models) > 1 else 0,
             ha="right" if len(models) > 1 else "center",
         )
-        ax.set_yscale("log")
+        _log_y(ax)
         ax.set_title(f"{panel[0]} scaling, {top_nodes} node(s)")
     _label_outer(axes, len(panels), "Throughput (samples/s)", None)
     return _finish(fig, axes, out)
@@ -431,7 +495,7 @@ def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     gpu = _numeric(hw, "gpu_util_pct_mean_median").notna().any()
     quantity = "gpu_util_pct" if gpu else "cpu_util_pct"
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
         for framework, precision, line in _series(part, spec):
@@ -470,7 +534,7 @@ def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     quantity = "mfu" if known else "achieved_tflops_per_device"
     scale = 100.0 if known else 1.0
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
         for framework, precision, line in _series(part, spec):
@@ -499,7 +563,7 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     on_device = _numeric(hw, "peak_allocated_mb_max_median").notna().any()
     peak = "peak_allocated_mb_max_median" if on_device else "peak_rss_mb_max_median"
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"], sharey=True)
+    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
         for framework, precision, line in _series(part, spec):
@@ -519,7 +583,7 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
         _nodes_axis(ax, sorted(part["nodes"].unique()))
         # log: a process's peak (on a CPU its whole resident set, the runtime included) and a
         # small model's state differ by orders of magnitude; lines only, no bars
-        ax.set_yscale("log")
+        _log_y(ax)
     _label_outer(axes, len(panels), "MiB per rank (log)", "Nodes")
     extra = [
         Line2D([], [], color="0.3", label="params + grads + optimizer state"),

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from dlscale.analysis.mfu import FLOP_METHOD, MFU_METHOD, mfu_summary
-from dlscale.analysis.stats import CI_METHOD
+from dlscale.analysis.stats import CI_INTERVAL, CI_METHOD
 from dlscale.analysis.systems_table import MLPERF_FIELDS, MLPERF_NOT_COVERED
-from dlscale.outputs.latex_text import _fmt, _join, _macro_name, _opt, tex_escape
+from dlscale.outputs.latex_text import _fmt, _join, _macro_name, _opt, _range, tex_escape
 from dlscale.study.cell import DEFAULT_WORKLOAD, WORKLOADS, cell_label
 from dlscale.study.protocol import (
     ALLREDUCE_BYTES,
@@ -17,6 +17,7 @@ from dlscale.study.protocol import (
     BREAKDOWN_STEPS,
     COMPETING_BUSY_CPUS,
     HOST_SYNC_PER_STEP,
+    HOST_SYNC_PER_STEP_CPU,
     IDLE_PROBE_SECONDS,
     REWARM_METHOD,
     TELEMETRY_INTERVAL_S,
@@ -74,6 +75,10 @@ _MEASURED_KEYS = [
     "FastPaths",
     "RepsMin",
     "RepsMax",
+    "Reps",
+    "CompetingSummary",
+    "EnergySource",
+    "GpuBoardNote",
     "EarlierMeasurements",
     "ProbeSecondsMax",
 ]
@@ -118,6 +123,7 @@ def _study_macros(
         "RanksPerNode": config["ranks_per_node"],
         "IdleProbeSeconds": IDLE_PROBE_SECONDS,
         "CIMethod": CI_METHOD,
+        "CIInterval": CI_INTERVAL,
         "StragglerThreshold": f"{config['straggler_threshold']:.0%}",
         "BreakdownSteps": BREAKDOWN_STEPS,
         "AllreduceSizes": " and ".join(f"{b >> 20}" for b in ALLREDUCE_BYTES),
@@ -141,7 +147,9 @@ def _measured_macros(cells: pd.DataFrame, scaling: pd.DataFrame) -> dict:
     m["GitCommit"] = _join(sorted(cells["git_commit"].fillna("unknown").unique()))
     hashes = cells["config_hash"].nunique()
     m["ConfigHash"] = (
-        f"{hashes} per-cell configuration hashes" if hashes > 1 else cells["config_hash"].iloc[0]
+        f"configuration hashes: {hashes} distinct, one per cell setting"
+        if hashes > 1
+        else f"configuration hash {cells['config_hash'].iloc[0]}"
     )
     earlier = cells["earlier_measurements"].fillna(0).astype(int)
     m["EarlierMeasurements"] = (
@@ -161,12 +169,29 @@ def _measured_macros(cells: pd.DataFrame, scaling: pd.DataFrame) -> dict:
     m["EfficiencyAtMaxNodesMin"] = _fmt(top["scaling_efficiency_median"].min())
     m["EfficiencyAtMaxNodesMax"] = _fmt(top["scaling_efficiency_median"].max())
     m["CellsCompeting"] = int(cells["competing"].sum())
+    m["CompetingSummary"] = competing_summary(cells)
+    gpu = uses_gpu(cells)
+    m["EnergySource"] = (
+        "on NVIDIA GPUs the difference of NVML's energy counter of the rank's own board, or its "
+        "power sampled where the board has no counter; RAPL counters on CPUs"
+        if gpu
+        else "RAPL counters of the CPU packages: every cell ran on CPUs"
+    )
+    m["GpuBoardNote"] = (
+        "Each rank records the GPU board it used (UUID, PCI bus id or Slurm's GRES index); "
+        "its telemetry samples that board through NVML (utilisation, SM clock, memory, "
+        "temperature, power) as well."
+        if gpu
+        else "Every cell ran on CPUs: no GPU board was used or sampled."
+    )
     shared = cells.get("shared_gpu_ranks", pd.Series(dtype=str)).fillna("").astype(str)
     m["SharedGpuNote"] = (
         f"In {int((shared != '').sum())} cell(s) two or more ranks of a node used one GPU "
         "(a binding that gives ranks no GPU of their own; cells.csv shared_gpu_ranks)."
         if (shared != "").any()
         else "No two ranks of a node used the same GPU."
+        if gpu
+        else ""
     )
     m["CellsStraggler"] = int(cells["straggler"].sum())
     m["StragglerDetail"] = straggler_note(cells)
@@ -191,6 +216,7 @@ def _measured_macros(cells: pd.DataFrame, scaling: pd.DataFrame) -> dict:
     m["ProbeSecondsMax"] = _fmt(probe.max()) if len(probe) else "n/a"
     m["RepsMin"] = int(scaling["n"].min())
     m["RepsMax"] = int(scaling["n"].max())
+    m["Reps"] = "n = " + _range(m["RepsMin"], m["RepsMax"])
     return m
 
 
@@ -207,6 +233,27 @@ def build_macros(
     if not cells.empty:
         m.update(_measured_macros(cells, scaling))
     return {_macro_name(k): tex_escape(v) for k, v in m.items()}
+
+
+def uses_gpu(cells: pd.DataFrame) -> bool:
+    """Whether any measured cell ran on a GPU (cells.csv `device`). A table without the column
+    cannot say: True, so the report keeps its statements for both kinds of hardware."""
+    if "device" in cells:
+        return bool((cells["device"].fillna("cpu").astype(str) != "cpu").any())
+    return True
+
+
+def competing_summary(cells: pd.DataFrame) -> str:
+    """The Summary's word on competition: how many throughput cells ran while other processes
+    kept the host busy (the idle probe), or nothing where none did."""
+    n = int(cells["competing"].fillna(False).astype(bool).sum())
+    if not n:
+        return ""
+    return (
+        f"{n} of {len(cells)} throughput cells were measured while other processes kept their "
+        "host's CPUs busy (the idle probe; marked in the cell table): their throughput and "
+        "efficiency may understate what the hardware does alone."
+    )
 
 
 STRAGGLERS_NAMED = 3  # straggler cells the report details; cells.csv has every one
@@ -281,9 +328,14 @@ def execution_notes(cells: pd.DataFrame) -> dict[str, str]:
         )
     notes["Timer"] = "; ".join(sorted(column("timer").dropna().astype(str).unique())) or "n/a"
     notes["Rewarm"] = REWARM_METHOD
+
+    def host_sync(fw: str) -> str:
+        on_gpu = uses_gpu(cells[cells["framework"] == fw])
+        table = HOST_SYNC_PER_STEP if on_gpu else {**HOST_SYNC_PER_STEP, **HOST_SYNC_PER_STEP_CPU}
+        return table.get(fw, "not stated")
+
     notes["HostSync"] = "; ".join(
-        f"{fw}: {HOST_SYNC_PER_STEP.get(fw, 'not stated')}"
-        for fw in sorted(cells["framework"].dropna().unique())
+        f"{fw}: {host_sync(fw)}" for fw in sorted(cells["framework"].dropna().unique())
     )
     notes["Modes"] = ", ".join(
         f"{mode} ({n} cells)" for mode, n in cells["mode"].value_counts().sort_index().items()

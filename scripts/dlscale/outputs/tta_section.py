@@ -25,6 +25,7 @@ from dlscale.analysis.time_to_accuracy import (
     VALIDITY_METHOD,
     numbers,
 )
+from dlscale.outputs import latex_text
 from dlscale.study.lr import RULE_FORMULAS
 from dlscale.study.protocol import (
     INPUT_BOUND_MARGIN,
@@ -40,9 +41,14 @@ INFINITY = (
 
 
 def _fmt(x, digits: int = 3) -> str:
+    """latex_text's number for reading (never 1e+02), "--" where there is none."""
     if x is None or pd.isna(x):
         return "--"
-    return f"{x:.{digits}g}" if abs(x) < 10**digits else f"{x:,.0f}"
+    return latex_text._fmt(x, digits)
+
+
+def _range(low, high, digits: int = 3) -> str:
+    return latex_text._range(low, high, digits)
 
 
 def _join(values) -> str:
@@ -59,6 +65,7 @@ _MEASURED_CONVERGENCE_KEYS = [
     "ConvValidationMax",
     "ConvRepsMin",
     "ConvRepsMax",
+    "ConvReps",
     "ConvFastest",
     "ConvNotReachedList",
     "ConvLoaderRatioRange",
@@ -123,6 +130,7 @@ def _measured_convergence_macros(cells: pd.DataFrame, tta: pd.DataFrame) -> dict
     ):
         m[name] = _fmt(pd.to_numeric(cells[column], errors="coerce").max())
     m["ConvRepsMin"], m["ConvRepsMax"] = int(tta["n"].min()), int(tta["n"].max())
+    m["ConvReps"] = _range(m["ConvRepsMin"], m["ConvRepsMax"])
     done = tta.dropna(subset=["time_to_accuracy_s_median"])
     if len(done):
         best = done.loc[done["time_to_accuracy_s_median"].idxmin()]
@@ -340,7 +348,7 @@ def _input_pipeline(cells: pd.DataFrame) -> dict[str, str]:
         m["ConvInputBoundCells"], m["ConvInputBoundList"] = "n/a", "n/a"
     else:
         r = ratio.dropna()
-        m["ConvLoaderRatioRange"] = f"{_fmt(r.min())}--{_fmt(r.max())}"
+        m["ConvLoaderRatioRange"] = _range(r.min(), r.max())
         bound = measured[measured["input_bound"].eq(True)]
         m["ConvInputBoundCells"] = f"{len(bound)} of {len(measured)}"
         m["ConvInputBoundList"] = (

@@ -47,6 +47,18 @@ HOST_SYNC_PER_STEP = {
     "keras": "one per step: the step fetches its loss to the host",
     "mxnet": "one per step: mx.nd.waitall() after the kvstore push and pull",
 }
+# The same where a framework's cells ran on CPUs only (no device to wait for, no CUDA events):
+# the report says this instead of HOST_SYNC_PER_STEP for a framework with no GPU cell.
+HOST_SYNC_PER_STEP_CPU = {
+    "pytorch": (
+        "none beyond the step itself: on CPUs the step runs on the host (no device to wait "
+        "for); DDP's runtime statistics are sampled only before the window"
+    ),
+    "horovod": (
+        "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for every "
+        "gradient allreduce before the update"
+    ),
+}
 
 THROUGHPUT_METHOD = (
     "cell throughput = sum over ranks of per_rank_batch * steps / the rank's timed window "
