@@ -1,0 +1,256 @@
+"""benchmarks/gpu_suite.py's CPU path (issue 50): the suite that carries every GPU check starts,
+parses and writes without a GPU, so it cannot rot between GPU runs.
+
+One run of `gpu_suite.py --device cpu` (tiny models, fp32, eager) in a fresh process whose
+imports of Snakemake and PyYAML fail (a sitecustomize on PYTHONPATH, inherited by every process
+the suite starts: the launcher, the rank, the plain loop, the child of steps c-f), as on a lent
+GPU machine: every row the CPU can run ran, with sane values; the GPU-only rows are skipped with
+their reason; rows.jsonl and rows.md hold the same rows. A row whose code raises is written as
+failed and the suite exits 1; a run stopped by its budget leaves whole rows only, the row cut at
+the budget written as skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = ROOT / "benchmarks" / "gpu_suite.py"
+BUDGET_S = 60  # an upper bound: the CPU path takes ~17 s on a 2-core host and stops when done
+
+
+def load_suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+suite = load_suite()
+
+BLOCKER = """
+import importlib.abc, os, sys
+BLOCKED = set(os.environ.get("DLSCALE_TEST_BLOCKED_IMPORTS", "").split(","))
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+        return None
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """The CPU path, once: (exit code, wall seconds, rows from JSON lines, rows.md, output)."""
+    tmp = tmp_path_factory.mktemp("gpu_suite")
+    blocker = tmp / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCKER)
+    out = tmp / "out"
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(blocker),
+        DLSCALE_TEST_BLOCKED_IMPORTS="snakemake,yaml",
+    )
+    env.pop(suite.BREAK_ENV, None)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(SUITE), str(out), "--device", "cpu", "--budget", str(BUDGET_S)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=BUDGET_S + 60,
+    )
+    wall = time.monotonic() - started
+    lines = (out / suite.ROWS_FILE).read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return proc.returncode, wall, rows, out / suite.TABLE_FILE, proc.stdout + proc.stderr
+
+
+def by_row(rows: list[dict]) -> dict[str, dict]:
+    return {r["row"]: r for r in rows}
+
+
+def test_every_cpu_row_runs_and_the_gpu_rows_say_why_not(cpu_run):
+    code, wall, rows, _, output = cpu_run
+    assert code == 0, output[-3000:]
+    assert wall < BUDGET_S, output[-2000:]
+    plan = suite.PLANS["cpu"]
+    expected = ["environment"]
+    expected += [f"fidelity cnn_small fp32 b8 {mode}" for mode in suite.MODES]
+    expected += [s["row"] for s in suite.child_rows("cpu", plan)]
+    assert [r["row"] for r in rows] == expected  # every row once, in the issue's order
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
+    for row in rows:
+        assert row["format"] == suite.FORMAT and row["version"] == suite.VERSION
+        compiled = row["row"].endswith("compiled")
+        if compiled or row["row"].startswith("energy"):  # GPU only: skipped, with the reason
+            assert row["status"] == suite.SKIPPED, row
+            assert row["reason"] == (suite.CPU_COMPILED if compiled else suite.GPU_ONLY_ENERGY)
+        else:
+            assert row["status"] == suite.OK, row
+            assert row["reason"] is None and row["seconds"] >= 0 and row["result"]
+
+
+def test_the_rows_hold_sane_values(cpu_run):
+    from dlscale.models import get_spec
+    from dlscale.models.flops import decoder_flops_per_token
+
+    rows = by_row(cpu_run[2])
+    env = rows["environment"]["fields"]
+    assert env["capability_check"]["drives_cuda"] is False  # the CPU build, said so
+    assert "CPU build" in env["capability_check"]["says"]
+    assert env["torch"] and env["python"]
+
+    fid = rows["fidelity cnn_small fp32 b8 eager"]["fields"]
+    assert fid["n"] == 1 and len(fid["harness_samples_per_s"]) == len(fid["plain_samples_per_s"])
+    assert fid["harness_median"] > 0 and fid["plain_median"] > 0
+    assert fid["ratio"] == pytest.approx(fid["harness_median"] / fid["plain_median"])
+    assert 0.1 < fid["ratio"] < 10  # the same work on both sides, on a shared 2-core host
+
+    sync = rows["sync-free window cnn_small fp32 b8 eager"]
+    audit = sync["fields"]["sync_audit"]
+    assert sync["fields"]["host_syncs_in_window"] == 0 and audit["inside_window"] == {}
+    # the audit's hooks were in place: the synchronisations around the window were counted
+    assert audit["outside_window"]["adapter.sync"] >= plan_window()[0] + 1
+    assert sync["target_met"] is True
+
+    tele = rows["telemetry cnn_small fp32 b8"]["fields"]
+    assert tele["empty"] == []
+    for quantity in ("cpu_util_pct", "rss_mb"):
+        assert tele["telemetry"]["quantities"][quantity]["n"] >= 1
+    assert tele["telemetry"]["quantities"]["rss_mb"]["mean"] > 10
+
+    mfu = rows["MFU gpt2_tiny fp32 b4 eager"]["fields"]
+    spec = get_spec("gpt2_tiny")
+    assert mfu["seq_len"] == spec.input_shape[0]
+    # the rank's FLOP count, made where PyYAML cannot be imported, equals the formula's
+    assert mfu["flops_per_token"] == decoder_flops_per_token(spec)["counted"]
+    assert mfu["tokens_per_s"] == pytest.approx(mfu["throughput_samples_per_s"] * mfu["seq_len"])
+    assert mfu["tokens_per_s"] > 0
+    per_sample = mfu["flops_per_sample"]
+    assert mfu["achieved_tflops"] == pytest.approx(
+        per_sample * mfu["throughput_samples_per_s"] / 1e12
+    )
+    # no peak without the hardware file (PyYAML blocked, as on a bare GPU machine): no MFU
+    assert mfu["mfu"] is None and mfu["peak_from"].startswith("unknown peak (PyYAML")
+
+    mem = rows["memory gpt2_tiny fp32 b4 fsdp world size 1"]["fields"]
+    n = spec.param_count
+    assert mem["param_count"] == n
+    assert mem["predicted_bytes"] == dict.fromkeys(
+        ("param_bytes", "grad_bytes", "optimizer_state_bytes"), 4 * n
+    )
+    assert mem["measured_bytes"] == mem["predicted_bytes"]  # SGD with momentum, fp32
+    assert mem["wrapper"] == "none (world size 1)"
+    assert mem["peak_allocated_mb_window"] is None and mem["peak_rss_mb"] > 0
+
+
+def plan_window() -> tuple[int, int]:
+    return suite.PLANS["cpu"]["window"]
+
+
+def test_the_table_and_the_json_lines_agree(cpu_run):
+    rows, table = cpu_run[2], suite.read_table(cpu_run[3])
+    assert len(table) == len(rows)
+    for line, row in zip(table, rows):
+        assert line == {c: suite.table_cell(row, c) for c in suite.Rows.COLUMNS}
+    assert "sync-free window" in cpu_run[3].read_text()
+
+
+@pytest.mark.parametrize(
+    "broken, steps, row",
+    [("environment", "a", "environment"), ("mfu", "e", "MFU gpt2_tiny fp32 b4 eager")],
+)
+def test_a_broken_row_fails_the_run(tmp_path, monkeypatch, capsys, broken, steps, row):
+    """A row whose code raises: written as failed with the error, the suite exits 1 (the
+    parent's row in process; a child row, in the child of steps c-f, started by the suite)."""
+    monkeypatch.setenv(suite.BREAK_ENV, broken)
+    code = suite.main([str(tmp_path), "--device", "cpu", "--steps", steps, "--budget", "60"])
+    rows = by_row([json.loads(x) for x in (tmp_path / suite.ROWS_FILE).read_text().splitlines()])
+    assert code == 1, capsys.readouterr().out[-2000:]
+    assert rows[row]["status"] == suite.FAILED
+    assert "deliberate break" in rows[row]["reason"]
+    assert "RuntimeError" in rows[row]["fields"]["traceback"]
+    assert [r["status"] for r in rows.values()].count(suite.FAILED) == 1  # the others ran
+
+
+def test_the_budget_stops_the_run_with_whole_rows(tmp_path, monkeypatch):
+    """A budget too small for most rows: rows whose estimate does not fit are skipped before
+    they start; the child of steps c-f, stuck in its first row (a deliberate hang), is killed
+    at the budget and that row written as skipped. Every line is a whole row, the run ends
+    before its budget."""
+    monkeypatch.setenv(suite.BREAK_ENV, "hang")
+    budget = 9  # the child's estimate (5 s) fits after step a; the hang is stopped at 7 s
+    started = time.monotonic()
+    code = suite.main(
+        [str(tmp_path), "--device", "cpu", "--steps", "a,b,c", "--budget", str(budget)]
+    )
+    took = time.monotonic() - started
+    assert code == 0
+    assert took < budget
+    lines = (tmp_path / suite.ROWS_FILE).read_text().splitlines()
+    rows = [json.loads(x) for x in lines]  # every line parses: no half-written row
+    assert len(suite.read_table(tmp_path / suite.TABLE_FILE)) == len(rows)
+    got = {r["row"]: (r["status"], r["reason"]) for r in rows}
+    assert got == {
+        "environment": (suite.OK, None),
+        "fidelity cnn_small fp32 b8 eager": (
+            suite.SKIPPED,
+            got["fidelity cnn_small fp32 b8 eager"][1],
+        ),
+        "fidelity cnn_small fp32 b8 compiled": (suite.SKIPPED, suite.CPU_COMPILED),
+        "sync-free window cnn_small fp32 b8 eager": (
+            suite.SKIPPED,
+            "budget: stopped at the budget in this row",
+        ),
+        "sync-free window cnn_small fp32 b8 compiled": (suite.SKIPPED, suite.CPU_COMPILED),
+    }
+    assert got["fidelity cnn_small fp32 b8 eager"][1].startswith("budget: estimated 16 s, ")
+
+
+def test_the_cuda_plan_is_accepted_by_the_production_adapter():
+    """What a GPU run will ask, checked here without a GPU: every row of steps c-f names a
+    registered model and a precision, mode and parallelism the production adapter accepts on
+    CUDA (made, not set up: nothing touches a device); the decoder is the largest registered
+    one of the plan's list; the fidelity cases are the issue's."""
+    from dlscale.frameworks import get_adapter
+    from dlscale.frameworks.base import TrainSpec
+    from dlscale.models import SPECS
+    from dlscale.run.rank_context import RankContext
+
+    plan = suite.PLANS["cuda"]
+    assert plan["fidelity_cases"] == [("resnet50", "bf16", 256), ("resnet50", "fp32", 32)]
+    expected = "llama3_1b" if "llama3_1b" in SPECS else "gpt2_124m"
+    assert suite.decoder(plan) == expected
+    rows = suite.child_rows("cuda", plan)
+    assert [r["step"] for r in rows] == ["c", "c", "c", "d", "d", "e", "e", "f"]
+    assert all(suite.not_here("cuda", r["kind"]) is None for r in rows)  # all run on a GPU
+    ctx = RankContext(0, 1, 0, 1, 0, "n0", "127.0.0.1", 29500, "test")
+    for row in rows:
+        model, precision, batch = row["args"][:3]
+        mode = row["args"][3] if len(row["args"]) > 3 else "eager"
+        assert model in SPECS
+        spec = TrainSpec(
+            framework="pytorch",
+            model=model,
+            per_rank_batch=batch,
+            warmup_steps=1,
+            steps=1,
+            precision=precision,
+            device="cuda",
+            threads=1,
+            learning_rate=0.01,
+            momentum=0.9,
+            mode=mode,
+            parallelism="fsdp" if row["kind"] == "memory" else "ddp",
+        )
+        get_adapter("pytorch")(spec, ctx)  # refuses what it does not run
