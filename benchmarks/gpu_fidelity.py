@@ -5,14 +5,15 @@ loop written here, side by side, on a GPU where there is one and on the CPU othe
         [--cases resnet50:bf16:256,resnet50:fp32:32] [--modes eager,compiled]
         [--warmup 10] [--steps 50] [--wheels DIR]
 
-One call on a bare GPU machine: it needs this checkout and a CUDA PyTorch, nothing else (no
-Snakemake, no project environment). The harness side imports two packages besides torch,
-numpy and jsonschema (with its dependencies attrs, referencing, rpds-py and
-jsonschema-specifications): where they are missing, bring their wheels (about 20 MiB; on a
-connected machine of the same platform: `pip download numpy jsonschema -d wheels
---only-binary :all:`) and pass `--wheels wheels`: they are installed into a temporary folder
-for this run only. A CPU check of the script itself: `--device cpu --steps 3` (a tiny model,
-eager, two repetitions).
+One call on a bare GPU machine: it needs this checkout and a CUDA PyTorch with numpy, nothing
+else (no Snakemake, no project environment). The harness side's launcher validates the cell's
+metrics file with jsonschema (where fastjsonschema is absent): where it is missing, bring its
+wheels (0.6 MiB with attrs, referencing, rpds-py, jsonschema-specifications and
+typing-extensions; on a connected machine: `pip download jsonschema -d wheels
+--only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64`) and pass
+`--wheels wheels`: they are installed into a temporary folder for this run only. A CPU check of
+the script itself: `--device cpu --steps 3` (a tiny model, eager, two repetitions). Every GPU
+check in one budgeted call, this one's sides included: benchmarks/gpu_suite.py.
 
 For every case (model:precision:per-rank batch) and mode, the two sides alternate (the harness
 first in odd repetitions, the plain loop first in even ones), `--repeats` times each:
@@ -281,7 +282,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--threads", type=int, default=1, help="CPU threads per side (CPU runs)")
     p.add_argument("--python", default=sys.executable)
-    p.add_argument("--wheels", default=None, help="folder of numpy/jsonschema wheels (bare GPU)")
+    p.add_argument("--wheels", default=None, help="wheels of missing packages (bare GPU)")
     a = p.parse_args()
     import torch
 
