@@ -1082,21 +1082,23 @@ def run(a, rows: Rows, budget: Budget, steps: set, work: Path) -> None:
         except Exception as exc:  # noqa: BLE001 (the row fails, the others still run)
             rows.write(failed(base, exc, time.monotonic() - started))
     if "b" in steps:
-        later = PRIOR_S[a.device]["child"] + sum(
+        child = PRIOR_S[a.device]["child"] if specs else 0.0
+        later = child + sum(
             row_estimate(a.device, s["kind"]) for s in specs if not not_here(a.device, s["kind"])
         )
-        cases = len(a.plan["fidelity_cases"])
+        b_rows = [(c, m) for m in MODES for c in a.plan["fidelity_cases"]]
 
         def reserve_after(index: int) -> float:
-            rest = range(index + 1, 2 * cases)
+            """The first repetitions of the b rows after `index` and every row of c-f."""
             firsts = sum(
-                2 * PRIOR_S[a.device][f"fidelity_{MODES[i // cases]}"]
-                for i in rest
-                if not not_here(a.device, f"fidelity_{MODES[i // cases]}")
+                2 * PRIOR_S[a.device][f"fidelity_{mode}"]
+                for (model, precision, batch), mode in b_rows[index + 1 :]
+                if not not_here(a.device, f"fidelity_{mode}")
+                and wanted(a, f"fidelity {model} {precision} b{batch} {mode}")
             )
             return firsts + later
 
-        first = PRIOR_S[a.device]["child"] + kept_for_later(a.device, specs, "b") if specs else 0.0
+        first = child + kept_for_later(a.device, specs, "b")
         fidelity_rows(a, budget, rows, a.python, work, first, reserve_after)
     run_child(a, rows, budget, a.python, specs)
 

@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
-BUDGET_S = 60  # an upper bound: the CPU path takes ~17 s on a 2-core host and stops when done
+BUDGET_S = 90  # an upper bound: the CPU path takes 15-20 s on a 2-core host and stops when done
 
 
 def load_suite():
