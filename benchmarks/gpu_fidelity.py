@@ -241,7 +241,7 @@ def provide_harness_packages(
     if not missing:
         return []
     site = work / "site"
-    subprocess.run(
+    pip = subprocess.run(
         [
             python,
             "-m",
@@ -254,8 +254,16 @@ def provide_harness_packages(
             str(site),
             *missing,
         ],
-        check=True,
     )
+    if pip.returncode:
+        # no pip in this Python (or it failed): a wheel of these packages is a zip of the
+        # files that go into site-packages, so every wheel in the folder is unpacked there
+        import zipfile
+
+        print(f"pip exited {pip.returncode}: unpacking the wheels of {wheels} instead", flush=True)
+        for wheel in sorted(Path(wheels).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(site)
     if str(site) not in EXTRA_SITE:
         EXTRA_SITE.append(str(site))
         sys.path.insert(0, str(site))
