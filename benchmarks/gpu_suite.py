@@ -1,7 +1,8 @@
 """Every GPU check of the project in one call that fits a few minutes on one GPU (issue 50).
 
     python benchmarks/gpu_suite.py OUT [--budget 300] [--device cuda|cpu] [--wheels DIR]
-        [--steps a,b,c,d,e,f] [--rows compiled,...] [--hardware KEY]
+        [--steps a,b,c,d,e,f] [--rows compiled,...] [--estimates OLD/rows.jsonl]
+        [--hardware KEY]
 
 Runs, in this order, as much as fits in `--budget` seconds, one row per check:
   a. environment: the GPU (model, UUID, PCI bus id, memory, driver: dlscale.run.node_probes'
@@ -34,7 +35,8 @@ Runs, in this order, as much as fits in `--budget` seconds, one row per check:
 Each finished row is written at once to OUT/rows.jsonl (one JSON object per line) and
 OUT/rows.md (the same rows as a Markdown table, rewritten whole from the JSON lines, by rename),
 so a run killed from outside still leaves every row it finished. Before each row the suite
-compares its estimated cost (PRIOR_S, or the row's own last repetition) with the time left; a
+compares its estimated cost (PRIOR_S; an earlier run's measured seconds with --estimates; a
+fidelity row's own last repetition) with the time left; a
 row that does not fit is written as skipped with the estimate and the time left, and the child
 processes are killed at the budget (a row cut there is written as skipped, never half). Rows
 that cannot run on the device are skipped with the reason (GPU only). A row whose code raises is
@@ -338,8 +340,26 @@ def not_here(device: str, kind: str) -> str | None:
     return None
 
 
-def row_estimate(device: str, kind: str) -> float:
+def row_estimate(device: str, kind: str, spec: dict | None = None) -> float:
+    """A row's estimated seconds: what an earlier run measured (--estimates), else PRIOR_S."""
+    if spec is not None and spec.get("estimate") is not None:
+        return float(spec["estimate"])
     return float(PRIOR_S[device][kind if kind != "telemetry" else "energy"])
+
+
+def measured_estimates(path: Path | None) -> dict[str, float]:
+    """Row -> seconds from an earlier run's rows.jsonl (its finished rows; a fidelity row's
+    seconds per repetition), the estimates of this run's same rows."""
+    if path is None:
+        return {}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        if row.get("status") != OK or not row.get("seconds"):
+            continue
+        n = (row.get("fields") or {}).get("n") if row["step"] == "b" else 1
+        out[row["row"]] = row["seconds"] / (n or 1)
+    return out
 
 
 def kept_for_later(device: str, specs: list[dict], step: str) -> float:
@@ -349,7 +369,7 @@ def kept_for_later(device: str, specs: list[dict], step: str) -> float:
     kept = 0.0
     for later in sorted({s["step"] for s in specs if s["step"] > step}):
         runnable = [
-            row_estimate(device, s["kind"])
+            row_estimate(device, s["kind"], s)
             for s in specs
             if s["step"] == later and not not_here(device, s["kind"])
         ]
@@ -480,7 +500,7 @@ def fidelity_rows(
             rows.write({**base, "status": SKIPPED, "reason": why})
             continue
         started = time.monotonic()
-        estimate = 2 * PRIOR_S[device][f"fidelity_{mode}"]
+        estimate = a.measured.get(name, 2 * PRIOR_S[device][f"fidelity_{mode}"])
         h, q, reps, stop = [], [], [], None
         try:
             if BREAK_ENV in os.environ and os.environ[BREAK_ENV] == "fidelity":
@@ -929,7 +949,7 @@ def child(argv: list[str]) -> int:
         if why:
             emit({**base, "status": SKIPPED, "reason": why})
             continue
-        estimate = row_estimate(a.device, row["kind"])
+        estimate = row_estimate(a.device, row["kind"], row)
         kept = kept_for_later(a.device, pending, row["step"])
         left = a.deadline - time.time() - kept
         if estimate > left:
@@ -982,7 +1002,7 @@ def run_child(a, rows: Rows, budget: Budget, python: str, specs: list[dict]) -> 
     died)."""
     if not specs:
         return
-    estimate = PRIOR_S[a.device]["child"] + row_estimate(a.device, specs[0]["kind"])
+    estimate = PRIOR_S[a.device]["child"] + row_estimate(a.device, specs[0]["kind"], specs[0])
     if not budget.fits(estimate):
         for spec in specs:
             rows.write(
@@ -1068,7 +1088,11 @@ def run(a, rows: Rows, budget: Budget, steps: set, work: Path) -> None:
     installed = fidelity.provide_harness_packages(a.python, a.wheels, work, hard, optional)
     # one compile cache for every process of the run (steps b, c, e)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / INDUCTOR_CACHE)
-    specs = [s for s in child_rows(a.device, a.plan) if s["step"] in steps and wanted(a, s["row"])]
+    specs = [
+        {**s, "estimate": a.measured.get(s["row"])}
+        for s in child_rows(a.device, a.plan)
+        if s["step"] in steps and wanted(a, s["row"])
+    ]
     if "a" in steps:
         started = time.monotonic()
         base = {"step": "a", "row": "environment"}
@@ -1084,14 +1108,17 @@ def run(a, rows: Rows, budget: Budget, steps: set, work: Path) -> None:
     if "b" in steps:
         child = PRIOR_S[a.device]["child"] if specs else 0.0
         later = child + sum(
-            row_estimate(a.device, s["kind"]) for s in specs if not not_here(a.device, s["kind"])
+            row_estimate(a.device, s["kind"], s) for s in specs if not not_here(a.device, s["kind"])
         )
         b_rows = [(c, m) for m in MODES for c in a.plan["fidelity_cases"]]
 
         def reserve_after(index: int) -> float:
             """The first repetitions of the b rows after `index` and every row of c-f."""
             firsts = sum(
-                2 * PRIOR_S[a.device][f"fidelity_{mode}"]
+                a.measured.get(
+                    f"fidelity {model} {precision} b{batch} {mode}",
+                    2 * PRIOR_S[a.device][f"fidelity_{mode}"],
+                )
                 for (model, precision, batch), mode in b_rows[index + 1 :]
                 if not not_here(a.device, f"fidelity_{mode}")
                 and wanted(a, f"fidelity {model} {precision} b{batch} {mode}")
@@ -1119,10 +1146,17 @@ def main(argv: list[str] | None = None) -> int:
         "e.g. compiled: a rerun of what the first run skipped",
     )
     p.add_argument("--wheels", default=None, help="folder of wheels for missing packages")
+    p.add_argument(
+        "--estimates",
+        type=Path,
+        default=None,
+        help="an earlier run's rows.jsonl: its measured seconds are this run's estimates",
+    )
     p.add_argument("--hardware", default=None, help="hardware entry of this GPU (MFU's peak)")
     p.add_argument("--python", default=sys.executable)
     a = p.parse_args(argv)
     budget = Budget(a.budget)
+    a.measured = measured_estimates(a.estimates)
     import torch
 
     from dlscale.run.provenance import git_commit

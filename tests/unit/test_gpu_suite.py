@@ -254,3 +254,29 @@ def test_the_cuda_plan_is_accepted_by_the_production_adapter():
             parallelism="fsdp" if row["kind"] == "memory" else "ddp",
         )
         get_adapter("pytorch")(spec, ctx)  # refuses what it does not run
+
+
+def test_an_earlier_runs_seconds_are_the_estimates(tmp_path):
+    """--estimates: a row that took longer last time than this budget allows is skipped before
+    it starts, named with the measured estimate (a fidelity row per repetition)."""
+    old = tmp_path / "old.jsonl"
+    rows = [
+        {"step": "b", "row": "fidelity cnn_small fp32 b8 eager", "status": "ok", "seconds": 900,
+         "fields": {"n": 2}},
+        {"step": "e", "row": "MFU gpt2_tiny fp32 b4 eager", "status": "ok", "seconds": 1000},
+        {"step": "f", "row": "memory gpt2_tiny fp32 b4 fsdp world size 1", "status": "skipped",
+         "seconds": None},
+    ]  # fmt: skip
+    old.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert suite.measured_estimates(old) == {
+        "fidelity cnn_small fp32 b8 eager": 450,
+        "MFU gpt2_tiny fp32 b4 eager": 1000,
+    }
+    out = tmp_path / "out"
+    argv = [str(out), "--device", "cpu", "--steps", "b,e", "--estimates", str(old)]
+    assert suite.main([*argv, "--budget", "60"]) == 0
+    got = {r["row"]: r["reason"] for r in map(json.loads, (out / suite.ROWS_FILE).open())}
+    assert got["fidelity cnn_small fp32 b8 eager"].startswith("budget: estimated 450 s, ")
+    # the child's start (3 s) and the row's measured 1000 s, against the time left
+    assert got["MFU gpt2_tiny fp32 b4 eager"].startswith("budget: estimated 1003 s, ")
+    assert got["MFU gpt2_tiny fp32 b4 compiled"] == suite.CPU_COMPILED
