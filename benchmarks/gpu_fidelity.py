@@ -108,13 +108,30 @@ def run_side(argv: list[str], env: dict, timeout: float | None) -> subprocess.Co
         env=env,
         start_new_session=True,
     )
+    SESSIONS.add(proc.pid)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise SideTimeout(f"stopped after {timeout:.0f} s: {' '.join(argv[:4])} ...") from None
+    finally:
+        SESSIONS.discard(proc.pid)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+# The sessions of the sides now running (their leaders' pids): a caller stopped by a signal
+# kills them (stop_sessions), so no launcher or rank outlives it on the device.
+SESSIONS: set[int] = set()
+
+
+def stop_sessions() -> None:
+    for pid in list(SESSIONS):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        SESSIONS.discard(pid)
 
 
 def harness(

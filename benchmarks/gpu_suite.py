@@ -178,6 +178,10 @@ MFU_TARGET = 0.40  # llama3_1b bf16 compiled (torchtitan's 8B FSDP runs: 0.34-0.
 MEMORY_TARGET_PCT = 10.0
 
 
+class Stopped(BaseException):
+    """The suite was stopped by a signal (SIGTERM, SIGINT): no more rows."""
+
+
 # ---------------------------------------------------------------------------- rows on disk
 class Rows:
     """The run's rows: appended to OUT/rows.jsonl as each finishes (flushed and fsynced), and
@@ -523,7 +527,7 @@ def fidelity_rows(
         except fidelity.SideTimeout as exc:
             stop = f"budget: stopped at the budget in repetition {len(reps) + 1} ({exc})"
         except BaseException as exc:  # noqa: BLE001 (SystemExit from a side: its stderr)
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, Stopped)):
                 raise
             rows.write(failed(base, exc, time.monotonic() - started))
             continue
@@ -1028,6 +1032,7 @@ def run_child(a, rows: Rows, budget: Budget, python: str, specs: list[dict]) -> 
         env=fidelity.child_env(),
         start_new_session=True,
     )
+    fidelity.SESSIONS.add(proc.pid)
     lines: queue.Queue = queue.Queue()
     err: list[str] = []
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
@@ -1051,6 +1056,7 @@ def run_child(a, rows: Rows, budget: Budget, python: str, specs: list[dict]) -> 
         else:
             print(line, end="", flush=True)
     proc.wait()
+    fidelity.SESSIONS.discard(proc.pid)
     rest = [s for s in specs if s["row"] not in done]
     for i, spec in enumerate(rest):
         base = {"step": spec["step"], "row": spec["row"], "target": spec["target"]}
@@ -1181,10 +1187,22 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     cache_was = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+    def stopped(signum, frame):  # a timeout from outside: no side or child outlives the suite
+        fidelity.stop_sessions()
+        raise Stopped(signum)
+
+    handlers = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with tempfile.TemporaryDirectory(prefix="dlscale-gpu-suite-") as tmp:
             run(a, rows, budget, steps, Path(tmp))
+    except Stopped as stop:
+        print(f"stopped by signal {stop.args[0]}: {len(rows.rows)} rows written", flush=True)
+        return 128 + stop.args[0]
     finally:
+        fidelity.stop_sessions()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         if cache_was is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
