@@ -192,8 +192,8 @@ class Rows:
     def __init__(self, out: Path, meta: dict):
         self.out, self.meta, self.rows = out, meta, []
         out.mkdir(parents=True, exist_ok=True)
-        for name in (ROWS_FILE, TABLE_FILE):
-            (out / name).unlink(missing_ok=True)
+        if (out / ROWS_FILE).exists():  # an earlier run's rows are never overwritten
+            raise SystemExit(f"{out / ROWS_FILE} exists (an earlier run): give another folder")
         self._table()
 
     def write(self, row: dict) -> dict:
@@ -807,6 +807,17 @@ def peak_for(device: str, name: str, precision: str, hardware: str | None) -> tu
     return value, f"{hardware}: {how}"
 
 
+def formula_per_token(spec) -> float | str:
+    """What the counter should count per token by the decoder's formula
+    (dlscale.models.flops.decoder_flops_per_token, "counted"), or why there is none."""
+    from dlscale.models.flops import decoder_flops_per_token
+
+    try:
+        return decoder_flops_per_token(spec)["counted"]
+    except (KeyError, TypeError) as exc:  # a decoder the formula does not describe
+        return f"no formula for {spec.name}: {exc!r}"
+
+
 def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
     """Step e: FLOPs per token as the rank counts them, tokens/s over the production window,
     MFU against the hardware entry's dense peak (production arithmetic). On an out-of-memory
@@ -850,6 +861,7 @@ def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
             "oom_retries": tried,
             "flops_per_sample": counted["flops_per_sample"],
             "flops_per_token": flops_token,
+            "formula_counted_per_token": formula_per_token(adapter.model_spec),
             "flop_method": counted["method"],
             "throughput_samples_per_s": samples_s,
             "tokens_per_s": samples_s * seq_len,

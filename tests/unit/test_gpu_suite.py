@@ -130,6 +130,9 @@ def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, mon
     rows = [json.loads(x) for x in lines]  # every line parses: no half-written row
     assert len(suite.read_table(tmp_path / suite.TABLE_FILE)) == len(rows)
     got = {r["row"]: (r["status"], r["reason"]) for r in rows}
+    with pytest.raises(SystemExit, match="exists"):  # the rows of a run are never overwritten
+        suite.main([str(tmp_path), "--device", "cpu", "--steps", "a"])
+    assert (tmp_path / suite.ROWS_FILE).read_text().splitlines() == lines
     assert got == {
         "environment": (suite.OK, None),
         "fidelity cnn_small fp32 b8 eager": (
@@ -266,6 +269,7 @@ def test_the_rows_hold_sane_values(cpu_run):
     assert mfu["seq_len"] == spec.input_shape[0]
     # the rank's FLOP count, made where PyYAML cannot be imported, equals the formula's
     assert mfu["flops_per_token"] == decoder_flops_per_token(spec)["counted"]
+    assert mfu["formula_counted_per_token"] == mfu["flops_per_token"]
     assert mfu["tokens_per_s"] == pytest.approx(mfu["throughput_samples_per_s"] * mfu["seq_len"])
     assert mfu["tokens_per_s"] > 0
     per_sample = mfu["flops_per_sample"]
