@@ -660,6 +660,8 @@ def sync_row(device, plan, model, precision, batch, mode) -> dict:
     except RuntimeError as exc:
         if not (cuda and "synchroniz" in str(exc)):
             raise
+        # the window ended at the first synchronising call; its telemetry thread (a daemon,
+        # sampling NVML every 0.1 s off the step's path) is left to the child's exit
         raised, timer = str(exc).strip().splitlines()[0], None
     finally:
         if cuda:
