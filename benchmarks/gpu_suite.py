@@ -34,13 +34,15 @@ Runs, in this order, as much as fits in `--budget` seconds, one row per check:
 
 Each finished row is written at once to OUT/rows.jsonl (one JSON object per line) and
 OUT/rows.md (the same rows as a Markdown table, rewritten whole from the JSON lines, by rename),
-so a run killed from outside still leaves every row it finished. Before each row the suite
-compares its estimated cost (PRIOR_S; an earlier run's measured seconds with --estimates; a
-fidelity row's own last repetition) with the time left; a
-row that does not fit is written as skipped with the estimate and the time left, and the child
-processes are killed at the budget (a row cut there is written as skipped, never half). Rows
-that cannot run on the device are skipped with the reason (GPU only). A row whose code raises is
-written as failed with the error, and the suite exits 1.
+so a run killed from outside still leaves every row it finished (SIGTERM and SIGINT also kill
+the suite's children). Before each row the suite compares its estimated cost (PRIOR_S; an
+earlier run's measured seconds with --estimates; a fidelity row's own last repetition) with the
+time left, less the cheapest row of every later step; a row that does not fit is written as
+skipped with the estimate and the time left, and the child processes are killed at the budget
+(a row cut there is written as skipped, never half). Rows that cannot run on the device are
+skipped with the reason (GPU only). A row whose code raises is written as failed with the
+error, and the suite exits 1. `--rows` keeps the rows of steps b-f whose names contain one of
+its words (a rerun of what a first call skipped: `--rows compiled`).
 
 Needs only this checkout and a CUDA PyTorch with numpy: steps c-f import neither Snakemake,
 PyYAML nor jsonschema; the fidelity step's launcher validates the cell's metrics file with
