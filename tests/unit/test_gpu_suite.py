@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -147,6 +148,56 @@ def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, mon
         "sync-free window cnn_small fp32 b8 compiled": (suite.SKIPPED, suite.CPU_COMPILED),
     }
     assert got["fidelity cnn_small fp32 b8 eager"][1].startswith("budget: estimated 16 s, ")
+
+
+def marked(marker: str) -> list[int]:
+    """The processes whose environment holds DLSCALE_TEST_MARKER=marker."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"DLSCALE_TEST_MARKER={marker}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_a_signal_stops_the_suite_and_every_process_it_started(cpu_run_started, tmp_path):
+    """SIGTERM (a timeout from outside, as the device tool's) while the child of steps c-f
+    runs (made to hang): the suite exits 143 and no process it started is left (each side and
+    the child run in a session of their own, so they would outlive it unless killed)."""
+    marker = f"gpu-suite-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, DLSCALE_TEST_MARKER=marker, **{suite.BREAK_ENV: "hang"})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, str(SUITE), str(out), "--device", "cpu", "--steps", "c"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        assert wait_for(lambda: len(marked(marker)) >= 2, 60)  # the suite and its child
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
+        assert "stopped by signal 15" in output
+        assert wait_for(lambda: not marked(marker), 10), marked(marker)
+        assert not (out / suite.ROWS_FILE).exists()  # the hung row was never half written
+    finally:  # whatever failed, nothing this test started keeps running
+        if proc.poll() is None:
+            proc.kill()
+        for pid in marked(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_the_cuda_plan_is_accepted_by_the_production_adapter(cpu_run_started):
