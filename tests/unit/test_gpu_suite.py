@@ -119,7 +119,7 @@ def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, mon
     at the budget and that row written as skipped. Every line is a whole row, the run ends
     before its budget."""
     monkeypatch.setenv(suite.BREAK_ENV, "hang")
-    budget = 9  # the child's estimate (5 s) fits after step a; the hang is stopped at 7 s
+    budget = 10  # the child's estimate (5 s) fits after step a (3 s to spare); hang stopped at 8 s
     started = time.monotonic()
     code = suite.main(
         [str(tmp_path), "--device", "cpu", "--steps", "a,b,c", "--budget", str(budget)]
@@ -150,12 +150,15 @@ def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, mon
     assert got["fidelity cnn_small fp32 b8 eager"][1].startswith("budget: estimated 16 s, ")
 
 
-def marked(marker: str) -> list[int]:
-    """The processes whose environment holds DLSCALE_TEST_MARKER=marker."""
+def marked(marker: str, running: str = "") -> list[int]:
+    """The processes whose environment holds DLSCALE_TEST_MARKER=marker (and whose command
+    line contains `running`)."""
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if f"DLSCALE_TEST_MARKER={marker}".encode() in environ.read_bytes().split(b"\0"):
+            if f"DLSCALE_TEST_MARKER={marker}".encode() not in environ.read_bytes().split(b"\0"):
+                continue
+            if running.encode() in (environ.parent / "cmdline").read_bytes():
                 found.append(int(environ.parent.name))
         except OSError:
             pass
@@ -186,7 +189,9 @@ def test_a_signal_stops_the_suite_and_every_process_it_started(cpu_run_started, 
         env=env,
     )
     try:
-        assert wait_for(lambda: len(marked(marker)) >= 2, 60)  # the suite and its child
+        # the child of steps c-f has started (the suite's signal handlers are in place by
+        # then; before, its git calls carry the marker too)
+        assert wait_for(lambda: marked(marker, "--child"), 60)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)
         assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
