@@ -5,14 +5,15 @@ loop written here, side by side, on a GPU where there is one and on the CPU othe
         [--cases resnet50:bf16:256,resnet50:fp32:32] [--modes eager,compiled]
         [--warmup 10] [--steps 50] [--wheels DIR]
 
-One call on a bare GPU machine: it needs this checkout and a CUDA PyTorch, nothing else (no
-Snakemake, no project environment). The harness side imports two packages besides torch,
-numpy and jsonschema (with its dependencies attrs, referencing, rpds-py and
-jsonschema-specifications): where they are missing, bring their wheels (about 20 MiB; on a
-connected machine of the same platform: `pip download numpy jsonschema -d wheels
---only-binary :all:`) and pass `--wheels wheels`: they are installed into a temporary folder
-for this run only. A CPU check of the script itself: `--device cpu --steps 3` (a tiny model,
-eager, two repetitions).
+One call on a bare GPU machine: it needs this checkout and a CUDA PyTorch with numpy, nothing
+else (no Snakemake, no project environment). The harness side's launcher validates the cell's
+metrics file with jsonschema (where fastjsonschema is absent): where it is missing, bring its
+wheels (0.6 MiB with attrs, referencing, rpds-py, jsonschema-specifications and
+typing-extensions; on a connected machine: `pip download jsonschema -d wheels
+--only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64`) and pass
+`--wheels wheels`: they are installed into a temporary folder for this run only. A CPU check of
+the script itself: `--device cpu --steps 3` (a tiny model, eager, two repetitions). Every GPU
+check in one budgeted call, this one's sides included: benchmarks/gpu_suite.py.
 
 For every case (model:precision:per-rank batch) and mode, the two sides alternate (the harness
 first in odd repetitions, the plain loop first in even ones), `--repeats` times each:
@@ -37,6 +38,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -91,7 +93,50 @@ print(json.dumps({"throughput": batch * steps / (time.perf_counter() - t0)}))
 """
 
 
-def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> float:
+class SideTimeout(RuntimeError):
+    """A side did not finish within its timeout (its process group was killed)."""
+
+
+def run_side(argv: list[str], env: dict, timeout: float | None) -> subprocess.CompletedProcess:
+    """Run one side in a session of its own; past `timeout` seconds the whole session (the
+    launcher and its rank) is killed and SideTimeout raised."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    SESSIONS.add(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise SideTimeout(f"stopped after {timeout:.0f} s: {' '.join(argv[:4])} ...") from None
+    finally:
+        SESSIONS.discard(proc.pid)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+# The sessions of the sides now running (their leaders' pids): a caller stopped by a signal
+# kills them (stop_sessions), so no launcher or rank outlives it on the device.
+SESSIONS: set[int] = set()
+
+
+def stop_sessions() -> None:
+    for pid in list(SESSIONS):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        SESSIONS.discard(pid)
+
+
+def harness(
+    case: tuple, device: str, mode: str, a, python: str, work: Path, timeout: float | None = None
+) -> float:
     """One one-rank cell through the launcher, as a study runs it; its reported throughput."""
     from dlscale.study.cell import Cell
 
@@ -123,7 +168,7 @@ def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob("measurements/*/metrics.jsonl"):
         old.unlink()  # a benchmark keeps nothing
-    proc = subprocess.run(
+    proc = run_side(
         [
             python,
             "-m",
@@ -135,9 +180,8 @@ def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> 
             "--git-commit",
             "",
         ],
-        capture_output=True,
-        text=True,
-        env=child_env(),
+        child_env(),
+        timeout,
     )
     if proc.returncode:
         raise SystemExit(f"harness {case} {mode} failed:\n{proc.stderr[-3000:]}")
@@ -146,9 +190,11 @@ def harness(case: tuple, device: str, mode: str, a, python: str, work: Path) -> 
     return summary["throughput_samples_per_s"]
 
 
-def plain(case: tuple, device: str, mode: str, a, python: str) -> float:
+def plain(
+    case: tuple, device: str, mode: str, a, python: str, timeout: float | None = None
+) -> float:
     model, precision, batch = case
-    proc = subprocess.run(
+    proc = run_side(
         [
             python,
             "-c",
@@ -163,36 +209,56 @@ def plain(case: tuple, device: str, mode: str, a, python: str) -> float:
             "0.01",
             "0.9",
         ],
-        capture_output=True,
-        text=True,
-        env=child_env(a.threads),
+        child_env(a.threads),
+        timeout,
     )
     if proc.returncode:
         raise SystemExit(f"plain {case} {mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["throughput"]
 
 
-# What the harness side imports besides torch (dlscale.store.metrics: jsonschema; the PyTorch
-# adapter:
-# numpy), and the extra folder they were installed to from --wheels (None: already importable).
-HARNESS_NEEDS = ("numpy", "jsonschema")
+# What the harness side imports besides torch (the PyTorch adapter: numpy; the launcher's
+# validation of the cell's metrics file: jsonschema, where fastjsonschema is absent), module ->
+# distribution, and the extra folder they were installed to from --wheels (None: already
+# importable). benchmarks/gpu_suite.py asks for more through the same function.
+HARNESS_NEEDS = {"numpy": "numpy", "jsonschema": "jsonschema"}
 EXTRA_SITE: list[str] = []
 
 
-def provide_harness_packages(python: str, wheels: str | None, work: Path) -> None:
-    """Make HARNESS_NEEDS importable for the children: as they are, or installed from the
-    wheels in `wheels` into a folder of this run (pip --no-index: nothing is downloaded)."""
-    missing = [m for m in HARNESS_NEEDS if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    if not wheels:
+def importable(module: str) -> bool:
+    """Whether `module` can be imported here (a finder that refuses it counts as missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def provide_harness_packages(
+    python: str,
+    wheels: str | None,
+    work: Path,
+    needs: dict[str, str] = HARNESS_NEEDS,
+    optional: dict[str, str] | None = None,
+) -> list[str]:
+    """Make `needs` (module -> distribution) importable for the children: as they are, or
+    installed from the wheels in `wheels` into a folder of this run (pip --no-index: nothing
+    is downloaded; the folder also goes on this process's sys.path). `optional` ones are
+    installed where `wheels` is given and left out otherwise. Returns the distributions
+    installed."""
+    missing = [dist for module, dist in needs.items() if not importable(module)]
+    if missing and not wheels:
         raise SystemExit(
-            f"the harness needs {', '.join(missing)} (not installed here): bring their wheels "
-            "(pip download numpy jsonschema -d wheels --only-binary :all:, on a connected "
-            "machine of this platform and Python) and pass --wheels wheels"
+            f"this run needs {', '.join(missing)} (not installed here): bring their wheels "
+            f"(pip download {' '.join(missing)} -d wheels --only-binary=:all: "
+            "--python-version 3.12, on a connected machine of this platform) and pass "
+            "--wheels wheels"
         )
+    if wheels:
+        missing += [d for m, d in (optional or {}).items() if not importable(m)]
+    if not missing:
+        return []
     site = work / "site"
-    subprocess.run(
+    pip = subprocess.run(
         [
             python,
             "-m",
@@ -205,13 +271,27 @@ def provide_harness_packages(python: str, wheels: str | None, work: Path) -> Non
             str(site),
             *missing,
         ],
-        check=True,
     )
-    EXTRA_SITE.append(str(site))
+    if pip.returncode:
+        # no pip in this Python (or it failed): a wheel of these packages is a zip of the
+        # files that go into site-packages, so every wheel in the folder is unpacked there
+        import zipfile
+
+        print(f"pip exited {pip.returncode}: unpacking the wheels of {wheels} instead", flush=True)
+        for wheel in sorted(Path(wheels).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(site)
+    if str(site) not in EXTRA_SITE:
+        EXTRA_SITE.append(str(site))
+        sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    return missing
 
 
 def child_env(threads: int | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "scripts"), *EXTRA_SITE]))
+    # the caller's PYTHONPATH stays after the checkout's and the wheels' folders
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "scripts"), *EXTRA_SITE, *kept]))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
@@ -227,7 +307,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--threads", type=int, default=1, help="CPU threads per side (CPU runs)")
     p.add_argument("--python", default=sys.executable)
-    p.add_argument("--wheels", default=None, help="folder of numpy/jsonschema wheels (bare GPU)")
+    p.add_argument("--wheels", default=None, help="wheels of missing packages (bare GPU)")
     a = p.parse_args()
     import torch
 

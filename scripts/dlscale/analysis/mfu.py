@@ -32,8 +32,6 @@ which builds the model with PyTorch.
 
 from __future__ import annotations
 
-from dlscale.study.hardware import PEAK_KEY
-
 COUNT_BATCH = 2  # samples per counted batch; FLOPs per sample = the count / COUNT_BATCH
 
 FLOP_METHOD = (
@@ -62,6 +60,11 @@ def peak_key(precision: str, tf32: bool = False) -> str:
 def peak_of(entry: dict | None, precision: str, tf32: bool = False) -> tuple[float | None, str]:
     """(dense peak TFLOP/s, how it is known) of a hardware entry at a cell's precision:
     (value, 'hardware file peak_tflops.<key>: <source>') or (None, 'unknown peak (...why)')."""
+    # imported here, not with the module: dlscale.study.hardware brings PyYAML and jsonschema
+    # (dlscale.study.config), and a PyTorch rank's FLOP count (dlscale.models.flops) imports
+    # this module, so the count works where only torch and numpy are (benchmarks/gpu_suite.py)
+    from dlscale.study.hardware import PEAK_KEY
+
     key = peak_key(precision, tf32)
     peak = (entry or {}).get(PEAK_KEY) or {}
     value = peak.get(key)
@@ -135,6 +138,8 @@ def cell_columns(cell: dict, summary: dict, rank0: dict) -> dict:
 
 def hardware_peaks(hardware: dict) -> dict:
     """hardware key -> its peak_tflops (or None): what collect needs of the hardware file."""
+    from dlscale.study.hardware import PEAK_KEY
+
     return {key: (entry or {}).get(PEAK_KEY) for key, entry in hardware.items()}
 
 
@@ -147,6 +152,8 @@ def add_mfu(cells, peaks: dict | None):
         for c in MFU_COLUMNS:
             cells[c] = None
         return cells
+    from dlscale.study.hardware import PEAK_KEY
+
     peak_col, mfu_col, notes = [], [], []
     for row in cells.to_dict("records"):
         if "peak_precision" not in row:  # a table without the FLOP columns

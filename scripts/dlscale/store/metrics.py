@@ -20,8 +20,6 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import jsonschema
-
 from dlscale.store.metrics_summary import loader_outcome, staging_outcome, summarize
 from dlscale.study.cell import Cell
 from dlscale.study.lr import scaled_lr
@@ -67,8 +65,13 @@ def _schema() -> dict:
 
 
 @lru_cache(maxsize=1)
-def _validator() -> jsonschema.Draft202012Validator:
-    """The reference validator: its message explains every rejected record."""
+def _validator() -> jsonschema.Draft202012Validator:  # noqa: F821 (imported here)
+    """The reference validator: its message explains every rejected record. jsonschema is
+    imported here, not with the module: a rank's records and summary (RankWriter,
+    rank_summary) need no validator, so a bare GPU machine runs them without jsonschema
+    (benchmarks/gpu_suite.py)."""
+    import jsonschema
+
     return jsonschema.Draft202012Validator(_schema())
 
 
@@ -144,7 +147,9 @@ def _record_error(rec) -> str | None:
     """None for a valid record, else the reference validator's message (path: message)."""
     if _fast_valid(rec):
         return None
-    err = jsonschema.exceptions.best_match(_validator().iter_errors(rec))
+    from jsonschema.exceptions import best_match
+
+    err = best_match(_validator().iter_errors(rec))
     if err is None:
         return None
     return f"{'/'.join(map(str, err.absolute_path)) or '(record)'}: {err.message}"
