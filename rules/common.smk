@@ -380,6 +380,7 @@ FIGURE_LAYOUT = figure_layout(
     ],
     column_width_in=STUDY.config["report"]["column_width_in"],
     plan=STUDY.config["plan"],  # how far the predicted extensions reach (captions)
+    devices={hw: STUDY.hardware[hw]["device"] for hw in STUDY.config["axes"]["hardware"]},
 )
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
 # The convergence workload's figures (time-to-accuracy, epochs-to-accuracy, validation

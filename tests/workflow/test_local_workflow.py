@@ -158,6 +158,9 @@ def test_tiny_study_reaches_the_pdf(finished_study):
     # the planner's section: numbers from its macros; a 2-node-count series is not validated
     words = " ".join(text.split())
     assert "Recommendations" in words and "too short to validate" in words
+    # a CPU study's telemetry caption says what its figure shows, no GPU rule (the site file's
+    # device reaches the figure layout)
+    assert "CPU utilisation (% of one core)" in words and "NVML" not in words
     assert "The plan below is the exact optimum" in words and "predicted" in words
     plan = pd.read_csv(work / "results/tiny/plan/plan.csv")
     assert list(plan["job"]) == ["cnn_small"] and plan.loc[0, "hardware"] == "cpu"

@@ -82,6 +82,18 @@ def predicted_caption(plan: dict | None = None) -> str:
 
 PREDICTED = predicted_caption()
 PREDICTED_FAMILIES = {"throughput", "speedup", "efficiency"}
+# The telemetry family's caption for a hardware entry whose device is known (figure_layout's
+# `devices`): only what that device's figure shows, no rule for the other kind.
+TELEMETRY_CAPTIONS = {
+    "cuda": "Device utilisation during the timed window against node count (dlscale.telemetry): "
+    "GPU utilisation (NVML, the rank's own board); solid: mean over the cell's ranks, dotted: its "
+    "lowest rank (a straggler shows here); median over repetitions; one panel per model and "
+    "batch policy.",
+    "cpu": "Device utilisation during the timed window against node count (dlscale.telemetry): "
+    "the rank process's CPU utilisation (% of one core); solid: mean over the cell's ranks, "
+    "dotted: its lowest rank (a straggler shows here); median over repetitions; one panel per "
+    "model and batch policy.",
+}
 FAMILY_CAPTIONS = {
     "throughput": "Training throughput (samples/s summed over all ranks) against node count; "
     "one panel per model and batch policy.",
@@ -189,7 +201,10 @@ def figure_file_bound(groups: Iterable[GroupKey]) -> int:
 
 
 def figure_layout(
-    groups: Iterable[GroupKey], column_width_in: float, plan: dict | None = None
+    groups: Iterable[GroupKey],
+    column_width_in: float,
+    plan: dict | None = None,
+    devices: dict[str, str] | None = None,
 ) -> list[dict]:
     """Every figure file of a study, from its planned (hardware, framework, model, policy,
     precision) groups, in the order they first appear (the configuration's axis order).
@@ -198,7 +213,8 @@ def figure_layout(
     the figures folder), family, hardware, part/parts, models, policies, panels ([model, policy]
     or [policy]), series ([framework, precision]), hue order (frameworks, precisions of the whole
     study, so a framework has one colour in every file), ncols, width_in, caption. `plan`: the
-    study's plan settings, for the scaling families' captions (predicted_caption)."""
+    study's plan settings, for the scaling families' captions (predicted_caption); `devices`:
+    each hardware key's device (cpu, cuda), for the captions that differ by device."""
     groups = _unique(tuple(g) for g in groups)
     predicted = predicted_caption(plan)
     frameworks = _unique(g[1] for g in groups)
@@ -227,7 +243,7 @@ def figure_layout(
                 name = family if len(pages) == 1 else f"{family}-{k}"
                 page_frameworks = _unique(s[0] for s in series)
                 caption = (
-                    FAMILY_CAPTIONS[family]
+                    _family_caption(family, (devices or {}).get(hw))
                     + (predicted if family in PREDICTED_FAMILIES else "")
                     + f" Hardware {hw}; "
                     f"models: {', '.join(models)}; frameworks: {', '.join(page_frameworks)}"
@@ -254,6 +270,12 @@ def figure_layout(
                     }
                 )
     return specs
+
+
+def _family_caption(family: str, device: str | None) -> str:
+    if family == "telemetry" and device in TELEMETRY_CAPTIONS:
+        return TELEMETRY_CAPTIONS[device]
+    return FAMILY_CAPTIONS[family]
 
 
 # ---- the convergence workload's figures ------------------------------------------------------
