@@ -264,3 +264,77 @@ def test_every_section_is_named_in_the_metrics_schema(section):
         (Path(dlscale.__file__).parent / "schemas" / "metrics.schema.json").read_text()
     )
     assert section in schema["$defs"]["rank_start"]["properties"]["system"]["properties"]
+
+
+# ----------------------------------------------------- placement: a GPU rank next to its GPU (46)
+def _h100_node() -> dict:
+    """The recorded 2-socket, 4-GPU H100 node: GPUs 0-1 on NUMA node 0 (CPUs 0-47,96-143),
+    GPUs 2-3 on NUMA node 1 (CPUs 48-95,144-191)."""
+    return {
+        "gpu": {
+            "available": True,
+            "devices": sysprobe.parse_gpu_query((FIXTURES / "query-h100x4.csv").read_text()),
+            "topology": {
+                "available": True,
+                **sysprobe.parse_topology((FIXTURES / "topo-h100x4.txt").read_text()),
+            },
+        }
+    }
+
+
+def _gpu_rank(local: int, cpus: str, **board) -> dict:
+    return {"local_rank": local, "cpu_affinity": cpus, "gpu": {"gres_index": None, **board}}
+
+
+def test_a_rank_whose_cpus_are_off_its_gpus_numa_node_is_named():
+    from dlscale.analysis.systems_table import gpu_placement
+
+    node = _h100_node()
+    uuid2 = node["gpu"]["devices"][2]["uuid"]
+    near = [
+        _gpu_rank(0, "0-11", uuid=node["gpu"]["devices"][0]["uuid"]),
+        _gpu_rank(1, "48-59", pci_bus_id="0000:3a:00.0"),  # torch's spelling of GPU 2's bus
+        _gpu_rank(2, "150-155", gres_index=3),  # Slurm's index where no UUID is known
+    ]
+    assert gpu_placement(node, near) == "all 3 on their GPU's NUMA node"
+    away = [*near[:1], _gpu_rank(1, "12-23", uuid=uuid2)]  # GPU 2's host work on socket 0
+    assert gpu_placement(node, away) == (
+        "AWAY from their GPU's NUMA node: local rank 1 on CPUs 12-23, its GPU 2 on NUMA node 1 "
+        "(CPUs 48-95,144-191)"
+    )
+    # what cannot be checked says so, and CPU ranks have nothing to check
+    assert gpu_placement(node, [_gpu_rank(0, None, uuid=uuid2)]).startswith("not checked")
+    one = {
+        "gpu": {
+            "available": True,
+            "devices": [],
+            "topology": {"available": False, "reason": "fewer than 2 GPUs"},
+        }
+    }
+    assert gpu_placement(one, near) == "not checked (fewer than 2 GPUs)"
+    assert gpu_placement(node, [{"local_rank": 0, "cpu_affinity": "0", "gpu": None}]) == (
+        "no GPU ranks"
+    )
+
+
+def test_the_systems_table_carries_the_placement_of_each_node(tmp_path):
+    records = _cell_records()
+    for rec in records[1:]:
+        st = rec["value"]
+        st["gpu"] = {"gres_index": st["local_rank"] + 2}  # GPUs 2, 3: NUMA node 1
+        if "system" in st:
+            st["system"]["gpu"] = _h100_node()["gpu"] | {
+                "count": 4,
+                "models": ["NVIDIA H100 80GB HBM3"],
+                "drivers": ["550.54.15"],
+            }
+    table = systems_table(cell_systems(records, "gpu/a/r1"))
+    (row,) = table[table["field"] == "GPU ranks on their GPU's NUMA node"].itertuples()
+    assert row.value.startswith("AWAY from their GPU's NUMA node: local rank 0 on CPUs 0-7")
+    assert row.nodes == 2 and row.mlperf_fields == "sw_notes"
+    # the report's Systems section says so before its table
+    from dlscale.outputs.report import write_systems_table
+
+    write_systems_table(table, str(tmp_path / "systems.tex"))
+    tex = (tmp_path / "systems.tex").read_text()
+    assert "Placement: GPU ranks ran on CPUs away from their GPU's NUMA node on 2 node" in tex

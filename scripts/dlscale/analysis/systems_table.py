@@ -47,6 +47,9 @@ MLPERF_NOT_COVERED = (
 )
 
 # field -> the MLPerf system-description field(s) it fills; the table's rows, in this order.
+# The placement row (gpu_placement) and how its value starts when a rank ran away from its GPU.
+PLACEMENT_FIELD = "GPU ranks on their GPU's NUMA node"
+PLACEMENT_AWAY = "AWAY from their GPU's NUMA node"
 MLPERF_FIELDS = {
     "Nodes per cell": "number_of_nodes",
     "Operating system": "operating_system",
@@ -71,6 +74,7 @@ MLPERF_FIELDS = {
     "Slurm": "sw_notes",
     "Allocation": "sw_notes",
     "CPU binding per rank": "sw_notes",
+    PLACEMENT_FIELD: "sw_notes",
     "Performance environment": "sw_notes",
 }
 # Fields a cell has once (not per node): never a disagreement between nodes.
@@ -222,6 +226,75 @@ NODE_FIELDS = {
 }
 
 
+def _cpus(text) -> set[int] | None:
+    """A CPU list as Linux writes it ("0-3,8") as a set; None when absent or unreadable."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    out = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            out.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        return None
+    return out
+
+
+def _bus(bus_id) -> str | None:
+    """A PCI bus id without its domain's width ("00000000:18:00.0" and "0000:18:00.0" alike)."""
+    return ":".join(bus_id.lower().split(":")[-2:]) if isinstance(bus_id, str) else None
+
+
+def _gpu_index(identity: dict, devices: list[dict]) -> int | None:
+    """nvidia-smi's index of a rank's board (dlscale.run.devices.gpu_identity) among the node's
+    GPUs (node probes): by UUID, else PCI bus id, else Slurm's GRES index."""
+    for key, norm in (("uuid", str), ("pci_bus_id", _bus)):
+        mine = identity.get(key)
+        if mine:
+            for device in devices:
+                if device.get(key) and norm(device[key]) == norm(mine):
+                    return device.get("index")
+    return identity.get("gres_index")
+
+
+def gpu_placement(system: dict | None, starts: list[dict]) -> str:
+    """Whether each GPU rank of a node ran on CPUs of its GPU's NUMA node: the rank's recorded
+    CPU binding (cpu_affinity) against its board's CPU affinity in `nvidia-smi topo -m` (node
+    probes). A rank with any CPU outside its GPU's is named: its host work crosses the socket
+    (Slurm's default distribution can do this on a 2-socket, 4-GPU node)."""
+    gpu_ranks = [st for st in starts if st.get("gpu")]
+    if not gpu_ranks:
+        return "no GPU ranks"
+    if system is None:
+        return NOT_RECORDED
+    gpu = system.get("gpu", {})
+    topo = gpu.get("topology", {}) if isinstance(gpu, dict) else {}
+    why = _why(gpu) or _why(topo)
+    if why:
+        return f"not checked ({why})"
+    affinity, numa = topo.get("cpu_affinity", {}), topo.get("numa_affinity", {})
+    away, near, unknown = [], 0, 0
+    for st in sorted(gpu_ranks, key=lambda st: st.get("local_rank", 0)):
+        index = _gpu_index(st["gpu"], gpu.get("devices", []))
+        label = f"GPU{index}"
+        gpu_cpus, rank_cpus = _cpus(affinity.get(label)), _cpus(st.get("cpu_affinity"))
+        if index is None or gpu_cpus is None or rank_cpus is None:
+            unknown += 1
+        elif rank_cpus <= gpu_cpus:
+            near += 1
+        else:
+            away.append(
+                f"local rank {st.get('local_rank')} on CPUs {st['cpu_affinity']}, its GPU {index} "
+                f"on NUMA node {numa.get(label, '?')} (CPUs {affinity[label]})"
+            )
+    unknown_text = f"; {unknown} rank(s) not checked (board or CPU list unknown)" if unknown else ""
+    if away:
+        return f"{PLACEMENT_AWAY}: {'; '.join(away)}{unknown_text}"
+    if not near:
+        return f"not checked: {unknown} rank(s) whose board or CPU list is unknown"
+    return f"all {near} on their GPU's NUMA node{unknown_text}"
+
+
 def _environment(env: dict) -> str:
     shown = [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(PERFORMANCE_ENV)]
     return " ".join(shown) or "none set"
@@ -261,6 +334,7 @@ def cell_systems(records: list[dict], cell_name: str) -> list[dict]:
         allocation = allocation or (system and _allocation(system))
         binding = sorted({st.get("cpu_affinity") or "not recorded" for st in starts})
         add(name, "CPU binding per rank", "; ".join(binding))
+        add(name, PLACEMENT_FIELD, gpu_placement(system, starts))
         envs = sorted({_environment(st.get("environment", {})) for st in starts})
         add(name, "Performance environment", " | ".join(envs))
     add(

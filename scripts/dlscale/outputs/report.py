@@ -24,6 +24,7 @@ import jinja2
 import pandas as pd
 
 from dlscale.analysis.systems_table import MAX_VALUES as MAX_SYSTEM_VALUES
+from dlscale.analysis.systems_table import PLACEMENT_AWAY, PLACEMENT_FIELD
 from dlscale.outputs.cell_table import write_cell_summary
 from dlscale.outputs.figure_layout import MAX_PANELS, MAX_SERIES
 from dlscale.outputs.latex_text import _macro_name, tex_escape, write_macros
@@ -150,12 +151,22 @@ def write_systems_table(systems: pd.DataFrame, out: str) -> None:
                 + f" & {values} & \\texttt{{{mlperf}}} \\\\"
             )
         flagged = int((hw.groupby("field")["cells_nodes_differ"].first() > 0).sum())
+        placement = hw[hw["field"] == PLACEMENT_FIELD]
+        away = placement[placement["value"].astype(str).str.startswith(PLACEMENT_AWAY)]
         parts.append(
             f"\\subsection*{{Hardware \\texttt{{{tex_escape(hardware)}}}}}\n"
             + (
                 f"{flagged} field(s) differ between the nodes of one cell ({mark}).\n"
                 if flagged
                 else "The nodes of every cell agree on every field.\n"
+            )
+            + (
+                f"\\textbf{{Placement: GPU ranks ran on CPUs away from their GPU's NUMA node on "
+                f"{int(away['nodes'].sum())} node record(s) of {int(away['cells'].sum())} "
+                "cell(s)}} (row: " + tex_escape(PLACEMENT_FIELD) + "); their host work crossed the "
+                "socket.\n"
+                if len(away)
+                else ""
             )
             + "{\\footnotesize\\setlength\\tabcolsep{3pt}\n"
             "\\begin{longtable}{p{0.2\\linewidth}p{0.5\\linewidth}p{0.24\\linewidth}}\n"
