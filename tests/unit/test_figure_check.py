@@ -17,22 +17,11 @@ from dlscale.outputs import plotting
 from dlscale.outputs.figure_layout import FAMILIES, figure_layout, variant
 
 from figure_check import CAPTION_ELEMENTS, figure_problems, predicted_panels
+from synthetic_study import DEMO_STUDY as DEMO
 from synthetic_study import cells_table
 
 COLUMN_IN = 3.5  # the report's column width (rules/common.smk)
 
-# the demo study's shape (config/config.yaml): cnn_small and gpt2_tiny, both policies, 1 and 2
-# nodes, 2 repetitions
-DEMO = {
-    "hardware": ["cpu"],
-    "framework": ["pytorch"],
-    "model": ["cnn_small", "gpt2_tiny"],
-    "policy": ["weak", "strong"],
-    "precision": ["fp32"],
-    "mode": ["eager"],
-    "nodes": [1, 2],
-    "rep": [1, 2],
-}
 # every quantity a figure family draws (the adversarial tables scale these)
 QUANTITIES = [
     "throughput_samples_per_s",

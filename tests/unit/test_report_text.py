@@ -23,19 +23,10 @@ from dlscale.outputs.figure_layout import figure_layout
 from dlscale.outputs.report import render_tex, write_report_inputs
 from dlscale.study.config import load_schema, validate_config
 
+from synthetic_study import DEMO_STUDY as DEMO
 from synthetic_study import cells_table, groups
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = {
-    "hardware": ["cpu"],
-    "framework": ["pytorch"],
-    "model": ["cnn_small", "gpt2_tiny"],
-    "policy": ["weak", "strong"],
-    "precision": ["fp32"],
-    "mode": ["eager"],
-    "nodes": [1, 2],
-    "rep": [1, 2],
-}
 
 
 def measured(cells: pd.DataFrame, device: str) -> pd.DataFrame:
