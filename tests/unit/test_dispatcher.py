@@ -51,8 +51,11 @@ def test_bless_then_check_then_compare_through_the_dispatcher(tmp_path, capsys):
 
 def test_status_all_outside_slurm(tmp_path, capsys, monkeypatch):
     """A study whose driver recorded two cells: one measured, one whose job (journaled) the
-    controller does not know, since no squeue runs here: listed as ended, not lost."""
+    controller does not know, since no squeue runs here: listed as ended, not lost. (PATH holds
+    no Slurm command: the test suite's own local clusters, up beside this test, know a job 42.)"""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "no-slurm").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))
     study_dir = Path("results/demo")
     done = study_dir / "runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1" / METRICS_FILE
     gone = study_dir / "runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1" / METRICS_FILE
