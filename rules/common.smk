@@ -249,11 +249,12 @@ def _framework_python(hardware, framework):
     return str(_environment_dir(env) / "bin" / "python")
 
 
-# The launcher check again (above), against the executor that really runs the jobs: the
-# workflow's `onstart` handler, before the first job (a dry run runs no handler).
+# The launcher check for a run started without the `snakemake` command (Snakemake's API: no
+# command line to read the executor from), against the executor that really runs the jobs:
+# the workflow's `onstart` handler, before the first job. A command-line run was checked above.
 def check_launcher_of_the_run():
     plugin = workflow.executor_plugin
-    if plugin is not None and workflow.is_main_process:
+    if plugin is not None and workflow.is_main_process and INVOCATION is None:
         check_launcher_matches_executor(plugin.name)
 
 

@@ -17,6 +17,7 @@ command line to repeat: `Invocation.current()` is None and the messages say what
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import shlex
 import sys
@@ -71,13 +72,9 @@ class Invocation:
     def current(cls) -> Invocation | None:
         """This process's command line, if it is the `snakemake` command's and reads back here
         (a profile named relative to another folder than the workflow's, with --directory, may
-        not: then None, and the messages say what to add instead of printing a command)."""
-        if not sys.argv or not _is_snakemake(sys.argv[0]):
-            return None
-        try:
-            return cls.parse(sys.argv[1:])
-        except (SystemExit, Exception):  # argparse exits on what it cannot read
-            return None
+        not: then None, and the messages say what to add instead of printing a command). Read
+        back once per command line (the parse and the resume's signal handling ask again)."""
+        return _read_back(tuple(sys.argv))
 
     @classmethod
     def parse(cls, tokens: list[str]) -> Invocation:
@@ -131,6 +128,16 @@ class Invocation:
     def _without(self, groups: list[tuple[int, int]]) -> list[str]:
         drop = {i for start, end in groups for i in range(start, end)}
         return [t for i, t in enumerate(self.tokens) if i not in drop]
+
+
+@functools.cache
+def _read_back(argv: tuple[str, ...]) -> Invocation | None:
+    if not argv or not _is_snakemake(argv[0]):
+        return None
+    try:
+        return Invocation.parse(list(argv[1:]))
+    except (SystemExit, Exception):  # argparse exits on what it cannot read
+        return None
 
 
 def _command(tokens: list[str]) -> str:
