@@ -1,7 +1,7 @@
 """Every GPU check of the project in one call that fits a few minutes on one GPU (issue 50).
 
     python benchmarks/gpu_suite.py OUT [--budget 300] [--device cuda|cpu] [--wheels DIR]
-        [--steps a,b,c,d,e,f] [--rows compiled,...] [--estimates OLD/rows.jsonl]
+        [--steps a,b,c,d,e,f] [--rows compiled,...] [--estimates OLD/rows.jsonl ...]
         [--hardware KEY]
 
 Runs, in this order, as much as fits in `--budget` seconds, one row per check:
@@ -353,13 +353,16 @@ def row_estimate(device: str, kind: str, spec: dict | None = None) -> float:
     return float(PRIOR_S[device][kind if kind != "telemetry" else "energy"])
 
 
-def measured_estimates(path: Path | None) -> dict[str, float]:
-    """Row -> seconds from an earlier run's rows.jsonl (its finished rows; a fidelity row's
-    seconds per repetition), the estimates of this run's same rows."""
-    if path is None:
+def measured_estimates(paths: Path | list[Path] | None) -> dict[str, float]:
+    """Row -> seconds from earlier runs' rows.jsonl files (their finished rows; a fidelity row's
+    seconds per repetition; a later file's row wins), the estimates of this run's same rows."""
+    if paths is None:
         return {}
     out = {}
-    for line in Path(path).read_text().splitlines():
+    lines = []
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        lines += Path(path).read_text().splitlines()
+    for line in lines:
         row = json.loads(line)
         if row.get("status") != OK or not row.get("seconds"):
             continue
@@ -1171,8 +1174,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--estimates",
         type=Path,
+        nargs="+",
         default=None,
-        help="an earlier run's rows.jsonl: its measured seconds are this run's estimates",
+        help="earlier runs' rows.jsonl files (e.g. benchmarks/gpu-runs/*.jsonl): their measured "
+        "seconds are this run's estimates",
     )
     p.add_argument("--hardware", default=None, help="hardware entry of this GPU (MFU's peak)")
     p.add_argument("--python", default=sys.executable)

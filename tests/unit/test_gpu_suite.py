@@ -260,6 +260,16 @@ def test_an_earlier_runs_seconds_are_the_estimates(cpu_run_started, tmp_path):
         "fidelity cnn_small fp32 b8 eager": 450,
         "MFU gpt2_tiny fp32 b4 eager": 1000,
     }
+    # a second call's rows (e.g. the compiled rows the first skipped): both files are read,
+    # and a row in the later file wins
+    later = tmp_path / "later.jsonl"
+    later.write_text(json.dumps({**rows[1], "seconds": 700}) + "\n"
+                     + json.dumps({**rows[2], "status": "ok", "seconds": 5}) + "\n")  # fmt: skip
+    assert suite.measured_estimates([old, later]) == {
+        "fidelity cnn_small fp32 b8 eager": 450,
+        "MFU gpt2_tiny fp32 b4 eager": 700,
+        "memory gpt2_tiny fp32 b4 fsdp world size 1": 5,
+    }
     out = tmp_path / "out"
     argv = [str(out), "--device", "cpu", "--steps", "b,e", "--estimates", str(old)]
     assert suite.main([*argv, "--budget", "60"]) == 0
