@@ -38,9 +38,12 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from dlscale.registry import frameworks as registry_frameworks  # noqa: E402
+
 WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "scripts", "envs")
 
-FRAMEWORKS = ["pytorch", "tensorflow", "keras", "horovod", "mxnet"]
+FRAMEWORKS = registry_frameworks.names()
 MODELS = ["resnet50", "resnet18", "cnn_small", "transformer_small"]
 HARDWARE = ["cpu", "v100", "a100", "h100"]  # keys of config/hardware.yaml
 POLICIES = ["weak", "strong"]

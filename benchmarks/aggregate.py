@@ -28,7 +28,7 @@ from dlscale.study.cell import Cell
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
-FRAMEWORKS = ["pytorch", "tensorflow", "keras", "horovod", "mxnet"]
+FRAMEWORKS = common.FRAMEWORKS
 MODELS = [f"m{i}" for i in range(25)]
 HARDWARE = ["cpu", "v100", "a100", "h100"]
 POLICIES = ["weak", "strong"]

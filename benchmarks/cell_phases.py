@@ -48,7 +48,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from dlscale.frameworks import environment_name  # noqa: E402
+from dlscale.registry.frameworks import environment_name  # noqa: E402
 from dlscale.study.matrix import load_study  # noqa: E402
 
 RANK_PHASES = [

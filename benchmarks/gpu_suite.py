@@ -5,10 +5,10 @@
         [--hardware KEY]
 
 Runs, in this order, as much as fits in `--budget` seconds, one row per check:
-  a. environment: the GPU (model, UUID, PCI bus id, memory, driver: dlscale.run.node_probes'
+  a. environment: the GPU (model, UUID, PCI bus id, memory, driver: dlscale.rank.node_probes'
      nvidia-smi section; clocks and power limit from NVML), CUDA, cuDNN and NCCL versions; the
      capability check (dlscale.workflow.capability on this torch, the device's sm_XY in the
-     build's architectures) and the device choice (dlscale.run.devices.pick_gpu, gpu_identity,
+     build's architectures) and the device choice (dlscale.rank.devices.pick_gpu, gpu_identity,
      the NVML board found by production's nvml_handle);
   b. fidelity: the project's one-rank cell (dlscale.run.launch) against the plain loop, through
      benchmarks/gpu_fidelity.py (its `harness` and `plain` sides: the engine of this step),
@@ -16,13 +16,13 @@ Runs, in this order, as much as fits in `--budget` seconds, one row per check:
      within a row; medians, ranges, n. Every process of the run shares one inductor cache
      (TORCHINDUCTOR_CACHE_DIR), so a compiled model is compiled once and loaded after;
   c. sync-free window: the production step (dlscale.frameworks.pytorch.Adapter) under the
-     production timing loop (dlscale.frameworks.timing.run_timed) with
+     production timing loop (dlscale.rank.timing.run_timed) with
      torch.cuda.set_sync_debug_mode("error") over the timed steps and the production SyncAudit
      counting the host synchronisations inside the window (goal 0);
-  d. energy: the production meter's board counter (dlscale.run.energy, NVML total energy) over
+  d. energy: the production meter's board counter (dlscale.rank.energy, NVML total energy) over
      a window of >= 10 s against NVML power sampled over the same window by the same module
      (its sampled method), the difference in % (goal <= 5 %); telemetry: the rank's record
-     (dlscale.run.telemetry) of that window, every quantity non-empty;
+     (dlscale.rank.telemetry) of that window, every quantity non-empty;
   e. MFU: the largest decoder of the registry (llama3_1b where registered, else gpt2_124m), bf16,
      eager and compiled: FLOPs per token as the rank counts them (dlscale.models.flops through
      the adapter), tokens/s over the production window, MFU against the dense peak of the
@@ -391,13 +391,12 @@ def environment(device: str) -> dict:
     """Step a: what runs here, the capability check and the device choice (production code)."""
     import torch
 
-    from dlscale.frameworks import FRAMEWORKS
-    from dlscale.run import node_probes
-    from dlscale.run.devices import gpu_identity, nvml_handle, pick_gpu
-    from dlscale.workflow.capability import CHECKS
+    from dlscale.rank import node_probes
+    from dlscale.rank.devices import gpu_identity, nvml_handle, pick_gpu
+    from dlscale.registry.frameworks import FRAMEWORKS
 
     site = Path(torch.__file__).resolve().parents[1]
-    drives, says = CHECKS["pytorch"](site)
+    drives, says = FRAMEWORKS["pytorch"].cuda_probe(site)  # the capability check's own probe
     fields = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -603,9 +602,9 @@ def failed(base: dict, exc: BaseException, seconds: float) -> dict:
 # ---------------------------------------------------------------------------- c-f: the child
 def make_adapter(device: str, model: str, precision: str, batch: int, mode: str, window, **kw):
     """The production PyTorch adapter of a one-rank cell, set up (model, batch, optimizer)."""
-    from dlscale.frameworks import get_adapter
     from dlscale.frameworks.base import TrainSpec
-    from dlscale.run.rank_context import RankContext
+    from dlscale.rank.rank_context import RankContext
+    from dlscale.registry.frameworks import get_adapter
 
     ctx = RankContext(0, 1, 0, 1, 0, platform.node(), "127.0.0.1", 29500, "gpu-suite")
     spec = TrainSpec(
@@ -641,7 +640,7 @@ def sync_row(device, plan, model, precision, batch, mode) -> dict:
     (CUDA) and the production SyncAudit counting host synchronisations inside it."""
     import torch
 
-    from dlscale.frameworks.timing import SyncAudit, run_timed
+    from dlscale.rank.timing import SyncAudit, run_timed
 
     adapter = make_adapter(device, model, precision, batch, mode, plan["window"])
     cuda, warmup = device == "cuda", adapter.spec.warmup_steps
@@ -698,7 +697,7 @@ def energy_rows(device, plan, model, precision, batch) -> list[dict]:
     """Step d: one production window of >= energy_window_s seconds; the production meter's
     reading (the counter on a board that has one) against NVML power sampled over the same
     window by the production module's sampled method; the rank's telemetry of that window."""
-    from dlscale.frameworks.timing import run_timed
+    from dlscale.rank.timing import run_timed
     from dlscale.study.protocol import GPU_QUANTITIES
 
     adapter = make_adapter(device, model, precision, batch, "eager", plan["window"])
@@ -715,7 +714,7 @@ def energy_rows(device, plan, model, precision, batch) -> list[dict]:
     cuda, sampled, sampled_error = device == "cuda", None, None
     if cuda:
         try:
-            from dlscale.run.energy import _Nvml
+            from dlscale.rank.energy import _Nvml
 
             sampled = _Nvml(adapter.gpu)
             sampled.method = "sampled"  # the module's own sampling, beside its counter
@@ -830,7 +829,7 @@ def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
     MFU against the hardware entry's dense peak (production arithmetic). On an out-of-memory
     error the batch is halved (down to 1) and the row says so."""
     from dlscale.analysis.mfu import achieved_tflops_per_device, mfu
-    from dlscale.frameworks.timing import run_timed
+    from dlscale.rank.timing import run_timed
     from dlscale.store.metrics import rank_summary
 
     tried = []
@@ -897,7 +896,7 @@ def memory_row(device, plan, model, precision, batch) -> dict:
     predicted (issue 48 brings their prediction and the production reset)."""
     import torch
 
-    from dlscale.frameworks.timing import run_timed
+    from dlscale.rank.timing import run_timed
 
     adapter = make_adapter(
         device, model, precision, batch, "eager", plan["window"], parallelism="fsdp"
@@ -1186,7 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
     a.measured = measured_estimates(a.estimates)
     import torch
 
-    from dlscale.run.provenance import git_commit
+    from dlscale.rank.provenance import git_commit
 
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     a.plan = PLANS[a.device]

@@ -20,20 +20,24 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-from dlscale.run.node_probes import cpu_affinity
+from dlscale.rank.node_probes import cpu_affinity
+from dlscale.registry import frameworks
 from dlscale.run.train import describe_node
 
 
 def build_info_of(framework: str):
-    if framework == "pytorch":
+    """The framework's build description, by the model package its record names (the frameworks
+    that share one share the probe: pytorch and horovod, tensorflow and keras)."""
+    package = frameworks.get(framework).model_package
+    if package == "torch":
         from dlscale.frameworks.torch_model import TorchModel
 
         return lambda: TorchModel.build_info(None)  # uses no adapter state
-    if framework == "tensorflow":
+    if package == "tf":
         from dlscale.frameworks.tensorflow import Adapter
 
         return lambda: Adapter.build_info(None)
-    if framework == "mxnet":
+    if package == "mxnet":
         import mxnet
 
         from dlscale.frameworks.mxnet import Adapter
@@ -44,7 +48,7 @@ def build_info_of(framework: str):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--framework", default="pytorch", choices=["pytorch", "tensorflow", "mxnet"])
+    p.add_argument("--framework", default="pytorch", choices=frameworks.names())
     p.add_argument("--repeat", type=int, default=20)
     args = p.parse_args()
     adapter = SimpleNamespace(build_info=build_info_of(args.framework))

@@ -15,7 +15,7 @@ from snakemake.exceptions import WorkflowError
 from dlscale.workflow.capability import environment_problems
 from dlscale.study.config import ConfigError
 from dlscale.study.hardware import environment_variant
-from dlscale.frameworks import environment_name
+from dlscale.registry.frameworks import environment_name
 from dlscale.store.measurements import (
     REMEASURE_FLAG,
     adopt_unarchived,

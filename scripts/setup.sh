@@ -25,13 +25,19 @@ SUDO=""
 
 # The environments asked for, checked before anything is installed (pytorch's CPU build is part
 # of .venv; workflow.txt is .venv's own list).
+# The frameworks' records (dlscale.registry.frameworks) name them: read with the system Python's
+# standard library alone, before any venv exists.
+registry_envs() { PYTHONPATH=scripts python3 -m dlscale.registry environments "$1"; }
+mapfile -t CPU_ENVS < <(registry_envs cpu)
+mapfile -t CUDA_ENVS < <(registry_envs cuda)
+[ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
+  log "could not read the environments from dlscale.registry (python3 -m dlscale.registry)"; exit 2; }
 ENVS=("$@")
-[ ${#ENVS[@]} -gt 0 ] || ENVS=(tensorflow mxnet horovod)
+[ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}")
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
-  [ -f "envs/$env.txt" ] && [ "$env" != pytorch ] && [ "$env" != workflow ] || {
-    log "unknown environment '$env' (no envs/$env.txt); allowed: tensorflow mxnet horovod" \
-        "pytorch-cuda tensorflow-cuda horovod-cuda mxnet-cuda none"; exit 2; }
+  [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
+    log "unknown environment '$env'; allowed: ${CPU_ENVS[*]} ${CUDA_ENVS[*]} none"; exit 2; }
 done
 
 APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended

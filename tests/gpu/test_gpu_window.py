@@ -18,7 +18,7 @@ import torch
 
 from dlscale.frameworks.base import RankContext, TrainSpec
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
-from dlscale.frameworks.timing import SYNC_AUDIT_ENV, run_timed
+from dlscale.rank.timing import SYNC_AUDIT_ENV, run_timed
 from dlscale.run import launch
 from dlscale.store.metrics import read_metrics
 from dlscale.study.cell import Cell

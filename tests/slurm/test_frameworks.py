@@ -9,10 +9,12 @@ import json
 import pytest
 import yaml
 
+from dlscale.registry import frameworks
+
 from conftest import ROOT, copy_workflow, snakemake
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
-FRAMEWORKS = ["pytorch", "tensorflow", "keras", "horovod", "mxnet"]
+FRAMEWORKS = frameworks.names()  # every registered framework, end to end
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Which GPU does each rank take? On the local cluster's fake GPUs (GRES gpu:fake:2 per node, no
 hardware: Slurm allocates and binds them as it would real boards), the production launcher
 (dlscale.run.launch.start_srun) starts a 2-node x 2-rank cuda cell whose ranks run the production
-choice (python -m dlscale.run.devices: dlscale.run.rank_context.discover,
-dlscale.run.devices.pick_gpu and gpu_identity), under both bindings the hardware file offers; and
+choice (python -m dlscale.rank.devices: dlscale.rank.rank_context.discover,
+dlscale.rank.devices.pick_gpu and gpu_identity), under both bindings the hardware file offers; and
 a step that binds one GPU to two ranks is caught (dlscale.store.metrics_summary.shared_gpus), as
 the report's note states it."""
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from dlscale.study.cell import Cell
 from dlscale.run.launch import start_srun, wait_all
 cell, rank_dir = Cell.read(sys.argv[1]), Path(sys.argv[2])
-failed = wait_all(start_srun(cell, [sys.executable, "-m", "dlscale.run.devices"], rank_dir))
+failed = wait_all(start_srun(cell, [sys.executable, "-m", "dlscale.rank.devices"], rank_dir))
 sys.exit(0 if failed is None else 1)
 """
 # 2 nodes x 2 GPUs; -O: 2 ranks on each 1-CPU node of the local cluster
@@ -123,7 +123,7 @@ def test_two_ranks_bound_to_one_board_are_flagged(cluster, tmp_path):
             str(tmp_path / "rank%t.log"),
             sys.executable,
             "-m",
-            "dlscale.run.devices",
+            "dlscale.rank.devices",
         ],
         capture_output=True,
         text=True,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from dlscale.registry import frameworks
+
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED_CELL = "results/demo/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1"
 
@@ -202,7 +204,7 @@ def _many_gpu_keys(ws: Path) -> dict:
         "cli": {
             "hardware_file": "hw.yaml",
             "axes": {
-                "framework": ["pytorch", "tensorflow", "keras", "horovod", "mxnet"],
+                "framework": frameworks.names(),
                 "model": ["resnet50", "resnet34", "resnet18", "cnn_small", "transformer_small"],
                 "hardware": sorted(entries),
                 "nodes": [2**i for i in range(12)] + list(range(3, 100, 2))[:52],

@@ -18,9 +18,9 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S
     from dlscale.frameworks.torch_parallel import build_mesh
-    from dlscale.study.parallel_dims import ParallelDims
+    from dlscale.rank.timing import COLLECTIVE_TIMEOUT_S
+    from dlscale.registry.parallel_dims import ParallelDims
 
     dist.init_process_group(
         "gloo",

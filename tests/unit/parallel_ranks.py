@@ -1,4 +1,4 @@
-"""Real ranks of a parallelism (dlscale.study.parallel_dims) for the equivalence tests: each rank
+"""Real ranks of a parallelism (dlscale.registry.parallel_dims) for the equivalence tests: each rank
 is its own
 process running the production PyTorch adapter (setup: device mesh, tensor parallel,
 fully_shard; three training steps), on gloo over TCP, with a dropout-free tiny transformer (the

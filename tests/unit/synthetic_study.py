@@ -11,11 +11,12 @@ import pandas as pd
 from dlscale.analysis.stats import GROUP, add_speedup, scaling_summary
 from dlscale.models import SPECS, seq_len_of
 from dlscale.outputs.figure_layout import variant
+from dlscale.registry import frameworks
 
 # 4 hardware x 5 frameworks x 10 models x 2 policies x 8 node counts x 3 repetitions = 9,600 cells
 LARGE = {
     "hardware": ["cpu", "v100", "a100", "h100"],
-    "framework": ["pytorch", "tensorflow", "keras", "horovod", "mxnet"],
+    "framework": frameworks.names(),
     "model": [f"model{i}" for i in range(10)],
     "policy": ["weak", "strong"],
     "precision": ["fp32"],
@@ -78,7 +79,7 @@ def cells_table(axes: dict, seed: int = 0) -> pd.DataFrame:
                 # memory per rank (the memory figure): a shard of the state under fsdp
                 "state_bytes_per_rank_max": 3 * 4e6 / (nodes if parallelism == "fsdp" else 1),
                 "peak_allocated_mb_max": None if hw == "cpu" else 900.0,
-                # telemetry (dlscale.run.telemetry): GPU utilisation on GPU hardware, else CPU
+                # telemetry (dlscale.rank.telemetry): GPU utilisation on GPU hardware, else CPU
                 "gpu_util_pct_mean": None if hw == "cpu" else 95.0 * efficiency,
                 "gpu_util_pct_rank_min": None if hw == "cpu" else 90.0 * efficiency,
                 "cpu_util_pct_mean": 98.0,

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_ENV
+from dlscale.rank.timing import COLLECTIVE_TIMEOUT_ENV
 from dlscale.run.launch import local_port
 
 HERE = Path(__file__).resolve().parent

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from dlscale import frameworks, models
+from dlscale import models
+from dlscale.registry import frameworks
 from dlscale.study.cell import CELL_PATTERN, PARALLEL_CELL_PATTERNS
 from dlscale.study.config import AXES, ConfigError, load_schema, load_yaml, validate_config
 from dlscale.study.matrix import load_study

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.run.devices import (
+from dlscale.rank.devices import (
     DeviceChoiceError,
     gpu_identity,
     nvml_handle,
@@ -19,7 +19,8 @@ from dlscale.run.devices import (
     visible_count,
     visible_devices,
 )
-from dlscale.run.energy import EnergyMeter
+from dlscale.rank.energy import EnergyMeter
+from dlscale.rank.provenance import parse_gpu_activity
 from dlscale.run.launch import (
     PORT_BLOCK,
     choose_slurm_port,
@@ -27,7 +28,6 @@ from dlscale.run.launch import (
     gpu_step_options,
     port_block,
 )
-from dlscale.run.provenance import parse_gpu_activity
 from dlscale.store.metrics_summary import shared_gpus
 from dlscale.study.cell import Cell
 from dlscale.study.config import ConfigError, load_schema

@@ -210,10 +210,10 @@ def test_the_cuda_plan_is_accepted_by_the_production_adapter(cpu_run_started):
     registered model and a precision, mode and parallelism the production adapter accepts on
     CUDA (made, not set up: nothing touches a device); the decoder is the largest registered
     one of the plan's list; the fidelity cases are the issue's."""
-    from dlscale.frameworks import get_adapter
     from dlscale.frameworks.base import TrainSpec
     from dlscale.models import SPECS
-    from dlscale.run.rank_context import RankContext
+    from dlscale.rank.rank_context import RankContext
+    from dlscale.registry.frameworks import get_adapter
 
     plan = suite.PLANS["cuda"]
     assert plan["fidelity_cases"] == [("resnet50", "bf16", 256), ("resnet50", "fp32", 32)]

@@ -68,7 +68,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import os, sys, time, torch
     from dlscale.frameworks.base import TrainSpec
     from dlscale.frameworks.horovod import Adapter
-    from dlscale.run.rank_context import discover
+    from dlscale.rank.rank_context import discover
     ctx = discover()
     spec = TrainSpec(framework="horovod", model="cnn_small", per_rank_batch=4, warmup_steps=0,
                      steps=1, precision="fp32", device="cpu", threads=1, learning_rate=0.01,

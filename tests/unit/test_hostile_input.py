@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from dlscale.outputs.latex_text import tex_escape
-from dlscale.run.provenance import NOT_A_CHECKOUT, git_commit, sources_hash
+from dlscale.rank.provenance import NOT_A_CHECKOUT, git_commit, sources_hash
 from dlscale.store.metrics import current_umask
 from dlscale.study.matrix_checks import launcher_problem
 from dlscale.study.resources import class_resources, slurm_extra_args

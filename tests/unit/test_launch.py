@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from dlscale.run import launch, rank_context
+from dlscale.rank import rank_context
+from dlscale.run import launch
 from dlscale.run.train import PreflightError, preflight
 from dlscale.store.metrics import read_metrics
 

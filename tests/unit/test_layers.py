@@ -1,7 +1,7 @@
-"""The package's layers hold (issue 28): analysis and outputs read files and never import the run
-side, a framework or a framework's model builders; the stages import only stages below them; and
-no import cycle exists, counting imports inside functions too (a lazy import is still a
-dependency a reader must follow).
+"""The package's floors hold (issues 28 and 43): every subpackage sits on one floor, a module
+imports only its own floor and the floors below it, analysis and outputs never import the run
+side, a framework or a framework's model builders, and no import cycle exists, counting imports
+inside functions too (a lazy import is still a dependency a reader must follow).
 
 The checker is plain AST reading of scripts/dlscale; the last tests feed it a small package
 with a forbidden import and a cycle, so a checker that stopped seeing imports fails here."""
@@ -9,22 +9,46 @@ with a forbidden import and a cycle, so a checker that stopped seeing imports fa
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "scripts" / "dlscale"
 
-# The stages in order: a stage may import itself and the stages before it, never one after it.
-# The run side and the frameworks/models/data side sit beside this order: the description and
-# storage stages may name them (the framework registry, the model spec registry), analysis and
-# outputs may not (FORBIDDEN).
-STAGES = ("study", "store", "analysis", "outputs", "decisions", "workflow")
-# package -> module prefixes it must never import (dlscale.models alone is the spec registry,
-# pure Python; its framework subpackages and the FLOP counter build models)
+# The floors, ground first (docs/pages/architecture.md draws them): a module may import its own
+# floor and the floors below it, never one above.
+# - registry: what exists (framework and strategy records, degrees, bindings, formats);
+# - models: the model specs, builders, FLOP counter and each architecture's parallel plan;
+# - study: the study's description (cells, config, hardware, protocol);
+# - data: datasets and loaders;
+# - rank: one rank's kit (device, timing loop, energy, telemetry, probes, provenance);
+# - store: metrics files, measurements, archives;
+# - frameworks: the adapters, which call down into rank;
+# - run: what drives the adapters (launcher, the rank's main, the convergence loop);
+# - analysis, outputs, decisions, workflow: the stages after the run, in order.
+# No arrow runs back up a floor (issue 43's target allowed one; none is left).
+FLOORS = (
+    "registry",
+    "models",
+    "study",
+    "data",
+    "rank",
+    "store",
+    "frameworks",
+    "run",
+    "analysis",
+    "outputs",
+    "decisions",
+    "workflow",
+)
+# package -> module prefixes it must never import although they sit below it: analysis and
+# outputs read files and run without a framework installed (dlscale.models' spec registry,
+# its FLOP method text and its plans are pure Python; its framework subpackages build models)
 FORBIDDEN = {
-    "analysis": ("run", "frameworks", "models.torch", "models.tf", "models.mxnet", "models.flops"),
-    "outputs": ("run", "frameworks", "models.torch", "models.tf", "models.mxnet", "models.flops"),
+    "analysis": ("run", "rank", "frameworks", "data", "models.torch", "models.tf", "models.mxnet"),
+    "outputs": ("run", "rank", "frameworks", "data", "models.torch", "models.tf", "models.mxnet"),
 }
 
 
@@ -80,8 +104,8 @@ def layer_violations(g: dict[str, set[str]]) -> list[str]:
                 if rel == banned or rel.startswith(banned + "."):
                     out.append(f"{module} imports {target} ({here} must not import {banned})")
             there = stage(target)
-            if here in STAGES and there in STAGES and STAGES.index(there) > STAGES.index(here):
-                out.append(f"{module} imports {target} (stage {here} comes before {there})")
+            if here in FLOORS and there in FLOORS and FLOORS.index(there) > FLOORS.index(here):
+                out.append(f"{module} imports {target} (floor {here} is below {there})")
     return out
 
 
@@ -116,16 +140,38 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_every_module_sits_in_a_stage_or_a_side_package():
-    """No flat modules beside the stages (issue 28): only the package's entry points."""
+def test_every_module_sits_on_a_floor():
+    """No flat modules beside the floors (issue 28): only the package's entry points; and every
+    subpackage is on exactly one floor (issue 43), so the check below covers all of them."""
     flat = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert flat == ["__init__.py", "__main__.py"]
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert subpackages == set(STAGES) | {"run", "frameworks", "models", "data"}
+    assert subpackages == set(FLOORS)
 
 
-def test_analysis_and_outputs_never_import_the_run_side_or_a_framework():
+def test_no_import_runs_up_a_floor_and_analysis_never_imports_the_run_side():
     assert layer_violations(graph(PACKAGE)) == []
+
+
+def test_the_pure_python_parts_import_no_framework():
+    """The registry, the model specs, their FLOP method text and parallel plans, and the study
+    load without torch, TensorFlow or MXNet: the schema, the parse-time checks, the report and
+    scripts/setup.sh read them where no framework is installed."""
+    code = (
+        "import sys; import dlscale.registry.frameworks, dlscale.registry.parallel_dims, "
+        "dlscale.registry.gpu_bindings, dlscale.models.flops, dlscale.models.parallelize, "
+        "dlscale.study.matrix_checks; "
+        "plans = dlscale.models.parallelize; plans.plan_for('gpt'); plans.plan_for('transformer'); "
+        "print(sorted(m for m in ('torch', 'tensorflow', 'mxnet') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_no_import_cycle():
@@ -137,7 +183,7 @@ def test_no_two_modules_share_a_name():
     framework builders, which mirror each other on purpose, aside)."""
     names: dict[str, list[str]] = {}
     for p in PACKAGE.rglob("*.py"):
-        if p.name == "__init__.py" or p.parent.parent.name == "models":
+        if p.name in ("__init__.py", "__main__.py") or p.parent.parent.name == "models":
             continue
         names.setdefault(p.stem, []).append(str(p.relative_to(PACKAGE)))
     assert {n: ps for n, ps in names.items() if len(ps) > 1} == {}
@@ -166,7 +212,7 @@ def test_the_checker_sees_a_lazy_forbidden_import_and_a_cycle(toy):
     assert g["toy.analysis.collect"] == {"toy.run.launch"}
     assert layer_violations(g) == [
         "toy.analysis.collect imports toy.run.launch (analysis must not import run)",
-        "toy.study.cell imports toy.store (stage study comes before store)",
-        "toy.study.cell imports toy.store.metrics (stage study comes before store)",
+        "toy.study.cell imports toy.store (floor study is below store)",
+        "toy.study.cell imports toy.store.metrics (floor study is below store)",
     ]
     assert cycles(g) == [["toy.store.metrics", "toy.study.cell"]]

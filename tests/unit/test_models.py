@@ -11,6 +11,7 @@ import pytest
 
 import dlscale.models as models
 from dlscale.models import ModelSpec, get_spec, names
+from dlscale.registry.frameworks import FRAMEWORKS
 
 torch = pytest.importorskip("torch")
 import dlscale.models.torch as torch_models  # noqa: E402
@@ -54,7 +55,7 @@ def test_every_model_has_a_builder_by_convention() -> None:
                 assert not path.exists(), path
                 continue
             assert "\ndef from_spec(" in path.read_text(), path  # TF/MXNet are not importable here
-        for framework, package in models.FRAMEWORK_PACKAGES.items():
+        for framework, package in {f.name: f.model_package for f in FRAMEWORKS.values()}.items():
             assert models.builds(framework, name) == (
                 package == "torch" or spec.family != models.DECODER
             )

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from dlscale.registry.frameworks import FRAMEWORKS
 from dlscale.store.metrics import read_metrics
 
 from cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[2]
+# each framework's CPU environment, as its record names it (None: the driver's .venv)
 PYTHONS = {
-    "pytorch": ROOT / ".venv" / "bin" / "python",
-    "tensorflow": ROOT / ".venvs" / "tensorflow" / "bin" / "python",
-    "keras": ROOT / ".venvs" / "tensorflow" / "bin" / "python",
-    "mxnet": ROOT / ".venvs" / "mxnet" / "bin" / "python",
-    "horovod": ROOT / ".venvs" / "horovod" / "bin" / "python",
+    name: ROOT / (f".venvs/{record.environment}" if record.environment else ".venv") / "bin/python"
+    for name, record in FRAMEWORKS.items()
 }
 
 

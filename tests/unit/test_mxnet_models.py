@@ -218,7 +218,7 @@ import json, sys
 import numpy as np
 from dlscale.frameworks.base import TrainSpec
 from dlscale.frameworks.mxnet import Adapter
-from dlscale.run.rank_context import discover
+from dlscale.rank.rank_context import discover
 out, model, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ctx = discover()
 a = Adapter(TrainSpec(framework="mxnet", model=model, per_rank_batch=4, warmup_steps=0,

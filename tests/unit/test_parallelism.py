@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import frameworks
+from dlscale.registry import frameworks
+from dlscale.registry.parallel_dims import ParallelDims, degree_problems
+from dlscale.registry.strategies import STRATEGIES
 from dlscale.run import launch
 from dlscale.study.cell import (
     CELL_PATTERN,
@@ -30,7 +32,6 @@ from dlscale.study.cell import (
 from dlscale.study.config import ConfigError
 from dlscale.study.hashes import config_hash
 from dlscale.study.matrix import load_study
-from dlscale.study.parallel_dims import ParallelDims, degree_problems
 
 from cells import cell_dict, launch_cell
 
@@ -80,7 +81,7 @@ def parallel_config(base_config, **changes) -> dict:
     config = copy.deepcopy(base_config)
     config["workloads"] = ["throughput"]
     config["axes"]["model"] = ["transformer_small"]
-    config["axes"]["parallelism"] = ["ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp"]
+    config["axes"]["parallelism"] = list(STRATEGIES)
     config["ranks_per_node"] = 2
     for key, value in changes.items():
         if key in config["axes"]:
@@ -95,7 +96,7 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
     by = {}
     for cell in study.cells:
         by.setdefault(cell.parallelism, []).append(cell)
-    assert sorted(by) == ["ddp", "fsdp", "fsdp+tp", "hsdp", "pp", "tp"]
+    assert sorted(by) == sorted(STRATEGIES)
     assert {(c.world_size, c.pp_degree, c.microbatches) for c in by["pp"]} == {(2, 2, 2), (4, 4, 4)}
     assert {(c.pp_degree, c.microbatches) for c in by["ddp"] + by["tp"]} == {(1, 1)}
     assert {c.tp_degree for c in by["tp"] + by["fsdp+tp"]} == {2}  # null: the ranks per node
@@ -170,14 +171,18 @@ def test_an_excluded_combination_is_not_refused(root, base_config):
     assert not [c for c in study.cells if c.framework == "tensorflow" and c.parallelism == "fsdp"]
 
 
-def test_frameworks_declare_the_strategies_their_adapters_run():
-    from dlscale.frameworks import pytorch
+def test_adapters_read_their_strategies_from_their_records():
+    """An adapter's strategies are its framework record's (issue 43): no adapter module restates
+    them, and the record says which frameworks offer each strategy."""
+    from dlscale.frameworks import horovod, pytorch
 
-    assert pytorch.Adapter.strategies == frameworks.get("pytorch").strategies
+    assert pytorch.Adapter.strategies == frameworks.get("pytorch").strategies == tuple(STRATEGIES)
+    assert horovod.Adapter.strategies == ("ddp",)  # shares TorchModel with pytorch, not its record
     folder = Path(pytorch.__file__).parent
-    for name in ("tensorflow", "keras", "mxnet", "horovod"):
-        assert frameworks.get(name).strategies == ("ddp",)
-        assert "strategies =" not in (folder / f"{name}.py").read_text()  # the base's ddp
+    for name in frameworks.names():
+        assert "strategies =" not in (folder / f"{name}.py").read_text()
+        if name != "pytorch":
+            assert frameworks.get(name).strategies == ("ddp",)
 
 
 def test_the_adapter_refuses_a_strategy_it_does_not_run():

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from dlscale.run.provenance import gpu_activity, host_activity, host_facts
+from dlscale.rank.provenance import gpu_activity, host_activity, host_facts
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -59,7 +59,7 @@ def test_the_project_root_is_the_checkout_from_any_working_directory(tmp_path, m
     """provenance.PROJECT_ROOT is the checkout (its Snakefile), so the sources hash covers the
     whole project wherever the process starts (it was scripts/ for a while after the package
     moved a level down, hidden by the fallback to the working directory)."""
-    from dlscale.run import provenance
+    from dlscale.rank import provenance
     from dlscale.study.references import REFERENCES_SCHEMA, schema_path
 
     assert (provenance.PROJECT_ROOT / "Snakefile").is_file()

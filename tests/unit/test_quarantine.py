@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.analysis.collect import collect
-from dlscale.run.provenance import REDACTED, environment
+from dlscale.rank.provenance import REDACTED, environment
 
 from test_metrics import CELL, assembled
 

@@ -201,7 +201,7 @@ def test_status_finds_an_array_tasks_log_through_slurm_job_json(tmp_path, monkey
 
 
 def test_the_allocation_is_read_from_scontrol_show_job():
-    from dlscale.run.node_probes import parse_allocation
+    from dlscale.rank.node_probes import parse_allocation
 
     text = (
         "JobId=192 JobName=wrap Partition=cpu NumNodes=2 NumCPUs=2 NumTasks=2 "

@@ -1,6 +1,6 @@
 """The PyTorch timed window holds no host synchronisation (issue 30), through real launches on
 the CPU: every rank counts its synchronisations through the adapter's own hooks and PyTorch's
-host reads (dlscale.frameworks.timing.SyncAudit, DLSCALE_SYNC_AUDIT=1); DDP's sampled
+host reads (dlscale.rank.timing.SyncAudit, DLSCALE_SYNC_AUDIT=1); DDP's sampled
 runtime-stats iterations all precede the window; the fp16 path's fused SGD keeps GradScaler off
 the host; the breakdown's compute-only steps use the timed steps' clock; the first warm-up step
 has its own deadline, in no cell's identity. The GPU variant (torch.cuda.set_sync_debug_mode) is
@@ -14,7 +14,7 @@ import torch
 from dlscale.frameworks.base import RankContext, TrainSpec
 from dlscale.frameworks.pytorch import DDP_ALWAYS_SAMPLED
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
-from dlscale.frameworks.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
+from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.store.metrics import read_metrics
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, REWARM_STEPS
@@ -164,7 +164,7 @@ def test_the_energy_window_opens_after_the_devices_queue_is_drained(monkeypatch)
     not counted. A stand-in for a device queue: each step queues one unit of energy, a sync
     runs what is queued; the meter reads the energy run so far. With the meter started before
     the window's opening sync, the re-warm steps' units were counted too."""
-    import dlscale.frameworks.timing as timing
+    import dlscale.rank.timing as timing
 
     adapter = one_rank_adapter()
     device = {"queued": 0, "ran": 0}

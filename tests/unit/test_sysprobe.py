@@ -1,4 +1,4 @@
-"""System-description probes (dlscale.run.node_probes) on this CPU machine, the GPU parser on
+"""System-description probes (dlscale.rank.node_probes) on this CPU machine, the GPU parser on
 recorded
 nvidia-smi output (a fake nvidia-smi on PATH), and the Systems table
 (dlscale.analysis.systems_table)."""
@@ -17,7 +17,7 @@ import pytest
 
 import dlscale
 from dlscale.analysis.systems_table import cell_systems, systems_table
-from dlscale.run import node_probes as sysprobe
+from dlscale.rank import node_probes as sysprobe
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "probes"
 
@@ -62,7 +62,7 @@ def test_cpu_affinity_is_this_process_binding():
     assert sysprobe.cpu_list({5}) == "5"
     expected = sysprobe.cpu_list(os.sched_getaffinity(0))
     assert sysprobe.cpu_affinity() == expected
-    code = "from dlscale.run.node_probes import cpu_affinity; print(cpu_affinity())"
+    code = "from dlscale.rank.node_probes import cpu_affinity; print(cpu_affinity())"
     pinned = subprocess.run(
         ["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True
     )
@@ -249,7 +249,7 @@ def test_cells_from_before_the_probes_say_so():
 
 def test_probe_cost_per_node_is_well_under_a_second():
     out = subprocess.run(
-        [sys.executable, "-m", "dlscale.run.node_probes", "--repeat", "5"],
+        [sys.executable, "-m", "dlscale.rank.node_probes", "--repeat", "5"],
         capture_output=True,
         text=True,
         check=True,

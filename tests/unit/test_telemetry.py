@@ -17,8 +17,8 @@ from dlscale.analysis.collect import cell_rows, cell_telemetry, straggler_detail
 from dlscale.outputs.figure_layout import FAMILIES, figure_layout
 from dlscale.outputs.plotting import plot_figure
 from dlscale.outputs.report_macros import straggler_note, telemetry_note
-from dlscale.run.devices import gpu_identity
-from dlscale.run.telemetry import GPU_QUANTITIES, TELEMETRY_INTERVAL_S, Telemetry, summarize
+from dlscale.rank.devices import gpu_identity
+from dlscale.rank.telemetry import GPU_QUANTITIES, TELEMETRY_INTERVAL_S, Telemetry, summarize
 
 from cells import cell_dict, launch_cell
 

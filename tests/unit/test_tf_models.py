@@ -270,9 +270,9 @@ def test_bf16_uses_the_mixed_bfloat16_policy(tmp_path, tf_python, framework):
 RANK = """
     import sys
     import numpy as np
-    from dlscale.frameworks import get_adapter
+    from dlscale.registry.frameworks import get_adapter
     from dlscale.frameworks.base import TrainSpec
-    from dlscale.run.rank_context import discover
+    from dlscale.rank.rank_context import discover
     framework, out = sys.argv[1], sys.argv[2]
     ctx = discover()
     spec = TrainSpec(framework=framework, model="cnn_small", per_rank_batch=4, warmup_steps=0,
@@ -410,7 +410,7 @@ def test_keras_adapter_refuses_keras_3(tf_python):
         """
         import tensorflow as tf
         tf.keras.layers.Dense  # resolve tf.keras to Keras 3 first
-        from dlscale.frameworks import get_adapter
+        from dlscale.registry.frameworks import get_adapter
         from dlscale.frameworks.base import RankContext, TrainSpec
         spec = TrainSpec(framework="keras", model="cnn_small", per_rank_batch=2, warmup_steps=0,
                          steps=1, precision="fp32", device="cpu", threads=1, learning_rate=0.01,

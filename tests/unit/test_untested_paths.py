@@ -43,7 +43,7 @@ def test_the_hardware_file_becomes_the_planners_partitions():
 def test_the_rapl_reader_counts_across_a_wrap_of_its_counter(tmp_path, monkeypatch):
     """RAPL's energy_uj wraps at max_energy_range_uj: a window that starts 1,000 uJ before the
     wrap and ends 500 uJ after it used 1,500 uJ (sysfs files laid out as the kernel's)."""
-    from dlscale.run import energy
+    from dlscale.rank import energy
 
     packages = {"intel-rapl:0": (999_000, 500), "intel-rapl:1": (10_000, 30_000)}
     for name, (start, _) in packages.items():

@@ -33,7 +33,7 @@ from dlscale.analysis.time_to_accuracy import (
 )
 from dlscale.store.measurements import earlier_measurements
 from dlscale.store.metrics import MetricsError, read_metrics
-from dlscale.study.cell import KEY, cell_label, parse_cell_path
+from dlscale.study.cell import DEFAULT_PARALLELISM, KEY, cell_label, parse_cell_path
 from dlscale.study.protocol import IDLE_PROBE, QUANTITIES, RANK_END, RANK_START
 
 CELL_FIELDS = [
@@ -123,7 +123,7 @@ def straggler_detail(slow: list[dict], ranks: list[dict]) -> str | None:
 
 
 # The value of a key for metrics files written before that key existed.
-BEFORE_AXIS = {"mode": "eager", "workload": "throughput", "parallelism": "ddp"}
+BEFORE_AXIS = {"mode": "eager", "workload": "throughput", "parallelism": DEFAULT_PARALLELISM}
 
 # What a rank holds in memory (rank_end `memory`, Adapter.memory_per_rank): bytes of
 # parameters, gradients and optimizer state held locally, and peak device memory.

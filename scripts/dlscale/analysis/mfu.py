@@ -32,15 +32,6 @@ which builds the model with PyTorch.
 
 from __future__ import annotations
 
-COUNT_BATCH = 2  # samples per counted batch; FLOPs per sample = the count / COUNT_BATCH
-
-FLOP_METHOD = (
-    "torch.utils.flop_counter.FlopCounterMode over one forward and backward of "
-    f"{COUNT_BATCH} samples on the meta device (attention in the math backend), divided by "
-    f"{COUNT_BATCH}: matrix multiplications, convolutions and attention products; elementwise "
-    "operations, normalisation, softmax, loss and optimizer update not counted; counted once "
-    "per model and sequence length, before the first step"
-)
 MFU_METHOD = (
     "achieved TFLOP/s per device = FLOPs per sample (counted, forward + backward) x the cell's "
     "throughput in samples/s / world size / 1e12; MFU = that / the dense peak TFLOP/s of the "

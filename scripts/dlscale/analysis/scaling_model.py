@@ -60,7 +60,7 @@ the median over its repetitions of the cell's peak memory per rank (MEMORY_MEASU
 else allocated device memory, else the process's peak RSS on a CPU). Elsewhere it is predicted
 from the nearest measured node count m (in log2 nodes; ties: the smaller): the state bytes
 (parameters, gradients, optimizer state: state_bytes_per_rank_max) scale as 1 / d with d the
-strategy's sharding degree (dp_shard x pp stages of dlscale.study.parallel_dims.ParallelDims:
+strategy's sharding degree (dp_shard x pp stages of dlscale.registry.parallel_dims.ParallelDims:
 world size for fsdp and fsdp+tp, ranks per node for hsdp, 1 for ddp and tp, the stages for pp),
 and the rest of the peak (activations, buffers, allocator slack) is held at m's, scaled up by
 the per-rank batch where that grows (strong scaling towards fewer ranks), never down:

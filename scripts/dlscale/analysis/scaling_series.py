@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from dlscale.analysis.stats import GROUP, with_axes
-from dlscale.study.parallel_dims import ParallelDims, cell_pp_degree
+from dlscale.registry.parallel_dims import ParallelDims, cell_pp_degree
+from dlscale.study.cell import DEFAULT_PARALLELISM
 
 GRADIENT_BYTES_PER_PARAM = 4  # float32 gradients (mixed precision keeps float32 parameters)
 
@@ -62,7 +63,7 @@ class Series:
     grad_bytes: float
     nodes: list[int]
     reps: list[np.ndarray]
-    parallelism: str = "ddp"
+    parallelism: str = DEFAULT_PARALLELISM
     tp_degree: int = 1
     pp_degree: int | None = None
     memory_measure: str | None = None

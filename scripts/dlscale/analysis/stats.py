@@ -176,7 +176,7 @@ MEDIAN_ONLY = [
     # memory per rank (the memory figure; Adapter.memory_per_rank)
     "state_bytes_per_rank_max",
     "peak_allocated_mb_max",
-    # telemetry (dlscale.run.telemetry): the utilisation the telemetry figure draws
+    # telemetry (dlscale.rank.telemetry): the utilisation the telemetry figure draws
     "gpu_util_pct_mean",
     "gpu_util_pct_rank_min",
     "cpu_util_pct_mean",

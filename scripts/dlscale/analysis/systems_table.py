@@ -1,11 +1,12 @@
 """The Systems table: what each hardware entry of a study was, from the probes its cells recorded.
 
-Each node's local rank 0 records a system description in its `rank_start` (dlscale.run.node_probes);
-every rank records its CPU binding and run-shaping environment. `cell_systems` turns one cell's
-records into one row per node and field (a readable value each); `systems_table` summarises a
-study per hardware entry, field and value, and flags fields whose value differs between the
-nodes of one cell (e.g. two driver versions in one job). The report prints it with the MLPerf
-system-description field each row fills (`MLPERF_FIELDS`), and names those it does not.
+Each node's local rank 0 records a system description in its `rank_start`
+(dlscale.rank.node_probes); every rank records its CPU binding and run-shaping environment.
+`cell_systems` turns one cell's records into one row per node and field (a readable value each);
+`systems_table` summarises a study per hardware entry, field and value, and flags fields whose value
+differs between the nodes of one cell (e.g. two driver versions in one job). The report prints it
+with the MLPerf system-description field each row fills (`MLPERF_FIELDS`), and names those it does
+not.
 
 Analysis side: imports neither the launcher nor the frameworks.
 """
@@ -246,7 +247,7 @@ def _bus(bus_id) -> str | None:
 
 
 def _gpu_index(identity: dict, devices: list[dict]) -> int | None:
-    """nvidia-smi's index of a rank's board (dlscale.run.devices.gpu_identity) among the node's
+    """nvidia-smi's index of a rank's board (dlscale.rank.devices.gpu_identity) among the node's
     GPUs (node probes): by UUID, else PCI bus id, else Slurm's GRES index."""
     for key, norm in (("uuid", str), ("pci_bus_id", _bus)):
         mine = identity.get(key)

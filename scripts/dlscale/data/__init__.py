@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlscale.registry.formats import FORMATS
 from dlscale.study.errors import ConfigError
 
 __all__ = [
@@ -45,8 +46,7 @@ __all__ = [
     "webdataset_shards",
 ]
 
-#: The on-disk formats a study can point at (docs/pages/datasets.md).
-FORMATS = ("cifar_binary", "image_folder", "webdataset")
+#: The on-disk formats a study can point at (docs/pages/datasets.md): dlscale.registry.formats.
 #: The two parts of every dataset root.
 SPLITS = ("train", "val")
 

@@ -1,7 +1,7 @@
 """The adapter contract every framework implements, and the kit every adapter shares.
 
 The shared timing loop that drives an adapter (run_timed), its probes and the sync audit live in
-dlscale.frameworks.timing; the step timers an adapter hands it (StepTimer, HostTimer) live here.
+dlscale.rank.timing; the step timers an adapter hands it (StepTimer, HostTimer) live here.
 
 The adapter kit: what every framework needs besides its own step lives here, so that a framework
 module holds only what differs:
@@ -27,21 +27,32 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dlscale.run.devices import gpu_identity, pick_gpu
-from dlscale.run.rank_context import RankContext
+from dlscale.rank.devices import gpu_identity, pick_gpu
+from dlscale.rank.rank_context import RankContext
+from dlscale.rank.timing import COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S
+from dlscale.registry import frameworks
+from dlscale.registry.strategies import DEFAULT_STRATEGY
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, TIMER
 
 if TYPE_CHECKING:
     from dlscale.study.cell import Cell
 
-# Bounded collectives, the same bound in every framework: read once, here. A collective (or a
-# blocking call that waits for the peers) that has not finished after this many seconds fails
-# the rank, so a dead or stuck peer fails the cell instead of hanging it.
-COLLECTIVE_TIMEOUT_ENV = "DLSCALE_COLLECTIVE_TIMEOUT_S"
-COLLECTIVE_TIMEOUT_S = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "300"))
 WATCHDOG_EXIT_CODE = 124  # a rank ended by its watchdog (as timeout(1) exits)
 
 DEVICE_NAMES = {"cpu": "CPU", "cuda": "GPU"}
+
+
+class _FromRecord:
+    """A class attribute read from the adapter's framework record (by its `name`), so an adapter
+    never restates a fact of dlscale.registry.frameworks. An adapter with no record (a test's)
+    gets `default`."""
+
+    def __init__(self, fact: str, default):
+        self.fact, self.default = fact, default
+
+    def __get__(self, obj, cls):
+        record = frameworks.FRAMEWORKS.get(cls.name)
+        return self.default if record is None else getattr(record, self.fact)
 
 
 @dataclass(frozen=True)
@@ -65,8 +76,8 @@ class TrainSpec:
     workload: str = "throughput"  # or "convergence" (dlscale.study.cell.WORKLOADS)
     # the first warm-up step's deadline (config first_step_timeout_s; dlscale.study.protocol)
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
-    # how the ranks share the model (dlscale.study.parallel_dims) and the tensor-parallel degree
-    parallelism: str = "ddp"
+    # how the ranks share the model (dlscale.registry.parallel_dims) and the tensor-parallel degree
+    parallelism: str = DEFAULT_STRATEGY
     tp_degree: int = 1
     pp_degree: int = 1  # pipeline stages (pp) and micro-batches per step
     microbatches: int = 1
@@ -133,7 +144,7 @@ class Adapter:
     name: str = ""
     title: str = ""  # the framework as refusals name it ("TensorFlow")
     sync_method: str = "none"
-    # The physical GPU this rank uses (dlscale.run.devices.gpu_identity; None on a CPU): recorded
+    # The physical GPU this rank uses (dlscale.rank.devices.gpu_identity; None on a CPU): recorded
     # in rank_start, read by the energy meter, checked across ranks (two ranks on one board
     # are flagged in the cell's summary).
     gpu: dict | None = None
@@ -155,14 +166,14 @@ class Adapter:
     compile_method: str = ""
     # How the convergence workload trains on real data to a target accuracy ("": not supported,
     # and a convergence cell is refused when the adapter is made; the workflow refuses it before
-    # any job from the framework's registry record, dlscale.frameworks.FRAMEWORKS, which states
-    # the same). Where it is declared, the adapter implements the convergence contract below
-    # (data_loaders ... allreduce_sum).
+    # any job from the framework's registry record, dlscale.registry.frameworks.FRAMEWORKS,
+    # which states the same). Where it is declared, the adapter implements the convergence
+    # contract below (data_loaders ... allreduce_sum).
     convergence_method: str = ""
-    # How the ranks may share the model (dlscale.study.cell.PARALLELISMS): data parallel only unless
-    # an adapter declares more; the workflow refuses the others before any job from
-    # dlscale.frameworks.FRAMEWORKS (strategies), which states the same.
-    strategies: tuple[str, ...] = ("ddp",)
+    # How the ranks may share the model: the framework record's `strategies`
+    # (dlscale.registry.frameworks), read by name; the workflow refuses the others before any
+    # job from the same record.
+    strategies = _FromRecord("strategies", default=(DEFAULT_STRATEGY,))
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
@@ -176,7 +187,7 @@ class Adapter:
     # ------------------------------------------------------------------ shared by every framework
     def choose_gpu(self, device_count: int, identify=None) -> int:
         """This rank's device ordinal among the `device_count` GPUs its framework sees
-        (dlscale.run.devices.pick_gpu: the local rank when all of the node's GPUs are visible,
+        (dlscale.rank.devices.pick_gpu: the local rank when all of the node's GPUs are visible,
         device 0 when exactly one is, an error naming the binding otherwise); records the
         physical board in `self.gpu`. `identify(ordinal)` returns what the framework knows of
         the board ({"uuid", "pci_bus_id", "name"}, any of them)."""
@@ -359,7 +370,7 @@ class Adapter:
         raise NotImplementedError
 
     def build_info(self) -> dict:
-        """The framework's own build description, recorded once per node (dlscale.run.node_probes):
+        """The framework's own build description, recorded once per node (dlscale.rank.node_probes):
         `cuda_runtime`, `cudnn`, `nccl` (None where the build has none) and the framework's
         description (torch.__config__.show(), TF build info, MXNet runtime features) under
         `build`. Called after setup(), outside the timed window."""

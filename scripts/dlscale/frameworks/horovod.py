@@ -34,9 +34,10 @@ import time
 
 import torch
 
-from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S, Watchdog
 from dlscale.frameworks.base import Adapter as BaseAdapter
+from dlscale.frameworks.base import Watchdog
 from dlscale.frameworks.torch_model import TorchModel, torch_gpu_identity
+from dlscale.rank.timing import COLLECTIVE_TIMEOUT_S
 
 
 def _iface_for(addr: str) -> str:

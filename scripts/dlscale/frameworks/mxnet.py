@@ -62,7 +62,7 @@ import time
 from dlscale.frameworks.base import Adapter as BaseAdapter
 from dlscale.frameworks.base import Watchdog
 from dlscale.models import get_spec
-from dlscale.run.provenance import cpu_model
+from dlscale.rank.provenance import cpu_model
 
 SHUTDOWN_WAIT_S = 60.0
 # A blocking call's deadline: the collective timeout + 4 x the longest step so far.

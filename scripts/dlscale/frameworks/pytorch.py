@@ -1,6 +1,7 @@
 """PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, TCP rendezvous at
 MASTER_ADDR:MASTER_PORT; SGD with the config's learning rate and momentum (spec.learning_rate,
-spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S (base.COLLECTIVE_TIMEOUT_S).
+spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S
+(dlscale.rank.timing.COLLECTIVE_TIMEOUT_S).
 
 At world size 1 the step is the plain model (no process group, no DDP wrapper, no gradient
 hooks): the best single-device program. Mode "compiled" runs the forward through
@@ -27,9 +28,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S
 from dlscale.frameworks.base import Adapter as BaseAdapter
 from dlscale.frameworks.torch_model import TorchModel, torch_gpu_identity
+from dlscale.rank.timing import COLLECTIVE_TIMEOUT_S
+from dlscale.registry.strategies import STRATEGIES
 
 # DDP's Reducer::should_collect_runtime_stats: iterations 1..10 are always sampled, then every
 # sample_rate-th; each sampled forward synchronises on the previous iteration's CUDA events.
@@ -49,26 +51,26 @@ class Adapter(TorchModel, BaseAdapter):
         "warm-up step, restored after it"
     )
     ddp_steps = 0  # DDP steps with gradient sync so far (the Reducer's num_iterations_)
-    # every parallelism (dlscale.study.parallel_dims): ddp by DistributedDataParallel, the others by
-    # PyTorch's device mesh, fully_shard and tensor parallel (dlscale.frameworks.torch_parallel)
-    strategies = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp")
+    # its strategies are its record's (dlscale.registry.frameworks): ddp by
+    # DistributedDataParallel, the others by PyTorch's device mesh, fully_shard, tensor parallel
+    # and pipelining (dlscale.frameworks.torch_parallel)
     parallel_facts: dict | None = None  # what parallelize did (another strategy than ddp)
 
     @classmethod
     def has_breakdown(cls, spec) -> bool:
         """The compute-only step skips DDP's allreduce; a sharded or tensor-parallel step
         communicates inside its forward and backward, so it has none."""
-        return spec.parallelism == "ddp"
+        return STRATEGIES[spec.parallelism].plain_data_parallel
 
     @property
     def ddp(self) -> bool:
         """Whether the step runs under DistributedDataParallel (ddp above one rank)."""
-        return self.data_parallel and self.spec.parallelism == "ddp"
+        return self.data_parallel and STRATEGIES[self.spec.parallelism].plain_data_parallel
 
     @property
     def sharded_or_split(self) -> bool:
         """Another strategy than ddp above one rank (dlscale.frameworks.torch_parallel)."""
-        return self.data_parallel and self.spec.parallelism != "ddp"
+        return self.data_parallel and not STRATEGIES[self.spec.parallelism].plain_data_parallel
 
     @property
     def fused_optimizer(self) -> bool:
@@ -116,7 +118,7 @@ class Adapter(TorchModel, BaseAdapter):
         self.module = model
         self.forward = self.compile_forward(model)
         self.optimizer = self.sgd(model.parameters(), fused=self.fused_optimizer)
-        replicated = spec.parallelism in ("tp", "pp")  # replicas average their gradients
+        replicated = STRATEGIES[spec.parallelism].replicas_average_gradients
         if self.sharded_or_split and replicated and self.dims.dp_replicate > 1:
             from dlscale.frameworks.torch_parallel import gradient_averager
 
@@ -136,7 +138,7 @@ class Adapter(TorchModel, BaseAdapter):
             group_batch,
             parallelize,
         )
-        from dlscale.study.parallel_dims import ParallelDims
+        from dlscale.registry.parallel_dims import ParallelDims
 
         spec, ctx = self.spec, self.ctx
         self.dims = ParallelDims.of(
@@ -148,7 +150,7 @@ class Adapter(TorchModel, BaseAdapter):
         )
         broadcast_from_rank0(model)
         self.mesh = build_mesh(self.dims, self.device.type)
-        if spec.parallelism == "pp":
+        if STRATEGIES[spec.parallelism].pipeline:
             return self.pipeline(model)
         if self.dims.tp > 1:
             group = self.mesh["tp"].get_group()
@@ -237,18 +239,9 @@ class Adapter(TorchModel, BaseAdapter):
 
     def wrapper(self) -> str:
         if self.sharded_or_split:
-            parts = {
-                "fsdp": "torch.distributed.fsdp.fully_shard (FSDP2) over dp_shard",
-                "hsdp": "torch.distributed.fsdp.fully_shard (FSDP2, hybrid) over "
-                "(dp_replicate, dp_shard)",
-                "tp": "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel) over "
-                "tp, gradients averaged over dp_replicate",
-                "fsdp+tp": "torch.distributed.tensor.parallel over tp, then fully_shard (FSDP2) "
-                "over dp_shard",
-                "pp": "torch.distributed.pipelining (PipelineStage, ScheduleGPipe) over pp, "
-                "gradients averaged over dp_replicate",
-            }
-            return parts[self.spec.parallelism]
+            from dlscale.frameworks.torch_parallel import wrapper_of
+
+            return wrapper_of(self.spec.parallelism)
         if self.data_parallel:
             return "torch.nn.parallel.DistributedDataParallel"
         return super().wrapper()

@@ -47,10 +47,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import numpy  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S  # noqa: E402
 from dlscale.frameworks.base import Adapter as BaseAdapter
 from dlscale.models import get_spec  # noqa: E402
-from dlscale.run.provenance import cpu_model  # noqa: E402
+from dlscale.rank.provenance import cpu_model  # noqa: E402
+from dlscale.rank.timing import COLLECTIVE_TIMEOUT_S  # noqa: E402
 
 AUTOCAST = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}  # policy -> compute dtype
 TEARDOWN_GRACE_S = 1.0
@@ -85,7 +85,7 @@ def keras_versions() -> dict:
 
 def configure_runtime(adapter) -> None:
     """Threads and visible devices; must run before the TensorFlow runtime starts. A cuda rank
-    keeps one GPU, chosen by dlscale.run.devices.pick_gpu over the GPUs TensorFlow sees
+    keeps one GPU, chosen by dlscale.rank.devices.pick_gpu over the GPUs TensorFlow sees
     (adapter.choose_gpu, which records the board: TensorFlow reports its name only)."""
     spec = adapter.spec
     tf.config.threading.set_intra_op_parallelism_threads(spec.threads)

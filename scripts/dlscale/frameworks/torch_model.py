@@ -14,7 +14,7 @@ import torch.distributed as dist
 from dlscale.frameworks.base import HostTimer, StepTimer
 from dlscale.models import spec_for
 from dlscale.models.torch import build, example_batch
-from dlscale.run.provenance import cpu_model
+from dlscale.rank.provenance import cpu_model
 
 
 class CudaEventTimer(StepTimer):

@@ -1,12 +1,12 @@
-"""PyTorch's own parallel APIs for a cell's parallelism (dlscale.study.parallel_dims): one
-ParallelDims in,
-one device mesh out (torch.distributed.device_mesh.init_device_mesh, dimensions dp_replicate,
-dp_shard, tp), then tensor parallel per block (torch.distributed.tensor.parallel
-.parallelize_module with ColwiseParallel/RowwiseParallel, the model's TP_PLANS entry), then
-fully_shard (FSDP2) per block and on the root over the data-parallel dimensions: dp_shard
-alone (fsdp, fsdp+tp) or (dp_replicate, dp_shard) for hsdp. Replicas of a tensor-parallel
-model (tp at more than one node) average their gradients over dp_replicate before each
-optimizer step. ddp keeps DistributedDataParallel (dlscale.frameworks.pytorch).
+"""PyTorch's own parallel APIs for a cell's parallelism (dlscale.registry.parallel_dims): one
+ParallelDims in, one device mesh out (torch.distributed.device_mesh.init_device_mesh, dimensions
+dp_replicate, dp_shard, tp), then tensor parallel per block (torch.distributed.tensor.parallel
+.parallelize_module with ColwiseParallel/RowwiseParallel, the model's plan in
+dlscale.models.parallelize), then fully_shard (FSDP2) per block and on the root over the
+data-parallel dimensions: dp_shard alone (fsdp, fsdp+tp) or (dp_replicate, dp_shard) for hsdp.
+Replicas of a tensor-parallel model (tp at more than one node) average their gradients over
+dp_replicate before each optimizer step. ddp keeps DistributedDataParallel
+(dlscale.frameworks.pytorch).
 
 Works on CPUs with gloo (every collective these APIs use) and on GPUs with NCCL."""
 
@@ -19,8 +19,35 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S
-from dlscale.study.parallel_dims import FSDP_UNITS, SHARDED, TENSOR_PARALLEL, TP_PLANS, ParallelDims
+from dlscale.models.parallelize import plan_for
+from dlscale.rank.timing import COLLECTIVE_TIMEOUT_S
+from dlscale.registry.parallel_dims import SHARDED, TENSOR_PARALLEL, ParallelDims
+from dlscale.registry.strategies import STRATEGIES
+
+
+def wrapper_of(parallelism: str) -> str:
+    """What wraps the model under a strategy beyond ddp, as the rank records it (metrics
+    `wrapper`), from the strategy's record: tensor parallel, then fully_shard, or a pipeline."""
+    record = STRATEGIES[parallelism]
+    parts = []
+    if record.splits_layers:
+        parts.append(
+            "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel) over tp"
+            if not record.sharded
+            else "torch.distributed.tensor.parallel over tp"
+        )
+    if record.sharded:
+        hybrid = " (FSDP2, hybrid) over (dp_replicate, dp_shard)"
+        parts.append(
+            "torch.distributed.fsdp.fully_shard"
+            + (hybrid if record.hybrid else " (FSDP2) over dp_shard")
+        )
+    if record.pipeline:
+        parts.append("torch.distributed.pipelining (PipelineStage, ScheduleGPipe) over pp")
+    text = ", then ".join(parts).replace(", then torch.distributed.fsdp.", ", then ")
+    if record.replicas_average_gradients:
+        text += ", gradients averaged over dp_replicate"
+    return text or f"torch.distributed device mesh ({parallelism})"
 
 
 def build_mesh(dims: ParallelDims, device_type: str):
@@ -67,8 +94,9 @@ def _matching(model: nn.Module, patterns) -> list[tuple[str, nn.Module]]:
 
 
 def apply_tensor_parallel(model: nn.Module, arch: str, tp_mesh) -> list[str]:
-    """Split the Linear layers of the model's TP_PLANS entry over the tensor-parallel mesh;
-    returns the names of the modules split."""
+    """Split the Linear layers of the model's tensor-parallel plan
+    (dlscale.models.parallelize.<arch>.PLAN.tp) over the tensor-parallel mesh; returns the names
+    of the modules split."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -77,7 +105,7 @@ def apply_tensor_parallel(model: nn.Module, arch: str, tp_mesh) -> list[str]:
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {}
-    for pattern, style in TP_PLANS[arch].items():
+    for pattern, style in plan_for(arch).tp.items():
         for name, module in _matching(model, [pattern]):
             if not isinstance(module, nn.Linear):
                 raise TypeError(f"tensor-parallel plan of {arch}: {name} is not an nn.Linear")
@@ -89,10 +117,12 @@ def apply_tensor_parallel(model: nn.Module, arch: str, tp_mesh) -> list[str]:
 
 
 def shard_units(model: nn.Module, arch: str) -> list[tuple[str, nn.Module]]:
-    """The blocks fully_shard wraps one by one before the root: the arch's FSDP_UNITS
-    patterns, else the model's top-level children that hold parameters."""
-    if arch in FSDP_UNITS:
-        return _matching(model, FSDP_UNITS[arch])
+    """The blocks fully_shard wraps one by one before the root: the plan's fsdp_units
+    patterns (dlscale.models.parallelize), else the model's top-level children that hold
+    parameters."""
+    units = plan_for(arch).fsdp_units
+    if units:
+        return _matching(model, units)
     return [(n, m) for n, m in model.named_children() if any(True for _ in m.parameters())]
 
 
@@ -161,45 +191,20 @@ def parallelize(model: nn.Module, arch: str, parallelism: str, dims: ParallelDim
     if parallelism in TENSOR_PARALLEL:
         done["tensor_parallel"] = apply_tensor_parallel(model, arch, mesh["tp"])
     if parallelism in SHARDED:
-        hybrid = parallelism == "hsdp"
+        hybrid = STRATEGIES[parallelism].hybrid
         dp_mesh = mesh["dp_replicate", "dp_shard"] if hybrid else mesh["dp_shard"]
         done["fully_shard"] = apply_fully_shard(model, arch, dp_mesh)
     return done
 
 
-class TransformerStage(nn.Module):
-    """One pipeline stage of the encoder classifier (dlscale.models.torch.transformer): the
-    first stage embeds the tokens, every stage runs its contiguous run of encoder layers, the
-    last normalises, pools and classifies: the model's forward, cut between layers."""
-
-    def __init__(self, model: nn.Module, layers: list[nn.Module], first: bool, last: bool):
-        super().__init__()
-        self.first, self.last = first, last
-        if first:
-            self.token_embedding = model.token_embedding
-            self.position_embedding = model.position_embedding
-        self.layers = nn.ModuleList(layers)
-        if last:
-            self.norm, self.head = model.encoder.norm, model.head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:
-            positions = torch.arange(x.shape[1], device=x.device)
-            x = self.token_embedding(x) + self.position_embedding(positions)
-        for layer in self.layers:
-            x = layer(x)
-        if self.last:
-            x = self.head(self.norm(x).mean(dim=1))
-        return x
-
-
 def pipeline_stage(model: nn.Module, arch: str, stage: int, stages: int) -> nn.Module:
-    """Stage `stage` of `stages` of a model (PIPELINE_ARCHS): its layers split as evenly as
-    they go, earlier stages taking the remainder."""
-    if arch != "transformer":
+    """Stage `stage` of `stages` of a model whose plan offers a pipeline
+    (dlscale.models.parallelize.<arch>.PLAN.pipeline): the split beside the model,
+    dlscale.models.torch.<arch>.pipeline_stage."""
+    import importlib
+
+    if not plan_for(arch).pipeline:
         raise ValueError(f"no pipeline split for architecture {arch!r}")
-    layers = list(model.encoder.layers)
-    base, extra = divmod(len(layers), stages)
-    start = stage * base + min(stage, extra)
-    stop = start + base + (stage < extra)
-    return TransformerStage(model, layers[start:stop], stage == 0, stage == stages - 1)
+    return importlib.import_module(f"dlscale.models.torch.{arch}").pipeline_stage(
+        model, stage, stages
+    )

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlscale.registry.frameworks import FRAMEWORKS
+
 __all__ = [
     "BUILDER",
     "DECODER",
-    "FRAMEWORK_PACKAGES",
     "builds",
     "cell_seq_len",
     "ModelSpec",
@@ -291,21 +292,12 @@ def cell_seq_len(name: str, seq_len: int | None) -> int | None:
     return seq_len if seq_len is not None else spec.input_shape[0]
 
 
-# The model package each framework builds its models from (dlscale.models.<package>).
-FRAMEWORK_PACKAGES = {
-    "pytorch": "torch",
-    "horovod": "torch",
-    "tensorflow": "tf",
-    "keras": "tf",
-    "mxnet": "mxnet",
-}
-
-
 def builds(framework: str, name: str) -> bool:
-    """Whether ``framework`` has a builder for model ``name``: its model package has the
-    spec's architecture module (looked up as a file: importing a framework package imports
-    the framework)."""
-    package = FRAMEWORK_PACKAGES.get(framework)
+    """Whether ``framework`` has a builder for model ``name``: its model package (its record's
+    ``model_package``, dlscale.registry.frameworks) has the spec's architecture module (looked
+    up as a file: importing a framework package imports the framework)."""
+    record = FRAMEWORKS.get(framework)
+    package = record.model_package if record else None
     spec = SPECS.get(name)
     if package is None or spec is None:
         return True  # unknown names are refused by the schema, with the allowed values

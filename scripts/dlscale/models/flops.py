@@ -1,14 +1,23 @@
 """FLOPs per sample of a registered model, counted by PyTorch's FLOP counter (the counting half
-of MFU; dlscale.analysis.mfu holds the method texts and the MFU arithmetic), and the decoder's
+of MFU, with its method text; dlscale.analysis.mfu holds the MFU arithmetic), and the decoder's
 formula it is cross-checked against. Imports PyTorch inside the functions only: a PyTorch
-cell's ranks call it once before their first step."""
+cell's ranks call it once before their first step, and the report reads FLOP_METHOD without
+PyTorch."""
 
 from __future__ import annotations
 
 import functools
 import time
 
-from dlscale.analysis.mfu import COUNT_BATCH, FLOP_METHOD
+COUNT_BATCH = 2  # samples per counted batch; FLOPs per sample = the count / COUNT_BATCH
+
+FLOP_METHOD = (
+    "torch.utils.flop_counter.FlopCounterMode over one forward and backward of "
+    f"{COUNT_BATCH} samples on the meta device (attention in the math backend), divided by "
+    f"{COUNT_BATCH}: matrix multiplications, convolutions and attention products; elementwise "
+    "operations, normalisation, softmax, loss and optimizer update not counted; counted once "
+    "per model and sequence length, before the first step"
+)
 
 
 @functools.cache

@@ -12,7 +12,7 @@ import pandas as pd
 
 from dlscale.analysis.stats import EXACT, GROUP, NONE, RANGE
 from dlscale.outputs.latex_text import _fmt, tex_escape
-from dlscale.study.cell import DEFAULT_WORKLOAD
+from dlscale.study.cell import DEFAULT_PARALLELISM, DEFAULT_WORKLOAD
 
 # Which interval column labels a measure's interval (dlscale.analysis.stats interval kinds).
 _INTERVAL_KIND = {"throughput_samples_per_s": "interval", "scaling_efficiency": "speedup_interval"}
@@ -238,7 +238,7 @@ def write_cell_summary(
     Returns the number of rows written."""
     table, level, n_groups = cell_summary(scaling, status, max_rows)
     keys, words = SUMMARY_LEVELS[level]
-    if "parallelism" in keys and set(table.get("parallelism", [])) <= {"ddp"}:
+    if "parallelism" in keys and set(table.get("parallelism", [])) <= {DEFAULT_PARALLELISM}:
         # a study of ddp cells only reads as it did before the parallelism axis
         keys = [k for k in keys if k != "parallelism"]
         words = words.replace(", mode and parallelism", " and mode")

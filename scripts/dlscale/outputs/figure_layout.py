@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from dlscale.study.cell import DEFAULT_PARALLELISM
+
 SCALING = {
     "throughput": ("throughput_samples_per_s", "Throughput (samples/s)"),
     "speedup": ("speedup", "Speedup"),
@@ -141,17 +143,17 @@ TEXT_COLUMNS = 2  # text width = this many column widths
 GroupKey = tuple[str, str, str, str, str]
 
 
-def variant(precision: str, mode: str, parallelism: str = "ddp") -> str:
+def variant(precision: str, mode: str, parallelism: str = DEFAULT_PARALLELISM) -> str:
     """The figure series' second part: the precision, with the mode where it is not eager and
     the parallelism where it is not ddp (so an eager ddp study's labels are its precisions)."""
     label = precision if mode == "eager" else f"{precision} {mode}"
-    return label if parallelism in ("ddp", None) else f"{label} {parallelism}"
+    return label if parallelism in (DEFAULT_PARALLELISM, None) else f"{label} {parallelism}"
 
 
 def with_variant(scaling):
     """The scaling table with its `variant` column (a pandas DataFrame; see variant())."""
     out = scaling.copy()
-    strategies = out["parallelism"] if "parallelism" in out else ["ddp"] * len(out)
+    strategies = out["parallelism"] if "parallelism" in out else [DEFAULT_PARALLELISM] * len(out)
     out["variant"] = [
         variant(p, m, s) for p, m, s in zip(out["precision"], out["mode"], strategies)
     ]

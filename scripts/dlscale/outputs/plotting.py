@@ -474,7 +474,7 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
 
 
 # the telemetry family's quantity: GPU utilisation where the hardware's cells sampled it, else
-# the rank process's CPU utilisation (dlscale.run.telemetry)
+# the rank process's CPU utilisation (dlscale.rank.telemetry)
 TELEMETRY_AXES = {
     "gpu_util_pct": "GPU utilisation (%, NVML)",
     "cpu_util_pct": "CPU utilisation (% of one core)",

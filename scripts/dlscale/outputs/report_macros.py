@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dlscale.analysis.mfu import FLOP_METHOD, MFU_METHOD, mfu_summary
+from dlscale.analysis.mfu import MFU_METHOD, mfu_summary
 from dlscale.analysis.stats import CI_INTERVAL, CI_METHOD
 from dlscale.analysis.systems_table import MLPERF_FIELDS, MLPERF_NOT_COVERED
+from dlscale.models.flops import FLOP_METHOD
 from dlscale.outputs.latex_text import _fmt, _join, _macro_name, _opt, _range, tex_escape
+from dlscale.registry.frameworks import FRAMEWORKS
 from dlscale.study.cell import DEFAULT_WORKLOAD, WORKLOADS, cell_label
 from dlscale.study.protocol import (
     ALLREDUCE_BYTES,
     ALLREDUCE_REPEATS,
     BREAKDOWN_STEPS,
     COMPETING_BUSY_CPUS,
-    HOST_SYNC_PER_STEP,
-    HOST_SYNC_PER_STEP_CPU,
     IDLE_PROBE_SECONDS,
     REWARM_METHOD,
     TELEMETRY_INTERVAL_S,
@@ -279,7 +279,7 @@ def straggler_note(cells: pd.DataFrame) -> str:
 
 
 def telemetry_note(cells: pd.DataFrame) -> str:
-    """What the ranks' devices did during the timed window (dlscale.run.telemetry): the median
+    """What the ranks' devices did during the timed window (dlscale.rank.telemetry): the median
     over cells of the mean rank's utilisation and the lowest rank's, where sampled."""
     parts = []
     for quantity, what in (
@@ -330,9 +330,15 @@ def execution_notes(cells: pd.DataFrame) -> dict[str, str]:
     notes["Rewarm"] = REWARM_METHOD
 
     def host_sync(fw: str) -> str:
+        record = FRAMEWORKS.get(fw)
+        if record is None:
+            return "not stated"
         on_gpu = uses_gpu(cells[cells["framework"] == fw])
-        table = HOST_SYNC_PER_STEP if on_gpu else {**HOST_SYNC_PER_STEP, **HOST_SYNC_PER_STEP_CPU}
-        return table.get(fw, "not stated")
+        return (
+            record.host_sync_per_step
+            if on_gpu
+            else (record.host_sync_per_step_cpu or record.host_sync_per_step)
+        )
 
     notes["HostSync"] = "; ".join(
         f"{fw}: {host_sync(fw)}" for fw in sorted(cells["framework"].dropna().unique())

@@ -26,6 +26,7 @@ from dlscale.analysis.time_to_accuracy import (
     numbers,
 )
 from dlscale.outputs import latex_text
+from dlscale.registry.frameworks import FRAMEWORKS
 from dlscale.study.lr import RULE_FORMULAS
 from dlscale.study.protocol import (
     INPUT_BOUND_MARGIN,
@@ -168,37 +169,6 @@ def convergence_macros(config: dict, cells: pd.DataFrame, tta: pd.DataFrame) -> 
     return m
 
 
-# How each framework's convergence cells start and order their data (the adapters'
-# convergence_method and dlscale.data's loaders): a comparison of epochs to accuracy across
-# frameworks at equal global batch is a comparison of these as well.
-INITIALISATION_AND_DATA_ORDER = {
-    "pytorch": (
-        "weights from torch.manual_seed(seed + rank), rank 0's on every rank (DDP's broadcast "
-        "at wrap); data in DistributedSampler's order: the whole training split reshuffled "
-        "every epoch and dealt across the ranks"
-    ),
-    "horovod": (
-        "weights from torch.manual_seed(seed + rank), rank 0's broadcast by "
-        "hvd.broadcast_parameters; data in DistributedSampler's order, as PyTorch"
-    ),
-    "tensorflow": (
-        "weights from Keras 3's initializers after keras.utils.set_random_seed(seed + rank), "
-        "worker 0's on every worker (MultiWorkerMirroredStrategy); data by tf.data: each rank "
-        "a fixed part of the split (positions rank, rank + world size, ...), reshuffled within "
-        "the part every epoch"
-    ),
-    "keras": (
-        "weights from tf_keras' initializers after set_random_seed(seed + rank), worker 0's on "
-        "every worker (MultiWorkerMirroredStrategy); data by tf.data, as TensorFlow"
-    ),
-    "mxnet": (
-        "weights from mx.random.seed(seed) on every rank (the same draw), rank 0's broadcast "
-        "through the kvstore before the first epoch; data by a Gluon DataLoader in "
-        "DistributedSampler's order, as PyTorch"
-    ),
-}
-
-
 def _plain_interval(median, low, high, kind: str, digits: int = 3) -> str:
     """A median and the interval its n allows, as plain text (a macro's value is escaped):
     [low, high] for a confidence interval, (low-high, range) for fewer repetitions."""
@@ -235,9 +205,7 @@ def framework_macros(tta: pd.DataFrame) -> dict[str, str]:
     first, with the interval its n allows; ConvFrameworkInit: the initialisation and data order
     of each framework measured."""
     names = sorted(tta["framework"].unique())
-    init = "; ".join(
-        f"{name}: {INITIALISATION_AND_DATA_ORDER.get(name, 'not stated')}" for name in names
-    )
+    init = "; ".join(f"{name}: {_initialisation(name)}" for name in names)
     parts = []
     # every axis but the framework held equal (those the table has), and the global batch
     keys = [a for a in [*GROUP, "nodes"] if a != "framework" and a in tta] + ["global_batch"]
@@ -528,3 +496,11 @@ def validity_table(tta: pd.DataFrame, escape) -> str:
         "& & & & & batch & & median [CI]/(range) & & (kind, n of ref.) & & \\\\\n"
         "\\midrule\\endhead\n" + "\n".join(rows) + "\n\\bottomrule\n\\end{longtable}}\n"
     )
+
+
+def _initialisation(framework: str) -> str:
+    """How a framework's convergence cells start and order their data (its record's fact, from
+    its adapter's convergence_method and dlscale.data's loaders): a comparison of epochs to
+    accuracy across frameworks at equal global batch is a comparison of these as well."""
+    record = FRAMEWORKS.get(framework)
+    return record.initialisation_and_data_order if record else "not stated"

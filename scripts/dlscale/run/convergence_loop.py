@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from dlscale.run.provenance import host_activity
+from dlscale.rank.provenance import host_activity
 from dlscale.study.cell import Cell
 from dlscale.study.lr import Schedule
 from dlscale.study.protocol import (

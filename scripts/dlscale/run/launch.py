@@ -15,7 +15,7 @@
      metrics.jsonl is a
      hard link to it.
 
-The other half, inside a rank, is dlscale.run.rank_context (`discover()` reads who-am-I from the
+The other half, inside a rank, is dlscale.rank.rank_context (`discover()` reads who-am-I from the
 launcher's environment: dlscale's local launcher, srun, or torchrun).
 """
 
@@ -34,8 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from dlscale.run.node_probes import job_allocation
-from dlscale.run.provenance import git_commit
+from dlscale.rank.node_probes import job_allocation
+from dlscale.rank.provenance import git_commit
+from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING, GPU_BINDINGS
 from dlscale.store import metrics
 from dlscale.store.does_not_fit import DOES_NOT_FIT
 from dlscale.store.does_not_fit import rank_records as fit_records
@@ -147,15 +148,13 @@ def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) ->
 
 
 def gpu_step_options(cell: Cell) -> list[str]:
-    """The GPU binding the launcher states for a cuda cell's ranks (hardware.yaml gpu_binding,
-    dlscale.run.devices): `node`: every rank sees all of its node's GPUs (--gpus-per-node, one rank
-    per GPU) and takes its local rank's; `task`: Slurm binds one GPU per task. Nothing for a
-    CPU cell. Stated explicitly so no site default decides silently."""
+    """The GPU binding the launcher states for a cuda cell's ranks: its hardware entry's
+    gpu_binding record (dlscale.registry.gpu_bindings) gives the srun options; the rank then
+    takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing for a CPU cell.
+    Stated explicitly so no site default decides silently."""
     if cell.device != "cuda":
         return []
-    if cell.gpu_binding == "task":
-        return ["--gpus-per-task=1"]
-    return [f"--gpus-per-node={cell.ranks_per_node}"]
+    return GPU_BINDINGS[cell.gpu_binding or DEFAULT_GPU_BINDING].srun_options(cell.ranks_per_node)
 
 
 def train_argv(rank_dir: Path, python: str) -> list[str]:
@@ -183,7 +182,7 @@ def local_rank_env(
     rank: int, world_size: int, ranks_per_node: int, port: int, threads: int = 1
 ) -> dict:
     """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
-    rendezvous on loopback (what dlscale.run.rank_context.discover reads back)."""
+    rendezvous on loopback (what dlscale.rank.rank_context.discover reads back)."""
     nodes = world_size // ranks_per_node
     return dict(
         os.environ,
@@ -419,7 +418,7 @@ def record_failure(
 
 
 def keep_package_lists(rank_dir: Path, environments: Path) -> None:
-    """The nodes' package lists (dlscale.run.node_probes.PACKAGES_FILE), once per study: a list is
+    """The nodes' package lists (dlscale.rank.node_probes.PACKAGES_FILE), once per study: a list is
     named by its sha256, so one already kept is the same list."""
     for path in sorted(rank_dir.glob("packages-*.txt")):
         target = environments / path.name.removeprefix("packages-")

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 from dlscale import __version__
-from dlscale.frameworks import get_adapter
 from dlscale.frameworks.base import TrainSpec
-from dlscale.frameworks.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
-from dlscale.run.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
-from dlscale.run.provenance import host_facts, process_age_s
-from dlscale.run.rank_context import discover
+from dlscale.rank.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
+from dlscale.rank.provenance import host_facts, process_age_s
+from dlscale.rank.rank_context import discover
+from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
+from dlscale.registry.frameworks import get_adapter
 from dlscale.store.metrics import RankWriter, first_step_overhead, rank_summary
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import IDLE_PROBE, RANK_END, RANK_START, STEP
@@ -114,7 +114,7 @@ def preflight(ctx, expect_world: int | None, expect_rpn: int | None) -> None:
 
 
 def describe_node(adapter, ctx, rank_dir: str) -> dict:
-    """The node's system description (dlscale.run.node_probes), by its local rank 0 only: once per
+    """The node's system description (dlscale.rank.node_probes), by its local rank 0 only: once per
     node, after setup and before the timed window (the other ranks wait for it at the first
     collective of the warm-up). The environment's package list goes beside the part file
     (PACKAGES_FILE); the launcher keeps one copy per distinct list in the study's folder."""
@@ -265,7 +265,7 @@ def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> 
         "node_index": ctx.node_index,
         "launcher": ctx.launcher,
         "device": spec.device,
-        "gpu": adapter.gpu,  # the physical board (dlscale.run.devices), None on a CPU
+        "gpu": adapter.gpu,  # the physical board (dlscale.rank.devices), None on a CPU
         "threads": spec.threads,
         "per_rank_batch": spec.per_rank_batch,
         "timer": adapter.step_timer().method,
@@ -277,7 +277,7 @@ def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> 
 
 
 def measure(cell: Cell, adapter, writer: RankWriter, stamps: dict, before_step) -> None:
-    """A throughput cell's rank: the shared timing loop (dlscale.frameworks.timing.run_timed,
+    """A throughput cell's rank: the shared timing loop (dlscale.rank.timing.run_timed,
     audited where DLSCALE_SYNC_AUDIT=1), then its idle_probe, step and rank_end records
     (`stamps`: the rank's phases before its timed work)."""
     spec = adapter.spec

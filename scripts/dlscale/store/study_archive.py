@@ -43,7 +43,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from dlscale.run.provenance import git_commit
+from dlscale.rank.provenance import git_commit
 from dlscale.study.cell import RANK_DIR, SLURM_JOB_FILE, SLURM_LOGS
 
 FORMAT = "dlscale.studyarchive"

@@ -17,24 +17,23 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale.registry.frameworks import DEFAULT_WORKLOAD, WORKLOADS  # noqa: F401 (re-exported)
+from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S
 
 # The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
 AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism", "nodes")
-# How a cell's ranks share the model (dlscale.study.parallel_dims): data parallel (ddp, every cell
-# measured
-# before the axis existed), sharded (fsdp; hsdp: sharded within a node, replicated across),
-# tensor parallel within a node (tp), or both (fsdp+tp), or pipeline stages with micro-batches
-# (pp). The default is no segment of a cell's
-# path (PARALLEL_AXIS_PATH adds one for the others), so every earlier cell keeps its path.
-PARALLELISMS = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp")
-DEFAULT_PARALLELISM = "ddp"
+# How a cell's ranks share the model: the strategies' records (dlscale.registry.strategies). The
+# default (ddp, every cell measured before the axis existed) is no segment of a cell's path
+# (PARALLEL_AXIS_PATH adds one for the others), so every earlier cell keeps its path.
+PARALLELISMS = tuple(STRATEGIES)
+DEFAULT_PARALLELISM = DEFAULT_STRATEGY
 # What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
 # scaling study); `convergence`: training on a real dataset until a target validation accuracy
 # or an epoch cap (time-to-accuracy). A key of every cell, but not a segment of its axis path:
 # it names the folder its cells live in (WORKLOAD_DIRS), so adding it moved no measured cell.
-WORKLOADS = ("throughput", "convergence")
-DEFAULT_WORKLOAD = "throughput"
+# WORKLOADS and DEFAULT_WORKLOAD come from dlscale.registry.frameworks (each framework's record
+# says which it runs).
 # A cell's key within a study: its workload, the axes and the repetition.
 KEY = ("workload", *AXES, "rep")
 _PLACE = (*AXES, "rep")  # the part of the key its axis path names
@@ -157,7 +156,7 @@ FAILURE_FILE = "failure.json"  # why the cell failed (dlscale.run.launch.record_
 SLURM_JOB_FILE = "slurm_job.json"
 
 # The package lists of the environments a study's ranks ran in: one file per distinct list,
-# named by its sha256 (dlscale.run.node_probes.PACKAGES_FILE), in the study's folder (the launcher
+# named by its sha256 (dlscale.rank.node_probes.PACKAGES_FILE), in the study's folder (the launcher
 # keeps them; each cell's metrics name theirs by hash).
 ENVIRONMENTS_DIR = "environments"
 # Folders between a study's folder and a cell's metrics file (runs/<axes...>/<rep>).
@@ -226,10 +225,10 @@ class Cell:
     loader_workers: int | None = None  # data-loading worker processes per rank
     stage_dir: str | None = None  # node-local folder its ranks stage the dataset to (hardware)
     # how the launcher binds a cuda cell's GPUs to its ranks (hardware.yaml gpu_binding,
-    # dlscale.run.devices.GPU_BINDINGS); None for a CPU cell
+    # dlscale.registry.gpu_bindings); None for a CPU cell
     gpu_binding: str | None = None
-    # How its ranks share the model (PARALLELISMS; dlscale.study.parallel_dims.ParallelDims) and its
-    # tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
+    # How its ranks share the model (PARALLELISMS; dlscale.registry.parallel_dims.ParallelDims)
+    # and its tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
     tp_degree: int = 1
     # pipeline stages and micro-batches per step of a pp cell (config pp_degree, microbatches;

@@ -268,32 +268,53 @@ def load_config_file(path: str | Path, *, source: str | None = None) -> dict:
 
 
 REGISTRY_KEYWORD = "x-dlscale-registry"
+# {"x-dlscale-registry-default": R}: the subschema's default is R's default (a list of it for an
+# array), so the schema file names no registry value.
+REGISTRY_DEFAULT_KEYWORD = "x-dlscale-registry-default"
 
 
 def _registry_names(registry: str) -> list[str]:
-    """The names a registry defines: `models` (dlscale.models), `frameworks` or `formats`
-    (dlscale.data.FORMATS)."""
+    """The names a registry defines: `models` (dlscale.models), `frameworks`, `strategies`,
+    `gpu_bindings` or `formats` (dlscale.registry)."""
     if registry == "models":
         from dlscale.models import names
-    elif registry == "frameworks":
-        from dlscale.frameworks import names
+
+        return names()
+    if registry == "frameworks":
+        from dlscale.registry.frameworks import FRAMEWORKS as records
+    elif registry == "strategies":
+        from dlscale.registry.strategies import STRATEGIES as records
+    elif registry == "gpu_bindings":
+        from dlscale.registry.gpu_bindings import GPU_BINDINGS as records
     elif registry == "formats":  # the dataset formats dlscale.data reads
-
-        def names():
-            from dlscale.data import FORMATS
-
-            return list(FORMATS)
+        from dlscale.registry.formats import FORMATS as records
     else:
         raise ValueError(f"{REGISTRY_KEYWORD}: unknown registry {registry!r}")
-    return names()
+    return list(records)
+
+
+def _registry_default(registry: str) -> str:
+    if registry == "strategies":
+        from dlscale.registry.strategies import DEFAULT_STRATEGY
+
+        return DEFAULT_STRATEGY
+    if registry == "gpu_bindings":
+        from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING
+
+        return DEFAULT_GPU_BINDING
+    raise ValueError(f"{REGISTRY_DEFAULT_KEYWORD}: registry {registry!r} has no default")
 
 
 def _fill_registries(schema: Any) -> None:
-    """Give every subschema marked {"x-dlscale-registry": R} the enum of R's names, so the
-    registries (not the schema file) say which models and frameworks exist."""
+    """Give every subschema marked {"x-dlscale-registry": R} the enum of R's names, and every one
+    marked {"x-dlscale-registry-default": R} R's default, so the registries (not the schema
+    file) say which models, frameworks and strategies exist."""
     if isinstance(schema, dict):
         if REGISTRY_KEYWORD in schema:
             schema["enum"] = _registry_names(schema[REGISTRY_KEYWORD])
+        if REGISTRY_DEFAULT_KEYWORD in schema:
+            value = _registry_default(schema[REGISTRY_DEFAULT_KEYWORD])
+            schema["default"] = [value] if schema.get("type") == "array" else value
         for sub in schema.values():
             _fill_registries(sub)
     elif isinstance(schema, list):

@@ -89,6 +89,6 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
 
 
 def environment_variant(entry: dict) -> str:
-    """The environment variant (dlscale.frameworks.VARIANTS) a hardware entry's cells run in:
-    its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
+    """The environment variant (dlscale.registry.frameworks.VARIANTS) a hardware entry's cells
+    run in: its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
     return entry.get("environment_variant") or ("cuda" if entry["device"] == "cuda" else "cpu")

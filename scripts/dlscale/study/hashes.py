@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING
 from dlscale.study.cell import DEFAULT_PARALLELISM
 
 # Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
@@ -39,7 +40,7 @@ ANALYSIS_KEYS = ("peak_tflops",)
 
 # Hardware keys added after studies were measured, hashed only away from their default: at the
 # default they ask exactly what an entry without them asked, so existing cells stay measured.
-LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": "node"}
+LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": DEFAULT_GPU_BINDING}
 
 
 def hashed_hardware(entry: dict) -> dict:

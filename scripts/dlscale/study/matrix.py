@@ -14,8 +14,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale.frameworks import FRAMEWORKS, VARIANTS, environment_name
 from dlscale.models import cell_seq_len
+from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
+from dlscale.registry.parallel_dims import cell_microbatches, cell_pp_degree, cell_tp_degree
 from dlscale.study.cell import AXES, Cell
 from dlscale.study.config import (
     ConfigError,
@@ -27,7 +28,6 @@ from dlscale.study.config import (
 from dlscale.study.hardware import environment_variant, validate_hardware
 from dlscale.study.hashes import config_hash, hashed_hardware
 from dlscale.study.matrix_checks import cell_count_problem, semantic_problems
-from dlscale.study.parallel_dims import cell_microbatches, cell_pp_degree, cell_tp_degree
 from dlscale.study.workloads import (
     data_path,
     excluded,

@@ -9,10 +9,11 @@ import itertools
 import math
 from math import lcm
 
-from dlscale.frameworks import FRAMEWORKS
-from dlscale.models import FRAMEWORK_PACKAGES, builds
+from dlscale.models import builds
+from dlscale.registry.frameworks import FRAMEWORKS, offering
+from dlscale.registry.parallel_dims import cell_tp_degree
+from dlscale.registry.strategies import STRATEGIES
 from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
-from dlscale.study.parallel_dims import cell_tp_degree
 from dlscale.study.workloads import (
     SETTING_PREFIX,
     SHIPPED_DATASETS,
@@ -65,12 +66,13 @@ def _axes_problems(
 
 
 def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
-    """Strategies the frameworks do not declare, tensor parallel of a model without a plan,
-    and degrees that do not fit the ranks per node (dlscale.study.parallel_dims): refused before
-    any job,
-    unless `exclude` leaves the combination out."""
+    """Strategies the frameworks do not declare, a model whose plan lacks what a strategy needs
+    (dlscale.models.parallelize), and degrees that do not fit the ranks per node
+    (dlscale.registry.parallel_dims): refused before any job, unless `exclude` leaves the
+    combination out."""
     from dlscale.models import get_spec
-    from dlscale.study.parallel_dims import TENSOR_PARALLEL, TP_PLANS, degree_problems
+    from dlscale.models.parallelize import plan_for
+    from dlscale.registry.parallel_dims import degree_problems
 
     problems = []
     exclude = config["exclude"]
@@ -80,7 +82,7 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                 {"framework": framework, "parallelism": strategy}, exclude
             ):
                 continue
-            able = [f.name for f in FRAMEWORKS.values() if strategy in f.strategies]
+            able = offering(strategy)
             problems.append(
                 f"axes.parallelism: {strategy!r} is not supported by framework {framework!r} "
                 f"(it supports: {', '.join(FRAMEWORKS[framework].strategies)}); "
@@ -88,20 +90,23 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                 f"{strategy}: {', '.join(able)} (or exclude "
                 f"{{framework: {framework}, parallelism: {strategy}}})"
             )
-        if strategy == "pp":
-            problems += [p for p in _pipeline_problems(config, axes, hardware) if p not in problems]
-        if strategy not in TENSOR_PARALLEL:
+        record = STRATEGIES[strategy]
+        if record.pipeline:
+            problems += [
+                p for p in _pipeline_problems(strategy, config, axes, hardware) if p not in problems
+            ]
+        if not record.splits_layers:
             continue
         for model in axes["model"]:
             arch = get_spec(model).arch if model in models_names() else None
-            if arch in TP_PLANS or _excluded_pair(
+            if (arch and plan_for(arch).offers(record.model_plan)) or _excluded_pair(
                 {"model": model, "parallelism": strategy}, exclude
             ):
                 continue
-            able = [m for m in models_names() if get_spec(m).arch in TP_PLANS]
+            able = [m for m in models_names() if plan_for(get_spec(m).arch).tp]
             problems.append(
                 f"axes.parallelism: {strategy!r} needs a model with a tensor-parallel plan "
-                f"(dlscale.study.parallel_dims.TP_PLANS), and model {model!r} has none; "
+                f"(dlscale.models.parallelize.<arch>.PLAN), and model {model!r} has none; "
                 "allowed models: "
                 f"{', '.join(able)} (or exclude {{model: {model}, parallelism: {strategy}}})"
             )
@@ -116,7 +121,10 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                     if model in models_names()
                     else None
                 )
-                if heads and get_spec(model).arch == "gpt" and heads % tp:
+                splits_heads = (
+                    model in models_names() and plan_for(get_spec(model).arch).splits_heads
+                )
+                if heads and splits_heads and heads % tp:
                     problems.append(
                         f"axes.parallelism: {strategy!r} splits the attention heads of model "
                         f"{model!r} ({heads} heads) over tensor-parallel degree {tp} (hardware "
@@ -134,31 +142,37 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
     return problems
 
 
-def _pipeline_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
-    """pp: a model the pipeline can split (PIPELINE_ARCHS), stages that divide the ranks and
-    do not outnumber the layers, micro-batches that divide a pipeline's batch."""
+def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) -> list[str]:
+    """A pipeline strategy: a model the pipeline can split (its plan's `pipeline`), stages that
+    divide the ranks and do not outnumber the layers, micro-batches that divide a pipeline's
+    batch."""
     from dlscale.models import get_spec
-    from dlscale.study.parallel_dims import PIPELINE_ARCHS, pipeline_problems
+    from dlscale.models.parallelize import plan_for
+    from dlscale.registry.parallel_dims import pipeline_problems
 
     problems = []
     if "compiled" in axes["mode"] and not _excluded_pair(
-        {"mode": "compiled", "parallelism": "pp"}, config["exclude"]
+        {"mode": "compiled", "parallelism": strategy}, config["exclude"]
     ):
         problems.append(
-            "axes.mode: 'compiled' with parallelism 'pp': the pipeline runs its stages eagerly "
-            "(torch.distributed.pipelining), so a compiled pp cell would not be one; allowed "
-            "with pp: eager (exclude {mode: compiled, parallelism: pp})"
+            f"axes.mode: 'compiled' with parallelism {strategy!r}: the pipeline runs its stages "
+            "eagerly (torch.distributed.pipelining), so a compiled pp cell would not be one; "
+            f"allowed with {strategy}: eager (exclude {{mode: compiled, parallelism: {strategy}}})"
         )
     for model in axes["model"]:
         spec = get_spec(model) if model in models_names() else None
-        if spec is None or _excluded_pair({"model": model, "parallelism": "pp"}, config["exclude"]):
+        if spec is None or _excluded_pair(
+            {"model": model, "parallelism": strategy}, config["exclude"]
+        ):
             continue
-        if spec.arch not in PIPELINE_ARCHS:
-            able = [m for m in models_names() if get_spec(m).arch in PIPELINE_ARCHS]
+        plan = plan_for(spec.arch)
+        if not plan.pipeline:
+            able = [m for m in models_names() if plan_for(get_spec(m).arch).pipeline]
+            why = f": {plan.why_not_pipeline}" if plan.why_not_pipeline else ""
             problems.append(
-                f"axes.parallelism: 'pp' needs a model the pipeline can split into stages, and "
-                f"model {model!r} ({spec.arch}) is not one; allowed models: {', '.join(able)} "
-                f"(or exclude {{model: {model}, parallelism: pp}})"
+                f"axes.parallelism: {strategy!r} needs a model the pipeline can split into "
+                f"stages, and model {model!r} ({spec.arch}) is not one{why}; allowed models: "
+                f"{', '.join(able)} (or exclude {{model: {model}, parallelism: {strategy}}})"
             )
             continue
         for hw_key in axes["hardware"]:
@@ -190,8 +204,8 @@ def _excluded_pair(pair: dict, exclude: list[dict]) -> bool:
 def _convergence_problems(config: dict, axes: dict) -> list[str]:
     """What only a convergence cell needs: frameworks that declare the workload, and (for a
     shipped dataset, whose shape is known now) models that fit the dataset."""
-    from dlscale.frameworks import supporting
     from dlscale.models import get_spec
+    from dlscale.registry.frameworks import supporting
 
     problems = []
     able = supporting("convergence")
@@ -246,7 +260,7 @@ def _builder_problems(config: dict, workload: str, axes: dict) -> list[str]:
                 for e in config["exclude"]
             ):
                 continue
-            able = [f for f in FRAMEWORK_PACKAGES if builds(f, model)]
+            able = [f for f in FRAMEWORKS if builds(f, model)]
             problems.append(
                 f"{axis_key(config, workload, 'model')}: framework {framework!r} has no builder "
                 f"for model {model!r}; frameworks that build it: {', '.join(able)} (or exclude "

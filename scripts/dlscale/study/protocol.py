@@ -29,36 +29,8 @@ REWARM_METHOD = (
     "framework needs them, recorded per rank) run right before the timed window"
 )
 # Where a framework's step itself waits for the device or for its collectives on the host, once
-# per step: such a synchronisation is inside the timed window because the step cannot run
-# without it. The report states it per framework (dlscale.outputs.report).
-HOST_SYNC_PER_STEP = {
-    "pytorch": (
-        "none inside the timed window: CUDA events around each step, one synchronisation after "
-        "the window; DDP's runtime statistics (which synchronise on their sampled iterations) "
-        "are sampled only before the window; fp16 uses the fused SGD, with which the gradient "
-        "scaler does not read its inf check on the host"
-    ),
-    "horovod": (
-        "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for every "
-        "gradient allreduce before the update (and under fp16 GradScaler reads its inf check "
-        "on the host: Horovod's optimizer is not the fused SGD)"
-    ),
-    "tensorflow": "one per step: the step fetches its loss to the host (.numpy())",
-    "keras": "one per step: the step fetches its loss to the host",
-    "mxnet": "one per step: mx.nd.waitall() after the kvstore push and pull",
-}
-# The same where a framework's cells ran on CPUs only (no device to wait for, no CUDA events):
-# the report says this instead of HOST_SYNC_PER_STEP for a framework with no GPU cell.
-HOST_SYNC_PER_STEP_CPU = {
-    "pytorch": (
-        "none beyond the step itself: on CPUs the step runs on the host (no device to wait "
-        "for); DDP's runtime statistics are sampled only before the window"
-    ),
-    "horovod": (
-        "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for every "
-        "gradient allreduce before the update"
-    ),
-}
+# per step, and the same on CPUs: each framework's record (dlscale.registry.frameworks,
+# host_sync_per_step and host_sync_per_step_cpu), stated per framework by the report.
 
 THROUGHPUT_METHOD = (
     "cell throughput = sum over ranks of per_rank_batch * steps / the rank's timed window "
@@ -132,7 +104,7 @@ RANKED = {
     SUMMARY: False,
 }
 
-# Telemetry (dlscale.run.telemetry samples it; dlscale.analysis.collect and the report read it).
+# Telemetry (dlscale.rank.telemetry samples it; dlscale.analysis.collect and the report read it).
 TELEMETRY_INTERVAL_S = 0.1
 
 # quantity -> (unit, what it is); the order of the columns in cells.csv and ranks.csv

@@ -14,90 +14,22 @@ reads what each framework's installed build says of itself in the environment's 
 A CPU cell runs in any build. Problems name the cells, the environment, what is missing and the
 command that builds the right one; the workflow stops before any job (dry runs included).
 `python -m dlscale.workflow.capability --env-dir DIR --framework F` prints one environment's answer
-(scripts/setup.sh checks each CUDA environment it builds with it).
+(scripts/setup.sh checks each CUDA environment it builds with it). Each framework's probe is named
+by its record (dlscale.registry.frameworks, Framework.cuda_probe; dlscale.registry.cuda_probes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import mmap
-import re
 import sys
 from pathlib import Path
 
-from dlscale.frameworks import FRAMEWORKS, environment_name
+from dlscale.registry.cuda_probes import site_packages
+from dlscale.registry.frameworks import FRAMEWORKS, environment_name
 
 SETUP = "bash scripts/setup.sh"
 CELLS_NAMED = 3  # cells listed by path per problem; the rest are counted
-
-
-def site_packages(env_dir: Path) -> Path | None:
-    """The venv's site-packages folder (lib/python3.X/site-packages), or None."""
-    found = sorted(Path(env_dir).glob("lib/python3*/site-packages"))
-    return found[-1] if found else None
-
-
-def _torch_cuda(sp: Path) -> tuple[bool, str]:
-    version = sp / "torch" / "version.py"
-    if not version.exists():
-        return False, "torch is not installed"
-    m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+)$", version.read_text(), re.M)
-    value = m.group(1).strip().strip("'\"") if m else "None"
-    if value in ("None", ""):
-        return False, "torch is a CPU build (torch.version.cuda is None)"
-    return True, f"torch built with CUDA {value}"
-
-
-def _tensorflow_cuda(sp: Path) -> tuple[bool, str]:
-    info = sp / "tensorflow" / "python" / "platform" / "build_info.py"
-    if not info.exists():
-        return False, "tensorflow is not installed"
-    if re.search(r"['\"]is_cuda_build['\"]\s*[:,]\s*True", info.read_text()):
-        # PyPI's Linux wheel is a CUDA build that loads CUDA from pip's nvidia packages (the
-        # `and-cuda` extra); without them it sees 0 GPUs
-        if sorted(sp.glob("nvidia_cudnn_cu*.dist-info")):
-            return True, "tensorflow built with CUDA, its CUDA libraries from tensorflow[and-cuda]"
-        return False, (
-            "tensorflow is a CUDA build, but its CUDA libraries (tensorflow[and-cuda]: "
-            "nvidia-cudnn-cu12, nvidia-cublas-cu12, ...) are not installed: it would see 0 GPUs"
-        )
-    return False, "tensorflow is not built with CUDA (is_cuda_build False)"
-
-
-def _file_mentions(path: Path, needle: bytes) -> bool:
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return m.find(needle) >= 0
-
-
-def _horovod_cuda(sp: Path) -> tuple[bool, str]:
-    ok, torch_says = _torch_cuda(sp)
-    if not ok:
-        return False, torch_says
-    libs = sorted((sp / "horovod" / "torch").glob("mpi_lib_v2*.so"))
-    if not libs:
-        return False, "horovod's torch extension is not installed"
-    if not _file_mentions(libs[0], b"ncclAllReduce"):
-        return False, "horovod is built without NCCL (gloo only: no GPU operations)"
-    return True, f"horovod built with NCCL; {torch_says}"
-
-
-def _mxnet_cuda(sp: Path) -> tuple[bool, str]:
-    cuda = sorted(sp.glob("mxnet_cu*.dist-info"))
-    if cuda:
-        return True, f"MXNet CUDA build {cuda[0].name.split('-')[0].replace('_', '-')}"
-    if sorted(sp.glob("mxnet-*.dist-info")):
-        return False, "mxnet is the CPU build (the `mxnet` wheel, not mxnet-cuXXX)"
-    return False, "mxnet is not installed"
-
-
-CHECKS = {
-    "pytorch": _torch_cuda,
-    "horovod": _horovod_cuda,
-    "tensorflow": _tensorflow_cuda,
-    "keras": _tensorflow_cuda,
-    "mxnet": _mxnet_cuda,
-}
 
 
 def cuda_build(framework: str, env_dir: Path) -> tuple[bool, str]:
@@ -105,7 +37,7 @@ def cuda_build(framework: str, env_dir: Path) -> tuple[bool, str]:
     sp = site_packages(env_dir)
     if sp is None:
         return False, f"{env_dir} is not a Python environment (no lib/python3*/site-packages)"
-    return CHECKS[framework](sp)
+    return FRAMEWORKS[framework].cuda_probe(sp)
 
 
 def _cells_text(paths: list[str]) -> str:
@@ -177,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m dlscale.workflow.capability", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--env-dir", type=Path, required=True, help="the environment's folder")
-    parser.add_argument("--framework", required=True, choices=sorted(CHECKS))
+    parser.add_argument("--framework", required=True, choices=sorted(FRAMEWORKS))
     parser.add_argument(
         "--expect-cuda", action="store_true", help="exit 1 unless the build drives CUDA"
     )

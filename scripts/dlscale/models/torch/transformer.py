@@ -83,3 +83,40 @@ def from_spec(spec: ModelSpec, **encoder) -> TransformerClassifier:
         num_classes=spec.num_classes,
         **encoder,
     )
+
+
+class TransformerStage(nn.Module):
+    """One pipeline stage of the encoder classifier (dlscale.models.torch.transformer): the
+    first stage embeds the tokens, every stage runs its contiguous run of encoder layers, the
+    last normalises, pools and classifies: the model's forward, cut between layers."""
+
+    def __init__(self, model: nn.Module, layers: list[nn.Module], first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.token_embedding = model.token_embedding
+            self.position_embedding = model.position_embedding
+        self.layers = nn.ModuleList(layers)
+        if last:
+            self.norm, self.head = model.encoder.norm, model.head
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.first:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.token_embedding(x) + self.position_embedding(positions)
+        for layer in self.layers:
+            x = layer(x)
+        if self.last:
+            x = self.head(self.norm(x).mean(dim=1))
+        return x
+
+
+def pipeline_stage(model: nn.Module, stage: int, stages: int) -> nn.Module:
+    """Stage `stage` of `stages` of the classifier, for a pipeline
+    (dlscale.frameworks.torch_parallel; dlscale.models.parallelize.transformer.PLAN.pipeline):
+    its layers split as evenly as they go, earlier stages taking the remainder."""
+    layers = list(model.encoder.layers)
+    base, extra = divmod(len(layers), stages)
+    start = stage * base + min(stage, extra)
+    stop = start + base + (stage < extra)
+    return TransformerStage(model, layers[start:stop], stage == 0, stage == stages - 1)

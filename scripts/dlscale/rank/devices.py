@@ -12,7 +12,7 @@ visible devices). NVML's index is not CUDA's index in general: the energy meter 
 by UUID or PCI bus id (`nvml_handle`). Two ranks of one node on one board are flagged
 (dlscale.store.metrics_summary.shared_gpus).
 
-`python -m dlscale.run.devices` prints what this process would pick (one JSON line): run it under
+`python -m dlscale.rank.devices` prints what this process would pick (one JSON line): run it under
 `srun` with the binding of your hardware entry to see every rank's choice before a study.
 Pure Python: importable in every framework environment.
 """
@@ -34,13 +34,8 @@ BINDING_VARIABLES = (
     "SLURM_LOCALID",
 )
 
-# hardware.yaml `gpu_binding` -> the srun options the launcher states (dlscale.run.launch):
-#   node: every rank of a node sees all of the node's allocated GPUs and takes its local rank
-#         (peer access between the ranks' GPUs, NVLink, is kept);
-#   task: Slurm binds one GPU to each task, which sees it as device 0 (peer access is lost
-#         unless the site lets tasks share devices).
-GPU_BINDINGS = ("node", "task")
-DEFAULT_GPU_BINDING = "node"
+# hardware.yaml `gpu_binding` (its values and srun options: dlscale.registry.gpu_bindings)
+# decides what a rank sees; pick_gpu below takes its device from what it sees.
 
 
 class DeviceChoiceError(RuntimeError):
@@ -172,14 +167,14 @@ def nvml_handle(nvml, gpu: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print this process's choice as one JSON line (`srun ... python -m dlscale.run.devices`):
+    """Print this process's choice as one JSON line (`srun ... python -m dlscale.rank.devices`):
     the device count is what the environment shows (visible_count), or --count."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m dlscale.run.devices", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dlscale.rank.devices", description=__doc__)
     parser.add_argument("--count", type=int, default=None, help="GPUs this process sees")
     args = parser.parse_args(argv)
-    from dlscale.run.rank_context import discover  # who this rank is, as a training rank reads it
+    from dlscale.rank.rank_context import discover  # who this rank is, as a training rank reads it
 
     env, ctx = os.environ, discover()
     count = args.count if args.count is not None else visible_count(env)

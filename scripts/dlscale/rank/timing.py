@@ -3,7 +3,7 @@
 Timing method (the same for every framework, recorded in each metrics file):
   - `warmup_steps` untimed steps, then a device synchronisation and a barrier over all ranks;
   - an idle probe: for IDLE_PROBE_SECONDS every rank waits and samples what else keeps its host
-    busy (dlscale.run.provenance.host_activity); more than COMPETING_BUSY_CPUS busy CPUs flags the
+    busy (dlscale.rank.provenance.host_activity); more than COMPETING_BUSY_CPUS busy CPUs flags the
     cell as measured under competition; then a second barrier;
   - REWARM_STEPS untimed re-warm steps (more where Adapter.steps_before_window asks), so the
     window does not start on a device that idled through the probe;
@@ -15,21 +15,23 @@ Timing method (the same for every framework, recorded in each metrics file):
     COLLECTIVE_TIMEOUT_S): compilation on ranks that compile at different speeds;
   - a rank's throughput = per_rank_batch * steps / sum(step times); the cell's throughput is the
     sum over ranks (dlscale.store.metrics_summary.summarize), never rank 0 x world size.
-The method's constants (TIMER, IDLE_PROBE_SECONDS, ...) are defined in dlscale.study.protocol;
-the adapter contract it drives (and StepTimer) in dlscale.frameworks.base. Outside the window:
-the compute-only breakdown and the allreduce bandwidth probe, where the adapter declares them,
-and SyncAudit, which counts host synchronisations inside and outside the window (tests).
+The method's constants (TIMER, IDLE_PROBE_SECONDS, ...) are defined in dlscale.study.protocol,
+the collective timeout (COLLECTIVE_TIMEOUT_S) here; the adapter contract it drives (and
+StepTimer) in dlscale.frameworks.base, a floor above that this module never imports (an adapter
+calls down into the rank's floor, nothing calls back up). Outside the window: the compute-only
+breakdown and the allreduce bandwidth probe, where the adapter declares them, and SyncAudit,
+which counts host synchronisations inside and outside the window (tests).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
-from dlscale.frameworks.base import COLLECTIVE_TIMEOUT_S, Adapter
-from dlscale.run.energy import EnergyMeter
-from dlscale.run.provenance import gpu_activity, host_activity
-from dlscale.run.telemetry import Telemetry
+from dlscale.rank.energy import EnergyMeter
+from dlscale.rank.provenance import gpu_activity, host_activity
+from dlscale.rank.telemetry import Telemetry
 from dlscale.study.protocol import (
     ALLREDUCE_BYTES,
     ALLREDUCE_REPEATS,
@@ -38,6 +40,12 @@ from dlscale.study.protocol import (
     IDLE_PROBE_SECONDS,
     REWARM_STEPS,
 )
+
+# Bounded collectives, the same bound in every framework: read once, here. A collective (or a
+# blocking call that waits for the peers) that has not finished after this many seconds fails
+# the rank, so a dead or stuck peer fails the cell instead of hanging it.
+COLLECTIVE_TIMEOUT_ENV = "DLSCALE_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_S = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "300"))
 
 SYNC_AUDIT_ENV = "DLSCALE_SYNC_AUDIT"  # "1": a rank counts its host synchronisations (tests)
 ADAPTER_SYNC_HOOKS = ("sync", "barrier", "to_host", "allreduce_sum", "allreduce_max")
@@ -50,7 +58,7 @@ class SyncAudit:
     tests (DLSCALE_SYNC_AUDIT=1 makes dlscale.run.train install one): the wrappers cost a Python
     call each, so no measurement runs with them."""
 
-    def __init__(self, adapter: Adapter):
+    def __init__(self, adapter):
         self.adapter = adapter
         self.inside: dict[str, int] = {}
         self.outside: dict[str, int] = {}
@@ -105,7 +113,7 @@ class SyncAudit:
         }
 
 
-def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None) -> dict:
+def run_timed(adapter, before_step=None, audit: SyncAudit | None = None) -> dict:
     """Warm up (the first step timed on its own, under its own, longer deadline: compilation,
     tracing, autotuning), probe the host while idle, re-warm, run the timed window, then
     (outside it) a compute-only breakdown and an allreduce bandwidth probe. The window is timed
@@ -115,7 +123,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     timed step (fault injection); `audit` counts host synchronisations in the window (tests).
     Returns {"step_seconds", "window_seconds", "first_step_seconds", "warmup_seconds", "timer",
     "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "telemetry"
-    (dlscale.run.telemetry),
+    (dlscale.rank.telemetry),
     "breakdown", "allreduce", "phases" (seconds of each part)} and "sync_audit" where audited."""
     spec = adapter.spec
     first_step_s = max(COLLECTIVE_TIMEOUT_S, spec.first_step_timeout_s)
@@ -182,7 +190,7 @@ def run_timed(adapter: Adapter, before_step=None, audit: SyncAudit | None = None
     return run
 
 
-def _warm_up(adapter: Adapter, first_step_s: float, before_step) -> list[float]:
+def _warm_up(adapter, first_step_s: float, before_step) -> list[float]:
     """The untimed warm-up steps, each with its device synchronisation; the first runs under
     its own deadline (`first_step_s`). Returns each step's seconds."""
     warmup = []
@@ -198,7 +206,7 @@ def _warm_up(adapter: Adapter, first_step_s: float, before_step) -> list[float]:
     return warmup
 
 
-def _idle_probe(adapter: Adapter) -> dict:
+def _idle_probe(adapter) -> dict:
     """What else keeps the host (and, on a GPU, the GPUs) busy while this rank idles, and
     whether that counts as competition (more than COMPETING_BUSY_CPUS busy CPUs)."""
     probe = host_activity(IDLE_PROBE_SECONDS)
@@ -208,7 +216,7 @@ def _idle_probe(adapter: Adapter) -> dict:
     return probe
 
 
-def _first_step_deadline(adapter: Adapter, first_step_s: float) -> dict:
+def _first_step_deadline(adapter, first_step_s: float) -> dict:
     """The first warm-up step's deadline as recorded: its seconds and what enforces it."""
     return {
         "seconds": first_step_s if adapter.spec.warmup_steps else None,
@@ -225,7 +233,7 @@ SINGLE_RANK_BREAKDOWN = (
 )
 
 
-def _breakdown(adapter: Adapter, step_seconds: list[float]) -> dict:
+def _breakdown(adapter, step_seconds: list[float]) -> dict:
     """Compute-only step times (allreduce skipped); communication = step - compute. At world
     size 1 there is nothing to skip: compute is the timed step itself (communication 0)."""
     if adapter.ctx.world_size == 1:
@@ -256,7 +264,7 @@ def _breakdown(adapter: Adapter, step_seconds: list[float]) -> dict:
     }
 
 
-def _allreduce_probe(adapter: Adapter) -> dict:
+def _allreduce_probe(adapter) -> dict:
     """Median time of an allreduce per message size, in the cell's own process group."""
     if adapter.ctx.world_size == 1:
         return {"available": False, "reason": "a single rank has no peer to reduce with"}

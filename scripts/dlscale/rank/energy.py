@@ -55,7 +55,7 @@ class _Rapl:
 
 class _Nvml:
     """One GPU board's energy over the window, the board found by UUID or PCI bus id
-    (dlscale.run.devices.nvml_handle; NVML's index is not CUDA's). The difference of NVML's
+    (dlscale.rank.devices.nvml_handle; NVML's index is not CUDA's). The difference of NVML's
     total-energy counter (millijoules since the driver loaded; Volta and newer) where the board
     has one; otherwise its power sampled every NVML_INTERVAL_S and integrated from the window's
     start to its end (a sample is taken at both). A read that fails ends the measurement as
@@ -64,7 +64,7 @@ class _Nvml:
     def __init__(self, gpu: dict):
         import pynvml  # nvidia-ml-py: in every GPU environment (envs/*-cuda.txt)
 
-        from dlscale.run.devices import nvml_handle
+        from dlscale.rank.devices import nvml_handle
 
         pynvml.nvmlInit()
         self.nvml = pynvml
@@ -127,7 +127,7 @@ class EnergyUnavailable(RuntimeError):
 
 class EnergyMeter:
     """start() before the timed window, stop(samples) after; returns what could be measured.
-    `gpu`: the rank's board (dlscale.run.devices.gpu_identity) on a cuda rank."""
+    `gpu`: the rank's board (dlscale.rank.devices.gpu_identity) on a cuda rank."""
 
     def __init__(self, device: str, gpu: dict | None = None):
         self.source, self.meter, self.reason = None, None, None

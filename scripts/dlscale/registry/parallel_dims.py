@@ -1,22 +1,12 @@
-"""How a cell's ranks share the model: its parallelism (dlscale.study.cell.PARALLELISMS) as one
-typed
+"""How a cell's ranks share the model: its strategy (dlscale.registry.strategies) as one typed
 record of parallel dimensions, checked before any job.
 
 `ParallelDims` is the shape torchtitan uses: the degree of each dimension (data-parallel
 replicas, data-parallel shards, tensor parallel, pipeline stages), validated once (each degree
 at least 1, their product the world size, tensor parallel inside a node), and the one value the
-PyTorch adapter builds its device mesh from (dlscale.frameworks.torch_parallel). A strategy maps
-to degrees:
-
-- ddp: every rank a full replica (dp_replicate = world size);
-- fsdp: parameters, gradients and optimizer state sharded over all ranks (dp_shard = world);
-- hsdp: sharded within a node, replicated across nodes (dp_shard = ranks per node,
-  dp_replicate = nodes);
-- tp: tensor parallel over tp_degree ranks of a node, replicas across (dp_replicate = world/tp);
-- fsdp+tp: tensor parallel inside a node, sharded data parallel across (dp_shard = world/tp);
-- pp: pipeline stages over pp_degree ranks (outermost: across nodes), each stage a contiguous
-  run of the model's layers, GPipe over `microbatches` micro-batches per step; replicas of the
-  pipeline average their gradients (dp_replicate = world/pp).
+PyTorch adapter builds its device mesh from (dlscale.frameworks.torch_parallel). Each strategy's
+record gives its data-parallel degrees (Strategy.degrees); the checks here name the study's keys
+(tp_degree, pp_degree, microbatches) and their allowed values.
 
 Pure Python: the workflow checks a study's degrees at parse time without importing a framework.
 """
@@ -25,42 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlscale.study.cell import DEFAULT_PARALLELISM, PARALLELISMS
-
-# The strategies that split layers across ranks (a tensor-parallel degree above 1).
-TENSOR_PARALLEL = ("tp", "fsdp+tp")
-# Strategies whose optimizer state, gradients and parameters are sharded over data parallel.
-SHARDED = ("fsdp", "hsdp", "fsdp+tp")
-
-
-# Tensor-parallel plans by model architecture (dlscale.models ModelSpec.arch): module names
-# (fnmatch patterns over named_modules) -> how torch.distributed.tensor.parallel splits each
-# nn.Linear: "colwise" (output features split, ColwiseParallel) then "rowwise" (input
-# features split, RowwiseParallel; one all-reduce of the output), Megatron-LM's MLP split.
-# The encoder's attention keeps its fused input projection (nn.MultiheadAttention's
-# in_proj_weight, no nn.Linear) whole on every rank of the tensor-parallel group.
-TP_PLANS = {
-    "transformer": {
-        "encoder.layers.*.linear1": "colwise",
-        "encoder.layers.*.linear2": "rowwise",
-    },
-    # the GPT-2-class decoder (dlscale.models.torch.gpt): attention by heads (query, key and
-    # value projections by columns, the output projection by rows) and the MLP; embeddings,
-    # LayerNorms and the tied head whole on every rank of the group. Its heads must divide.
-    "gpt": {
-        "blocks.*.attn.wq": "colwise",
-        "blocks.*.attn.wk": "colwise",
-        "blocks.*.attn.wv": "colwise",
-        "blocks.*.attn.wo": "rowwise",
-        "blocks.*.mlp.fc": "colwise",
-        "blocks.*.mlp.proj": "rowwise",
-    },
-}
-
-
-# The blocks fully_shard wraps one by one (then the root), by architecture: fnmatch patterns
-# over named_modules; an architecture not named here has its top-level children wrapped.
-FSDP_UNITS = {"transformer": ("encoder.layers.*",), "gpt": ("blocks.*",)}
+from dlscale.registry.strategies import (
+    DEFAULT_STRATEGY,
+    PIPELINED,
+    SHARDED,
+    STRATEGIES,
+    TENSOR_PARALLEL,
+)
+from dlscale.registry.strategies import get as strategy
 
 
 @dataclass(frozen=True)
@@ -126,46 +88,36 @@ class ParallelDims:
     ) -> ParallelDims:
         """The degrees of a strategy at a node count (degree_problems first for a message
         that names the configuration's keys)."""
-        world = nodes * ranks_per_node
-        tp = tp_degree if parallelism in TENSOR_PARALLEL else 1
-        if parallelism == "ddp":
-            return cls(world, 1, 1, ranks_per_node)
-        if parallelism == "fsdp":
-            return cls(1, world, 1, ranks_per_node)
-        if parallelism == "hsdp":
-            return cls(nodes, ranks_per_node, 1, ranks_per_node)
-        if parallelism == "tp":
-            return cls(world // tp, 1, tp, ranks_per_node)
-        if parallelism == "fsdp+tp":
-            return cls(1, world // tp, tp, ranks_per_node)
-        if parallelism == "pp":
-            return cls(world // pp_degree, 1, 1, ranks_per_node, pp=pp_degree)
-        raise ValueError(
-            f"unknown parallelism {parallelism!r}; allowed values: {', '.join(PARALLELISMS)}"
-        )
+        record = strategy(parallelism)
+        tp = tp_degree if record.splits_layers else 1
+        pp = pp_degree if record.pipeline else 1
+        replicate, shard = record.degrees(nodes, ranks_per_node, tp, pp)
+        return cls(replicate, shard, tp, ranks_per_node, pp=pp)
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-# Models a pipeline can split into stages, by architecture (dlscale.frameworks.torch_parallel
-# .pipeline_stage): the encoder's layers; the GPT-2-class decoders tie their head to their token
-# embedding, which two stages cannot share.
-PIPELINE_ARCHS = ("transformer",)
-
-
 def cell_pp_degree(parallelism: str, world_size: int, pp_degree: int | None) -> int:
     """A cell's pipeline stages: 1 unless pp, then the config's pp_degree or all its ranks."""
-    if parallelism != "pp":
+    if parallelism not in PIPELINED:
         return 1
+    return _stages(world_size, pp_degree)
+
+
+def _stages(world_size: int, pp_degree: int | None) -> int:
     return pp_degree if pp_degree is not None else world_size
 
 
 def cell_microbatches(parallelism: str, pp: int, microbatches: int | None) -> int:
     """A pp cell's micro-batches per step: the config's, or as many as stages."""
-    if parallelism != "pp":
+    if parallelism not in PIPELINED:
         return 1
+    return _microbatches(pp, microbatches)
+
+
+def _microbatches(pp: int, microbatches: int | None) -> int:
     return microbatches if microbatches is not None else pp
 
 
@@ -181,7 +133,7 @@ def pipeline_problems(
     train on their per-rank batches together (per_rank_batch x stages), which the micro-batches
     must divide; every stage needs a layer."""
     allowed = [d for d in divisors(world_size) if d > 1]
-    pp = cell_pp_degree("pp", world_size, pp_degree)
+    pp = _stages(world_size, pp_degree)
     if not allowed:
         return [
             f"axes.parallelism: pp needs at least 2 ranks, and {where} has {world_size}; "
@@ -199,7 +151,7 @@ def pipeline_problems(
             f"at most {layers}"
         )
     batch = per_rank_batch * pp
-    mb = cell_microbatches("pp", pp, microbatches)
+    mb = _microbatches(pp, microbatches)
     if batch % mb:
         problems.append(
             f"microbatches: {mb} does not divide a pipeline's batch of {batch} (per_rank_batch "
@@ -243,13 +195,11 @@ def degree_problems(
 
 
 __all__ = [
-    "DEFAULT_PARALLELISM",
-    "FSDP_UNITS",
-    "PARALLELISMS",
+    "DEFAULT_STRATEGY",
+    "PIPELINED",
     "SHARDED",
+    "STRATEGIES",
     "TENSOR_PARALLEL",
-    "TP_PLANS",
-    "PIPELINE_ARCHS",
     "cell_pp_degree",
     "cell_microbatches",
     "pipeline_problems",

@@ -14,10 +14,10 @@ controller is asked once per cell), packages (sha256 and count of the environmen
 results/<study>/environments/<sha256>.txt). The framework's build description (CUDA runtime,
 cuDNN, NCCL, torch.__config__.show(), TF build info, MXNet features) comes from the adapter
 (`Adapter.build_info`). The run-shaping environment variables are recorded by every rank already
-(dlscale.run.provenance.environment, secrets redacted).
+(dlscale.rank.provenance.environment, secrets redacted).
 
 Pure Python (no third-party imports): importable in every framework environment and runnable
-alone, `python -m dlscale.run.node_probes [--repeat N]`, which prints the description (or, with
+alone, `python -m dlscale.rank.node_probes [--repeat N]`, which prints the description (or, with
 --repeat, the cost of N probes: benchmarks/README.md).
 """
 
@@ -443,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import statistics
 
-    p = argparse.ArgumentParser(prog="dlscale.run.node_probes", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="dlscale.rank.node_probes", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--repeat", type=int, default=0, help="time N probes instead of printing one")
     args = p.parse_args(argv)
     if not args.repeat:

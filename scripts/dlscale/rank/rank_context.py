@@ -19,7 +19,7 @@ def _env_int(*names: str) -> int | None:
 @dataclass(frozen=True)
 class RankContext:
     """Who this rank is, discovered from the launcher's environment
-    (dlscale.run.rank_context.discover)."""
+    (dlscale.rank.rank_context.discover)."""
 
     rank: int
     world_size: int

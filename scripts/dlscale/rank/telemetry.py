@@ -4,7 +4,7 @@ window), summarised per rank (mean, min, max, n) in its rank_end record.
 
 - every rank: its process's CPU utilisation (% of one core, from the process's CPU time between
   samples) and resident memory (RSS);
-- a cuda rank, on its own board (found by UUID or PCI bus id: dlscale.run.devices.nvml_handle): GPU
+- a cuda rank, on its own board (found by UUID or PCI bus id: dlscale.rank.devices.nvml_handle): GPU
   utilisation, SM clock, device memory used, temperature and power (NVML).
 
 A quantity that cannot be read (no NVML, NotSupported on MIG or some boards, an error during
@@ -93,7 +93,7 @@ class Telemetry:
                     import pynvml as nvml  # nvidia-ml-py: in every GPU environment
 
                     nvml.nvmlInit()
-                from dlscale.run.devices import nvml_handle
+                from dlscale.rank.devices import nvml_handle
 
                 handle, _ = nvml_handle(nvml, gpu)
                 self.sources.append(_Board(nvml, handle))

@@ -1,0 +1,68 @@
+"""Whether an environment's build of a framework drives CUDA, read from its installed files on
+the login node (nothing imported, no GPU needed). Each framework record names its probe
+(dlscale.registry.frameworks.Framework.cuda_probe); dlscale.workflow.capability runs them."""
+
+from __future__ import annotations
+
+import mmap
+import re
+from pathlib import Path
+
+
+def site_packages(env_dir: Path) -> Path | None:
+    """The venv's site-packages folder (lib/python3.X/site-packages), or None."""
+    found = sorted(Path(env_dir).glob("lib/python3*/site-packages"))
+    return found[-1] if found else None
+
+
+def torch_cuda(sp: Path) -> tuple[bool, str]:
+    version = sp / "torch" / "version.py"
+    if not version.exists():
+        return False, "torch is not installed"
+    m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+)$", version.read_text(), re.M)
+    value = m.group(1).strip().strip("'\"") if m else "None"
+    if value in ("None", ""):
+        return False, "torch is a CPU build (torch.version.cuda is None)"
+    return True, f"torch built with CUDA {value}"
+
+
+def tensorflow_cuda(sp: Path) -> tuple[bool, str]:
+    info = sp / "tensorflow" / "python" / "platform" / "build_info.py"
+    if not info.exists():
+        return False, "tensorflow is not installed"
+    if re.search(r"['\"]is_cuda_build['\"]\s*[:,]\s*True", info.read_text()):
+        # PyPI's Linux wheel is a CUDA build that loads CUDA from pip's nvidia packages (the
+        # `and-cuda` extra); without them it sees 0 GPUs
+        if sorted(sp.glob("nvidia_cudnn_cu*.dist-info")):
+            return True, "tensorflow built with CUDA, its CUDA libraries from tensorflow[and-cuda]"
+        return False, (
+            "tensorflow is a CUDA build, but its CUDA libraries (tensorflow[and-cuda]: "
+            "nvidia-cudnn-cu12, nvidia-cublas-cu12, ...) are not installed: it would see 0 GPUs"
+        )
+    return False, "tensorflow is not built with CUDA (is_cuda_build False)"
+
+
+def _file_mentions(path: Path, needle: bytes) -> bool:
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(needle) >= 0
+
+
+def horovod_cuda(sp: Path) -> tuple[bool, str]:
+    ok, torch_says = torch_cuda(sp)
+    if not ok:
+        return False, torch_says
+    libs = sorted((sp / "horovod" / "torch").glob("mpi_lib_v2*.so"))
+    if not libs:
+        return False, "horovod's torch extension is not installed"
+    if not _file_mentions(libs[0], b"ncclAllReduce"):
+        return False, "horovod is built without NCCL (gloo only: no GPU operations)"
+    return True, f"horovod built with NCCL; {torch_says}"
+
+
+def mxnet_cuda(sp: Path) -> tuple[bool, str]:
+    cuda = sorted(sp.glob("mxnet_cu*.dist-info"))
+    if cuda:
+        return True, f"MXNet CUDA build {cuda[0].name.split('-')[0].replace('_', '-')}"
+    if sorted(sp.glob("mxnet-*.dist-info")):
+        return False, "mxnet is the CPU build (the `mxnet` wheel, not mxnet-cuXXX)"
+    return False, "mxnet is not installed"

@@ -1,0 +1,269 @@
+"""What a framework is: one `Framework` record each, everything the project asks about it.
+
+The rest of the project reads these records and restates none of their facts: the schema's
+framework enum, the matrix (environments, strategies, workloads), the models (which model
+package builds a framework's models), the capability check (its CUDA probe and limit), the
+report (the host synchronisations inside its step, how its weights and data order are set),
+the benchmarks, scripts/setup.sh's list of environments (`python -m dlscale.registry`) and the
+tests' parametrisations. A record missing a fact fails at import, naming the record and the fact.
+
+Adding a framework: docs/pages/extending.md ("A framework").
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from dlscale.registry import cuda_probes
+from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES, RegistryError
+
+# The environment variants a hardware entry can ask for (hardware.yaml `environment_variant`):
+# `cpu` (each framework's CPU environment) or `cuda` (its CUDA build, .venvs/<env>-cuda from
+# envs/<env>-cuda.txt; scripts/setup.sh <env>-cuda builds it on a GPU site).
+VARIANTS = ("cpu", "cuda")
+# The workloads a framework's adapter may run (dlscale.study.cell.WORKLOADS reads this).
+WORKLOADS = ("throughput", "convergence")
+DEFAULT_WORKLOAD = "throughput"
+# The driver's own environment (.venv), which carries PyTorch's CPU build.
+DRIVER_ENVIRONMENT = "pytorch"
+ENVS_DIR = Path(__file__).resolve().parents[3] / "envs"
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework as the project knows it before any job.
+
+    - adapter: the module defining `Adapter` (a subclass of dlscale.frameworks.base.Adapter);
+      imported only by the rank that uses it;
+    - environment: the venv its ranks run in on CPUs (.venvs/<environment>, built from
+      envs/<environment>.txt by scripts/setup.sh); None: the driver environment (.venv);
+      its CUDA variant is `<environment or pytorch>-cuda` (envs/<that>.txt);
+    - model_package: the package under dlscale.models its models are built from (torch, tf,
+      mxnet): a model exists for it where that package has the model's architecture module;
+    - workloads: the workloads (WORKLOADS) its adapter runs; the adapter declares the same
+      (base.Adapter.convergence_method; tests check both agree);
+    - strategies (read, not stated): the parallel strategies whose records name it
+      (dlscale.registry.strategies, Strategy.frameworks); its adapter reads them from here
+      (base.Adapter.strategies);
+    - cuda_probe: reads an environment's files and says whether its build drives CUDA
+      (dlscale.registry.cuda_probes; dlscale.workflow.capability runs it);
+    - cuda_limit: (highest compute capability, why) where its CUDA build cannot drive every
+      GPU; cells beyond it are refused before any job;
+    - host_sync_per_step: where its step waits for the device or its collectives on the host
+      inside the timed window, on GPUs (the report's "host synchronisations" paragraph);
+      host_sync_per_step_cpu: the same where its cells ran on CPUs only (None: as on GPUs);
+    - initialisation_and_data_order: how its ranks' weights and data order are set (the
+      time-to-accuracy section states it per framework).
+    """
+
+    name: str
+    adapter: str
+    environment: str | None
+    model_package: str
+    cuda_probe: Callable[[Path], tuple[bool, str]]
+    host_sync_per_step: str
+    initialisation_and_data_order: str
+    host_sync_per_step_cpu: str | None = None
+    workloads: tuple[str, ...] = WORKLOADS
+    cuda_limit: tuple[float, str] | None = None
+
+    def __post_init__(self):
+        where = f"framework record {self.name!r} (dlscale.registry.frameworks)"
+        required = ("name", "adapter", "model_package", "cuda_probe", "host_sync_per_step")
+        for f in (*required, "initialisation_and_data_order", "workloads"):
+            if not getattr(self, f):
+                raise RegistryError(f"{where}: fact {f!r} is missing")
+        bad = [w for w in self.workloads if w not in WORKLOADS]
+        if bad:
+            raise RegistryError(
+                f"{where}: fact 'workloads' names {', '.join(bad)}; allowed: {', '.join(WORKLOADS)}"
+            )
+        for variant in VARIANTS:
+            env = self.environment_name(variant) or DRIVER_ENVIRONMENT
+            if ENVS_DIR.is_dir() and not (ENVS_DIR / f"{env}.txt").is_file():
+                raise RegistryError(
+                    f"{where}: fact 'environment' gives the {variant} environment {env!r}, and "
+                    f"envs/{env}.txt does not exist"
+                )
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """The strategies whose records say this framework runs them, in record order."""
+        return tuple(
+            s.name for s in STRATEGIES.values() if s.frameworks is None or self.name in s.frameworks
+        )
+
+    def environment_name(self, variant: str = "cpu") -> str | None:
+        """The venv its ranks run in for an environment variant: None for the driver
+        environment (.venv: PyTorch's CPU build), else the name under .venvs/."""
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown environment variant {variant!r}; allowed: {VARIANTS}")
+        if variant == "cpu":
+            return self.environment
+        return f"{self.environment or DRIVER_ENVIRONMENT}-{variant}"
+
+
+FRAMEWORKS = {
+    f.name: f
+    for f in (
+        Framework(
+            "pytorch",
+            "dlscale.frameworks.pytorch",
+            environment=None,
+            model_package="torch",
+            cuda_probe=cuda_probes.torch_cuda,
+            host_sync_per_step=(
+                "none inside the timed window: CUDA events around each step, one "
+                "synchronisation after the window; DDP's runtime statistics (which synchronise "
+                "on their sampled iterations) are sampled only before the window; fp16 uses the "
+                "fused SGD, with which the gradient scaler does not read its inf check on the "
+                "host"
+            ),
+            host_sync_per_step_cpu=(
+                "none beyond the step itself: on CPUs the step runs on the host (no device to "
+                "wait for); DDP's runtime statistics are sampled only before the window"
+            ),
+            initialisation_and_data_order=(
+                "weights from torch.manual_seed(seed + rank), rank 0's on every rank (DDP's "
+                "broadcast at wrap); data in DistributedSampler's order: the whole training "
+                "split reshuffled every epoch and dealt across the ranks"
+            ),
+        ),
+        Framework(
+            "tensorflow",
+            "dlscale.frameworks.tensorflow",
+            environment="tensorflow",
+            model_package="tf",
+            cuda_probe=cuda_probes.tensorflow_cuda,
+            host_sync_per_step="one per step: the step fetches its loss to the host (.numpy())",
+            initialisation_and_data_order=(
+                "weights from Keras 3's initializers after keras.utils.set_random_seed(seed + "
+                "rank), worker 0's on every worker (MultiWorkerMirroredStrategy); data by "
+                "tf.data: each rank a fixed part of the split (positions rank, rank + world "
+                "size, ...), reshuffled within the part every epoch"
+            ),
+        ),
+        Framework(
+            "keras",
+            "dlscale.frameworks.keras",
+            environment="tensorflow",
+            model_package="tf",
+            cuda_probe=cuda_probes.tensorflow_cuda,
+            host_sync_per_step="one per step: the step fetches its loss to the host",
+            initialisation_and_data_order=(
+                "weights from tf_keras' initializers after set_random_seed(seed + rank), "
+                "worker 0's on every worker (MultiWorkerMirroredStrategy); data by tf.data, as "
+                "TensorFlow"
+            ),
+        ),
+        Framework(
+            "horovod",
+            "dlscale.frameworks.horovod",
+            environment="horovod",
+            model_package="torch",
+            cuda_probe=cuda_probes.horovod_cuda,
+            host_sync_per_step=(
+                "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for "
+                "every gradient allreduce before the update (and under fp16 GradScaler reads its "
+                "inf check on the host: Horovod's optimizer is not the fused SGD)"
+            ),
+            host_sync_per_step_cpu=(
+                "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for "
+                "every gradient allreduce before the update"
+            ),
+            initialisation_and_data_order=(
+                "weights from torch.manual_seed(seed + rank), rank 0's broadcast by "
+                "hvd.broadcast_parameters; data in DistributedSampler's order, as PyTorch"
+            ),
+        ),
+        Framework(
+            "mxnet",
+            "dlscale.frameworks.mxnet",
+            environment="mxnet",
+            model_package="mxnet",
+            cuda_probe=cuda_probes.mxnet_cuda,
+            host_sync_per_step="one per step: mx.nd.waitall() after the kvstore push and pull",
+            initialisation_and_data_order=(
+                "weights from mx.random.seed(seed) on every rank (the same draw), rank 0's "
+                "broadcast through the kvstore before the first epoch; data by a Gluon "
+                "DataLoader in DistributedSampler's order, as PyTorch"
+            ),
+            cuda_limit=(
+                8.6,
+                "MXNet 1.9.1 (the last release) has CUDA builds for CUDA 11.2 and 11.7 only "
+                "(mxnet-cu112, mxnet-cu117); CUDA 11.7 cannot build for compute capability 9.0 "
+                "(Hopper) or newer",
+            ),
+        ),
+    )
+}
+
+FACTS = tuple(f.name for f in fields(Framework))
+
+
+def _check_strategy_records() -> None:
+    """Each strategy record names registered frameworks, and the default strategy is every
+    framework's (its record names none)."""
+    for record in STRATEGIES.values():
+        unknown = [f for f in record.frameworks or () if f not in FRAMEWORKS]
+        if unknown:
+            raise RegistryError(
+                f"strategy record {record.name!r} (dlscale.registry.strategies): fact "
+                f"'frameworks' names {', '.join(unknown)}; allowed: {', '.join(FRAMEWORKS)}"
+            )
+    if STRATEGIES[DEFAULT_STRATEGY].frameworks is not None:
+        raise RegistryError(
+            f"strategy record {DEFAULT_STRATEGY!r}: the default strategy is every framework's "
+            "(fact 'frameworks' must be None)"
+        )
+
+
+_check_strategy_records()
+
+
+def get(name: str) -> Framework:
+    """The record of `name`; an unknown name is refused with the allowed values."""
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown framework {name!r}; allowed values: {', '.join(FRAMEWORKS)}"
+        ) from None
+
+
+def names() -> list[str]:
+    return list(FRAMEWORKS)
+
+
+def supporting(workload: str) -> list[str]:
+    """The frameworks whose adapters run `workload`."""
+    return [f.name for f in FRAMEWORKS.values() if workload in f.workloads]
+
+
+def offering(strategy: str) -> list[str]:
+    """The frameworks whose adapters run `strategy`."""
+    return [f.name for f in FRAMEWORKS.values() if strategy in f.strategies]
+
+
+def environment_name(framework: str, variant: str = "cpu") -> str | None:
+    """The venv a framework's ranks run in for a variant (Framework.environment_name)."""
+    return get(framework).environment_name(variant)
+
+
+def environments(variant: str = "cpu") -> list[str]:
+    """Every venv under .venvs/ the frameworks need for a variant, once each, in record order
+    (the driver's own .venv is not one): what scripts/setup.sh builds by default."""
+    out = []
+    for f in FRAMEWORKS.values():
+        env = f.environment_name(variant)
+        if env is not None and env not in out:
+            out.append(env)
+    return out
+
+
+def get_adapter(name: str):
+    """The framework's Adapter class (imports the adapter module, and so the framework)."""
+    return importlib.import_module(get(name).adapter).Adapter
