@@ -1,7 +1,7 @@
 """Worst rejection time and peak memory over the bad-input corpus (issue 17 targets: < 2 s and
 < 200 MB per bad input).
 
-Each case of tests/unit/bad_input_corpus.py runs in a fresh Python process (so one case's peak
+Each case of tests/helpers/bad_input_corpus.py runs in a fresh Python process (so one case's peak
 memory is not another's): the process imports dlscale, sets up the case's workspace, times the
 refusal alone and reports its own peak RSS (getrusage ru_maxrss, which includes the interpreter
 and the imported libraries). A baseline process loads the valid demo study the same way.
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 ONE = r"""
 import json, resource, sys, time
@@ -45,7 +45,7 @@ print(json.dumps({{"case": name, "seconds": seconds, "peak_rss_mb": peak_mb,
 
 def run_one(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        code = ONE.format(unit=str(ROOT / "tests" / "unit"), ws=str(Path(tmp) / "ws"), name=name)
+        code = ONE.format(unit=str(ROOT / "tests" / "helpers"), ws=str(Path(tmp) / "ws"), name=name)
         proc = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
         )

@@ -51,9 +51,9 @@ nvidia-ml-py: where they are missing, `--wheels DIR` installs them from the whee
 temporary folder for this run only (gpu_fidelity.provide_harness_packages; benchmarks/README.md
 has the download command, about 1.5 MiB in all).
 
-`--device cpu` is the CPU path the test command runs (tests/unit/test_gpu_suite.py): tiny models
-(cnn_small, gpt2_tiny), fp32, eager; the GPU-only rows (the energy counter, compiled rows) are
-written as skipped with the reason.
+`--device cpu` is the CPU path the test command runs (tests/unit/benchmarks/test_gpu_suite.py): tiny
+models (cnn_small, gpt2_tiny), fp32, eager; the GPU-only rows (the energy counter, compiled rows)
+are written as skipped with the reason.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ log = logging.getLogger("mkdocs.hooks.dlscale")
 SCHEMA_MARKER = re.compile(r"<!-- schema: ([a-z_]+) -->")
 INCLUDE_MARKER = re.compile(r"<!-- include: (\S+) -->")
 # Keys whose entries are free-form partial cells (axis -> value), documented by their parent
-# (tests/unit/test_config.py skips them the same way).
+# (tests/unit/study/test_config.py skips them the same way).
 FREE_FORM = ("exclude",)
 # Placeholders for the names a mapping's keys are (additionalProperties).
 PLACEHOLDERS = {

@@ -72,8 +72,9 @@ def test_a_schema_key_without_description_fails_the_build(tmp_path):
 
 @pytest.mark.parametrize("name", ["config", "hardware", "references"])
 def test_the_reference_names_every_schema_key(name):
-    """What tests/unit/test_config.py and test_check_compare.py asserted of the hand-kept
-    config/README.md tables, now of the generated reference: every key appears, described."""
+    """What tests/unit/study/test_config.py and tests/unit/decisions/test_regression_check.py
+    asserted of the hand-kept config/README.md tables, now of the generated reference: every key
+    appears, described."""
     docs = hooks()
     text, problems = docs.render(name)
     assert problems == []

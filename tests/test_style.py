@@ -27,8 +27,9 @@ def test_style(command):
 
 
 def test_no_two_test_modules_share_a_name():
-    """The tests run in pytest's default import mode without packages: two test files of one
-    basename in different folders stop the whole run at collection ("import file mismatch")."""
+    """A reader finds a test module by its name: no basename twice under tests/ (tests/unit's
+    folders are packages, so pytest would import two, but `-k`, --durations and the docs name
+    modules by their basename)."""
     names = {}
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))

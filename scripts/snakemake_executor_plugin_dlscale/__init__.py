@@ -19,8 +19,8 @@ the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
 
 Settings: the Slurm plugin's, unchanged, under this plugin's name: Snakemake prefixes a
 plugin's settings with its name, so `--slurm-logdir` is `--dlscale-logdir` here (profile key
-`dlscale-logdir`, environment `SNAKEMAKE_DLSCALE_LOGDIR`). tests/unit/test_executor_contract.py
-pins every base method this class overrides or calls.
+`dlscale-logdir`, environment `SNAKEMAKE_DLSCALE_LOGDIR`).
+tests/unit/workflow/test_executor_contract.py pins every base method this class overrides or calls.
 """
 
 # no `from __future__ import annotations`: Snakemake reads the settings' field types as types

@@ -1,7 +1,7 @@
 """On a CUDA GPU: the PyTorch timed window holds no host synchronisation (issue 30).
 
 Skipped where torch.cuda.is_available() is false (the CPU variant, counting synchronisations
-through the adapter's hooks, is tests/unit/test_sync_free_window.py). One rank runs in this
+through the adapter's hooks, is tests/unit/rank/test_timing.py). One rank runs in this
 process with torch.cuda.set_sync_debug_mode("error") over exactly the timed window: any
 synchronising CUDA call a step makes (.item(), a host copy, GradScaler's inf check with a
 non-fused optimizer, ...) raises. Two ranks (DDP over NCCL, two GPUs) run through the launcher

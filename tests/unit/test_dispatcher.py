@@ -14,7 +14,7 @@ from dlscale.analysis.stats import scaling_summary
 from dlscale.study.cell import METRICS_FILE
 from dlscale.workflow.resume_journal import journal, write_driver_record
 
-from synthetic_study import DEMO, cells_table
+from helpers.synthetic_study import DEMO, cells_table
 
 
 def study(folder: Path, slower: float = 1.0) -> Path:

@@ -43,7 +43,7 @@ FAMILIES = [*SCALING, "frameworks", "breakdown", "telemetry", "mfu", "memory"]
 # reach follows plan.max_extrapolation and plan.max_extrapolation_unvalidated (predicted_caption).
 # (the defaults are dlscale.analysis.scaling_model's, repeated here: this module imports neither
 # numpy nor
-# pandas, and tests/unit/test_plotting.py checks that the two agree)
+# pandas, and tests/unit/outputs/test_plotting.py checks that the two agree)
 DEFAULT_MAX_EXTRAPOLATION, DEFAULT_MAX_EXTRAPOLATION_UNVALIDATED = 8, 2
 
 

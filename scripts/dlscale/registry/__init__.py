@@ -1,5 +1,5 @@
 """The ground floor: what exists, one record each. Every other floor reads these records and
-none restates them (tests/unit/test_registry.py keeps the "listed once" claims true).
+none restates them (tests/unit/registry/test_registry.py keeps the "listed once" claims true).
 
 - `frameworks`: one `Framework` record per framework (adapter entry point, environments,
   model package, workloads, strategies, CUDA probe and limit, the sync and initialisation facts

@@ -117,7 +117,7 @@ def _fast_valid(rec) -> bool:
     """A sufficient (never a necessary) condition for a record to be valid: the envelope of the
     schema checked by hand with exact types, then the event's own value schema (compiled).
     A record it does not accept goes to the reference validator, which decides and explains,
-    so nothing valid is rejected; tests/unit/test_metrics.py checks that nothing it accepts
+    so nothing valid is rejected; tests/unit/store/test_metrics.py checks that nothing it accepts
     is invalid, on mutated records."""
     validators = _value_validators()
     if validators is None or type(rec) is not dict or rec.keys() != _ENVELOPE:
@@ -438,7 +438,7 @@ def write_atomic(path: str | Path, records: list[dict]) -> None:
 # floats as Python writes them). A line this pattern matches is a valid step record: every
 # number it admits satisfies $defs/step (seconds > 0 needs a non-zero digit and an exponent of
 # at most two digits, so nothing underflows to 0). Lines it does not match take the full
-# path (parse + schema); tests/unit/test_metrics.py checks the pattern against the schema.
+# path (parse + schema); tests/unit/store/test_metrics.py checks the pattern against the schema.
 _UINT = r"(?:0|[1-9][0-9]*)"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 _POSITIVE = (

@@ -1,0 +1,103 @@
+"""Benchmarks that cannot rot (issue 42, item 5): every script in benchmarks/ runs its smallest
+case here, as a user runs it (a fresh process, PYTHONPATH=scripts), so a changed API breaks a
+test, not a user (benchmarks/aggregate.py had stopped at its first cell: `Cell.__init__()
+missing 1 required positional argument: 'mode'`). Each case asserts its exit status and the
+line that carries its result; the numbers themselves are the benchmarks' to judge on an idle
+machine (benchmarks/README.md).
+
+Three scripts cannot run their smallest case in seconds here, and run `--help` instead (their
+imports and argument parser): slurm_overhead.py and submission.py need a running local Slurm
+cluster, noop_rerun.py builds a study's whole downstream (collect, figures, the PDF) once before
+it measures (5.6 min for 8 cells on this 2-core VM). rank0_lag.py is a reproduction aid, not a
+benchmark: its process lookup is called once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "benchmarks"
+
+# script -> (smallest-case arguments, a line its output must hold); {tmp}: the test's folder
+SMALLEST = {
+    "aggregate.py": (
+        ["--cells", "20", "--repeats", "1", "--workdir", "{tmp}"],
+        "collect: 20 cells",
+    ),
+    "bad_inputs.py": (["--cases", "2"], "2 bad inputs, each in a fresh process"),
+    "cell_phases.py": (
+        ["--frameworks", "pytorch", "--repeats", "1", "--steps", "1", "--warmup", "1"],
+        "n = 1 per framework",
+    ),
+    "gpu_fidelity.py": (
+        ["--device", "cpu", "--repeats", "1", "--steps", "1", "--warmup", "0", "--modes", "eager"],
+        "cnn_small:fp32:8",
+    ),
+    "loader_throughput.py": (
+        ["--repeats", "1", "--steps", "2", "--batches", "2", "--warmup", "1", "--workers", "0"]
+        + ["--formats", "cifar_binary"],
+        "loader cifar_binary w0",
+    ),
+    "plan_solve.py": (["--repeats", "1", "--frameworks", "1", "--models", "1"], "binding:"),
+    "planning.py": (
+        ["--cells", "10", "--rounds", "1", "--parse-repeats", "1", "--max-nodes", "2"]
+        + ["--workdir", "{tmp}"],
+        "ratio project/bare-min wall",
+    ),
+    "probe_cost.py": (["--repeat", "1"], '"framework": "pytorch", "n": 1'),
+    # --help only (see the module docstring)
+    "noop_rerun.py": (["--help"], "--cells"),
+    "slurm_overhead.py": (["--help"], "--cells"),
+    "submission.py": (["--help"], "--cells"),
+}
+# a generous bound per script (the slowest smallest case takes ~15 s on an idle 2-core VM):
+# it catches a benchmark that hangs, not one that is slow
+HANG_SECONDS = 300
+
+
+# benchmarks whose smallest case a test module of their own runs
+OWN_TEST = {
+    "gpu_suite.py": "tests/unit/benchmarks/test_gpu_suite.py (its CPU path, every row it can run)"
+}
+
+
+def test_every_benchmark_has_its_smallest_case():
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == {*SMALLEST, *OWN_TEST, "rank0_lag.py"}
+    for test in OWN_TEST.values():
+        assert (ROOT / test.split()[0]).is_file()
+
+
+@pytest.mark.parametrize("script", sorted(SMALLEST))
+def test_the_smallest_case_runs(tmp_path, script):
+    args, expected = SMALLEST[script]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts")}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *(a.format(tmp=tmp_path) for a in args)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert expected in out, out[-3000:]
+
+
+def test_the_rank0_lag_aid_imports_and_lists_rank_processes():
+    """Never run here (it stops processes: other tests' ranks would be its targets); its
+    lookup returns the process ids of ranks 0 of this machine (none of this test's own)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import rank0_lag
+    finally:
+        sys.path.remove(str(BENCH))
+    pids = rank0_lag.rank0_pids()
+    assert isinstance(pids, list) and os.getpid() not in pids

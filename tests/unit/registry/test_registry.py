@@ -1,0 +1,225 @@
+"""One home for what a framework is and what a strategy is (issue 43): the records in
+dlscale.registry are complete or refused at import, every other place reads them, and the names
+are listed once."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscale.models import get_spec
+from dlscale.models import names as model_names
+from dlscale.models.parallelize import NO_PLAN, plan_for
+from dlscale.registry import cuda_probes, frameworks, gpu_bindings
+from dlscale.registry.frameworks import FRAMEWORKS, Framework
+from dlscale.registry.parallel_dims import ParallelDims
+from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES, RegistryError, Strategy
+from dlscale.study.config import load_schema
+
+ROOT = Path(__file__).resolve().parents[3]
+REGISTRY = ROOT / "scripts" / "dlscale" / "registry"
+
+
+def test_a_framework_record_missing_a_fact_fails_at_import_naming_record_and_fact():
+    good = dataclasses.asdict(FRAMEWORKS["keras"]) | {"cuda_probe": cuda_probes.tensorflow_cuda}
+    for fact in ("adapter", "model_package", "host_sync_per_step", "initialisation_and_data_order"):
+        with pytest.raises(RegistryError, match=rf"framework record 'keras'.*fact '{fact}'"):
+            Framework(**{**good, fact: ""})
+    with pytest.raises(RegistryError, match=r"fact 'environment' .* envs/nope.txt does not exist"):
+        Framework(**{**good, "environment": "nope"})
+    with pytest.raises(TypeError):  # a fact left out entirely: the dataclass refuses at import
+        Framework(**{k: v for k, v in good.items() if k != "cuda_probe"})
+
+
+def test_a_strategy_record_missing_a_fact_fails_at_import(monkeypatch):
+    def ddp_degrees(n, r, t, p):
+        return (n * r, 1)
+
+    with pytest.raises(RegistryError, match=r"strategy record 'x'.*fact 'description'"):
+        Strategy("x", "", ddp_degrees)
+    with pytest.raises(RegistryError, match=r"fact 'model_plan' is 'heads'; allowed: tp, "):
+        Strategy("x", "y", ddp_degrees, model_plan="heads")
+    zigzag = Strategy("zigzag", "y", ddp_degrees, frameworks=("pytorch", "chainer"))
+    monkeypatch.setitem(STRATEGIES, "zigzag", zigzag)
+    with pytest.raises(RegistryError, match=r"'zigzag'.*'frameworks' names chainer; allowed: "):
+        frameworks._check_strategy_records()
+    # which frameworks offer a strategy is its record's fact: the framework records read it
+    monkeypatch.setitem(
+        STRATEGIES, "zigzag", Strategy("zigzag", "y", ddp_degrees, frameworks=("mxnet",))
+    )
+    assert FRAMEWORKS["mxnet"].strategies == ("ddp", "zigzag")
+    assert "zigzag" not in FRAMEWORKS["pytorch"].strategies
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize(("nodes", "rpn"), [(1, 4), (2, 4), (4, 2)])
+def test_every_strategys_degrees_multiply_to_the_world_size(name, nodes, rpn):
+    record = STRATEGIES[name]
+    dims = ParallelDims.of(name, nodes, rpn, tp_degree=2, pp_degree=2)
+    assert dims.world_size == nodes * rpn
+    assert dims.tp == (2 if record.splits_layers else 1)
+    assert dims.pp == (2 if record.pipeline else 1)
+    assert (dims.dp_shard > 1 or nodes * rpn == 1) == (record.sharded and dims.dp_shard > 1)
+
+
+def test_what_a_framework_offers_and_a_model_needs_come_from_the_records():
+    assert frameworks.offering(DEFAULT_STRATEGY) == list(FRAMEWORKS)
+    for name, record in STRATEGIES.items():
+        assert frameworks.offering(name), f"no framework offers {name}"
+        if record.model_plan is None:
+            continue
+        able = [m for m in model_names() if plan_for(get_spec(m).arch).offers(record.model_plan)]
+        assert able, f"no model has the {record.model_plan!r} plan {name} needs"
+    assert plan_for("no_such_arch") is NO_PLAN
+
+
+def test_a_pipeline_plan_has_its_split_beside_the_model_and_tp_plans_name_linears():
+    torch = pytest.importorskip("torch")
+    from dlscale.models.torch import build
+
+    for model in model_names():
+        arch = get_spec(model).arch
+        plan = plan_for(arch)
+        module = __import__(f"dlscale.models.torch.{arch}", fromlist=["x"])
+        assert hasattr(module, "pipeline_stage") == plan.pipeline, arch
+        if plan.pipeline or not plan.why_not_pipeline:
+            assert plan.pipeline or plan == NO_PLAN or not plan.tp, arch
+        if not plan.tp or model not in ("transformer_small", "gpt2_tiny"):
+            continue
+        import fnmatch
+
+        built = dict(build(model).named_modules())
+        for pattern in plan.tp:
+            found = [m for n, m in built.items() if fnmatch.fnmatchcase(n, pattern)]
+            assert found and all(isinstance(m, torch.nn.Linear) for m in found), pattern
+
+
+def test_the_schemas_enums_and_defaults_are_the_registrys():
+    config = load_schema(ROOT / "config" / "schemas" / "config.schema.json")
+    axis = config["properties"]["axes"]["properties"]["parallelism"]
+    assert axis["items"]["enum"] == list(STRATEGIES)
+    assert axis["default"] == [DEFAULT_STRATEGY]
+    assert config["properties"]["axes"]["properties"]["framework"]["items"]["enum"] == list(
+        FRAMEWORKS
+    )
+    hardware = load_schema(ROOT / "config" / "schemas" / "hardware.schema.json")
+    binding = next(
+        v["properties"]["gpu_binding"]
+        for v in _subschemas(hardware)
+        if isinstance(v.get("properties"), dict) and "gpu_binding" in v["properties"]
+    )
+    assert binding["enum"] == list(gpu_bindings.GPU_BINDINGS)
+    assert binding["default"] == gpu_bindings.DEFAULT_GPU_BINDING
+    text = (ROOT / "config" / "schemas" / "config.schema.json").read_text()
+    assert '"fsdp+tp"' not in text and '"enum": [\n              "ddp"' not in text
+
+
+def _subschemas(schema):
+    if isinstance(schema, dict):
+        yield schema
+        for v in schema.values():
+            yield from _subschemas(v)
+    elif isinstance(schema, list):
+        for v in schema:
+            yield from _subschemas(v)
+
+
+def test_setup_reads_the_environments_with_the_standard_library_alone():
+    """scripts/setup.sh runs `python3 -m dlscale.registry environments` before any venv: with
+    site-packages off (-S), the registry still loads and says what setup.sh builds."""
+    code = (
+        "import sys; sys.path.insert(0, 'scripts'); "
+        "from dlscale.registry.__main__ import main; "
+        "main(['environments', 'cpu']); main(['environments', 'cuda'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    expected = frameworks.environments("cpu") + frameworks.environments("cuda")
+    assert out.stdout.split() == expected
+    assert expected == ["tensorflow", "horovod", "mxnet", "pytorch-cuda", "tensorflow-cuda",
+                        "horovod-cuda", "mxnet-cuda"]  # fmt: skip
+    for env in expected:
+        assert (ROOT / "envs" / f"{env}.txt").is_file()
+    bad = subprocess.run(
+        ["bash", "scripts/setup.sh", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode == 2
+    assert f"allowed: {' '.join(expected)} none" in bad.stderr
+
+
+# ---- the "listed once" claims --------------------------------------------------------------
+# Where code may enumerate the names on purpose: the registry itself, and tests that
+# parametrise over an explicit list (each says why).
+ON_PURPOSE = {"tests/unit/registry/test_registry.py"}
+
+
+def _code_files():
+    for folder in ("scripts", "benchmarks", "tests", "rules", "docs"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            rel = path.relative_to(ROOT).as_posix()
+            if path.suffix in (".py", ".smk", ".sh") and not rel.startswith(
+                "scripts/dlscale/registry/"
+            ):
+                yield rel, path
+    yield "Snakefile", ROOT / "Snakefile"
+
+
+def _literal_lists(path: Path, rel: str):
+    """Each list, tuple or set literal of strings in a Python file; for Snakemake and shell
+    files, each run of quoted or bare words on one line."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                words = [
+                    e.value
+                    for e in node.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                ]
+                if words:
+                    yield node.lineno, words
+            elif isinstance(node, ast.Dict):
+                keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+                if keys:
+                    yield node.lineno, [k for k in keys if isinstance(k, str)]
+    else:
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.lstrip().startswith("#"):
+                yield i, re.findall(r"[\w+-]+", line)
+
+
+@pytest.mark.parametrize(
+    ("what", "names"),
+    [("strategy", list(STRATEGIES)), ("framework", list(FRAMEWORKS))],
+)
+def test_the_names_are_listed_once(what, names):
+    """No code outside the registry lists two or more strategy names (or framework names) in
+    one literal (comments aside): such a list is a second home that a new record would miss.
+    Tests may name some on purpose (a case, a pair compared), never all of them: a test over
+    every framework or strategy reads the registry."""
+    found = []
+    for rel, path in _code_files():
+        if rel in ON_PURPOSE:
+            continue
+        test = rel.startswith("tests/")
+        for line, words in _literal_lists(path, rel):
+            hits = [w for w in dict.fromkeys(words) if w in names]
+            if (not test and len(hits) >= 2) or (test and set(hits) == set(names)):
+                found.append(f"{rel}:{line}: {', '.join(hits)}")
+    assert found == [], f"{what} names listed outside dlscale.registry"
+
+
+def test_the_listing_check_sees_a_list(tmp_path):
+    """The check above finds a literal list in Python and a word list in a shell script."""
+    py, sh = tmp_path / "x.py", tmp_path / "x.sh"
+    py.write_text("A = 1\nB = ('ddp', 'fsdp')\n")
+    sh.write_text("# tensorflow mxnet: a comment\nENVS=(tensorflow mxnet horovod)\n")
+    assert list(_literal_lists(py, "x.py")) == [(2, ["ddp", "fsdp"])]
+    assert list(_literal_lists(sh, "x.sh")) == [(2, ["ENVS", "tensorflow", "mxnet", "horovod"])]

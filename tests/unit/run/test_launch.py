@@ -1,0 +1,165 @@
+"""Rank discovery, the pre-flight check, and a real 2-rank local launch of one cell."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from dlscale.rank import rank_context
+from dlscale.run import launch
+from dlscale.run.train import PreflightError, preflight
+from dlscale.store.metrics import read_metrics
+
+from helpers.cells import cell_dict
+
+
+def test_discover_from_srun(monkeypatch):
+    for k, v in {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "21234",
+    }.items():
+        monkeypatch.setenv(k, v)
+    for k in ("DLSCALE_RANK", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(k, raising=False)
+    ctx = rank_context.discover()
+    assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size, ctx.node_index) == (
+        3,
+        4,
+        1,
+        2,
+        1,
+    )
+    assert (ctx.master_addr, ctx.master_port, ctx.launcher) == ("n1", 21234, "srun")
+
+
+def test_discover_from_torchrun(monkeypatch):
+    for k in ("DLSCALE_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+    }.items():
+        monkeypatch.setenv(k, v)
+    ctx = rank_context.discover()
+    assert (ctx.rank, ctx.world_size, ctx.local_world_size, ctx.launcher) == (1, 2, 2, "torchrun")
+
+
+@pytest.mark.parametrize(
+    "spec, node, expected", [("2(x3),1", 2, 2), ("2(x3),1", 3, 1), ("4", 0, 4)]
+)
+def test_tasks_per_node_parsing(spec, node, expected):
+    assert (
+        rank_context._tasks_on_this_node({"SLURM_TASKS_PER_NODE": spec, "SLURM_NODEID": str(node)})
+        == expected
+    )
+
+
+def test_preflight_rejects_a_wrong_launch():
+    ctx = rank_context.RankContext(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_index=0,
+        node="n1",
+        master_addr="x",
+        master_port=1,
+        launcher="srun",
+    )
+    preflight(ctx, 1, 1)
+    with pytest.raises(PreflightError, match="world size is 1, the cell needs 2"):
+        preflight(ctx, 2, 1)
+    with pytest.raises(PreflightError, match="1 rank\\(s\\) on node n1, the cell needs 2"):
+        preflight(ctx, 1, 2)
+
+
+CELL = cell_dict()
+
+
+def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
+    out = tmp_path / "cell" / "metrics.jsonl"
+    code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out), "--git-commit", ""])
+    assert code == 0
+    records = read_metrics(out)
+    ranks = {r["rank"] for r in records if r["event"] == "rank_end"}
+    assert ranks == {0, 1}
+    starts = [r["value"] for r in records if r["event"] == "rank_start"]
+    assert {s["node_index"] for s in starts} == {0, 1}
+    assert len({s["pid"] for s in starts}) == 2  # two real processes
+    assert {s["backend"] for s in starts} == {"gloo"}
+    assert records[0]["value"]["provenance"]["world_size"] == 2
+    assert not (out.parent / ".ranks").exists()
+    # system probes: every rank its binding, each node's local rank 0 the node's description
+    assert all(s["cpu_affinity"] for s in starts)
+    systems = [s["system"] for s in starts if s["local_rank"] == 0]
+    assert len(systems) == 2 and all("system" not in s for s in starts if s["local_rank"])
+    build = systems[0]["framework_build"]
+    assert build["framework"] == "torch" and "PyTorch built with" in build["build"]
+    assert all(s["probe_seconds"] < 1.0 for s in systems)
+    sha = systems[0]["packages"]["sha256"]  # outside a study: the list is kept beside the cell
+    text = (out.parent / "environments" / f"{sha}.txt").read_text()
+    assert hashlib.sha256(text.encode()).hexdigest() == sha
+
+
+def test_a_failing_rank_fails_the_cell_without_output(tmp_path, capfd):
+    out = tmp_path / "cell" / "metrics.jsonl"
+    bad = dict(CELL, model="no_such_model")
+    code = launch.main(["--cell-json", json.dumps(bad), "--output", str(out)])
+    assert code != 0 and not out.exists()
+    err = capfd.readouterr().err
+    assert "cell FAILED: rank" in err and "no_such_model" in err
+
+
+def test_a_local_cells_ports_lie_below_the_ephemeral_range_and_are_all_free():
+    """Local cells take a block below the ephemeral range (never a kernel-chosen port whose
+    +1+rank neighbours other programs' connections may hold), skip a block where any port the
+    ranks use is taken, and fail clearly when every block tried is."""
+    from dlscale.run import launch
+
+    ephemeral = launch.ephemeral_range()
+    low, _ = ephemeral
+    draws = iter([5, 9, 13])
+    first = launch.port_block(5, ephemeral)
+    busy = {first + 3}  # world size 2 uses base .. base + 3: this block is out
+    port = launch.local_port(2, is_free=lambda p: p not in busy, draw=lambda _: next(draws))
+    assert port == launch.port_block(9, ephemeral) and port + 3 < low
+    assert port >= launch.PORT_FLOOR and (port - launch.PORT_FLOOR) % launch.PORT_BLOCK == 0
+    with pytest.raises(RuntimeError, match="rendezvous ports"):
+        launch.local_port(2, is_free=lambda p: False)
+
+
+def test_wait_all_stops_the_rest_on_a_failure_and_everything_at_its_timeout():
+    """launch.wait_all, as the local launcher and the multi-rank tests wait: a failed rank stops
+    its live peers at once; with a timeout, ranks still running then are stopped and reported."""
+    import subprocess
+    import sys
+    import time
+
+    def ranks(*codes_after):
+        return [
+            (r, subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+            for r, code in enumerate(codes_after)
+        ]
+
+    t0 = time.monotonic()
+    procs = ranks("import time; time.sleep(60)", "raise SystemExit(3)")
+    assert launch.wait_all(procs) == (1, 3)
+    assert procs[0][1].returncode < 0 and time.monotonic() - t0 < 30
+
+    t0 = time.monotonic()
+    procs = ranks("import time; time.sleep(60)", "import time; time.sleep(60)")
+    rank, code = launch.wait_all(procs, timeout=1.0)
+    assert rank == 0 and code < 0
+    assert all(p.returncode < 0 for _, p in procs) and time.monotonic() - t0 < 30
+
+    procs = ranks("pass", "pass")
+    assert launch.wait_all(procs, timeout=30) is None
