@@ -4,8 +4,8 @@ before any cell runs, without importing matplotlib or pandas.
 
 Layout (`figure_layout`):
 
-- one figure *family* (throughput, speedup, efficiency, frameworks, breakdown, telemetry) is
-  drawn per hardware key into ``{hardware}/{family}.pdf``;
+- one figure *family* (FAMILIES: throughput, speedup, efficiency, frameworks, breakdown,
+  telemetry, mfu, memory) is drawn per hardware key into ``{hardware}/{family}.pdf``;
 - scaling families (throughput, speedup, efficiency), the breakdown and telemetry have one panel per
   model x batch policy, and one series per framework x precision (colour = framework, marker
   and line style = precision); the frameworks family has one panel per batch policy with the

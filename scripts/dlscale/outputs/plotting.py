@@ -31,7 +31,7 @@ from matplotlib.container import BarContainer
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from dlscale.outputs.figure_layout import FAMILIES, SCALING, with_variant
+from dlscale.outputs.figure_layout import FAMILIES, PREDICTED_FAMILIES, SCALING, with_variant
 
 PREDICTED_LABEL, UNVALIDATED_LABEL = "predicted", "predicted, not validated"
 # a prediction above every measured point of a weak-scaling series whose throughput fell
@@ -345,6 +345,8 @@ def plot_scaling(
 ) -> dict:
     family = spec["family"]
     column, ylabel = SCALING[family]
+    if family not in PREDICTED_FAMILIES:  # the scaling model predicts these families' columns only
+        predictions = None
     panels = spec["panels"]
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
@@ -355,7 +357,10 @@ def plot_scaling(
             ax.errorbar(
                 line["nodes"],
                 med,
-                yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"]),
+                # a family whose points carry no interval (not in WITH_CI): no error bars
+                yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"])
+                if spec["ci"]
+                else None,
                 marker=hue.marker(precision),
                 linestyle=hue.linestyle(precision),
                 color=hue.colour[framework],

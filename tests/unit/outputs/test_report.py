@@ -17,7 +17,7 @@ from dlscale.outputs.cell_table import (
     group_summary,
     write_cell_summary,
 )
-from dlscale.outputs.figure_layout import figure_layout
+from dlscale.outputs.figure_layout import FAMILIES, figure_layout
 from dlscale.outputs.report import render_tex
 
 from helpers.synthetic_study import DEMO, LARGE, groups, study_tables
@@ -99,7 +99,7 @@ def test_report_tex_attaches_the_cell_table_and_lists_every_figure(tmp_path):
         re.S,
     )
     assert r"\dlsCellsCsvRows{} rows" in tex
-    assert tex.count(r"]{../figures/") == len(layout) == 64
+    assert tex.count(r"]{../figures/") == len(layout) == len(FAMILIES) * 4 * 2
     assert tex.count(r"\includegraphics") == len(layout) + 1  # + the plan (Recommendations)
     assert tex.count(r"\subsection{Hardware") == 4
     assert "big\\_study" in tex and "model0, model1" in tex
