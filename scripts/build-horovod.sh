@@ -80,12 +80,37 @@ if [ "$CUDA" = 1 ]; then
   # torch's CUDA build) unless NCCL_HOME names the site's, and the site's CUDA toolkit
   # (CUDA_HOME, default /usr/local/cuda: Horovod compiles CUDA kernels with its nvcc).
   SP=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  NCCL_DIR=${NCCL_HOME:-$SP/nvidia/nccl}
+  NCCL_SRC=${NCCL_HOME:-$SP/nvidia/nccl}
   CUDA_DIR=${CUDA_HOME:-/usr/local/cuda}
+  # Horovod's FindNCCL.cmake looks for nccl.h and a library named `nccl` (libnccl.so) under
+  # HOROVOD_NCCL_HOME's include/ and lib/. pip's nvidia-nccl wheel ships libnccl.so.2 only (no
+  # libnccl.so), and a site's NCCL may keep lib64/: the build points at a folder inside the
+  # environment that holds exactly those names, linked to the real files.
+  NCCL_DIR=$VENV/.horovod-nccl
+  nccl_header=$NCCL_SRC/include/nccl.h
+  nccl_lib=""
+  for candidate in "$NCCL_SRC"/lib/libnccl.so "$NCCL_SRC"/lib64/libnccl.so \
+                   "$NCCL_SRC"/lib/libnccl.so.2 "$NCCL_SRC"/lib64/libnccl.so.2; do
+    [ -e "$candidate" ] && { nccl_lib=$candidate; break; }
+  done
+  if [ -f "$nccl_header" ] && [ -n "$nccl_lib" ]; then
+    mkdir -p "$NCCL_DIR/include" "$NCCL_DIR/lib"
+    ln -sfn "$nccl_header" "$NCCL_DIR/include/nccl.h"
+    ln -sfn "$nccl_lib" "$NCCL_DIR/lib/libnccl.so"
+    ln -sfn "$nccl_lib" "$NCCL_DIR/lib/libnccl.so.2"
+  elif [ "$PRINT_ONLY" = 0 ]; then
+    die "no NCCL in $NCCL_SRC (nccl.h in include/, libnccl.so or libnccl.so.2 in lib/ or lib64/): install torch's CUDA build (envs/horovod-cuda.txt) or set NCCL_HOME to the site's NCCL"
+  fi
   BUILD_SWITCHES="$BUILD_SWITCHES HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$NCCL_DIR HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME=$CUDA_DIR"
   if [ "$PRINT_ONLY" = 0 ]; then
     [ -x "$CUDA_DIR/bin/nvcc" ] || die "no nvcc in $CUDA_DIR/bin: set CUDA_HOME to the site's CUDA toolkit (module load cuda; echo \$CUDA_HOME)"
-    [ -f "$NCCL_DIR/include/nccl.h" ] || die "no nccl.h in $NCCL_DIR/include: install torch's CUDA build (envs/horovod-cuda.txt) or set NCCL_HOME"
+    # Horovod's CUDA kernels and torch must share a CUDA major (a CUDA 13 torch with a 12.x
+    # toolkit, the usual case on an R535-R570 site, does not build or does not load)
+    toolkit=$("$CUDA_DIR/bin/nvcc" --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -1)
+    torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    [ -n "$torch_cuda" ] || die "torch in $VENV is a CPU build (torch.version.cuda is None): Horovod with NCCL needs torch's CUDA build (pip install -r envs/horovod-cuda.txt)"
+    [ -n "$toolkit" ] || die "could not read the CUDA release from $CUDA_DIR/bin/nvcc --version"
+    [ "${toolkit%%.*}" = "${torch_cuda%%.*}" ] || die "CUDA_HOME's toolkit is CUDA $toolkit and torch in $VENV is built with CUDA $torch_cuda: they must share a major; load a CUDA ${torch_cuda%%.*}.x toolkit, or install torch's CUDA ${toolkit%%.*} line (docs/pages/gpu.md, \"CUDA lines and the driver\")"
   fi
 elif [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
   BUILD_SWITCHES="$BUILD_SWITCHES HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS"

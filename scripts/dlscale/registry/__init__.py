@@ -10,7 +10,10 @@ none restates them (tests/unit/registry/test_registry.py keeps the "listed once"
 - `parallel_dims`: a cell's degrees (`ParallelDims`, torchtitan's shape) and their checks;
 - `gpu_bindings`: hardware.yaml `gpu_binding`'s allowed values, from the entry to the srun
   options and the rank's device choice;
-- `cuda_probes`: whether an environment's build drives CUDA, read from its files;
+- `cuda_probes`: whether an environment's build drives CUDA, and for which CUDA version, read
+  from its files;
+- `cuda_drivers`: which NVIDIA driver runs which CUDA build (the table in cuda_drivers.json,
+  with its source);
 - `formats`: the dataset formats dlscale.data reads.
 
 Standard library only, and nothing from dlscale above this floor: the schema enums, the

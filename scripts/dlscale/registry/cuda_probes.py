@@ -66,3 +66,22 @@ def mxnet_cuda(sp: Path) -> tuple[bool, str]:
     if sorted(sp.glob("mxnet-*.dist-info")):
         return False, "mxnet is the CPU build (the `mxnet` wheel, not mxnet-cuXXX)"
     return False, "mxnet is not installed"
+
+
+def built_cuda_version(sp: Path) -> str | None:
+    """The CUDA version an environment's framework build was made for, read from its files
+    (torch/version.py's `cuda`, TensorFlow's build_info `cuda_version`, MXNet's mxnet-cuXYZ
+    distribution); None for a CPU build or one that does not say."""
+    version = sp / "torch" / "version.py"
+    if version.exists():
+        m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*['\"]([0-9.]+)['\"]", version.read_text(), re.M)
+        return m.group(1) if m else None
+    info = sp / "tensorflow" / "python" / "platform" / "build_info.py"
+    if info.exists():
+        m = re.search(r"['\"]cuda_version['\"]\s*[:,]\s*['\"]([0-9.]+)['\"]", info.read_text())
+        return ".".join(m.group(1).split(".")[:2]) if m else None
+    cuda = sorted(sp.glob("mxnet_cu*.dist-info"))
+    if cuda:
+        digits = cuda[0].name.split("-")[0].removeprefix("mxnet_cu")
+        return f"{digits[:-1]}.{digits[-1]}" if digits.isdigit() and len(digits) >= 2 else None
+    return None

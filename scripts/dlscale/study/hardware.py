@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from dlscale.registry.cuda_drivers import highest_cuda_major, version_tuple
 from dlscale.study.config import apply_defaults, schema_problems
 from dlscale.study.errors import ConfigError
 
@@ -73,6 +74,14 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 "run in CPU builds of the frameworks (allowed: cuda, or null for the device's "
                 "default)"
             )
+        driver_keys = [k for k in ("nvidia_driver", "max_cuda") if entry.get(k) is not None]
+        if driver_keys and device != "cuda":
+            problems.append(
+                f"{key}.{driver_keys[0]}: only for device 'cuda' (a '{device}' entry's ranks "
+                "use no GPU driver)"
+            )
+        elif len(driver_keys) == 2:
+            problems += _driver_agreement(key, entry["nvidia_driver"], entry["max_cuda"])
         if "gpu_binding" in entry and device != "cuda":
             problems.append(
                 f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
@@ -92,3 +101,16 @@ def environment_variant(entry: dict) -> str:
     """The environment variant (dlscale.registry.frameworks.VARIANTS) a hardware entry's cells
     run in: its `environment_variant`, else `cuda` for device cuda and `cpu` otherwise."""
     return entry.get("environment_variant") or ("cuda" if entry["device"] == "cuda" else "cpu")
+
+
+def _driver_agreement(key: str, driver: str, max_cuda: str) -> list[str]:
+    """nvidia_driver and max_cuda both stated: the driver table must give the driver that CUDA
+    major (nvidia-smi prints both; a copy from two different nodes would disagree)."""
+    major = highest_cuda_major(driver)
+    if major is not None and major != version_tuple(max_cuda)[0]:
+        return [
+            f"{key}.max_cuda: {max_cuda} disagrees with {key}.nvidia_driver {driver}, whose "
+            f"highest CUDA major is {major} (the driver table, dlscale/registry/"
+            "cuda_drivers.json); state one of the two, as nvidia-smi prints it on a node"
+        ]
+    return []

@@ -28,9 +28,15 @@ SCHEDULING_KEYS = ("account", "qos", "reservation")
 
 
 # Hardware keys that choose or check the cell's environment: the cell's environment identity
-# (name and hash of its pinned requirements) covers the variant, and compute_capability only
-# refuses cells before any job; no hardware hash includes them.
-ENVIRONMENT_KEYS = ("environment_variant", "compute_capability")
+# (name and hash of its pinned requirements) covers the variant, and compute_capability and the
+# driver keys only refuse cells before any job; no hardware hash includes them.
+ENVIRONMENT_KEYS = (
+    "environment_variant",
+    "compute_capability",
+    "nvidia_driver",
+    "max_cuda",
+    "cuda_forward_compat",
+)
 
 
 # Hardware keys only the analysis reads: the dense peak (dlscale.analysis.mfu, MFU); part of no

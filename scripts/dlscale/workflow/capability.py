@@ -25,7 +25,8 @@ import json
 import sys
 from pathlib import Path
 
-from dlscale.registry.cuda_probes import site_packages
+from dlscale.registry.cuda_drivers import driver_runs, fitting_lines
+from dlscale.registry.cuda_probes import built_cuda_version, site_packages
 from dlscale.registry.frameworks import FRAMEWORKS, environment_name
 
 SETUP = "bash scripts/setup.sh"
@@ -92,16 +93,43 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
         if key not in checked:
             checked[key] = cuda_build(framework, Path(folder or sys.prefix))
         ok, says = checked[key]
+        where = f".venvs/{name}" if folder is not None else f"the driver environment ({sys.prefix})"
         if not ok:
-            where = (
-                f".venvs/{name}" if folder is not None else f"the driver environment ({sys.prefix})"
-            )
             problems.append(
                 f"{_cells_text(paths)} of {framework} on {hw_key!r} (device cuda) run in "
                 f"{where}, which cannot drive a GPU: {says}. Build the CUDA environment with: "
                 f"{SETUP} {name}"
             )
+            continue
+        problem = _driver_problem(Path(folder or sys.prefix), hw, hw_key)
+        if problem:
+            problems.append(f"{_cells_text(paths)} of {framework} run in {where}: {problem}")
     return problems
+
+
+def _driver_problem(env: Path, hw: dict, hw_key: str) -> str | None:
+    """Why the entry's nodes cannot run the environment's CUDA build (the driver table,
+    dlscale.registry.cuda_drivers), naming the PyTorch lines that fit; None where they can or
+    nothing is stated."""
+    sp = site_packages(env)
+    cuda = built_cuda_version(sp) if sp is not None else None
+    if cuda is None:
+        return None
+    runs, why = driver_runs(hw, cuda)
+    if runs:
+        return None
+    lines = fitting_lines(hw)
+    fit = (
+        f"use a CUDA line the driver runs: {', '.join(lines)} (docs/pages/gpu.md, "
+        '"CUDA lines and the driver")'
+        if lines
+        else "no CUDA line PyTorch publishes runs on it"
+    )
+    return (
+        f"{why} (hardware {hw_key!r}: nvidia_driver/max_cuda in the hardware file). Either "
+        f"{fit}, or upgrade the nodes' driver, or state cuda_forward_compat: true where the "
+        "nodes carry NVIDIA's forward-compatibility package"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

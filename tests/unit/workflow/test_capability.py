@@ -215,9 +215,9 @@ def test_setup_refuses_an_unknown_environment_with_the_allowed_names():
 
 
 def test_horovod_cuda_build_uses_nccl_and_the_sites_cuda(tmp_path):
-    """scripts/build-horovod.sh --cuda: NCCL for the GPU collectives, from the venv's own
-    nvidia-nccl (torch's CUDA build) and the site's CUDA toolkit (CUDA_HOME); without nvcc it
-    stops before building, naming CUDA_HOME."""
+    """scripts/build-horovod.sh --cuda: NCCL for the GPU collectives, linked from the venv's own
+    nvidia-nccl (torch's CUDA build) or NCCL_HOME, and the site's CUDA toolkit (CUDA_HOME);
+    without NCCL it stops before building, naming what is missing."""
     venv = real_env("horovod")
     script = ROOT / "scripts" / "build-horovod.sh"
     env = dict(os.environ, CUDA_HOME=str(tmp_path / "cuda"))
@@ -233,7 +233,8 @@ def test_horovod_cuda_build_uses_nccl_and_the_sites_cuda(tmp_path):
     switches = dict(kv.split("=", 1) for kv in line.stdout.split())
     assert switches["HOROVOD_GPU_OPERATIONS"] == "NCCL"
     assert switches["HOROVOD_CUDA_HOME"] == str(tmp_path / "cuda")
-    assert switches["HOROVOD_NCCL_HOME"].endswith("site-packages/nvidia/nccl")
+    # a folder inside the environment with NCCL under Horovod's names (envs/test_horovod_nccl)
+    assert switches["HOROVOD_NCCL_HOME"] == str(venv / ".horovod-nccl")
     assert switches["HOROVOD_NCCL_LINK"] == "SHARED"
     assert switches["HOROVOD_WITH_GLOO"] == "1"
     build = subprocess.run(
@@ -243,8 +244,10 @@ def test_horovod_cuda_build_uses_nccl_and_the_sites_cuda(tmp_path):
         env=env,
         timeout=120,
     )
-    assert build.returncode == 1
-    assert f"no nvcc in {tmp_path / 'cuda'}/bin: set CUDA_HOME" in build.stderr
+    assert build.returncode == 1  # the CPU Horovod environment has no pip NCCL
+    assert "no NCCL in " in build.stderr and "set NCCL_HOME" in build.stderr
+    # with NCCL found, a missing nvcc is named next: tests/unit/envs/test_horovod_nccl.py (in a
+    # throwaway venv, since the link folder is made inside the environment)
 
 
 def test_the_workflow_refuses_gpu_cells_in_a_cpu_build_before_any_job(tmp_path, tiny_config):
@@ -273,3 +276,51 @@ def test_the_workflow_refuses_gpu_cells_in_a_cpu_build_before_any_job(tmp_path, 
     assert "Build the CUDA environment with: bash scripts/setup.sh pytorch-cuda" in said
     assert "No job was started." in said
     assert not (work / "results" / "tiny" / "runs").exists()
+
+
+# ------------------------------------------------- the nodes' driver against the CUDA build (45)
+R550 = {"device": "cuda", "compute_capability": 9.0, "nvidia_driver": "550.54.15"}
+
+
+def test_a_cuda_13_build_on_an_r550_driver_is_refused_naming_the_lines_that_fit(tmp_path):
+    env = fake_env(tmp_path, TORCH_CUDA)  # torch built with CUDA 13.0 (PyPI's 2.13.0)
+    problems = environment_problems(cells("pytorch", "h100", 2), {"h100": R550}, lambda n: env)
+    assert len(problems) == 1
+    text = problems[0]
+    assert "2 cell(s) (" in text and "of pytorch run in .venvs/pytorch-cuda" in text
+    assert "a CUDA 13.0 build needs driver >= 580.65.06" in text and "run 550.54.15" in text
+    assert "use a CUDA line the driver runs: cu128, cu126" in text
+    assert "cuda_forward_compat: true" in text
+    # the same nodes stated as nvidia-smi's CUDA Version
+    by_cuda = {"h100": {"device": "cuda", "max_cuda": "12.4"}}
+    (text,) = environment_problems(cells("pytorch", "h100"), by_cuda, lambda n: env)
+    assert "needs a CUDA 13.x driver, and the nodes support CUDA 12.4 at most" in text
+
+
+def test_a_cuda_12_line_runs_on_r550_and_r580_runs_either(tmp_path):
+    cu128 = fake_env(
+        tmp_path, {"torch/version.py": "__version__ = '2.13.0+cu128'\ncuda = '12.8'\n"}
+    )
+    assert environment_problems(cells("pytorch", "h100"), {"h100": R550}, lambda n: cu128) == []
+    cu130 = fake_env(tmp_path / "b", TORCH_CUDA)
+    r580 = {"h100": {**R550, "nvidia_driver": "580.95.05"}}
+    assert environment_problems(cells("pytorch", "h100"), r580, lambda n: cu130) == []
+    compat = {"h100": {**R550, "cuda_forward_compat": True}}
+    assert environment_problems(cells("pytorch", "h100"), compat, lambda n: cu130) == []
+    unstated = {"h100": GPU}  # no driver stated: nothing known to check
+    assert environment_problems(cells("pytorch", "h100"), unstated, lambda n: cu130) == []
+
+
+def test_tensorflow_and_mxnet_builds_are_read_for_their_cuda_version(tmp_path):
+    from dlscale.registry.cuda_probes import built_cuda_version
+
+    tf = fake_env(tmp_path, {**TF_CUDA, **CUDNN})
+    sp = next(tf.glob("lib/*/site-packages"))
+    assert built_cuda_version(sp) == "12.5"
+    old = {"a100": {"device": "cuda", "nvidia_driver": "470.82.01"}}  # a CUDA 11 driver
+    (text,) = environment_problems(cells("tensorflow", "a100"), old, lambda n: tf)
+    assert "a CUDA 12.5 build needs driver >= 525.60.13" in text
+    assert "no CUDA line PyTorch publishes runs on it" in text
+    mx = fake_env(tmp_path / "m", {"mxnet_cu117-1.9.1.dist-info/METADATA": "Name: mxnet-cu117\n"})
+    assert built_cuda_version(next(mx.glob("lib/*/site-packages"))) == "11.7"
+    assert environment_problems(cells("mxnet", "a100"), old, lambda n: mx) == []
