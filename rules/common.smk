@@ -15,7 +15,7 @@ from snakemake.exceptions import WorkflowError
 from dlscale.workflow.capability import environment_problems
 from dlscale.study.config import ConfigError
 from dlscale.study.hardware import environment_variant
-from dlscale.registry.frameworks import environment_name
+from dlscale.registry.frameworks import FRAMEWORKS
 from dlscale.store.measurements import (
     REMEASURE_FLAG,
     adopt_unarchived,
@@ -243,7 +243,8 @@ def framework_python(wildcards):
 @functools.cache
 def _framework_python(hardware, framework):
     # once per (hardware, framework), not once per job: a 10,000-cell dry run asks 10,000 times
-    env = environment_name(framework, environment_variant(STUDY.hardware[hardware]))
+    entry = STUDY.hardware[hardware]
+    env = FRAMEWORKS[framework].environment_for(environment_variant(entry), entry)
     if env is None:
         return sys.executable
     return str(_environment_dir(env) / "bin" / "python")

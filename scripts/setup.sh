@@ -11,7 +11,10 @@
 #     cuda): pytorch-cuda, tensorflow-cuda (also keras), horovod-cuda (Horovod built with NCCL:
 #     needs CUDA_HOME, the site's CUDA toolkit), mxnet-cuda (CUDA 11.7, pre-Hopper GPUs);
 #     installed from PyPI with pip --isolated (no local CPU wheel can stand in) and checked
-#     to be CUDA builds (python -m dlscale.workflow.capability) before they are marked ready.
+#     to be CUDA builds (python -m dlscale.workflow.capability) before they are marked ready;
+#   - PyTorch's CUDA 12 lines for drivers older than CUDA 13 wants (R525-R570): pytorch-cu128,
+#     pytorch-cu126, from PyTorch's wheel index ($DLSCALE_TORCH_INDEX, default
+#     https://download.pytorch.org/whl) and PyPI ($DLSCALE_PYPI_INDEX); docs/pages/gpu.md.
 # Usage: setup.sh [ENV ...]   (default: every CPU framework environment; `setup.sh none` builds
 # only the driver; e.g. `setup.sh pytorch-cuda tensorflow-cuda horovod-cuda` on a GPU site).
 # Needs root (or sudo) for apt. A venv is rebuilt only when its inputs change.
@@ -28,6 +31,8 @@ SUDO=""
 # The frameworks' records (dlscale.registry.frameworks) name them: read with the system Python's
 # standard library alone, before any venv exists.
 registry_envs() { PYTHONPATH=scripts python3 -m dlscale.registry environments "$1"; }
+registry_pip_index() { PYTHONPATH=scripts python3 -m dlscale.registry pip-index "$1"; }
+line_version() { local d=$1; echo "${d:0:${#d}-1}.${d: -1}"; }   # 128 -> 12.8
 mapfile -t CPU_ENVS < <(registry_envs cpu)
 mapfile -t CUDA_ENVS < <(registry_envs cuda)
 [ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
@@ -105,7 +110,15 @@ build_env() {
   base=${env%-cuda}
   inputs=("$req")
   pip_args=()
-  if [ "$base" != "$env" ]; then
+  mapfile -t line_index < <(registry_pip_index "$env")
+  if [ ${#line_index[@]} -gt 0 ]; then
+    # a CUDA line of its own (pytorch-cu128, ...): torch from PyTorch's index for the line (or
+    # the site's mirror, DLSCALE_TORCH_INDEX), the rest from PyPI (DLSCALE_PYPI_INDEX); its -r
+    # include is part of its inputs
+    base=${env%-cu*}
+    inputs+=("envs/$base-cuda.txt")
+    pip_args=(--isolated "${line_index[@]}")
+  elif [ "$base" != "$env" ]; then
     # a CUDA build: its -r include is part of its inputs; PyPI only, no local CPU wheel or cap
     [ -f "envs/$base.txt" ] && inputs+=("envs/$base.txt")
     pip_args=(--isolated)
@@ -135,7 +148,9 @@ build_env() {
   if [ "$env" = horovod-cuda ]; then bash scripts/build-horovod.sh --cuda "$target"; fi
   if [ "$base" != "$env" ]; then
     # the environment must drive a GPU (read from its files: no GPU needed on this host)
-    "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda \
+    line_cuda=()
+    [ ${#line_index[@]} -gt 0 ] && line_cuda=(--expect-cuda-version "$(line_version "${env##*-cu}")")
+    "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda "${line_cuda[@]}" \
       || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; return 1; }
   fi
   echo "$want" > "$target/.dlscale-setup"

@@ -1,15 +1,37 @@
 """`python -m dlscale.registry environments [cpu|cuda]`: the venvs under .venvs/ the frameworks
-need, one per line (what scripts/setup.sh builds by default and accepts). Standard library
-only: setup.sh runs it with the system Python before any venv exists."""
+need, one per line (what scripts/setup.sh builds by default and accepts).
+`python -m dlscale.registry pip-index ENV`: the index arguments pip installs ENV with, one per
+line (a CUDA line's environment, e.g. pytorch-cu128: PyTorch's wheel index for the line,
+$DLSCALE_TORCH_INDEX/<line>, default https://download.pytorch.org/whl, then PyPI,
+$DLSCALE_PYPI_INDEX, default https://pypi.org/simple; nothing for the others).
+Standard library only: setup.sh runs it with the system Python before any venv exists."""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from dlscale.registry.frameworks import VARIANTS, environments
+from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environments
+
+TORCH_INDEX = "https://download.pytorch.org/whl"
+PYPI_INDEX = "https://pypi.org/simple"
+
+
+def pip_index(env: str, environ=os.environ) -> list[str]:
+    """pip's index arguments for environment `env` (see the module's docstring)."""
+    for record in FRAMEWORKS.values():
+        for line, name in zip(record.cuda_lines[1:], record.line_environments(), strict=True):
+            if name == env:
+                torch = environ.get("DLSCALE_TORCH_INDEX", TORCH_INDEX).rstrip("/")
+                pypi = environ.get("DLSCALE_PYPI_INDEX", PYPI_INDEX)
+                return [f"--index-url={torch}/{line}", f"--extra-index-url={pypi}"]
+    return []
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "pip-index":
+        print("\n".join(pip_index(argv[1])))
+        return 0
     if not argv or argv[0] != "environments" or len(argv) > 2:
         print(__doc__, file=sys.stderr)
         return 2

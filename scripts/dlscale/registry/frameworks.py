@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from dlscale.registry import cuda_probes
+from dlscale.registry.cuda_drivers import fitting_lines, table
 from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES, RegistryError
 
 # The environment variants a hardware entry can ask for (hardware.yaml `environment_variant`):
@@ -56,7 +57,11 @@ class Framework:
       inside the timed window, on GPUs (the report's "host synchronisations" paragraph);
       host_sync_per_step_cpu: the same where its cells ran on CPUs only (None: as on GPUs);
     - initialisation_and_data_order: how its ranks' weights and data order are set (the
-      time-to-accuracy section states it per framework).
+      time-to-accuracy section states it per framework);
+    - cuda_lines: the CUDA lines its CUDA environment comes in (PyTorch's cu130, cu128, ...;
+      dlscale.registry.cuda_drivers), the first being `<env>-cuda`'s, each other one an
+      environment of its own, `<env>-<line>` (envs/<env>-<line>.txt); a hardware entry that
+      states its driver gets the newest line that driver runs (`environment_for`).
     """
 
     name: str
@@ -69,6 +74,7 @@ class Framework:
     host_sync_per_step_cpu: str | None = None
     workloads: tuple[str, ...] = WORKLOADS
     cuda_limit: tuple[float, str] | None = None
+    cuda_lines: tuple[str, ...] = ()
 
     def __post_init__(self):
         where = f"framework record {self.name!r} (dlscale.registry.frameworks)"
@@ -81,6 +87,18 @@ class Framework:
             raise RegistryError(
                 f"{where}: fact 'workloads' names {', '.join(bad)}; allowed: {', '.join(WORKLOADS)}"
             )
+        unknown = [line for line in self.cuda_lines if line not in table()["pytorch_lines"]]
+        if unknown:
+            raise RegistryError(
+                f"{where}: fact 'cuda_lines' names {', '.join(unknown)}; allowed: "
+                f"{', '.join(table()['pytorch_lines'])} (dlscale/registry/cuda_drivers.json)"
+            )
+        for env in self.line_environments():
+            if ENVS_DIR.is_dir() and not (ENVS_DIR / f"{env}.txt").is_file():
+                raise RegistryError(
+                    f"{where}: fact 'cuda_lines' gives the environment {env!r}, and "
+                    f"envs/{env}.txt does not exist"
+                )
         for variant in VARIANTS:
             env = self.environment_name(variant) or DRIVER_ENVIRONMENT
             if ENVS_DIR.is_dir() and not (ENVS_DIR / f"{env}.txt").is_file():
@@ -95,6 +113,29 @@ class Framework:
         return tuple(
             s.name for s in STRATEGIES.values() if s.frameworks is None or self.name in s.frameworks
         )
+
+    def line_environments(self) -> list[str]:
+        """The environments of its CUDA lines beyond the first (`<env>-<line>`)."""
+        return [f"{self.environment or DRIVER_ENVIRONMENT}-{line}" for line in self.cuda_lines[1:]]
+
+    def line_for(self, variant: str, entry: dict) -> str | None:
+        """The CUDA line a hardware entry's cells use where it is not `<env>-cuda`'s: on the
+        cuda variant of a framework with lines, the newest line the entry's stated driver runs
+        (dlscale.registry.cuda_drivers.fitting_lines); None where the entry states no driver,
+        where the first line fits, or where none does (the capability check refuses those)."""
+        if variant != "cuda" or len(self.cuda_lines) < 2:
+            return None
+        if entry.get("nvidia_driver") is None and entry.get("max_cuda") is None:
+            return None
+        fit = [line for line in fitting_lines(entry) if line in self.cuda_lines]
+        return fit[0] if fit and fit[0] != self.cuda_lines[0] else None
+
+    def environment_for(self, variant: str, entry: dict) -> str | None:
+        """The venv a hardware entry's cells run in: the variant's, or its CUDA line's."""
+        line = self.line_for(variant, entry)
+        if line is None:
+            return self.environment_name(variant)
+        return f"{self.environment or DRIVER_ENVIRONMENT}-{line}"
 
     def environment_name(self, variant: str = "cpu") -> str | None:
         """The venv its ranks run in for an environment variant: None for the driver
@@ -115,6 +156,7 @@ FRAMEWORKS = {
             environment=None,
             model_package="torch",
             cuda_probe=cuda_probes.torch_cuda,
+            cuda_lines=("cu130", "cu128", "cu126"),
             host_sync_per_step=(
                 "none inside the timed window: CUDA events around each step, one "
                 "synchronisation after the window; DDP's runtime statistics (which synchronise "
@@ -261,6 +303,8 @@ def environments(variant: str = "cpu") -> list[str]:
         env = f.environment_name(variant)
         if env is not None and env not in out:
             out.append(env)
+    if variant == "cuda":
+        out += [e for f in FRAMEWORKS.values() for e in f.line_environments() if e not in out]
     return out
 
 

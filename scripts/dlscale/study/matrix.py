@@ -100,18 +100,35 @@ def requirements_text(path: Path) -> str:
 
 
 def environment_ids(workflow_dir: str | Path) -> dict[tuple[str, str], str]:
-    """(framework, variant) -> `<environment>:<hash of its pinned requirements>`
+    """(framework, variant or CUDA line) -> `<environment>:<hash of its pinned requirements>`
     (envs/<environment>.txt, `-r` includes inlined; PyTorch's CPU build runs in the driver
     environment, envs/pytorch.txt): what a cell's framework versions are, as far as they are
-    known before it runs. The CPU variant's ids are what they were before variants existed."""
+    known before it runs. The CPU variant's ids are what they were before variants existed;
+    a CUDA line's (PyTorch's cu128, ...: its record's cuda_lines) is its own environment's."""
     out = {}
-    for framework in FRAMEWORKS:
-        for variant in VARIANTS:
-            env = environment_name(framework, variant) or "pytorch"
-            req = Path(workflow_dir) / "envs" / f"{env}.txt"
-            digest = _short_hash(requirements_text(req)) if req.exists() else "unknown"
-            out[framework, variant] = f"{env}:{digest}"
+    for (framework, key), env in _environment_names().items():
+        req = Path(workflow_dir) / "envs" / f"{env}.txt"
+        digest = _short_hash(requirements_text(req)) if req.exists() else "unknown"
+        out[framework, key] = f"{env}:{digest}"
     return out
+
+
+def _environment_names() -> dict[tuple[str, str], str]:
+    """(framework, variant or CUDA line) -> the environment's name (the driver's: pytorch)."""
+    out = {}
+    for name, record in FRAMEWORKS.items():
+        for variant in VARIANTS:
+            out[name, variant] = environment_name(name, variant) or "pytorch"
+        for line, env in zip(record.cuda_lines[1:], record.line_environments(), strict=True):
+            out[name, line] = env
+    return out
+
+
+def environment_key(framework: str, hw: dict) -> tuple[str, str]:
+    """The key of a cell's environment in environment_ids: its hardware's variant, or the CUDA
+    line the entry's stated driver runs (Framework.line_for)."""
+    variant = environment_variant(hw)
+    return framework, FRAMEWORKS[framework].line_for(variant, hw) or variant
 
 
 def _fixed_fields(config: dict, by_workload: dict) -> dict[str, dict]:
@@ -184,7 +201,7 @@ def _combo_cells(
             global_batch=global_batch,
             cpus_per_rank=hw["cpus_per_rank"],
             hardware_hash=shared["hardware_hashes"][combo["hardware"]],
-            environment=shared["environments"][combo["framework"], environment_variant(hw)],
+            environment=shared["environments"][environment_key(combo["framework"], hw)],
             gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
             pp_degree=cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
@@ -216,9 +233,7 @@ def build_matrix(
     if problems:
         raise ConfigError("config", problems)
     environments = environments or {
-        (f, v): f"{environment_name(f, v) or 'pytorch'}:unknown"
-        for f in FRAMEWORKS
-        for v in VARIANTS
+        key: f"{env}:unknown" for key, env in _environment_names().items()
     }
     # the planner's site facts (PLANNING_KEYS) change no measurement, and keys added later count
     # only away from their default (LATER_DEFAULTS): left out, so adding or editing them keeps

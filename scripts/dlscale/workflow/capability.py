@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dlscale.registry.cuda_drivers import driver_runs, fitting_lines
 from dlscale.registry.cuda_probes import built_cuda_version, site_packages
-from dlscale.registry.frameworks import FRAMEWORKS, environment_name
+from dlscale.registry.frameworks import FRAMEWORKS
 
 SETUP = "bash scripts/setup.sh"
 CELLS_NAMED = 3  # cells listed by path per problem; the rest are counted
@@ -70,7 +70,7 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
                 "(config `exclude`)"
             )
             continue
-        name = environment_name(framework, variant)
+        name = FRAMEWORKS[framework].environment_for(variant, hw)
         if route != "venv":
             if hw["device"] == "cuda":
                 problems.append(
@@ -101,16 +101,15 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
                 f"{SETUP} {name}"
             )
             continue
-        problem = _driver_problem(Path(folder or sys.prefix), hw, hw_key)
+        problem = _driver_problem(framework, name, Path(folder or sys.prefix), hw, hw_key)
         if problem:
             problems.append(f"{_cells_text(paths)} of {framework} run in {where}: {problem}")
     return problems
 
 
-def _driver_problem(env: Path, hw: dict, hw_key: str) -> str | None:
+def _driver_problem(framework: str, name: str, env: Path, hw: dict, hw_key: str) -> str | None:
     """Why the entry's nodes cannot run the environment's CUDA build (the driver table,
-    dlscale.registry.cuda_drivers), naming the PyTorch lines that fit; None where they can or
-    nothing is stated."""
+    dlscale.registry.cuda_drivers) and what to do; None where they can or nothing is stated."""
     sp = site_packages(env)
     cuda = built_cuda_version(sp) if sp is not None else None
     if cuda is None:
@@ -118,17 +117,25 @@ def _driver_problem(env: Path, hw: dict, hw_key: str) -> str | None:
     runs, why = driver_runs(hw, cuda)
     if runs:
         return None
-    lines = fitting_lines(hw)
-    fit = (
-        f"use a CUDA line the driver runs: {', '.join(lines)} (docs/pages/gpu.md, "
-        '"CUDA lines and the driver")'
-        if lines
-        else "no CUDA line PyTorch publishes runs on it"
+    record = FRAMEWORKS[framework]
+    where = f"hardware {hw_key!r}: nvidia_driver/max_cuda in the hardware file"
+    if name in record.line_environments():
+        return (
+            f"{why} ({where}), and this environment is the {name.rsplit('-', 1)[1]} line's: it "
+            f"holds another build; rebuild it with: {SETUP} {name}"
+        )
+    lines = fitting_lines(hw) if record.cuda_lines else []
+    fix = (
+        f"no CUDA line of {framework} that dlscale sets up runs on that driver "
+        f"(lines: {', '.join(record.cuda_lines) or 'one, CUDA ' + cuda}); leave {framework} out "
+        "of this hardware's cells (config `exclude`)"
+        if not lines
+        else f"the lines that run there: {', '.join(lines)}"
     )
     return (
-        f"{why} (hardware {hw_key!r}: nvidia_driver/max_cuda in the hardware file). Either "
-        f"{fit}, or upgrade the nodes' driver, or state cuda_forward_compat: true where the "
-        "nodes carry NVIDIA's forward-compatibility package"
+        f"{why} ({where}). {fix[0].upper()}{fix[1:]}, or upgrade the nodes' driver, or state "
+        "cuda_forward_compat: true where the nodes carry NVIDIA's forward-compatibility package "
+        '(docs/pages/gpu.md, "CUDA lines and the driver")'
     )
 
 
@@ -141,14 +148,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--expect-cuda", action="store_true", help="exit 1 unless the build drives CUDA"
     )
+    parser.add_argument(
+        "--expect-cuda-version",
+        default=None,
+        help="exit 1 unless the build is for this CUDA version (e.g. 12.8: a CUDA line's)",
+    )
     args = parser.parse_args(argv)
     ok, says = cuda_build(args.framework, args.env_dir)
+    sp = site_packages(args.env_dir)
+    built = built_cuda_version(sp) if sp is not None else None
+    if args.expect_cuda_version is not None and built != args.expect_cuda_version:
+        ok, says = (
+            False,
+            f"{says}; expected a build for CUDA {args.expect_cuda_version}, not {built}",
+        )
     print(
         json.dumps(
-            {"framework": args.framework, "env_dir": str(args.env_dir), "cuda": ok, "detail": says}
+            {
+                "framework": args.framework,
+                "env_dir": str(args.env_dir),
+                "cuda": ok,
+                "cuda_version": built,
+                "detail": says,
+            }
         )
     )
-    return 1 if args.expect_cuda and not ok else 0
+    return 1 if (args.expect_cuda or args.expect_cuda_version) and not ok else 0
 
 
 if __name__ == "__main__":

@@ -66,24 +66,20 @@ def test_the_driver_keys_are_checked_early_with_the_key_named(hardware):
         validate_hardware(cpu, schema)
 
 
-def test_stating_the_driver_re_measures_nothing(tmp_path):
-    """The keys check only: the shipped hardware file with a driver stated gives every cell of
-    the demo the same path, identity and hash as without it."""
-    base = load_study(workflow_config({}, ROOT), ROOT)
+def test_stating_a_driver_that_runs_the_default_build_re_measures_nothing(tmp_path):
+    """The keys check, and choose a CUDA line only where the default build cannot run: a driver
+    that runs PyPI's CUDA 13 torch (R580, or nvidia-smi's CUDA 13.0) gives every cell the same
+    path, identity and hash as no driver stated. (An R525-R570 driver moves PyTorch's GPU cells
+    to a CUDA 12 line: another build, another identity; tests/unit/envs/test_cuda_lines.py.)"""
     text = (ROOT / "config" / "hardware.yaml").read_text()
-    stated = text.replace(
-        "  device_model: NVIDIA H100 80GB HBM3\n",
-        '  device_model: NVIDIA H100 80GB HBM3\n  nvidia_driver: "550.54.15"\n  max_cuda: "12.4"\n',
-    )
-    assert stated != text
-    hw = tmp_path / "hw.yaml"
-    hw.write_text(stated)
-    gpu = {"hardware_file": str(hw), "axes": {"hardware": ["cpu", "h100"]}}
-    plain = load_study(
-        workflow_config({**gpu, "hardware_file": "config/hardware.yaml"}, ROOT), ROOT
-    )
-    with_driver = load_study(workflow_config(gpu, ROOT), ROOT)
-    assert [(c.path, c.config_hash, c.to_json()) for c in plain.cells] == [
-        (c.path, c.config_hash, c.to_json()) for c in with_driver.cells
-    ]
-    assert len(base.cells) > 0
+    model = "  device_model: NVIDIA H100 80GB HBM3\n"
+    gpu = {"axes": {"hardware": ["cpu", "h100"]}, "workloads": ["throughput"]}
+    plain = load_study(workflow_config(gpu, ROOT), ROOT)
+    for stated in ('  nvidia_driver: "580.95.05"\n', '  max_cuda: "13.0"\n'):
+        hw = tmp_path / "hw.yaml"
+        hw.write_text(text.replace(model, model + stated))
+        with_driver = load_study(workflow_config({**gpu, "hardware_file": str(hw)}, ROOT), ROOT)
+        assert [(c.path, c.config_hash, c.to_json()) for c in plain.cells] == [
+            (c.path, c.config_hash, c.to_json()) for c in with_driver.cells
+        ]
+    assert any(c.hardware == "h100" for c in plain.cells)

@@ -145,7 +145,9 @@ def test_setup_reads_the_environments_with_the_standard_library_alone():
     assert out.stdout.split() == expected
     cpu = {f.environment for f in FRAMEWORKS.values()} - {None}  # the driver's .venv aside
     assert set(frameworks.environments("cpu")) == cpu and len(expected) == len(set(expected))
-    assert len(frameworks.environments("cuda")) == len(cpu) + 1  # + the driver's pytorch-cuda
+    lines = [e for f in FRAMEWORKS.values() for e in f.line_environments()]
+    # + the driver's pytorch-cuda, + PyTorch's CUDA lines of their own (pytorch-cu128, ...)
+    assert len(frameworks.environments("cuda")) == len(cpu) + 1 + len(lines)
     for env in expected:
         assert (ROOT / "envs" / f"{env}.txt").is_file()
     bad = subprocess.run(

@@ -282,19 +282,35 @@ def test_the_workflow_refuses_gpu_cells_in_a_cpu_build_before_any_job(tmp_path, 
 R550 = {"device": "cuda", "compute_capability": 9.0, "nvidia_driver": "550.54.15"}
 
 
-def test_a_cuda_13_build_on_an_r550_driver_is_refused_naming_the_lines_that_fit(tmp_path):
-    env = fake_env(tmp_path, TORCH_CUDA)  # torch built with CUDA 13.0 (PyPI's 2.13.0)
-    problems = environment_problems(cells("pytorch", "h100", 2), {"h100": R550}, lambda n: env)
-    assert len(problems) == 1
-    text = problems[0]
-    assert "2 cell(s) (" in text and "of pytorch run in .venvs/pytorch-cuda" in text
+def test_an_r550_entry_runs_pytorch_in_the_cu128_line_and_names_what_is_missing(tmp_path):
+    planned = cells("pytorch", "h100", 2)
+    (text,) = environment_problems(planned, {"h100": R550}, lambda name: tmp_path / name)
+    assert "of pytorch run in .venvs/pytorch-cu128, which does not exist" in text
+    assert text.endswith("build it with: bash scripts/setup.sh pytorch-cu128")
+    # the line's folder holding another build (PyPI's CUDA 13 torch): rebuild it
+    cu130 = fake_env(tmp_path, TORCH_CUDA)
+    (text,) = environment_problems(planned, {"h100": R550}, lambda name: cu130)
+    assert "2 cell(s) (" in text and "of pytorch run in .venvs/pytorch-cu128" in text
     assert "a CUDA 13.0 build needs driver >= 580.65.06" in text and "run 550.54.15" in text
-    assert "use a CUDA line the driver runs: cu128, cu126" in text
-    assert "cuda_forward_compat: true" in text
+    assert "this environment is the cu128 line's: it holds another build" in text
+    assert text.endswith("rebuild it with: bash scripts/setup.sh pytorch-cu128")
+
+
+def test_a_build_no_line_of_which_runs_on_the_driver_is_refused_with_the_ways_out(tmp_path):
+    cu130 = fake_env(tmp_path, TORCH_CUDA)
+    hvd = fake_env(tmp_path / "hvd", {**TORCH_CUDA, **HOROVOD_NCCL})
+    (text,) = environment_problems(cells("horovod", "h100"), {"h100": R550}, lambda n: hvd)
+    assert "of horovod run in .venvs/horovod-cuda: a CUDA 13.0 build needs driver" in text
+    assert "No CUDA line of horovod that dlscale sets up runs on that driver" in text
+    assert "config `exclude`" in text and "cuda_forward_compat: true" in text
+    r470 = {"h100": {"device": "cuda", "nvidia_driver": "470.82.01"}}  # CUDA 11 only
+    (text,) = environment_problems(cells("pytorch", "h100"), r470, lambda n: cu130)
+    assert "of pytorch run in .venvs/pytorch-cuda" in text
+    assert "(lines: cu130, cu128, cu126)" in text
     # the same nodes stated as nvidia-smi's CUDA Version
-    by_cuda = {"h100": {"device": "cuda", "max_cuda": "12.4"}}
-    (text,) = environment_problems(cells("pytorch", "h100"), by_cuda, lambda n: env)
-    assert "needs a CUDA 13.x driver, and the nodes support CUDA 12.4 at most" in text
+    by_cuda = {"h100": {"device": "cuda", "max_cuda": "11.4"}}
+    (text,) = environment_problems(cells("pytorch", "h100"), by_cuda, lambda n: cu130)
+    assert "needs a CUDA 13.x driver, and the nodes support CUDA 11.4 at most" in text
 
 
 def test_a_cuda_12_line_runs_on_r550_and_r580_runs_either(tmp_path):
@@ -320,7 +336,7 @@ def test_tensorflow_and_mxnet_builds_are_read_for_their_cuda_version(tmp_path):
     old = {"a100": {"device": "cuda", "nvidia_driver": "470.82.01"}}  # a CUDA 11 driver
     (text,) = environment_problems(cells("tensorflow", "a100"), old, lambda n: tf)
     assert "a CUDA 12.5 build needs driver >= 525.60.13" in text
-    assert "no CUDA line PyTorch publishes runs on it" in text
+    assert "No CUDA line of tensorflow that dlscale sets up runs on that driver" in text
     mx = fake_env(tmp_path / "m", {"mxnet_cu117-1.9.1.dist-info/METADATA": "Name: mxnet-cu117\n"})
     assert built_cuda_version(next(mx.glob("lib/*/site-packages"))) == "11.7"
     assert environment_problems(cells("mxnet", "a100"), old, lambda n: mx) == []
