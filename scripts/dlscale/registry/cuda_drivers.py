@@ -72,6 +72,31 @@ def driver_runs(entry: dict, cuda: str) -> tuple[bool, str]:
     return True, "the entry states no driver (nvidia_driver or max_cuda): not checked"
 
 
+def driver_cuda(entry: dict) -> str | None:
+    """The CUDA version the entry's driver supports in full (PTX JIT included): its max_cuda,
+    else its driver branch's (branch_cuda); None where neither is known."""
+    if entry.get("max_cuda") is not None:
+        return str(entry["max_cuda"])
+    driver = entry.get("nvidia_driver")
+    if driver is None:
+        return None
+    return table()["branch_cuda"].get(str(version_tuple(driver)[0]))
+
+
+def driver_jits(entry: dict, cuda: str) -> tuple[bool, str]:
+    """(can, why) for a driver to JIT a CUDA `cuda` build's PTX (a build without machine code
+    for the GPU): the driver's own CUDA version must be at least the build's. Passes where the
+    nodes carry the forward-compatibility package or nothing is stated."""
+    if entry.get("cuda_forward_compat"):
+        return True, "forward-compatibility package"
+    have = driver_cuda(entry)
+    if have is None:
+        return True, "the driver's CUDA version is not known: not checked"
+    if version_tuple(have)[:2] >= version_tuple(cuda)[:2]:
+        return True, f"the driver supports CUDA {have} >= {cuda}"
+    return False, f"the nodes' driver supports CUDA {have}, below the build's {cuda}"
+
+
 def fitting_lines(entry: dict) -> list[str]:
     """PyTorch's CUDA lines (cu126, ...) the entry's driver runs, newest first."""
     lines = table()["pytorch_lines"]

@@ -58,6 +58,9 @@ class Framework:
       host_sync_per_step_cpu: the same where its cells ran on CPUs only (None: as on GPUs);
     - initialisation_and_data_order: how its ranks' weights and data order are set (the
       time-to-accuracy section states it per framework);
+    - ptx_only_from: (compute capability, why) from which its CUDA build carries no machine
+      code, only PTX the driver compiles at start: the driver must then support the build's
+      CUDA version in full (dlscale.registry.cuda_drivers.driver_jits), not only its major;
     - cuda_lines: the CUDA lines its CUDA environment comes in (PyTorch's cu130, cu128, ...;
       dlscale.registry.cuda_drivers), the first being `<env>-cuda`'s, each other one an
       environment of its own, `<env>-<line>` (envs/<env>-<line>.txt); a hardware entry that
@@ -74,6 +77,7 @@ class Framework:
     host_sync_per_step_cpu: str | None = None
     workloads: tuple[str, ...] = WORKLOADS
     cuda_limit: tuple[float, str] | None = None
+    ptx_only_from: tuple[float, str] | None = None
     cuda_lines: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -180,6 +184,12 @@ FRAMEWORKS = {
             environment="tensorflow",
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
+            ptx_only_from=(
+                9.0,
+                "TensorFlow's CUDA 12 wheels carry machine code up to compute capability 8.x; "
+                "for 9.0 (Hopper) and newer their targets end at compute_90 PTX, which the "
+                "driver compiles when each rank starts",
+            ),
             host_sync_per_step="one per step: the step fetches its loss to the host (.numpy())",
             initialisation_and_data_order=(
                 "weights from Keras 3's initializers after keras.utils.set_random_seed(seed + "
@@ -194,6 +204,12 @@ FRAMEWORKS = {
             environment="tensorflow",
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
+            ptx_only_from=(
+                9.0,
+                "TensorFlow's CUDA 12 wheels carry machine code up to compute capability 8.x; "
+                "for 9.0 (Hopper) and newer their targets end at compute_90 PTX, which the "
+                "driver compiles when each rank starts",
+            ),
             host_sync_per_step="one per step: the step fetches its loss to the host",
             initialisation_and_data_order=(
                 "weights from tf_keras' initializers after set_random_seed(seed + rank), "

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from dlscale.registry.cuda_drivers import driver_runs, fitting_lines
+from dlscale.registry.cuda_drivers import driver_jits, driver_runs, fitting_lines
 from dlscale.registry.cuda_probes import built_cuda_version, site_packages
 from dlscale.registry.frameworks import FRAMEWORKS
 
@@ -114,10 +114,21 @@ def _driver_problem(framework: str, name: str, env: Path, hw: dict, hw_key: str)
     cuda = built_cuda_version(sp) if sp is not None else None
     if cuda is None:
         return None
+    record = FRAMEWORKS[framework]
     runs, why = driver_runs(hw, cuda)
+    ptx = record.ptx_only_from
+    capability = hw.get("compute_capability")
+    if runs and ptx and capability is not None and capability >= ptx[0]:
+        jits, short = driver_jits(hw, cuda)
+        if not jits:
+            return (
+                f"{ptx[1]}: on compute capability {capability} ({hw_key!r}) the driver must "
+                f"support CUDA {cuda} in full, and {short}. Leave {framework} out of this "
+                "hardware's cells (config `exclude`), or upgrade the nodes' driver "
+                '(docs/pages/gpu.md, "CUDA lines and the driver")'
+            )
     if runs:
         return None
-    record = FRAMEWORKS[framework]
     where = f"hardware {hw_key!r}: nvidia_driver/max_cuda in the hardware file"
     if name in record.line_environments():
         return (

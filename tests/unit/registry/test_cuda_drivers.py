@@ -33,6 +33,12 @@ def test_the_table_is_data_with_its_source():
     assert cuda_drivers.fitting_lines({"nvidia_driver": "525.60.12"}) == []
     with pytest.raises(ValueError, match="not a version"):
         cuda_drivers.version_tuple("R550")
+    # what each branch supports in full (nvidia-smi's "CUDA Version"): PTX JIT needs it
+    assert cuda_drivers.driver_cuda({"nvidia_driver": "535.183.01"}) == "12.2"
+    assert cuda_drivers.driver_cuda({"nvidia_driver": "580.65.06", "max_cuda": "13.0"}) == "13.0"
+    assert cuda_drivers.driver_cuda({}) is None
+    assert cuda_drivers.driver_jits({"nvidia_driver": "570.86.10"}, "12.8")[0]
+    assert not cuda_drivers.driver_jits({"nvidia_driver": "570.86.10"}, "12.9")[0]
 
 
 @pytest.fixture()

@@ -340,3 +340,22 @@ def test_tensorflow_and_mxnet_builds_are_read_for_their_cuda_version(tmp_path):
     mx = fake_env(tmp_path / "m", {"mxnet_cu117-1.9.1.dist-info/METADATA": "Name: mxnet-cu117\n"})
     assert built_cuda_version(next(mx.glob("lib/*/site-packages"))) == "11.7"
     assert environment_problems(cells("mxnet", "a100"), old, lambda n: mx) == []
+
+
+def test_tensorflow_on_hopper_needs_a_driver_that_jits_its_ptx(tmp_path):
+    """TensorFlow's CUDA 12.5 build has no Hopper machine code: on compute capability 9.0 the
+    driver JITs its PTX, which minor version compatibility does not cover: R550 (CUDA 12.4) is
+    refused, R560 (12.6) runs it, and on an A100 (8.0) R550 runs it."""
+    tf = fake_env(tmp_path, {**TF_CUDA, **CUDNN})
+    hopper = {"device": "cuda", "compute_capability": 9.0, "nvidia_driver": "550.54.15"}
+    (text,) = environment_problems(cells("keras", "h100"), {"h100": hopper}, lambda n: tf)
+    assert "targets end at compute_90 PTX" in text
+    assert "the driver must support CUDA 12.5 in full" in text
+    assert "the nodes' driver supports CUDA 12.4, below the build's 12.5" in text
+    assert "config `exclude`" in text
+    newer = {"h100": {**hopper, "nvidia_driver": "560.35.03"}}
+    assert environment_problems(cells("tensorflow", "h100"), newer, lambda n: tf) == []
+    ampere = {"a100": {**hopper, "compute_capability": 8.0}}
+    assert environment_problems(cells("tensorflow", "a100"), ampere, lambda n: tf) == []
+    by_cuda = {"h100": {"device": "cuda", "compute_capability": 9.0, "max_cuda": "12.4"}}
+    assert environment_problems(cells("tensorflow", "h100"), by_cuda, lambda n: tf)
