@@ -151,6 +151,14 @@ class Framework:
         return f"{self.environment or DRIVER_ENVIRONMENT}-{variant}"
 
 
+# TensorFlow's and Keras' one CUDA build (both run in the tensorflow environments)
+TENSORFLOW_PTX_ONLY = (
+    9.0,
+    "TensorFlow's CUDA 12 wheels carry machine code up to compute capability 8.x; for 9.0 "
+    "(Hopper) and newer their targets end at compute_90 PTX, which the driver compiles when "
+    "each rank starts",
+)
+
 FRAMEWORKS = {
     f.name: f
     for f in (
@@ -184,12 +192,7 @@ FRAMEWORKS = {
             environment="tensorflow",
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
-            ptx_only_from=(
-                9.0,
-                "TensorFlow's CUDA 12 wheels carry machine code up to compute capability 8.x; "
-                "for 9.0 (Hopper) and newer their targets end at compute_90 PTX, which the "
-                "driver compiles when each rank starts",
-            ),
+            ptx_only_from=TENSORFLOW_PTX_ONLY,
             host_sync_per_step="one per step: the step fetches its loss to the host (.numpy())",
             initialisation_and_data_order=(
                 "weights from Keras 3's initializers after keras.utils.set_random_seed(seed + "
@@ -204,12 +207,7 @@ FRAMEWORKS = {
             environment="tensorflow",
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
-            ptx_only_from=(
-                9.0,
-                "TensorFlow's CUDA 12 wheels carry machine code up to compute capability 8.x; "
-                "for 9.0 (Hopper) and newer their targets end at compute_90 PTX, which the "
-                "driver compiles when each rank starts",
-            ),
+            ptx_only_from=TENSORFLOW_PTX_ONLY,
             host_sync_per_step="one per step: the step fetches its loss to the host",
             initialisation_and_data_order=(
                 "weights from tf_keras' initializers after set_random_seed(seed + rank), "
