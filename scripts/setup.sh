@@ -110,7 +110,7 @@ build_env() {
   base=${env%-cuda}
   inputs=("$req")
   pip_args=()
-  mapfile -t line_index < <(registry_pip_index "$env")
+  mapfile -t line_index < <(registry_pip_index "$env" | grep -v '^$')
   if [ ${#line_index[@]} -gt 0 ]; then
     # a CUDA line of its own (pytorch-cu128, ...): torch from PyTorch's index for the line (or
     # the site's mirror, DLSCALE_TORCH_INDEX), the rest from PyPI (DLSCALE_PYPI_INDEX); its -r

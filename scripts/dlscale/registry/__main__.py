@@ -30,7 +30,8 @@ def pip_index(env: str, environ=os.environ) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "pip-index":
-        print("\n".join(pip_index(argv[1])))
+        for arg in pip_index(argv[1]):  # nothing at all for an environment without its own index
+            print(arg)
         return 0
     if not argv or argv[0] != "environments" or len(argv) > 2:
         print(__doc__, file=sys.stderr)

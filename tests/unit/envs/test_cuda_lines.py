@@ -75,6 +75,18 @@ def test_setup_installs_a_line_from_pytorchs_index_or_the_sites_mirror():
         "--index-url=https://mirror.site/torch/cu126"
     )
     assert registry_cli.pip_index("pytorch-cuda", {}) == []  # PyPI only, as before
+    # what setup.sh reads: nothing at all (not an empty line) for every other environment, so
+    # they keep their pip settings (an empty line once made setup.sh install horovod --isolated,
+    # which ignored the local CPU torch wheel and pulled PyPI's CUDA 13 torch)
+    for env in ["tensorflow", "horovod", "mxnet", "pytorch-cuda", "horovod-cuda", "pytorch-cu128"]:
+        out = subprocess.run(
+            [sys.executable, "-S", "-m", "dlscale.registry", "pip-index", env],
+            cwd=ROOT, env={"PYTHONPATH": str(ROOT / "scripts")}, capture_output=True, text=True,
+            check=True,
+        ).stdout  # fmt: skip
+        assert out == (
+            "" if env != "pytorch-cu128" else "\n".join(registry_cli.pip_index(env)) + "\n"
+        )
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert 'registry_pip_index "$env"' in setup and '"${line_index[@]}"' in setup
 
