@@ -32,7 +32,7 @@ SUDO=""
 # standard library alone, before any venv exists.
 registry_envs() { PYTHONPATH=scripts python3 -m dlscale.registry environments "$1"; }
 registry_pip_index() { PYTHONPATH=scripts python3 -m dlscale.registry pip-index "$1"; }
-line_version() { local d=$1; echo "${d:0:${#d}-1}.${d: -1}"; }   # 128 -> 12.8
+registry_line_cuda() { PYTHONPATH=scripts python3 -m dlscale.registry line-cuda "$1"; }
 mapfile -t CPU_ENVS < <(registry_envs cpu)
 mapfile -t CUDA_ENVS < <(registry_envs cuda)
 [ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
@@ -149,7 +149,7 @@ build_env() {
   if [ "$base" != "$env" ]; then
     # the environment must drive a GPU (read from its files: no GPU needed on this host)
     line_cuda=()
-    [ ${#line_index[@]} -gt 0 ] && line_cuda=(--expect-cuda-version "$(line_version "${env##*-cu}")")
+    [ ${#line_index[@]} -gt 0 ] && line_cuda=(--expect-cuda-version "$(registry_line_cuda "$env")")
     "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda "${line_cuda[@]}" \
       || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; return 1; }
   fi

@@ -29,25 +29,21 @@ def wrapper_of(parallelism: str) -> str:
     """What wraps the model under a strategy beyond ddp, as the rank records it (metrics
     `wrapper`), from the strategy's record: tensor parallel, then fully_shard, or a pipeline."""
     record = STRATEGIES[parallelism]
+    tensor_parallel = "torch.distributed.tensor.parallel"
+    hybrid = "(FSDP2, hybrid) over (dp_replicate, dp_shard)"
+    shard_over = hybrid if record.hybrid else "(FSDP2) over dp_shard"
     parts = []
-    if record.splits_layers:
-        parts.append(
-            "torch.distributed.tensor.parallel (ColwiseParallel/RowwiseParallel) over tp"
-            if not record.sharded
-            else "torch.distributed.tensor.parallel over tp"
-        )
-    if record.sharded:
-        hybrid = " (FSDP2, hybrid) over (dp_replicate, dp_shard)"
-        parts.append(
-            "torch.distributed.fsdp.fully_shard"
-            + (hybrid if record.hybrid else " (FSDP2) over dp_shard")
-        )
+    if record.splits_layers and record.sharded:
+        parts.append(f"{tensor_parallel} over tp, then fully_shard {shard_over}")
+    elif record.splits_layers:
+        parts.append(f"{tensor_parallel} (ColwiseParallel/RowwiseParallel) over tp")
+    elif record.sharded:
+        parts.append(f"torch.distributed.fsdp.fully_shard {shard_over}")
     if record.pipeline:
         parts.append("torch.distributed.pipelining (PipelineStage, ScheduleGPipe) over pp")
-    text = ", then ".join(parts).replace(", then torch.distributed.fsdp.", ", then ")
     if record.replicas_average_gradients:
-        text += ", gradients averaged over dp_replicate"
-    return text or f"torch.distributed device mesh ({parallelism})"
+        parts.append("gradients averaged over dp_replicate")
+    return ", ".join(parts) or f"torch.distributed device mesh ({parallelism})"
 
 
 def build_mesh(dims: ParallelDims, device_type: str):

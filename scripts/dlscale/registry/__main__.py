@@ -4,6 +4,8 @@ need, one per line (what scripts/setup.sh builds by default and accepts).
 line (a CUDA line's environment, e.g. pytorch-cu128: PyTorch's wheel index for the line,
 $DLSCALE_TORCH_INDEX/<line>, default https://download.pytorch.org/whl, then PyPI,
 $DLSCALE_PYPI_INDEX, default https://pypi.org/simple; nothing for the others).
+`python -m dlscale.registry line-cuda ENV`: the CUDA version a line's environment must be built
+for (pytorch-cu128: 12.8, from cuda_drivers.json); nothing for the others.
 Standard library only: setup.sh runs it with the system Python before any venv exists."""
 
 from __future__ import annotations
@@ -11,24 +13,38 @@ from __future__ import annotations
 import os
 import sys
 
+from dlscale.registry.cuda_drivers import table
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environments
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
 PYPI_INDEX = "https://pypi.org/simple"
 
 
-def pip_index(env: str, environ=os.environ) -> list[str]:
-    """pip's index arguments for environment `env` (see the module's docstring)."""
+def line_of(env: str) -> str | None:
+    """The CUDA line whose environment `env` is (pytorch-cu128: cu128), or None."""
     for record in FRAMEWORKS.values():
         for line, name in zip(record.cuda_lines[1:], record.line_environments(), strict=True):
             if name == env:
-                torch = environ.get("DLSCALE_TORCH_INDEX", TORCH_INDEX).rstrip("/")
-                pypi = environ.get("DLSCALE_PYPI_INDEX", PYPI_INDEX)
-                return [f"--index-url={torch}/{line}", f"--extra-index-url={pypi}"]
-    return []
+                return line
+    return None
+
+
+def pip_index(env: str, environ=os.environ) -> list[str]:
+    """pip's index arguments for environment `env` (see the module's docstring)."""
+    line = line_of(env)
+    if line is None:
+        return []
+    torch = environ.get("DLSCALE_TORCH_INDEX", TORCH_INDEX).rstrip("/")
+    pypi = environ.get("DLSCALE_PYPI_INDEX", PYPI_INDEX)
+    return [f"--index-url={torch}/{line}", f"--extra-index-url={pypi}"]
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "line-cuda":
+        line = line_of(argv[1])
+        if line is not None:
+            print(table()["pytorch_lines"][line])
+        return 0
     if len(argv) == 2 and argv[0] == "pip-index":
         for arg in pip_index(argv[1]):  # nothing at all for an environment without its own index
             print(arg)

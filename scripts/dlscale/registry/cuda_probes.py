@@ -15,12 +15,19 @@ def site_packages(env_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def torch_cuda(sp: Path) -> tuple[bool, str]:
+def _torch_version_cuda(sp: Path) -> str | None:
+    """torch/version.py's `cuda` value as written ("13.0", "None", ...); None without torch."""
     version = sp / "torch" / "version.py"
     if not version.exists():
-        return False, "torch is not installed"
+        return None
     m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+)$", version.read_text(), re.M)
-    value = m.group(1).strip().strip("'\"") if m else "None"
+    return m.group(1).strip().strip("'\"") if m else "None"
+
+
+def torch_cuda(sp: Path) -> tuple[bool, str]:
+    value = _torch_version_cuda(sp)
+    if value is None:
+        return False, "torch is not installed"
     if value in ("None", ""):
         return False, "torch is a CPU build (torch.version.cuda is None)"
     return True, f"torch built with CUDA {value}"
@@ -72,10 +79,9 @@ def built_cuda_version(sp: Path) -> str | None:
     """The CUDA version an environment's framework build was made for, read from its files
     (torch/version.py's `cuda`, TensorFlow's build_info `cuda_version`, MXNet's mxnet-cuXYZ
     distribution); None for a CPU build or one that does not say."""
-    version = sp / "torch" / "version.py"
-    if version.exists():
-        m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*['\"]([0-9.]+)['\"]", version.read_text(), re.M)
-        return m.group(1) if m else None
+    value = _torch_version_cuda(sp)
+    if value is not None:
+        return value if re.fullmatch(r"[0-9]+(\.[0-9]+)*", value) else None
     info = sp / "tensorflow" / "python" / "platform" / "build_info.py"
     if info.exists():
         m = re.search(r"['\"]cuda_version['\"]\s*[:,]\s*['\"]([0-9.]+)['\"]", info.read_text())

@@ -97,18 +97,15 @@ class Framework:
                 f"{where}: fact 'cuda_lines' names {', '.join(unknown)}; allowed: "
                 f"{', '.join(table()['pytorch_lines'])} (dlscale/registry/cuda_drivers.json)"
             )
-        for env in self.line_environments():
+        named = [
+            ("environment", f"the {v} environment", self.environment_name(v) or DRIVER_ENVIRONMENT)
+            for v in VARIANTS
+        ] + [("cuda_lines", "the environment", env) for env in self.line_environments()]
+        for fact, what, env in named:
             if ENVS_DIR.is_dir() and not (ENVS_DIR / f"{env}.txt").is_file():
                 raise RegistryError(
-                    f"{where}: fact 'cuda_lines' gives the environment {env!r}, and "
-                    f"envs/{env}.txt does not exist"
-                )
-        for variant in VARIANTS:
-            env = self.environment_name(variant) or DRIVER_ENVIRONMENT
-            if ENVS_DIR.is_dir() and not (ENVS_DIR / f"{env}.txt").is_file():
-                raise RegistryError(
-                    f"{where}: fact 'environment' gives the {variant} environment {env!r}, and "
-                    f"envs/{env}.txt does not exist"
+                    f"{where}: fact {fact!r} gives {what} {env!r}, and envs/{env}.txt does not "
+                    "exist"
                 )
 
     @property

@@ -90,9 +90,12 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
         if hw["device"] != "cuda":
             continue  # a CPU cell runs in any build
         key = (framework, name)
-        if key not in checked:
-            checked[key] = cuda_build(framework, Path(folder or sys.prefix))
-        ok, says = checked[key]
+        if key not in checked:  # each environment's files read once, whatever its entries
+            env = Path(folder or sys.prefix)
+            sp = site_packages(env)
+            cuda = built_cuda_version(sp) if sp is not None else None
+            checked[key] = (*cuda_build(framework, env), cuda)
+        ok, says, cuda = checked[key]
         where = f".venvs/{name}" if folder is not None else f"the driver environment ({sys.prefix})"
         if not ok:
             problems.append(
@@ -101,19 +104,15 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
                 f"{SETUP} {name}"
             )
             continue
-        problem = _driver_problem(framework, name, Path(folder or sys.prefix), hw, hw_key)
+        problem = _driver_problem(framework, name, cuda, hw, hw_key) if cuda else None
         if problem:
             problems.append(f"{_cells_text(paths)} of {framework} run in {where}: {problem}")
     return problems
 
 
-def _driver_problem(framework: str, name: str, env: Path, hw: dict, hw_key: str) -> str | None:
-    """Why the entry's nodes cannot run the environment's CUDA build (the driver table,
+def _driver_problem(framework: str, name: str, cuda: str, hw: dict, hw_key: str) -> str | None:
+    """Why the entry's nodes cannot run the environment's CUDA `cuda` build (the driver table,
     dlscale.registry.cuda_drivers) and what to do; None where they can or nothing is stated."""
-    sp = site_packages(env)
-    cuda = built_cuda_version(sp) if sp is not None else None
-    if cuda is None:
-        return None
     record = FRAMEWORKS[framework]
     runs, why = driver_runs(hw, cuda)
     ptx = record.ptx_only_from

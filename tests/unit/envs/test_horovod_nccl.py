@@ -89,25 +89,23 @@ def test_horovods_own_findnccl_finds_the_header_and_library_under_its_names(venv
         "find_package(NCCL REQUIRED)\n"
         'message(STATUS "FOUND ${NCCL_INCLUDE_DIRS} ${NCCL_LIBRARIES} ${NCCL_MAJOR_VERSION}")\n'
     )
-    found = subprocess.run(
-        ["cmake", "-S", str(project), "-B", str(tmp_path / "build")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **switches},
-        timeout=120,
-    )
+
+    def configure(build: str, env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["cmake", "-S", str(project), "-B", str(tmp_path / build)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=120,
+        )
+
+    found = configure("build", switches)
     assert found.returncode == 0, found.stdout + found.stderr
     assert f"FOUND {home / 'include'} {home / 'lib' / 'libnccl.so'} 2" in found.stdout
 
     # the same layout without the link folder: CMake does not find pip's libnccl.so.2
     bare = {**switches, "HOROVOD_NCCL_HOME": str(nccl)}
-    missing = subprocess.run(
-        ["cmake", "-S", str(project), "-B", str(tmp_path / "build2")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **bare},
-        timeout=120,
-    )
+    missing = configure("build2", bare)
     assert missing.returncode != 0 and "NCCL_LIBRARY" in missing.stdout + missing.stderr
 
 
