@@ -37,6 +37,7 @@ from dlscale.study.cell import (
 from dlscale.study.matrix import load_workflow_study
 from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
+from dlscale.store.preflight_results import PREFLIGHT_DIR
 from dlscale.workflow.resume_journal import previous_driver
 from dlscale.workflow.advice import Invocation, with_config
 
@@ -277,9 +278,13 @@ def adopt_measurements():
 def start_driver():
     if not workflow.is_main_process:
         return
+    from dlscale.workflow import preflight
     from dlscale.workflow.resume import start
 
     start(workflow, RESULTS, STUDY.config["restart"], metrics_files())
+    # each (hardware entry, environment) checked by one short job that holds its cells
+    # (dlscale.workflow.preflight; `--config preflight=False` skips it)
+    preflight.start(workflow, RESULTS, STUDY.config, STUDY.cells, STUDY.hardware, _framework_python)
 
 
 def metrics_files():

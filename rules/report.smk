@@ -25,6 +25,7 @@ rule report_inputs:
     params:
         config=STUDY.config,
         n_planned=len(STUDY.cells),
+        preflight_dir=f"{RESULTS}/{PREFLIGHT_DIR}",  # dlscale.workflow.preflight's results
     run:
         from dlscale.outputs.report import write_report_inputs
 
@@ -32,6 +33,7 @@ rule report_inputs:
             {**dict(input.items()), **dict(output.items())},
             config=params.config,
             n_planned=params.n_planned,
+            preflight_dir=params.preflight_dir,
         )
 
 

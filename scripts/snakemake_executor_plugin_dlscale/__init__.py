@@ -11,6 +11,9 @@ the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
 - `check_active_jobs`: the plugin's own, then its status poll interval grown by the setting
   `dlscale-status-backoff-factor` instead of the plugin's +10 s per poll that saw no job finish,
   and bounded by `dlscale-max-seconds-between-status-checks` (the plugin's bound: 180 s, fixed).
+- `run_jobs` (first), `check_active_jobs`, `report_job_error`: each cell is held behind its
+  hardware entry's preflight, refused after a failed one, and its error says why
+  (dlscale.workflow.preflight, started at the workflow's onstart).
 - `run_jobs`, `report_job_submission`, `report_job_success`, `cancel_jobs`: a study survives its
   driver (dlscale.workflow.resume: adoption of an earlier driver's jobs, the submission journal,
   SIGHUP/SIGINT/SIGTERM). Resume starts at the workflow's onstart (`start_study`, called by
@@ -32,6 +35,7 @@ from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmExecutorSettings
 from snakemake_executor_plugin_slurm import common_settings
 from snakemake_interface_common.exceptions import WorkflowError
+from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
 from dlscale.workflow import jobstep, resume
 
@@ -81,6 +85,8 @@ def misnamed_options(argv: list[str]) -> list[str]:
 
 
 class Executor(SlurmExecutor):
+    preflight = None  # dlscale.workflow.preflight.Preflight, set at onstart (Slurm route)
+
     def __post_init__(self, test_mode: bool = False):
         misnamed = misnamed_options(sys.argv[1:])
         if misnamed and self.workflow.is_main_process:
@@ -102,6 +108,8 @@ class Executor(SlurmExecutor):
     async def check_active_jobs(self, active_jobs):
         settings = self.workflow.executor_settings
         before = self.next_seconds_between_status_checks
+        if self.preflight is not None:
+            self.preflight.poll()  # each preflight's result said once, when it arrives
         async for job_info in super().check_active_jobs(active_jobs):
             yield job_info
         after = self.next_seconds_between_status_checks
@@ -134,9 +142,22 @@ class Executor(SlurmExecutor):
         return self.resume
 
     def run_jobs(self, jobs):
+        if self.preflight is not None:  # cells held behind their entry's preflight
+            jobs = self.preflight.hold(jobs, self._refuse)
         if self.resume is None:
             return super().run_jobs(jobs)
         return self.resume.run_jobs(jobs)
+
+    # -- the preflight (dlscale.workflow.preflight) ----------------------------------------
+    def _refuse(self, job, text: str) -> None:
+        """A cell whose entry's preflight failed: not submitted; its error says why."""
+        self.report_job_error(SubmittedJobInfo(job), msg=f"dlscale: {text}")
+
+    def report_job_error(self, job_info, msg=None, **kwargs):
+        why = None if self.preflight is None else self.preflight.explain(job_info.job)
+        if why and (msg is None or why not in msg):
+            msg = f"{msg}\ndlscale: {why}" if msg else f"dlscale: {why}"
+        return super().report_job_error(job_info, msg=msg, **kwargs)
 
     def report_job_submission(self, job_info, register_job: bool = True):
         if self.resume is None:

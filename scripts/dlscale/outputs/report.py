@@ -30,6 +30,7 @@ from dlscale.outputs.figure_layout import MAX_PANELS, MAX_SERIES
 from dlscale.outputs.latex_text import _macro_name, tex_escape, write_macros
 from dlscale.outputs.report_macros import build_macros, workload_counts_text
 from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
+from dlscale.store.preflight_results import report_lines
 from dlscale.study.cell import cell_label
 
 MAX_LISTED_CELLS = 60  # rows of the failed/missing and quarantine tables (~2 pages)
@@ -115,16 +116,18 @@ def write_quarantine_table(quarantine: pd.DataFrame, out: str) -> None:
     )
 
 
-def write_systems_table(systems: pd.DataFrame, out: str) -> None:
+def write_systems_table(systems: pd.DataFrame, out: str, preflight: list[str] = ()) -> None:
     """The Systems table (dlscale.analysis.systems_table): per hardware entry, one row per field
     with its
     values (how many cells show each where they differ), the MLPerf system-description field it
-    fills, and a flag where the nodes of one cell disagree."""
+    fills, and a flag where the nodes of one cell disagree. The preflight's lines
+    (dlscale.store.preflight_results.report_lines) come first."""
+    head = "".join(f"\\noindent {tex_escape(line)}\\par\n" for line in preflight)
     if systems.empty:
-        Path(out).write_text("No measured cell recorded a system description.\n")
+        Path(out).write_text(head + "No measured cell recorded a system description.\n")
         return
     mark = r"$^\S$"
-    parts = []
+    parts = [head]
     for hardware, hw in systems.groupby("hardware", sort=True):
         rows = []
         for field, f in hw.groupby("field", sort=False):
@@ -177,13 +180,14 @@ def write_systems_table(systems: pd.DataFrame, out: str) -> None:
 
 
 def write_report_inputs(
-    paths: Mapping[str, str], *, config: dict, n_planned: int
+    paths: Mapping[str, str], *, config: dict, n_planned: int, preflight_dir: str | None = None
 ) -> dict[str, pd.DataFrame]:
     """The rule report_inputs (the complete and the partial report alike): the tables at
     paths["cells"], ["scaling"], ["quarantine"], ["status"] (CSV) -> the macros and LaTeX tables
     at paths["macros"], ["cells_table"], ["quarantine_table"], ["status_table"] (the keys of
     dlscale.workflow.paths.output_paths; others are ignored), and paths["systems"] ->
-    ["systems_table"] where given. Returns the tables read, by the same keys."""
+    ["systems_table"] where given, opened by what the run's preflight found (`preflight_dir`).
+    Returns the tables read, by the same keys."""
     tables = {key: pd.read_csv(paths[key]) for key in ("cells", "scaling", "quarantine", "status")}
     Path(paths["macros"]).parent.mkdir(parents=True, exist_ok=True)
     macros = build_macros(config, **tables, n_planned=n_planned)
@@ -215,7 +219,8 @@ def write_report_inputs(
     tables.update(conv)
     if "systems" in paths:  # and paths["systems_table"]
         tables["systems"] = pd.read_csv(paths["systems"], keep_default_na=False)
-        write_systems_table(tables["systems"], paths["systems_table"])
+        preflight = [] if preflight_dir is None else report_lines(Path(preflight_dir), config)
+        write_systems_table(tables["systems"], paths["systems_table"], preflight)
     write_cell_summary(tables["scaling"], tables["status"], paths["cells_table"])
     write_quarantine_table(tables["quarantine"], paths["quarantine_table"])
     write_status_table(tables["status"], paths["status_table"])

@@ -64,7 +64,9 @@ class Framework:
     - cuda_lines: the CUDA lines its CUDA environment comes in (PyTorch's cu130, cu128, ...;
       dlscale.registry.cuda_drivers), the first being `<env>-cuda`'s, each other one an
       environment of its own, `<env>-<line>` (envs/<env>-<line>.txt); a hardware entry that
-      states its driver gets the newest line that driver runs (`environment_for`).
+      states its driver gets the newest line that driver runs (`environment_for`);
+    - imports: the modules that are the framework itself (torch, tensorflow, ...), which the
+      preflight imports on a compute node before any cell runs (dlscale.run.preflight_job).
     """
 
     name: str
@@ -79,11 +81,12 @@ class Framework:
     cuda_limit: tuple[float, str] | None = None
     ptx_only_from: tuple[float, str] | None = None
     cuda_lines: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
 
     def __post_init__(self):
         where = f"framework record {self.name!r} (dlscale.registry.frameworks)"
         required = ("name", "adapter", "model_package", "cuda_probe", "host_sync_per_step")
-        for f in (*required, "initialisation_and_data_order", "workloads"):
+        for f in (*required, "initialisation_and_data_order", "workloads", "imports"):
             if not getattr(self, f):
                 raise RegistryError(f"{where}: fact {f!r} is missing")
         bad = [w for w in self.workloads if w not in WORKLOADS]
@@ -162,6 +165,7 @@ FRAMEWORKS = {
         Framework(
             "pytorch",
             "dlscale.frameworks.pytorch",
+            imports=("torch",),
             environment=None,
             model_package="torch",
             cuda_probe=cuda_probes.torch_cuda,
@@ -186,6 +190,7 @@ FRAMEWORKS = {
         Framework(
             "tensorflow",
             "dlscale.frameworks.tensorflow",
+            imports=("tensorflow",),
             environment="tensorflow",
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
@@ -201,6 +206,7 @@ FRAMEWORKS = {
         Framework(
             "keras",
             "dlscale.frameworks.keras",
+            imports=("tensorflow", "tf_keras"),
             environment="tensorflow",
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
@@ -215,6 +221,7 @@ FRAMEWORKS = {
         Framework(
             "horovod",
             "dlscale.frameworks.horovod",
+            imports=("torch", "horovod.torch"),
             environment="horovod",
             model_package="torch",
             cuda_probe=cuda_probes.horovod_cuda,
@@ -235,6 +242,7 @@ FRAMEWORKS = {
         Framework(
             "mxnet",
             "dlscale.frameworks.mxnet",
+            imports=("mxnet",),
             environment="mxnet",
             model_package="mxnet",
             cuda_probe=cuda_probes.mxnet_cuda,

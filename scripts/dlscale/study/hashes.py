@@ -81,6 +81,8 @@ def config_hash(config: dict, hardware: dict) -> str:
             "references_file",
             "plan",
             "first_step_timeout_s",  # a deadline, in no cell's identity either
+            "preflight",  # a check before the cells, not what they measure
+            "preflight_max_age_h",
         )
     }
     # keys added later count only where they ask for something (a study without convergence

@@ -106,3 +106,23 @@ def slurm_extra(hw: dict, per_node: int) -> str:
     whatever it holds. Values are also checked against safe patterns first
     (config/schemas/hardware.schema.json)."""
     return shlex.join(slurm_extra_args(hw, per_node))
+
+
+def preflight_sbatch_args(config: dict, hw: dict, nodes: int, minutes: int) -> list[str]:
+    """The sbatch flags of an entry's preflight job (dlscale.workflow.preflight): the resources
+    of the entry's cells on `nodes` nodes (class_resources, as the Slurm plugin turns them into
+    flags), with a time limit of `minutes`."""
+    _, res = class_resources(config, hw, nodes)
+    flags = {
+        "slurm_partition": "--partition",
+        "slurm_account": "--account",
+        "qos": "--qos",
+        "constraint": "--constraint",
+        "gres": "--gres",
+        "nodes": "--nodes",
+        "tasks": "--ntasks",
+        "cpus_per_task": "--cpus-per-task",
+        "mem_mb": "--mem",
+    }
+    args = [f"{flag}={res[name]}" for name, flag in flags.items() if res.get(name)]
+    return [*args, f"--time={int(minutes)}", *slurm_extra_args(hw, res["tasks"] // nodes)]

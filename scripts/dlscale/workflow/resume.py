@@ -519,9 +519,14 @@ class Resume:
             self._sigterm(signum, frame)
 
 
+def executor_of(workflow):
+    """The dlscale executor running this workflow's jobs, or None (another executor)."""
+    return _EXECUTOR if _EXECUTOR is not None and _EXECUTOR.workflow is workflow else None
+
+
 def start(workflow, study_dir: str, mode: str, cells: list[str]) -> Resume | None:
     """onstart, in the driver: record it, and start resume in the dlscale executor."""
-    executor = _EXECUTOR if _EXECUTOR is not None and _EXECUTOR.workflow is workflow else None
+    executor = executor_of(workflow)
     write_driver_record(study_dir, getattr(executor, "run_uuid", None), cells)
     if executor is None:
         if getattr(workflow.executor_plugin, "name", None) == "slurm":

@@ -46,6 +46,7 @@ OVERRIDDEN = {
     "run_jobs": f"(self, jobs: List[{JOB}])",
     "report_job_submission": f"(self, job_info: {INFO}, register_job: bool = True)",
     "report_job_success": f"(self, job_info: {INFO})",
+    "report_job_error": f"(self, job_info: {INFO}, msg=None, **kwargs)",  # the preflight's why
     "cancel_jobs": f"(self, active_jobs: List[{INFO}])",
     "check_active_jobs": (
         f"(self, active_jobs: List[{INFO}]) -> Generator[{INFO}, NoneType, NoneType]"
@@ -53,7 +54,6 @@ OVERRIDDEN = {
 }
 CALLED = {
     "run_job_pre": f"(self, job: {JOB})",  # an adopted or accepted job is announced
-    "report_job_error": f"(self, job_info: {INFO}, msg=None, **kwargs)",  # rejected adoption
 }
 # Called on the interface's class itself: an accepted job is registered but never polled.
 REAL_REPORT_SUBMISSION = f"(self, job_info: {INFO}, register_job: bool = True)"
