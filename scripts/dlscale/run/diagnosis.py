@@ -71,6 +71,12 @@ def interfaces() -> list[str]:
     return [" ".join(line.split()) for line in out.splitlines() if line.strip()]
 
 
+def node_view() -> dict:
+    """What a rank records of its node when it starts (dlscale.run.train): its host name,
+    interfaces and communication variables."""
+    return {"host": socket.gethostname(), "interfaces": interfaces(), "variables": variables()}
+
+
 def variables(env=None) -> dict:
     """The communication variables in effect (COMM_PREFIXES), secret-looking values redacted
     (dlscale.rank.provenance.environment)."""
@@ -115,11 +121,8 @@ def diagnosis(rank_dir: Path, cell, ranks, study_dir=None) -> dict:
             )
             node["ranks"].append(rank)
     if not nodes:
-        nodes[f"{socket.gethostname()} (the launcher's)"] = {
-            "ranks": [],
-            "interfaces": interfaces(),
-            "variables": variables(),
-        }
+        own = node_view()
+        nodes[f"{own.pop('host')} (the launcher's)"] = {"ranks": [], **own}
     return {
         "messages": {str(r): messages(rank_dir / f"rank{r}.log") for r in ranks[:MESSAGE_RANKS]},
         "first_contact": {str(r): phase_of(marks, r) for r in range(cell.world_size)},

@@ -8,7 +8,8 @@ DIR/cell.json): nobody re-parses a dozen flags on this side. The rank discovers 
 launcher's environment, checks that against the cell's world size and ranks per node
 (pre-flight), trains the cell's rank-side subset (TrainSpec.from_cell) with the framework's
 adapter under the shared timing loop, and writes its own part file (rank_start, step...,
-rank_end) in DIR.
+rank_end) in DIR. It marks how far it got (dlscale.run.first_contact: started, setting up,
+first step, first step done) for the launcher's first-contact deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import sys
 import time
 from pathlib import Path
@@ -29,7 +29,7 @@ from dlscale.rank.rank_context import discover
 from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.registry.frameworks import get_adapter
 from dlscale.run import first_contact
-from dlscale.run.diagnosis import interfaces, variables
+from dlscale.run.diagnosis import node_view
 from dlscale.store.metrics import RankWriter, first_step_overhead, rank_summary
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import IDLE_PROBE, RANK_END, RANK_START, STEP
@@ -220,14 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, TypeError) as exc:
         parser.error(f"--cell {args.cell}: {exc}")
     ctx = discover()
-    first_contact.mark(
-        args.rank_dir,
-        ctx.rank,
-        first_contact.STARTED,
-        host=socket.gethostname(),
-        interfaces=interfaces(),
-        variables=variables(),
-    )
+    first_contact.mark(args.rank_dir, ctx.rank, first_contact.STARTED, **node_view())
     preflight(ctx, cell.world_size, cell.ranks_per_node)
     spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
