@@ -7,7 +7,9 @@
      (launcher `local`: the embedded default, one simulated node per group of ranks) or with
      `srun` inside the cell's Slurm allocation (launcher `srun`);
   2. waits for all of them; if one fails, the others are stopped and the cell fails with the
-     rank, its exit code and the last lines of its log;
+     rank, its exit code and the last lines of its log; communicator set-up and the first step
+     are bounded from outside the ranks (dlscale.run.first_contact), and a failed cell's record
+     and log end with the communication libraries' diagnosis (dlscale.run.diagnosis);
   3. merges the ranks' part files into the cell's metrics file (dlscale.store.metrics), validated
   and
      renamed into place only when complete, in a folder of its own that keeps this measurement
@@ -37,6 +39,8 @@ from pathlib import Path
 from dlscale.rank.node_probes import job_allocation
 from dlscale.rank.provenance import git_commit
 from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING, GPU_BINDINGS
+from dlscale.run import first_contact
+from dlscale.run.diagnosis import diagnosis, render, with_nccl_debug
 from dlscale.store import metrics
 from dlscale.store.does_not_fit import DOES_NOT_FIT
 from dlscale.store.does_not_fit import rank_records as fit_records
@@ -184,7 +188,7 @@ def local_rank_env(
     """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
     rendezvous on loopback (what dlscale.rank.rank_context.discover reads back)."""
     nodes = world_size // ranks_per_node
-    return dict(
+    env = dict(
         os.environ,
         DLSCALE_LAUNCHER="local",
         DLSCALE_RANK=str(rank),
@@ -198,6 +202,7 @@ def local_rank_env(
         OMP_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
     )
+    return with_nccl_debug(env)
 
 
 def local_port(world_size: int, is_free=port_free, draw=None) -> int:
@@ -269,6 +274,7 @@ def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, s
     )
     if cell.device == "cuda":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
+    with_nccl_debug(env)
     cmd = [
         "srun",
         *overlap,
@@ -306,10 +312,17 @@ def _stop(procs, grace: float = 10.0) -> None:
             p.wait()
 
 
-def wait_all(procs, timeout: float | None = None) -> tuple[int, int] | None:
+FIRST_CONTACT_FAILED = (-3, 124)  # wait_all's failure when the first-contact deadline passed
+
+
+def wait_all(
+    procs, timeout: float | None = None, watch: first_contact.Watch | None = None
+) -> tuple[int, int] | None:
     """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a
     failure. With `timeout` (s; the launcher has none, Slurm's time limit bounds a job) the
-    ranks still running then are stopped too, and the first of them is the failure."""
+    ranks still running then are stopped too, and the first of them is the failure. With
+    `watch` (the launcher's), all are stopped when not every rank completed its first step by
+    the first-contact deadline: FIRST_CONTACT_FAILED."""
     pending = dict((p.pid, (r, p)) for r, p in procs)
     deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
@@ -317,6 +330,9 @@ def wait_all(procs, timeout: float | None = None) -> tuple[int, int] | None:
             rank, p = next(iter(pending.values()))
             _stop(list(pending.values()))
             return rank, p.returncode
+        if watch is not None and watch.expired():
+            _stop(list(pending.values()))
+            return FIRST_CONTACT_FAILED
         for pid, (rank, p) in list(pending.items()):
             code = p.poll()
             if code is None:
@@ -375,18 +391,20 @@ def record_failure(
     reason: str,
     rank: int | None,
     exit_code: int | None,
+    suspects: list[int] | None = None,
 ) -> dict:
-    """failure.json beside the cell's (absent) metrics file: what failed, where, the last lines.
-    Ranks that never wrote rank_end are the unfinished ones; their log tails are kept."""
+    """failure.json beside the cell's (absent) metrics file: what failed, where, the last lines,
+    and the diagnosis (dlscale.run.diagnosis) of the failing ranks: the one that failed, else
+    `suspects` (the ranks the others waited for), else the first unfinished ones (ranks that
+    never wrote rank_end); their log tails are kept."""
     unfinished = []
     for r in range(cell.world_size):
         part = metrics.rank_file(rank_dir, r)
         if not part.exists() or f'"{RANK_END}"' not in part.read_text(errors="replace"):
             unfinished.append(r)
     known = rank is not None and rank >= 0
-    tails = {
-        str(r): tail_lines(rank_dir / f"rank{r}.log") for r in ([rank] if known else unfinished[:4])
-    }
+    failing = [rank] if known else (suspects or unfinished)[:4]
+    tails = {str(r): tail_lines(rank_dir / f"rank{r}.log") for r in failing}
     # A rank is blamed only when one failed: the launcher saw it exit, or srun named it below;
     # when the whole job was terminated (rank -2) no rank is at fault.
     record = {
@@ -413,6 +431,9 @@ def record_failure(
     )  # out of memory: a result, "does not fit" (dlscale.store.does_not_fit)
     if fit:
         record.update(status=DOES_NOT_FIT, reason=fit_reason(fit), does_not_fit=fit)
+    failing = [int(r) for r in record["log_tail"]]
+    failing += [r for r in unfinished if r not in failing]  # the peers' view of it too
+    record["diagnosis"] = diagnosis(rank_dir, cell, failing, study_dir_of(output))
     _write_beside(output, FAILURE_FILE, record)
     return record
 
@@ -444,9 +465,11 @@ def _run_ranks(cell: Cell, argv: list[str], rank_dir: Path) -> tuple[int, int] |
         start = start_srun if cell.launcher == "srun" else start_local
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     procs = []
+    seconds = first_contact.deadline_s(cell)
+    watch = first_contact.Watch(rank_dir, cell.world_size, seconds) if seconds else None
     try:
         procs = start(cell, argv, rank_dir)
-        failed = wait_all(procs)
+        failed = wait_all(procs, watch=watch)
     except Terminated:
         _stop(procs, grace=2.0)
         failed = (-2, 143)
@@ -455,17 +478,28 @@ def _run_ranks(cell: Cell, argv: list[str], rank_dir: Path) -> tuple[int, int] |
     return failed
 
 
-def _cell_failed(output: Path, rank_dir: Path, cell: Cell, failed: tuple[int, int]) -> int:
-    """Record and report a failed rank (or srun step, or SIGTERM); returns the cell's exit
+def _cell_failed(
+    output: Path, rank_dir: Path, cell: Cell, failed: tuple[int, int], reason: str | None = None
+) -> int:
+    """Record and report a failed rank (or srun step, SIGTERM, the first-contact deadline, or
+    invalid metrics: `reason`); the cell's log ends with the diagnosis. Returns the cell's exit
     code."""
     rank, code = failed
-    reason = {
+    suspects = None
+    if failed == FIRST_CONTACT_FAILED:
+        reason, suspects = first_contact.failure_reason(
+            rank_dir, cell.world_size, first_contact.deadline_s(cell)
+        )
+    reason = reason or {
         -2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
         -1: f"srun step exited with code {code}",
     }.get(rank, f"rank {rank} exited with code {code}")
-    rec = record_failure(output, rank_dir, cell, reason=reason, rank=rank, exit_code=code)
+    rec = record_failure(
+        output, rank_dir, cell, reason=reason, rank=rank, exit_code=code, suspects=suspects
+    )
     print(
-        f"[dlscale.run.launch] cell FAILED: {reason}; unfinished ranks {rec['unfinished_ranks']}",
+        f"[dlscale.run.launch] cell FAILED: {reason}; unfinished ranks {rec['unfinished_ranks']}"
+        f"\n{render(rec['diagnosis'])}",
         file=sys.stderr,
     )
     return code or 1
@@ -513,11 +547,7 @@ def run_cell(
             extra_files=[*sorted(rank_dir.glob("*.log")), output.parent / SLURM_JOB_FILE],
         )
     except metrics.MetricsError as exc:
-        record_failure(
-            output, rank_dir, cell, reason=f"invalid metrics: {exc}", rank=None, exit_code=None
-        )
-        print(f"[dlscale.run.launch] cell FAILED: {exc}", file=sys.stderr)
-        return 1
+        return _cell_failed(output, rank_dir, cell, (None, None), f"invalid metrics: {exc}")
     study_dir = study_dir_of(output)  # a metrics file outside a study keeps them beside it
     keep_package_lists(rank_dir, (study_dir or output.parent) / ENVIRONMENTS_DIR)
     shutil.rmtree(rank_dir, ignore_errors=True)

@@ -8,7 +8,8 @@ DIR/cell.json): nobody re-parses a dozen flags on this side. The rank discovers 
 launcher's environment, checks that against the cell's world size and ranks per node
 (pre-flight), trains the cell's rank-side subset (TrainSpec.from_cell) with the framework's
 adapter under the shared timing loop, and writes its own part file (rank_start, step...,
-rank_end) in DIR.
+rank_end) in DIR. It marks how far it got (dlscale.run.first_contact: started, setting up,
+first step, first step done) for the launcher's first-contact deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dlscale.rank.provenance import host_facts, process_age_s
 from dlscale.rank.rank_context import discover
 from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.registry.frameworks import get_adapter
+from dlscale.run import first_contact
+from dlscale.run.diagnosis import node_view
 from dlscale.store.metrics import RankWriter, first_step_overhead, rank_summary
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import IDLE_PROBE, RANK_END, RANK_START, STEP
@@ -41,7 +44,8 @@ FAULT_ENV = "DLSCALE_FAULT"
 
 def fault_hook(rank: int, rank_dir: str):
     """Fault injection for tests: DLSCALE_FAULT="<text in the cell path>:<rank>:<step>:<action>"
-    makes that rank of the matching cell, before that step (warm-up counts), exit with the code
+    makes that rank of the matching cell, before that step (warm-up counts; `setup`: before the
+    framework's set-up, the process group or communicator), exit with the code
     <action>, hang (sleep) when <action> is `hang`, or sleep N seconds and go on when it is
     `sleepN` (a rank that compiles slowly)."""
     spec = os.environ.get(FAULT_ENV)
@@ -51,8 +55,8 @@ def fault_hook(rank: int, rank_dir: str):
     if pattern not in rank_dir or int(f_rank) != rank:
         return None
 
-    def before_step(step: int) -> None:
-        if step != int(f_step):
+    def before_step(step: int | str) -> None:
+        if str(step) != f_step:
             return
         if code == "hang":
             print(
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, TypeError) as exc:
         parser.error(f"--cell {args.cell}: {exc}")
     ctx = discover()
+    first_contact.mark(args.rank_dir, ctx.rank, first_contact.STARTED, **node_view())
     preflight(ctx, cell.world_size, cell.ranks_per_node)
     spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
@@ -223,15 +228,24 @@ def main(argv: list[str] | None = None) -> int:
     convergence = cell.workload == "convergence"
     info, staging = stage_dataset(cell, open_dataset(cell)) if convergence else (None, None)
     writer = RankWriter(args.rank_dir, ctx.rank)
+    fault = fault_hook(ctx.rank, args.rank_dir)
+    before_step = first_contact.step_hook(args.rank_dir, ctx.rank, fault)
     try:
+        if fault:
+            fault("setup")
+        first_contact.mark(args.rank_dir, ctx.rank, first_contact.SETTING_UP)
         adapter.setup()
         stamp("setup")  # process group, model, optimizer
+        first_contact.mark(args.rank_dir, ctx.rank, first_contact.FIRST_STEP)
         system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
         stamp("describe_node")
         writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging))
         if convergence:
-            return converge(cell, adapter, info, writer, fault_hook(ctx.rank, args.rank_dir))
-        measure(cell, adapter, writer, stamps, fault_hook(ctx.rank, args.rank_dir))
+            converge(cell, adapter, info, writer, before_step)
+        else:
+            measure(cell, adapter, writer, stamps, before_step)
+        # a cell of one step never calls the hook before step 1
+        first_contact.mark(args.rank_dir, ctx.rank, first_contact.FIRST_STEP_DONE)
     except Exception as exc:
         if not adapter.out_of_memory(exc):
             raise
