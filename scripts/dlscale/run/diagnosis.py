@@ -18,7 +18,6 @@ in failure.json's `diagnosis` and at the end of the cell's log (`render`):
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from dlscale.rank.provenance import environment
 from dlscale.run.first_contact import phase_of, read_marks
+from dlscale.store.preflight_results import PREFLIGHT_DIR, result_for, summary
 from dlscale.study.cell import STUDY_DIR
 
 NCCL_DEBUG_DEFAULT = "WARN"
@@ -49,8 +49,6 @@ MESSAGE = re.compile(
 )
 MESSAGE_LINES = 20  # per rank
 MESSAGE_RANKS = 8
-PREFLIGHT_DIR = "preflight"  # in the study's folder: <hardware entry>-<environment>.json
-PREFLIGHT_CHARS = 2000
 
 
 def with_nccl_debug(env: dict) -> dict:
@@ -93,20 +91,13 @@ def messages(log: Path) -> list[str]:
 
 
 def preflight_result(cell, study_dir=None) -> str:
-    """The preflight's result for the cell's hardware entry and environment, as text: the file
-    <study>/preflight/<hardware>-<environment name>.json (the preflight writes it), or says
-    there is none."""
-    study = Path(study_dir or STUDY_DIR.format(study=cell.study))
-    path = study / PREFLIGHT_DIR / f"{cell.hardware}-{cell.environment.split(':')[0]}.json"
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"no preflight result ({path})"
-    try:
-        text = json.dumps(json.loads(text), sort_keys=True)
-    except ValueError:
-        pass
-    return f"{path}: {text[:PREFLIGHT_CHARS]}"
+    """The preflight's verdict on the cell's hardware entry and environment (the newest result
+    under <study>/preflight/, dlscale.store.preflight_results), or says there is none."""
+    folder = Path(study_dir or STUDY_DIR.format(study=cell.study)) / PREFLIGHT_DIR
+    result = result_for(folder, cell.hardware, cell.environment)
+    if result is None:
+        return f"no preflight result for {cell.hardware} / {cell.environment} ({folder})"
+    return summary(result)
 
 
 def diagnosis(rank_dir: Path, cell, ranks, study_dir=None) -> dict:

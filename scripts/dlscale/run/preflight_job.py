@@ -141,6 +141,7 @@ def run_job(spec: dict, output: Path) -> int:
         "key": spec["key"],
         "hardware": cell.hardware,
         "environment": spec["environment"],
+        "environment_id": cell.environment,
         "framework": cell.framework,
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "host": socket.gethostname(),

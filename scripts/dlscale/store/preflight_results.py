@@ -62,6 +62,17 @@ def summary(result: dict) -> str:
     )
 
 
+def result_for(folder: Path, hardware: str, environment_id: str) -> dict | None:
+    """The newest result of a hardware entry and environment identity (a cell's `hardware` and
+    `environment`), or None."""
+    found = [
+        r
+        for r in map(read_result, sorted(Path(folder).glob(f"{hardware}-*.json")))
+        if r and r.get("hardware") == hardware and r.get("environment_id") == environment_id
+    ]
+    return max(found, key=lambda r: r["finished_at"], default=None)
+
+
 def report_lines(folder: Path, config: dict) -> list[str]:
     """What the report's Systems section says of the preflight of a study's run."""
     if config.get("launcher") != "srun":

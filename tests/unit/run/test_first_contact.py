@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dlscale.run import diagnosis, first_contact, launch
+from dlscale.store.preflight_results import write_result
 from dlscale.study.cell import FAILURE_FILE, Cell
 
 from helpers.cells import cell_dict
@@ -118,5 +119,9 @@ def test_the_diagnosis_keeps_communication_lines_the_users_nccl_debug_and_the_pr
     cell = Cell.from_json(json.dumps(cell_dict()))
     assert diagnosis.preflight_result(cell, tmp_path).startswith("no preflight result")
     (tmp_path / "preflight").mkdir()
-    (tmp_path / "preflight" / "cpu-pytorch.json").write_text('{"status": "failed"}')
-    assert diagnosis.preflight_result(cell, tmp_path).endswith('{"status": "failed"}')
+    bad = {"name": "communicator", "ok": False, "detail": "gloo: refused", "fix": "the firewall"}
+    result = {"hardware": cell.hardware, "environment": "driver", "passed": False}
+    result.update(environment_id=cell.environment, finished_at=0, failed=bad, checks=[bad])
+    write_result(tmp_path / "preflight" / "cpu-driver-0123456789ab.json", result)
+    text = diagnosis.preflight_result(cell, tmp_path)
+    assert "FAILED at 'communicator'" in text and "Fix: the firewall" in text

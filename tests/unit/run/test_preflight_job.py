@@ -11,7 +11,8 @@ import sys
 
 from dlscale.run import preflight_job
 from dlscale.store.preflight_results import read_result, summary
-from tests.helpers.cells import cell_dict
+
+from helpers.cells import cell_dict
 
 H100 = {"device": "cuda", "device_model": "NVIDIA H100 80GB HBM3", "gpus_per_node": 4}
 

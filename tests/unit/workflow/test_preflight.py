@@ -17,7 +17,8 @@ from dlscale.store.preflight_results import report_lines, write_result
 from dlscale.study.cell import Cell
 from dlscale.study.resources import preflight_sbatch_args
 from dlscale.workflow import preflight
-from tests.helpers.cells import cell_dict
+
+from helpers.cells import cell_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 HARDWARE = yaml.safe_load((ROOT / "config" / "hardware.yaml").read_text())
