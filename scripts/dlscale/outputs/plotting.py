@@ -468,10 +468,18 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     series = spec["series"]
-    along, xlabel = x_axis(scaling, spec)
+    within, xlabel = scales_within_nodes(scaling, spec), "Nodes"
+    if within:  # one bar group per nodes x ranks per node (1x2 and 2x1: one world size, two)
+        scaling = scaling.assign(
+            place=[f"{n}x{r}" for n, r in zip(scaling["nodes"], scaling["ranks_per_node"])]
+        ).sort_values(["world_size", "nodes"])
+        xlabel = (
+            "Nodes x GPUs per node" if spec.get("device") == "cuda" else "Nodes x ranks per node"
+        )
+    along = "place" if within else "nodes"
     any_unknown = False
     for ax, _, part in _panels(scaling, spec, axes):
-        nodes = sorted(part[along].unique())
+        nodes = list(dict.fromkeys(part[along])) if within else sorted(part[along].unique())
         for framework, precision, rows, x, width_bar in _bar_groups(part, series, along, nodes):
             step = rows["step_seconds_median_median"].to_numpy(dtype=float) * 1e3
             compute = rows["compute_seconds_median_median"].to_numpy(dtype=float) * 1e3

@@ -105,14 +105,20 @@ def _drawn(monkeypatch, tmp_path, cells: pd.DataFrame, family: str):
 
 @pytest.mark.parametrize("family", ["speedup", "breakdown", "memory"])
 def test_a_series_within_a_node_is_drawn_over_world_size(monkeypatch, tmp_path, family):
-    ax = _drawn(monkeypatch, tmp_path, gpu_cells([(1, 1), (1, 2), (1, 4), (2, 4)]), family)
+    # world size 2 twice (1 x 2 and 2 x 1): the bar groups are nodes x GPUs per node
+    cells = gpu_cells([(1, 1), (1, 2), (2, 1), (1, 4), (2, 4)])
+    ax = _drawn(monkeypatch, tmp_path, cells, family)
+    if family == "breakdown":
+        assert ax.get_xlabel() == "Nodes x GPUs per node"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1x1", "1x2", "2x1", "1x4", "2x4"]
+        return
     assert ax.get_xlabel() == "World size (GPUs)"
     if family == "speedup":
         measured, ideal = (
             ax.lines[0],
             next(line for line in ax.lines if line.get_label() == "ideal"),
         )
-        assert list(measured.get_xdata()) == [1, 2, 4, 8]
+        assert list(measured.get_xdata()) == [1, 2, 2, 4, 8]
         assert list(ideal.get_ydata()) == [1, 2, 4, 8]
 
 
