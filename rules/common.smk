@@ -35,6 +35,7 @@ from dlscale.study.cell import (
     train_rule,
 )
 from dlscale.study.matrix import load_workflow_study
+from dlscale.study.workloads import ranks_per_node
 from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
 from dlscale.store.preflight_results import PREFLIGHT_DIR
@@ -173,10 +174,12 @@ def per_job(func):
 
 
 def cell_of(wildcards, workload=DEFAULT_WORKLOAD):
-    """The Cell a job's wildcards name (the wildcards of a workload's train rule); excluded or
+    """The Cell a job's wildcards name (the wildcards of a workload's train rule: ranks per
+    node only where the cell's path names them, else its hardware's default); excluded or
     unknown combinations are refused."""
+    default_ranks = ranks_per_node(STUDY.config, STUDY.hardware[wildcards.hardware])
     try:
-        return CELLS[key_of(dict(wildcards), workload)]
+        return CELLS[key_of(dict(wildcards), workload, default_ranks)]
     except KeyError:
         raise WorkflowError(
             f"dlscale: {dict(wildcards)} is not a {workload} cell of this study "

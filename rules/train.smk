@@ -4,7 +4,8 @@
 #
 # One rule per resource class, workload and parallelism (dlscale.study.cell.train_rule:
 # train_<hardware>_n<nodes> for throughput cells, converge_<hardware>_n<nodes> for convergence
-# cells, with _<parallelism> appended for a strategy other than ddp): the cells of a
+# cells, with _<parallelism> appended for a strategy other than ddp and _rpn<k> for cells of
+# other ranks per node than their hardware's default, config axes.ranks_per_node): the cells of a
 # class request identical Slurm resources, which a job array needs (the Slurm plugin submits
 # the ready jobs of one rule as one array, with the first job's resources; profiles/slurm
 # `dlscale-array-jobs`). Every Slurm resource derives from the class's hardware entry in
@@ -14,19 +15,21 @@
 # workload's, dlscale.study.cell.CELL_PATTERNS) and a convergence cell's dataset input differ.
 from dlscale.study.resources import class_resources
 
-for _workload, _hardware, _nodes, _parallelism in STUDY.train_rules():
-    _threads, _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes)
+for _workload, _hardware, _nodes, _parallelism, _ranks in STUDY.train_rules():
+    _threads, _resources = class_resources(STUDY.config, STUDY.hardware[_hardware], _nodes, _ranks)
 
     rule:
         name:
-            train_rule(_workload, _parallelism).format(hardware=_hardware, nodes=_nodes)
+            train_rule(_workload, _parallelism, _ranks).format(hardware=_hardware, nodes=_nodes)
         input:
             **train_inputs(_workload),
         output:
-            metrics=cell_pattern(_workload, _parallelism),
+            metrics=cell_pattern(_workload, _parallelism, _ranks is not None),
         log:
-            train_log_pattern(_workload, _parallelism),
+            train_log_pattern(_workload, _parallelism, _ranks is not None),
+        # a path naming its ranks per node (.../rpn<k>/) takes this class's only
         wildcard_constraints:
+            **({"ranks_per_node": str(_ranks)} if _ranks else {}),
             hardware=re.escape(_hardware),
             nodes=str(_nodes),
             parallelism=re.escape(_parallelism),

@@ -25,6 +25,7 @@ from dlscale.study.cell import (
     format_key,
     parse_cell_path,
     path_key,
+    path_ranks,
     tail_lines,
     train_log_pattern,
     train_rule,
@@ -32,7 +33,9 @@ from dlscale.study.cell import (
 
 
 def train_log(cell: dict) -> Path:
-    pattern = train_log_pattern(cell.get("workload", DEFAULT_WORKLOAD), _parallelism(cell))
+    pattern = train_log_pattern(
+        cell.get("workload", DEFAULT_WORKLOAD), _parallelism(cell), path_ranks(cell) is not None
+    )
     return Path(format_key(pattern, cell))
 
 
@@ -41,7 +44,7 @@ def _parallelism(cell: dict) -> str:
 
 
 def _rule_logs(cell: dict) -> Path:
-    rule = train_rule(cell.get("workload", DEFAULT_WORKLOAD), _parallelism(cell))
+    rule = train_rule(cell.get("workload", DEFAULT_WORKLOAD), _parallelism(cell), path_ranks(cell))
     return Path(SLURM_LOGS) / f"rule_{format_key(rule, cell)}"
 
 
@@ -54,7 +57,7 @@ def slurm_log(cell: dict, job: dict) -> Path:
     # by _
     return (
         _rule_logs(cell)
-        / "_".join(str(cell[k]) for k in path_key(_parallelism(cell)))
+        / "_".join(str(cell[k]) for k in path_key(_parallelism(cell), path_ranks(cell) is not None))
         / f"{job['slurm_job_id']}.log"
     )
 

@@ -251,6 +251,8 @@ def cell_rows(
         "study": start["study"],
         **{k: cell.get(k, BEFORE_AXIS.get(k)) for k in KEY},
         **{k: cell[k] for k in CELL_FIELDS},
+        # whether its path names its ranks per node (cell_label; config axes.ranks_per_node)
+        "ranks_in_path": cell.get("ranks_in_path", False),
     }
     rank_start = {r["rank"]: r["value"] for r in records if r["event"] == RANK_START}
     ranks = _rank_rows(records, base, rank_start)
@@ -345,7 +347,7 @@ def collect_tables(
             else [
                 "study",
                 *KEY,
-                *CELL_FIELDS,
+                *(f for f in CELL_FIELDS if f not in KEY),
                 "throughput_samples_per_s",
                 "competing",
                 "straggler",

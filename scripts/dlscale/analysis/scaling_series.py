@@ -2,7 +2,10 @@
 mode, parallelism) group's repetitions per node count, its gradient bytes, and its memory per rank
 (measured, or predicted from the nearest measured node count by the strategy's sharding degree;
 dlscale.analysis.scaling_model's docstring gives the rule). The scaling model fits and predicts
-these series."""
+these series. A series runs over node counts at whole nodes: where a group also measured fewer
+ranks per node (config axes.ranks_per_node: 1, 2 GPUs of a node), only its cells of the most ranks
+per node are the series (the model predicts node counts, and a partial node is no planning
+option); the figures still draw every cell."""
 
 from __future__ import annotations
 
@@ -105,6 +108,7 @@ def series_of(cells: pd.DataFrame) -> list[Series]:
         data[c] = pd.to_numeric(data[c], errors="coerce") if c in data else np.nan
     out = []
     for key, part in data.groupby(GROUP, sort=True):
+        part = part[part["ranks_per_node"] == part["ranks_per_node"].max()]
         nodes = sorted(int(n) for n in part["nodes"].unique())
         cols = list(SERIES_MEASURES.values())
         reps = [part.loc[part["nodes"] == n, cols].to_numpy(dtype=float) for n in nodes]

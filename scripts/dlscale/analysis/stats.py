@@ -4,8 +4,12 @@ speedup(N)    = median throughput(N) / median throughput(baseline)
 efficiency(N) = speedup(N) / (world_size(N) / world_size(baseline))
 The same formulas hold under both batch policies: under `weak` the work per rank is fixed, under
 `strong` the work per step is fixed, and throughput (samples/s) is the measure in both.
-The baseline is the 1-node cell of the same hardware/framework/model/policy/precision/mode, or
-the smallest node count present when that cell is missing (column `baseline_nodes` says which).
+The baseline is the smallest world size measured in the same hardware/framework/model/policy/
+precision/mode/parallelism group: world size 1 where it was measured (config
+axes.ranks_per_node: 1 GPU of one node), else the fewest ranks per node on the fewest nodes. A
+table of one ranks per node per group (every study without the axis) thus keeps its baseline:
+the 1-node cell, or the smallest node count present when that cell is missing. Columns
+`baseline_nodes` and `baseline_world_size` say which.
 
 Repetitions (separate jobs) are the independent samples. The interval of a median is the
 nonparametric order-statistic confidence interval (Hoefler & Belli, SC'15, rule 5): the sorted
@@ -30,8 +34,9 @@ from scipy.stats import binom
 
 from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
 
-# A scaling group: every axis but the node count (speedup and efficiency compare the node counts
-# of one group; a cell's key, dlscale.study.cell.KEY, adds the node count and the repetition).
+# A scaling group: every axis but the node count (speedup and efficiency compare the world sizes
+# of one group, its node counts and ranks per node; a cell's key, dlscale.study.cell.KEY, adds
+# those and the repetition).
 GROUP = [axis for axis in AXES if axis != "nodes"]
 CI_LEVEL = 0.95
 # Interval kinds, weakest first.
@@ -134,10 +139,21 @@ CI_METHOD = f"median over repetitions; interval: {CI_INTERVAL.removeprefix('the 
 
 def with_axes(cells: pd.DataFrame) -> pd.DataFrame:
     """The table with every axis column: an axis added after it was written (parallelism)
-    takes the value every earlier cell had."""
-    if "parallelism" in cells.columns:
-        return cells
-    return cells.assign(parallelism=DEFAULT_PARALLELISM)
+    takes the value every earlier cell had; ranks per node, where a table lacks them, are its
+    world size over its nodes."""
+    if "parallelism" not in cells.columns:
+        cells = cells.assign(parallelism=DEFAULT_PARALLELISM)
+    if "ranks_per_node" not in cells.columns and {"world_size", "nodes"} <= set(cells.columns):
+        cells = cells.assign(ranks_per_node=cells["world_size"] // cells["nodes"])
+    return cells
+
+
+def baseline_rows(cells: pd.DataFrame) -> pd.Series:
+    """Which rows are their group's baseline: the smallest world size of the group (world size
+    1 where measured; with one ranks per node per group, the smallest node count). That world
+    size has one node count: the fewest nodes times the fewest ranks per node."""
+    world = pd.to_numeric(cells["world_size"])
+    return world == world.groupby([cells[g] for g in GROUP]).transform("min")
 
 
 def add_speedup(cells: pd.DataFrame) -> pd.DataFrame:
@@ -147,18 +163,17 @@ def add_speedup(cells: pd.DataFrame) -> pd.DataFrame:
         for col in ("baseline_nodes", "baseline_throughput", "speedup", "scaling_efficiency"):
             out[col] = pd.Series(dtype=float)
         return out
-    base_nodes = out.groupby(GROUP)["nodes"].transform("min")
-    is_base = out["nodes"] == base_nodes
+    is_base = baseline_rows(out)
     base = (
         out[is_base]
         .groupby(GROUP)
         .agg(
+            baseline_nodes=("nodes", "first"),
             baseline_throughput=("throughput_samples_per_s", "median"),
             baseline_world_size=("world_size", "first"),
         )
         .reset_index()
     )
-    out["baseline_nodes"] = base_nodes
     out = out.merge(base, on=GROUP, how="left")
     out["speedup"] = out["throughput_samples_per_s"] / out["baseline_throughput"]
     out["scaling_efficiency"] = out["speedup"] / (out["world_size"] / out["baseline_world_size"])
@@ -188,7 +203,15 @@ MEDIAN_ONLY = [
 ]
 
 
-SUMMARY_KEYS = GROUP + ["nodes", "world_size", "per_rank_batch", "global_batch", "baseline_nodes"]
+SUMMARY_KEYS = GROUP + [
+    "nodes",
+    "ranks_per_node",
+    "world_size",
+    "per_rank_batch",
+    "global_batch",
+    "baseline_nodes",
+    "baseline_world_size",
+]
 
 
 def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
@@ -231,7 +254,7 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     )
     values = data[thr].to_numpy(dtype=float)
     world = data["world_size"].to_numpy(dtype=float)
-    is_base = (data["nodes"] == data["baseline_nodes"]).to_numpy()
+    is_base = baseline_rows(data).to_numpy()
     base_rows = {key: idx[is_base[idx]] for key, idx in data.groupby(GROUP).indices.items()}
     row_keys, row_idx = zip(*sorted(data.groupby(SUMMARY_KEYS).indices.items()))
     assert list(row_keys) == list(out[SUMMARY_KEYS].itertuples(index=False, name=None))

@@ -92,9 +92,8 @@ OUTCOME_FIELDS = [
 ]
 CELL_COLUMNS = [
     "study",
-    *KEY,
+    *KEY,  # ranks_per_node among them
     "world_size",
-    "ranks_per_node",
     "per_rank_batch",
     "global_batch",
     *OUTCOME_FIELDS,

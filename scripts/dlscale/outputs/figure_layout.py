@@ -269,6 +269,9 @@ def figure_layout(
                         "width_in": column_width_in * (TEXT_COLUMNS if wide else 1),
                         "caption": caption,
                         "ci": family in WITH_CI,
+                        # the hardware's device (cpu, cuda; None: not given): the x label of a
+                        # figure over world sizes (GPUs or ranks; dlscale.outputs.plotting)
+                        "device": (devices or {}).get(hw),
                     }
                 )
     return specs

@@ -149,9 +149,30 @@ def _panels(scaling: pd.DataFrame, spec: dict, axes, title: str = "{0}, {1}"):
         yield ax, panel, part
 
 
+def scales_within_nodes(scaling: pd.DataFrame, spec: dict) -> bool:
+    """Whether a figure's series run over ranks per node (config axes.ranks_per_node: 1, 2, 4
+    GPUs of one node), not over nodes alone: its x axis is then the world size, not the node
+    count. A table of one ranks per node per hardware (every study without the axis, and
+    tables written before it) keeps its node axis."""
+    if "ranks_per_node" not in scaling:
+        return False
+    rows = scaling[scaling["hardware"] == spec["hardware"]]
+    return rows["ranks_per_node"].nunique() > 1
+
+
+def x_axis(scaling: pd.DataFrame, spec: dict) -> tuple[str, str]:
+    """(column, label) of a figure's x axis: node counts, or world sizes (GPUs on GPU hardware,
+    ranks on CPU) where its series scale within nodes (scales_within_nodes)."""
+    if not scales_within_nodes(scaling, spec):
+        return "nodes", "Nodes"
+    return "world_size", "World size (GPUs)" if spec.get(
+        "device"
+    ) == "cuda" else "World size (ranks)"
+
+
 def _nodes_axis(ax, nodes: list) -> None:
-    """Node counts on a log-2 x axis, a tick at each one (no minor ticks on x; the y axis
-    keeps its own)."""
+    """Node counts (or world sizes) on a log-2 x axis, a tick at each one (no minor ticks on x;
+    the y axis keeps its own)."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(nodes)
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -268,14 +289,17 @@ def _label_outer(axes, n_panels: int, ylabel: str, xlabel: str | None) -> None:
             ax.set_xlabel(xlabel)
 
 
-def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour) -> list:
+def _predicted(
+    ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour, x: str = "nodes"
+) -> list:
     """The series' predicted extension (dlscale.analysis.scaling_model): open markers on a dashed
     line from its largest measured node count, the interval shaded from that point's own
     interval to the predictions' (the repetitions' noise widened by the model's leave-one-out
     error where validated; labelled "not validated" where it is not: the model error is
     unknown; a band over one predicted node count alone would have no width), a prediction that
-    contradicts the series' measurements crossed in red (CONTRADICTS_LABEL); returns the node
-    counts drawn."""
+    contradicts the series' measurements crossed in red (CONTRADICTS_LABEL); returns the x values
+    drawn (`x`: nodes, or world_size: a predicted node count times the ranks per node of the
+    series' largest measured point, the whole nodes the model is fitted to)."""
     if preds is None or preds.empty:
         return []
     keep = np.ones(len(preds), dtype=bool)
@@ -286,8 +310,9 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
         return []
     validated = "validated" in ext and ext["validated"].astype(bool).all()
     last = line.iloc[-1]
+    at = ext["nodes"] * (last["ranks_per_node"] if x == "world_size" else 1)
     ax.plot(
-        [last["nodes"], *ext["nodes"]],
+        [last[x], *at],
         [last[f"{column}_median"], *ext[f"{column}_pred"]],
         linestyle=(0, (4, 2)),
         color=colour,
@@ -295,7 +320,7 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
         label=PREDICTED_LABEL if validated else UNVALIDATED_LABEL,
     )
     ax.plot(
-        ext["nodes"],
+        at,
         ext[f"{column}_pred"],
         linestyle="none",
         marker="o",
@@ -308,7 +333,7 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
         bad = ext[ext["contradicts_measurements"].astype(bool)]
         if not bad.empty:
             ax.plot(
-                bad["nodes"],
+                at[bad.index],
                 bad[f"{column}_pred"],
                 linestyle="none",
                 marker="x",
@@ -325,19 +350,17 @@ def _predicted(ax, line: pd.DataFrame, preds: pd.DataFrame, column: str, colour)
         top = ax.get_ylim()[1]
         high = np.where(np.isinf(high), max(top, np.nanmax(ext[f"{column}_pred"])), high)
     if np.isfinite(low[1:]).any() and np.isfinite(high[1:]).any():  # no interval: no band
-        ax.fill_between(
-            [last["nodes"], *ext["nodes"]], low, high, color=colour, alpha=0.15, linewidth=0
-        )
-    return list(ext["nodes"])
+        ax.fill_between([last[x], *at], low, high, color=colour, alpha=0.15, linewidth=0)
+    return list(at)
 
 
-def _series(part: pd.DataFrame, spec: dict):
-    """(framework, precision, rows sorted by nodes) for every series of `spec` with rows in
+def _series(part: pd.DataFrame, spec: dict, x: str = "nodes"):
+    """(framework, precision, rows sorted by `x`) for every series of `spec` with rows in
     `part` (a panel's rows)."""
     for framework, precision in spec["series"]:
         line = part[(part["framework"] == framework) & (part["variant"] == precision)]
         if not line.empty:
-            yield framework, precision, line.sort_values("nodes")
+            yield framework, precision, line.sort_values(x)
 
 
 def plot_scaling(
@@ -348,14 +371,15 @@ def plot_scaling(
     if family not in PREDICTED_FAMILIES:  # the scaling model predicts these families' columns only
         predictions = None
     panels = spec["panels"]
+    x, xlabel = x_axis(scaling, spec)
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
         predicted: list = []
-        for framework, precision, line in _series(part, spec):
+        for framework, precision, line in _series(part, spec, x):
             med = line[f"{column}_median"]
             ax.errorbar(
-                line["nodes"],
+                line[x],
                 med,
                 # a family whose points carry no interval (not in WITH_CI): no error bars
                 yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"])
@@ -366,18 +390,18 @@ def plot_scaling(
                 color=hue.colour[framework],
                 label=hue.label(framework, precision),
             )
-            predicted += _predicted(ax, line, predictions, column, hue.colour[framework])
-        nodes = sorted({*part["nodes"].unique(), *predicted})
+            predicted += _predicted(ax, line, predictions, column, hue.colour[framework], x)
+        ticks = sorted({*part[x].unique(), *predicted})
         if family in ("speedup", "efficiency"):
-            base = part["baseline_nodes"].min()
-            ideal = [n / base if family == "speedup" else 1.0 for n in nodes]
-            ax.plot(nodes, ideal, linestyle="--", color="0.4", linewidth=0.8, label="ideal")
-        _nodes_axis(ax, nodes)
+            base = part["baseline_world_size" if x == "world_size" else "baseline_nodes"].min()
+            ideal = [n / base if family == "speedup" else 1.0 for n in ticks]
+            ax.plot(ticks, ideal, linestyle="--", color="0.4", linewidth=0.8, label="ideal")
+        _nodes_axis(ax, ticks)
         if family == "throughput":
             _log_y(ax)
         if family == "efficiency":  # from 0, and ideal (1) always in view
             ax.set_ylim(0, max(1.1, ax.get_ylim()[1]))
-    _label_outer(axes, len(panels), ylabel, "Nodes")
+    _label_outer(axes, len(panels), ylabel, xlabel)
     return _finish(fig, axes, out)
 
 
@@ -404,8 +428,9 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     hue = _Hue(spec)
     models, series = spec["models"], spec["series"]
     for ax, panel, part in _panels(scaling, spec, axes, title="{0} scaling"):
+        # the largest world size: the most nodes, each with its most ranks
+        part = part[part["world_size"] == part["world_size"].max()]
         top_nodes = int(part["nodes"].max())
-        part = part[part["nodes"] == top_nodes]
         for framework, precision, rows, x, _ in _bar_groups(part, series, "model", models):
             med = rows["throughput_samples_per_s_median"]
             ax.errorbar(
@@ -443,10 +468,19 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     series = spec["series"]
+    within, xlabel = scales_within_nodes(scaling, spec), "Nodes"
+    if within:  # one bar group per nodes x ranks per node (1x2 and 2x1: one world size, two)
+        scaling = scaling.assign(
+            place=[f"{n}x{r}" for n, r in zip(scaling["nodes"], scaling["ranks_per_node"])]
+        ).sort_values(["world_size", "nodes"])
+        xlabel = (
+            "Nodes x GPUs per node" if spec.get("device") == "cuda" else "Nodes x ranks per node"
+        )
+    along = "place" if within else "nodes"
     any_unknown = False
     for ax, _, part in _panels(scaling, spec, axes):
-        nodes = sorted(part["nodes"].unique())
-        for framework, precision, rows, x, width_bar in _bar_groups(part, series, "nodes", nodes):
+        nodes = list(dict.fromkeys(part[along])) if within else sorted(part[along].unique())
+        for framework, precision, rows, x, width_bar in _bar_groups(part, series, along, nodes):
             step = rows["step_seconds_median_median"].to_numpy(dtype=float) * 1e3
             compute = rows["compute_seconds_median_median"].to_numpy(dtype=float) * 1e3
             known = ~np.isnan(compute)
@@ -468,7 +502,7 @@ def plot_breakdown(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
                 ax.bar(x[~known], step[~known], width_bar, color="0.75")
         ax.set_xticks(np.arange(len(nodes)), [str(n) for n in nodes])
         ax.grid(axis="x", visible=False)
-    _label_outer(axes, len(panels), "Step time (ms, median)", "Nodes")
+    _label_outer(axes, len(panels), "Step time (ms, median)", xlabel)
     extra = [
         Patch(facecolor="0.3", label="compute"),
         Patch(facecolor="white", edgecolor="0.3", hatch="////", label="communication"),
@@ -500,26 +534,27 @@ def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     gpu = _numeric(hw, "gpu_util_pct_mean_median").notna().any()
     quantity = "gpu_util_pct" if gpu else "cpu_util_pct"
     panels = spec["panels"]
+    x, xlabel = x_axis(scaling, spec)
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision, line in _series(part, spec):
+        for framework, precision, line in _series(part, spec, x):
             mean = _numeric(line, f"{quantity}_mean_median")
             if mean.isna().all():
                 continue
             colour = hue.colour[framework]
             ax.plot(
-                line["nodes"],
+                line[x],
                 mean,
                 marker=hue.marker(precision),
                 color=colour,
                 label=hue.label(framework, precision),
             )
             lowest = _numeric(line, f"{quantity}_rank_min_median")
-            ax.plot(line["nodes"], lowest, linestyle=":", color=colour, linewidth=0.9)
-        _nodes_axis(ax, sorted(part["nodes"].unique()))
+            ax.plot(line[x], lowest, linestyle=":", color=colour, linewidth=0.9)
+        _nodes_axis(ax, sorted(part[x].unique()))
         ax.set_ylim(bottom=0)
-    _label_outer(axes, len(panels), TELEMETRY_AXES[quantity], "Nodes")
+    _label_outer(axes, len(panels), TELEMETRY_AXES[quantity], xlabel)
     extra = [Line2D([], [], color="0.3", linestyle=":", label="lowest rank")]
     return _finish(fig, axes, out, extra)
 
@@ -539,24 +574,25 @@ def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     quantity = "mfu" if known else "achieved_tflops_per_device"
     scale = 100.0 if known else 1.0
     panels = spec["panels"]
+    x, xlabel = x_axis(scaling, spec)
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision, line in _series(part, spec):
+        for framework, precision, line in _series(part, spec, x):
             values = _numeric(line, f"{quantity}_median") * scale
             if values.isna().all():
                 continue
             ax.plot(
-                line["nodes"],
+                line[x],
                 values,
                 marker=hue.marker(precision),
                 linestyle=hue.linestyle(precision),
                 color=hue.colour[framework],
                 label=hue.label(framework, precision),
             )
-        _nodes_axis(ax, sorted(part["nodes"].unique()))
+        _nodes_axis(ax, sorted(part[x].unique()))
         ax.set_ylim(bottom=0)
-    _label_outer(axes, len(panels), MFU_AXES[quantity], "Nodes")
+    _label_outer(axes, len(panels), MFU_AXES[quantity], xlabel)
     return _finish(fig, axes, out)
 
 
@@ -568,28 +604,29 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     on_device = _numeric(hw, "peak_allocated_mb_max_median").notna().any()
     peak = "peak_allocated_mb_max_median" if on_device else "peak_rss_mb_max_median"
     panels = spec["panels"]
+    x, xlabel = x_axis(scaling, spec)
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision, line in _series(part, spec):
+        for framework, precision, line in _series(part, spec, x):
             state = _numeric(line, "state_bytes_per_rank_max_median") / 2**20
             if state.isna().all():
                 continue
             colour = hue.colour[framework]
             ax.plot(
-                line["nodes"],
+                line[x],
                 state,
                 marker=hue.marker(precision),
                 linestyle=hue.linestyle(precision),
                 color=colour,
                 label=hue.label(framework, precision),
             )
-            ax.plot(line["nodes"], _numeric(line, peak), linestyle=":", color=colour, lw=0.9)
-        _nodes_axis(ax, sorted(part["nodes"].unique()))
+            ax.plot(line[x], _numeric(line, peak), linestyle=":", color=colour, lw=0.9)
+        _nodes_axis(ax, sorted(part[x].unique()))
         # log: a process's peak (on a CPU its whole resident set, the runtime included) and a
         # small model's state differ by orders of magnitude; lines only, no bars
         _log_y(ax)
-    _label_outer(axes, len(panels), "MiB per rank (log)", "Nodes")
+    _label_outer(axes, len(panels), "MiB per rank (log)", xlabel)
     extra = [
         Line2D([], [], color="0.3", label="params + grads + optimizer state"),
         Line2D(

@@ -34,13 +34,26 @@ DEFAULT_PARALLELISM = DEFAULT_STRATEGY
 # it names the folder its cells live in (WORKLOAD_DIRS), so adding it moved no measured cell.
 # WORKLOADS and DEFAULT_WORKLOAD come from dlscale.registry.frameworks (each framework's record
 # says which it runs).
-# A cell's key within a study: its workload, the axes and the repetition.
-KEY = ("workload", *AXES, "rep")
-_PLACE = (*AXES, "rep")  # the part of the key its axis path names
-_INT_KEYS = ("nodes", "rep")
-_PATH_PREFIX = {"nodes": "n", "rep": "r"}  # path segment n2, r1: a number never stands alone
-# a ddp cell's path names every axis but its parallelism (the default)
-_DDP_PLACE = tuple(k for k in _PLACE if k != "parallelism")
+# A cell's key within a study: its workload, the axes, its ranks per node and the repetition.
+# Ranks per node (config axes.ranks_per_node) is no scaling axis: a series runs over node counts
+# and ranks per node alike (its world size; dlscale.analysis.stats.GROUP has neither).
+KEY = ("workload", *AXES, "ranks_per_node", "rep")
+_PLACE = (*AXES, "ranks_per_node", "rep")  # the part of the key its axis path names
+_INT_KEYS = ("nodes", "ranks_per_node", "rep")
+# path segments n2, rpn1, r1: a number never stands alone
+_PATH_PREFIX = {"nodes": "n", "ranks_per_node": "rpn", "rep": "r"}
+
+
+def _place(parallel: bool, ranks: bool) -> tuple:
+    """The key's part a cell's path names: every axis but the parallelism of a ddp cell (the
+    default), and its ranks per node only where they differ from its hardware's default (one
+    rank per GPU; config ranks_per_node on CPU): Cell.ranks_in_path."""
+    return tuple(
+        k for k in _PLACE if (parallel or k != "parallelism") and (ranks or k != "ranks_per_node")
+    )
+
+
+_DDP_PLACE = _place(False, False)
 
 
 def _axis_path(place: tuple) -> str:
@@ -48,9 +61,13 @@ def _axis_path(place: tuple) -> str:
 
 
 # One folder per cell, naming every axis and the repetition: {hardware}/.../n{nodes}/r{rep};
-# a cell of another parallelism than ddp has it after its mode: .../{mode}/fsdp/n{nodes}/r{rep}
+# a cell of another parallelism than ddp has it after its mode: .../{mode}/fsdp/n{nodes}/r{rep};
+# a cell with other ranks per node than its hardware's default has them after its node count:
+# .../n{nodes}/rpn{ranks_per_node}/r{rep} (so every cell measured before the axis keeps its path)
 AXIS_PATH = _axis_path(_DDP_PLACE)
-PARALLEL_AXIS_PATH = _axis_path(_PLACE)
+PARALLEL_AXIS_PATH = _axis_path(_place(True, False))
+# (parallel, ranks_in_path) -> the axis path
+_AXIS_PATHS = {(p, r): _axis_path(_place(p, r)) for p in (False, True) for r in (False, True)}
 
 # Every study has its own results folder: its cells, tables, figures, report and logs, so any
 # number of studies live side by side in one checkout.
@@ -87,7 +104,9 @@ PATH_KEY = ("study", *_DDP_PLACE)  # the wildcards of every ddp cell pattern, in
 PARALLEL_CELL_PATTERNS = {
     w: f"{STUDY_DIR}/{d}/{PARALLEL_AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()
 }
-PARALLEL_PATH_KEY = ("study", *_PLACE)
+PARALLEL_PATH_KEY = ("study", *_place(True, False))
+# every wildcard any cell pattern has
+_ALL_PATH_KEYS = ("study", *_PLACE)
 # The launcher's log of a cell (the train rules' `log:`).
 TRAIN_LOG_PATTERNS = {
     "throughput": f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log",
@@ -109,33 +128,51 @@ TRAIN_RULES = {
 TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
 
 
-def cell_pattern(workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM) -> str:
-    """The metrics pattern of a workload's cells of one parallelism."""
-    patterns = CELL_PATTERNS if parallelism == DEFAULT_PARALLELISM else PARALLEL_CELL_PATTERNS
-    return patterns[workload]
+def _axis_path_of(parallelism: str, ranks_in_path: bool) -> str:
+    return _AXIS_PATHS[parallelism != DEFAULT_PARALLELISM, bool(ranks_in_path)]
+
+
+def cell_pattern(
+    workload: str = DEFAULT_WORKLOAD,
+    parallelism: str = DEFAULT_PARALLELISM,
+    ranks_in_path: bool = False,
+) -> str:
+    """The metrics pattern of a workload's cells of one parallelism (with the ranks-per-node
+    segment where `ranks_in_path`)."""
+    return CELL_PATTERNS[workload].replace(AXIS_PATH, _axis_path_of(parallelism, ranks_in_path))
 
 
 def train_log_pattern(
-    workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM
+    workload: str = DEFAULT_WORKLOAD,
+    parallelism: str = DEFAULT_PARALLELISM,
+    ranks_in_path: bool = False,
 ) -> str:
     """The launcher's log pattern of a workload's cells of one parallelism."""
-    if parallelism == DEFAULT_PARALLELISM:
-        return TRAIN_LOG_PATTERNS[workload]
-    return PARALLEL_TRAIN_LOG_PATTERNS[workload]
+    pattern = TRAIN_LOG_PATTERNS[workload]
+    return pattern.replace(AXIS_PATH, _axis_path_of(parallelism, ranks_in_path))
 
 
-def train_rule(workload: str = DEFAULT_WORKLOAD, parallelism: str = DEFAULT_PARALLELISM) -> str:
+def train_rule(
+    workload: str = DEFAULT_WORKLOAD,
+    parallelism: str = DEFAULT_PARALLELISM,
+    ranks_per_node: int | None = None,
+) -> str:
     """The train rule's name pattern of a workload's cells of one parallelism: TRAIN_RULES for
-    ddp, with the parallelism appended for the others (train_cpu_n2_fsdp, ..._fsdp_tp)."""
+    ddp, with the parallelism appended for the others (train_cpu_n2_fsdp, ..._fsdp_tp), and the
+    ranks per node of cells whose path names them (`ranks_per_node`; train_a100_n1_rpn2): each
+    asks Slurm for its own GPUs."""
     rule = TRAIN_RULES[workload]
-    if parallelism == DEFAULT_PARALLELISM:
-        return rule
-    return f"{rule}_{re.sub(r'[^A-Za-z0-9]+', '_', parallelism)}"
+    if parallelism != DEFAULT_PARALLELISM:
+        rule = f"{rule}_{re.sub(r'[^A-Za-z0-9]+', '_', parallelism)}"
+    if ranks_per_node is not None:
+        rule = f"{rule}_rpn{int(ranks_per_node)}"
+    return rule
 
 
-def path_key(parallelism: str = DEFAULT_PARALLELISM) -> tuple:
-    """The wildcards of a cell's pattern, in order (PATH_KEY, PARALLEL_PATH_KEY)."""
-    return PATH_KEY if parallelism == DEFAULT_PARALLELISM else PARALLEL_PATH_KEY
+def path_key(parallelism: str = DEFAULT_PARALLELISM, ranks_in_path: bool = False) -> tuple:
+    """The wildcards of a cell's pattern, in order (PATH_KEY, PARALLEL_PATH_KEY, and either with
+    ranks_per_node where `ranks_in_path`)."""
+    return ("study", *_place(parallelism != DEFAULT_PARALLELISM, bool(ranks_in_path)))
 
 
 # What every cell rule's name starts with (the rules that measure; the rest aggregate).
@@ -167,7 +204,8 @@ def study_dir_of(metrics_path: str | Path) -> Path | None:
     """The study folder (STUDY_DIR) a cell's metrics path lies in (relative or absolute), or
     None for a metrics file outside a study's layout."""
     parts = Path(metrics_path).parts
-    for depth in (_CELL_DEPTH, _CELL_DEPTH + 1):  # a ddp cell's path, another parallelism's
+    # a ddp cell's path, another parallelism's or one naming its ranks per node, and both
+    for depth in (_CELL_DEPTH, _CELL_DEPTH + 1, _CELL_DEPTH + 2):
         if len(parts) < depth + 2:
             return None
         try:  # match the pattern from its results/ folder on
@@ -241,6 +279,10 @@ class Cell:
     # How long the first warm-up step (compilation) may wait for its peers (config
     # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
+    # Whether its path names its ranks per node (.../n1/rpn2/r1): where config
+    # axes.ranks_per_node gives it other ranks per node than its hardware's default (one per GPU
+    # on GPU hardware, config ranks_per_node on CPU). Where, not what: in no identity or hash.
+    ranks_in_path: bool = False
 
     @property
     def world_size(self) -> int:
@@ -254,7 +296,7 @@ class Cell:
     def path(self) -> str:
         """The cell's metrics file (CELL_PATTERNS of its workload; PARALLEL_CELL_PATTERNS
         for a parallelism other than ddp)."""
-        pattern = cell_pattern(self.workload, self.parallelism)
+        pattern = cell_pattern(self.workload, self.parallelism, self.ranks_in_path)
         return pattern.format(**self.key_dict(), study=self.study)
 
     def key_dict(self) -> dict:
@@ -322,7 +364,7 @@ class Cell:
 
 
 # where, not what; and deadlines, which change no measurement
-NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s")
+NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s", "ranks_in_path")
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 # Fields added after cells were measured, with the value every earlier cell had: at that value
 # they are left out of the identity (and the hash), and a serialised cell may omit them.
@@ -343,16 +385,19 @@ CONVERGENCE_FIELDS = tuple(
         "pp_degree",
         "microbatches",
         "seq_len",
+        "ranks_in_path",
     )
 )
 
 
-def key_of(values, workload: str | None = None) -> tuple:
+def key_of(values, workload: str | None = None, ranks_per_node: int | None = None) -> tuple:
     """A cell's key from a mapping of key names to values, strings or not (wildcards, which
-    name no workload: `workload`, else the default)."""
+    name no workload: `workload`, else the default; and no ranks per node where the cell's path
+    does not: `ranks_per_node`, its hardware's default)."""
     values = {
         "workload": workload or DEFAULT_WORKLOAD,
         "parallelism": DEFAULT_PARALLELISM,
+        "ranks_per_node": ranks_per_node,
         **values,
     }
     return tuple(int(values[k]) if k in _INT_KEYS else str(values[k]) for k in KEY)
@@ -361,16 +406,29 @@ def key_of(values, workload: str | None = None) -> tuple:
 def format_key(pattern: str, cell: dict) -> str:
     """A pattern over PATH_KEY (CELL_PATTERNS, TRAIN_LOG_PATTERNS, TRAIN_RULES) for a cell's
     values."""
-    return pattern.format(**{k: cell[k] for k in PARALLEL_PATH_KEY if k in cell})
+    return pattern.format(**{k: cell[k] for k in _ALL_PATH_KEYS if k in cell})
 
 
 def cell_label(cell: dict) -> str:
     """A cell's place in its study, as tables and the report name it: its axis path, under its
     workload's folder for any workload but the default (throughput)."""
-    parallel = cell.get("parallelism", DEFAULT_PARALLELISM) != DEFAULT_PARALLELISM
-    place = format_key(PARALLEL_AXIS_PATH if parallel else AXIS_PATH, cell)
+    parallelism = cell.get("parallelism", DEFAULT_PARALLELISM)
+    place = format_key(_axis_path_of(parallelism, _ranks_in_path(cell)), cell)
     workload = cell.get("workload", DEFAULT_WORKLOAD)
     return place if workload == DEFAULT_WORKLOAD else f"{WORKLOAD_DIRS[workload]}/{place}"
+
+
+def _ranks_in_path(cell: dict) -> bool:
+    """Whether a cell (a Cell's dict, a table's row, parse_cell_path's values) names its ranks
+    per node in its path; a row of a table written before the axis does not."""
+    # True, numpy's True (a table's row); None or NaN: a cell or table from before the axis
+    return str(cell.get("ranks_in_path")) == "True"
+
+
+def path_ranks(cell: dict) -> int | None:
+    """The ranks per node a cell's path names (train_rule's `ranks_per_node`), None where it
+    names none (its hardware's default)."""
+    return int(cell["ranks_per_node"]) if _ranks_in_path(cell) else None
 
 
 def _pattern_re(pattern: str) -> re.Pattern:
@@ -378,21 +436,25 @@ def _pattern_re(pattern: str) -> re.Pattern:
         re.escape(pattern)
         .replace(r"\{", "{")
         .replace(r"\}", "}")
-        .format(**{k: f"(?P<{k}>[^/]+)" for k in PARALLEL_PATH_KEY})
+        .format(**{k: f"(?P<{k}>[^/]+)" for k in _ALL_PATH_KEYS})
     )
 
 
-# a ddp cell's pattern first: it is one folder shorter, so no path matches both
+# Every cell pattern: a ddp cell's is one folder shorter than another parallelism's or one
+# naming its ranks per node; those two are told apart by their literal prefixes (n, rpn), so
+# no path matches two
 _CELL_RES = [
-    *((w, _pattern_re(p)) for w, p in CELL_PATTERNS.items()),
-    *((w, _pattern_re(p)) for w, p in PARALLEL_CELL_PATTERNS.items()),
+    (w, ranks, _pattern_re(CELL_PATTERNS[w].replace(AXIS_PATH, _AXIS_PATHS[parallel, ranks])))
+    for ranks in (False, True)
+    for parallel in (False, True)
+    for w in WORKLOAD_DIRS
 ]
 
 
 def parse_cell_path(path: str) -> dict:
     """Study, workload and key values named by a cell's metrics path (the inverse of
     Cell.path)."""
-    for workload, regex in _CELL_RES:
+    for workload, ranks, regex in _CELL_RES:
         m = regex.fullmatch(str(path))
         if m:
             d = m.groupdict()
@@ -401,7 +463,8 @@ def parse_cell_path(path: str) -> dict:
                 "workload": workload,
                 "parallelism": DEFAULT_PARALLELISM,
                 **d,
-                **{k: int(d[k]) for k in _INT_KEYS},
+                **{k: int(d[k]) for k in _INT_KEYS if k in d},
+                **({"ranks_in_path": True} if ranks else {}),
             }
     raise ValueError(f"not a cell metrics path: {path}")
 

@@ -95,6 +95,9 @@ def config_hash(config: dict, hardware: dict) -> str:
             del measured[key]
     if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
         measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
+    # the ranks-per-node axis unset: every cell its hardware's default, as before the axis
+    if measured.get("axes", {}).get("ranks_per_node", "set") is None:
+        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "ranks_per_node"}
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
         measured.pop("seq_len", None)
     if "convergence" not in config.get("workloads", ["throughput"]):

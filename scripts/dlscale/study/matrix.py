@@ -32,6 +32,7 @@ from dlscale.study.workloads import (
     data_path,
     excluded,
     ranks_per_node,
+    ranks_per_node_values,
     strong_global_batch,
     workload_axes,
     workload_batches,
@@ -56,10 +57,20 @@ class Study:
         array."""
         return sorted({(c.hardware, c.nodes) for c in self.cells})
 
-    def train_rules(self) -> list[tuple[str, str, int, str]]:
-        """The (workload, hardware, nodes, parallelism) of the study: one train rule each
-        (dlscale.study.cell.train_rule), its Slurm resources those of (hardware, nodes)."""
-        return sorted({(c.workload, c.hardware, c.nodes, c.parallelism) for c in self.cells})
+    def train_rules(self) -> list[tuple[str, str, int, str, int | None]]:
+        """The (workload, hardware, nodes, parallelism, ranks per node named in the path) of the
+        study: one train rule each (dlscale.study.cell.train_rule), its Slurm resources those
+        of (hardware, nodes, ranks per node). The last is None for cells of their hardware's
+        default ranks per node (every cell of a study without axes.ranks_per_node)."""
+        return sorted(
+            {
+                (c.workload, c.hardware, c.nodes, c.parallelism, c.ranks_per_node)
+                if c.ranks_in_path
+                else (c.workload, c.hardware, c.nodes, c.parallelism, None)
+                for c in self.cells
+            },
+            key=lambda rule: (*rule[:4], rule[4] or 0),
+        )
 
     def train_classes(self) -> list[tuple[str, str, int]]:
         """The (workload, hardware, nodes) triples of the study: one train rule each
@@ -75,6 +86,7 @@ class Study:
         for axes in workload_axes(self.config).values():
             for axis in AXES:
                 values[axis] += [v for v in axes[axis] if v not in values[axis]]
+        values["ranks_per_node"] = sorted({c.ranks_per_node for c in self.cells})
         values["rep"] = list(range(1, max(workload_repetitions(self.config).values()) + 1))
         values["study"] = [self.config["study"]]
         return values
@@ -171,12 +183,13 @@ def _combo_cells(
     shared: dict,
     reps: int,
 ) -> list[Cell]:
-    """The cells (one per repetition) of one combination of axis values. `shared`: the fields
-    every cell of the workload has (_fixed_fields, momentum, launcher, study), plus
-    `hardware_hashes` and `environments`."""
+    """The cells (one per repetition) of one combination of axis values, its ranks per node
+    included. `shared`: the fields every cell of the workload has (_fixed_fields, momentum,
+    launcher, study), plus `hardware_hashes` and `environments`."""
     per_rank_setting, _ = workload_batches(config, workload)
+    combo = dict(combo)
+    rpn = combo.pop("ranks_per_node")
     hw = hardware[combo["hardware"]]
-    rpn = ranks_per_node(config, hw)
     world = combo["nodes"] * rpn
     if combo["policy"] == "weak":
         per_rank, global_batch = per_rank_setting, per_rank_setting * world
@@ -191,6 +204,8 @@ def _combo_cells(
         extra["reference_batch"] = config["convergence"]["reference_batch"] or (
             per_rank_setting * rpn * min(axes["nodes"])
         )
+    if rpn != ranks_per_node(config, hw):  # the path names it (only where the axis is set)
+        extra["ranks_in_path"] = True
     return [
         Cell(
             **combo,
@@ -261,9 +276,13 @@ def build_matrix(
         }
         for combo_values in itertools.product(*(axes[a] for a in AXES)):
             combo = dict(zip(AXES, combo_values))
-            if excluded(combo, config["exclude"]):
-                continue
-            cells += _combo_cells(config, hardware, workload, axes, combo, shared, reps[workload])
+            for rpn in ranks_per_node_values(config, hardware[combo["hardware"]], workload):
+                combo["ranks_per_node"] = rpn
+                if excluded(combo, config["exclude"]):
+                    continue
+                cells += _combo_cells(
+                    config, hardware, workload, axes, combo, shared, reps[workload]
+                )
     if not cells:
         raise ConfigError(
             "config", ["exclude: every cell of the matrix is excluded; nothing to run"]

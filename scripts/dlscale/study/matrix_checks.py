@@ -19,7 +19,7 @@ from dlscale.study.workloads import (
     SHIPPED_DATASETS,
     axis_key,
     excluded,
-    ranks_per_node,
+    ranks_per_node_values,
     strong_global_batch,
     workload_axes,
     workload_repetitions,
@@ -51,18 +51,39 @@ def _axes_problems(
                 f"{key('precision')}: 'fp16' needs a GPU, but hardware {hw_key!r} is a CPU; "
                 "allowed on CPU: fp32, bf16 (or exclude the combination)"
             )
+        problems += _ranks_per_node_problems(axes, hw_key, hw, config["exclude"])
         if "strong" in axes["policy"]:
             gb = strong_global_batch(config, hw, workload)
-            rpn = ranks_per_node(config, hw)
-            bad = [n * rpn for n in axes["nodes"] if gb % (n * rpn)]
+            worlds = sorted(
+                {n * rpn for n in axes["nodes"] for rpn in ranks_per_node_values(config, hw)}
+            )
+            bad = [world for world in worlds if gb % world]
             if bad:
                 problems.append(
                     f"{batch_key}: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible "
-                    f"by world size(s) {bad}; choose a multiple of "
-                    f"{lcm(*(n * rpn for n in axes['nodes']))}"
+                    f"by world size(s) {bad}; choose a multiple of {lcm(*worlds)}"
                 )
     problems += _parallelism_problems(config, axes, hardware)
     return problems
+
+
+def _ranks_per_node_problems(axes: dict, hw_key: str, hw: dict, exclude: list) -> list[str]:
+    """axes.ranks_per_node on GPU hardware: one rank per GPU, so at most the entry's GPUs
+    (unless `exclude` leaves that hardware's cells of the value out)."""
+    too_many = [
+        v
+        for v in axes.get("ranks_per_node") or ()
+        if v > hw["gpus_per_node"]
+        and not _excluded_pair({"hardware": hw_key, "ranks_per_node": v}, exclude)
+    ]
+    if hw["device"] != "cuda" or not too_many:
+        return []
+    return [
+        f"axes.ranks_per_node: {too_many} exceed the {hw['gpus_per_node']} GPUs per node of "
+        f"hardware {hw_key!r} (gpus_per_node; one rank per GPU); allowed: "
+        f"1..{hw['gpus_per_node']} (or exclude {{hardware: {hw_key}, ranks_per_node: "
+        f"{too_many[0]}}})"
+    ]
 
 
 def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
@@ -110,10 +131,7 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                 "allowed models: "
                 f"{', '.join(able)} (or exclude {{model: {model}, parallelism: {strategy}}})"
             )
-        for hw_key in axes["hardware"]:
-            if hw_key not in hardware:
-                continue
-            rpn = ranks_per_node(config, hardware[hw_key])
+        for hw_key, rpn in _hardware_ranks(config, axes, hardware):
             tp = cell_tp_degree(strategy, rpn, config["tp_degree"])
             for model in axes["model"]:
                 heads = (
@@ -175,10 +193,7 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
                 f"{', '.join(able)} (or exclude {{model: {model}, parallelism: {strategy}}})"
             )
             continue
-        for hw_key in axes["hardware"]:
-            if hw_key not in hardware:
-                continue
-            rpn = ranks_per_node(config, hardware[hw_key])
+        for hw_key, rpn in _hardware_ranks(config, axes, hardware):
             for nodes in axes["nodes"]:
                 for policy in axes["policy"]:
                     world = nodes * rpn
@@ -194,6 +209,16 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
                         f"hardware {hw_key!r} at {nodes} node(s)",
                     )
     return problems
+
+
+def _hardware_ranks(config: dict, axes: dict, hardware: dict) -> list[tuple[str, int]]:
+    """(hardware key, ranks per node) of every defined hardware entry of the axes."""
+    return [
+        (hw_key, rpn)
+        for hw_key in axes["hardware"]
+        if hw_key in hardware
+        for rpn in ranks_per_node_values(config, hardware[hw_key])
+    ]
 
 
 def _excluded_pair(pair: dict, exclude: list[dict]) -> bool:
@@ -281,7 +306,7 @@ def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> lis
         for axis, value in entry.items():
             allowed = []
             for axes in by_workload.values():
-                allowed += [v for v in axes[axis] if v not in allowed]
+                allowed += [v for v in axes[axis] or () if v not in allowed]
             if value not in allowed:
                 problems.append(
                     f"exclude[{i}].{axis}: {value!r} is not a value of axes.{axis}; "
@@ -297,11 +322,14 @@ def planned_cell_count(config: dict) -> tuple[int, bool]:
     total, exact = 0, True
     reps = workload_repetitions(config)
     for workload, axes in workload_axes(config).items():
-        product = math.prod(len(axes[a]) for a in AXES)
+        # ranks per node: the axis's values, else one (each hardware's default)
+        ranks = axes.get("ranks_per_node") or [None]
+        product = math.prod(len(axes[a]) for a in AXES) * len(ranks)
         if config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
             product = sum(
-                not excluded(dict(zip(AXES, combo)), config["exclude"])
+                not excluded({**dict(zip(AXES, combo)), "ranks_per_node": rpn}, config["exclude"])
                 for combo in itertools.product(*(axes[a] for a in AXES))
+                for rpn in ranks
             )
         elif config["exclude"]:
             exact = False
@@ -322,6 +350,7 @@ def cell_count_problem(config: dict) -> str | None:
     reps = workload_repetitions(config)
     sizes = " + ".join(
         " x ".join(f"{len(axes[a])} {a}" for a in AXES)
+        + (f" x {len(axes['ranks_per_node'])} ranks_per_node" if axes["ranks_per_node"] else "")
         + f" x {reps[w]} repetitions"
         + ("" if w == "throughput" else f" ({w})")
         for w, axes in workload_axes(config).items()

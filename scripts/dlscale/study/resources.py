@@ -1,9 +1,9 @@
 """The resources of a cell's Slurm job (and its local threads), from its hardware entry in
 config/hardware.yaml (site facts). Names follow snakemake-executor-plugin-slurm.
 
-A cell's resources depend on its hardware and node count only, so the workflow computes them
-once per resource class (one train rule each, rules/train.smk) at parse time: a 10,000-cell
-study evaluates this a few dozen times, not once per resource per job.
+A cell's resources depend on its hardware, node count and ranks per node only, so the workflow
+computes them once per resource class (one train rule each, rules/train.smk) at parse time: a
+10,000-cell study evaluates this a few dozen times, not once per resource per job.
 """
 
 from __future__ import annotations
@@ -13,15 +13,19 @@ import shlex
 from dlscale.study.workloads import ranks_per_node
 
 
-def class_resources(config: dict, hw: dict, nodes: int) -> tuple[int, dict]:
-    """(threads, resources) of every cell of one (hardware, nodes) class: the rule's `threads`
-    (local profile: the cores a cell occupies, all its ranks, so cells never share a core) and
-    its `resources`, the Slurm plugin's names.
+def class_resources(
+    config: dict, hw: dict, nodes: int, per_node: int | None = None
+) -> tuple[int, dict]:
+    """(threads, resources) of every cell of one (hardware, nodes, ranks per node) class: the
+    rule's `threads` (local profile: the cores a cell occupies, all its ranks, so cells never
+    share a core) and its `resources`, the Slurm plugin's names. `per_node`: the class's ranks
+    per node (config axes.ranks_per_node), else the hardware's default (one per GPU); a GPU
+    class asks for one GPU per rank, so a 1-GPU cell holds one GPU of its node, not four.
 
     Every option the executor plugin manages itself is one of its resources (it refuses them in
     `slurm_extra`, snakemake-executor-plugin-slurm 2.8 `validate_slurm_extra`): partition,
     constraint, GPUs as GRES. Only options it has no resource for go to `slurm_extra`."""
-    per_node = ranks_per_node(config, hw)
+    per_node = per_node or ranks_per_node(config, hw)
     world = nodes * per_node
     return world * hw["cpus_per_rank"], {
         "nodes": nodes,
@@ -30,7 +34,7 @@ def class_resources(config: dict, hw: dict, nodes: int) -> tuple[int, dict]:
         "mem_mb": per_node * hw["mem_mb_per_rank"],  # per node: the ranks of one node
         "runtime": retried_runtime(hw["runtime_min"]),
         "slurm_partition": hw["partition"] or "",
-        **plugin_owned(hw),
+        **plugin_owned(hw, per_node),
         "slurm_extra": slurm_extra(hw, per_node),
         # No `mpi` resource, although the launcher calls srun itself: with one, the plugin's
         # job step (slurm-jobstep 0.6.1) runs the first cell of a job array in every array task
@@ -42,12 +46,13 @@ def class_resources(config: dict, hw: dict, nodes: int) -> tuple[int, dict]:
     }
 
 
-def plugin_owned(hw: dict) -> dict:
+def plugin_owned(hw: dict, per_node: int | None = None) -> dict:
     """The plugin's own resources for what a hardware entry asks beyond cores and memory.
 
     - `slurm_account` and `qos` of the entry's `account` and `qos` (sbatch --account, --qos);
     - `constraint` (sbatch -C, quoted by the plugin);
-    - `gres` for `gpu_request: gres`: `gpu[:type]:N`, per node, as Slurm counts GRES. A GRES
+    - `gres` for `gpu_request: gres`: `gpu[:type]:N`, per node, as Slurm counts GRES (N: the
+      class's ranks per node on GPU hardware, `per_node`, else every GPU of the node). A GRES
       job makes the plugin add `--ntasks-per-gpu=<tasks>` (the job's total task count per
       GPU, which would multiply the ranks) unless `tasks_per_gpu` is 0 (plugin 2.8's
       submit_string adds the flag only for values >= 1; plugin issue #316). The task geometry
@@ -67,15 +72,17 @@ def plugin_owned(hw: dict) -> dict:
     if hw["constraint"]:
         owned["constraint"] = hw["constraint"]
     if hw["gpus_per_node"] and hw["gpu_request"] == "gres":
-        owned["gres"] = f"gpu:{gpu_spec(hw)}"
+        owned["gres"] = f"gpu:{gpu_spec(hw, per_node)}"
         owned["tasks_per_gpu"] = 0
     return owned
 
 
-def gpu_spec(hw: dict) -> str:
-    """`[type:]count` of a node's GPUs."""
+def gpu_spec(hw: dict, per_node: int | None = None) -> str:
+    """`[type:]count` of the GPUs a job asks of each node: one per rank (`per_node`) on GPU
+    hardware, else (a CPU entry's allocated GPUs) all the node's."""
     gpu = f"{hw['gpu_type']}:" if hw["gpu_type"] else ""
-    return f"{gpu}{int(hw['gpus_per_node'])}"
+    count = per_node if per_node and hw["device"] == "cuda" else hw["gpus_per_node"]
+    return f"{gpu}{int(count)}"
 
 
 def retried_runtime(minutes: int):
@@ -92,7 +99,7 @@ def slurm_extra_args(hw: dict, per_node: int) -> list[str]:
     one argument each: flag and value joined by `=`, so no value can start a flag."""
     args = [f"--ntasks-per-node={int(per_node)}"]
     if hw["gpus_per_node"] and hw["gpu_request"] == "gpus":
-        args.append(f"--gpus-per-node={gpu_spec(hw)}")
+        args.append(f"--gpus-per-node={gpu_spec(hw, per_node)}")
     if hw["exclusive"]:
         args.append("--exclusive")
     if hw.get("reservation"):  # the plugin's reservation is one setting for every job

@@ -25,8 +25,10 @@ def workload_axes(config: dict) -> dict[str, dict]:
         out["convergence"] = {
             a: own[a] if own.get(a) is not None else config["axes"][a] for a in AXES
         }
-        # a convergence cell trains data parallel (its adapters' epochs and evaluation)
+        # a convergence cell trains data parallel (its adapters' epochs and evaluation), with
+        # its hardware's default ranks per node
         out["convergence"]["parallelism"] = [DEFAULT_PARALLELISM]
+        out["convergence"]["ranks_per_node"] = None
     return out
 
 
@@ -64,16 +66,27 @@ def data_path(config: dict) -> str:
 
 
 def ranks_per_node(config: dict, hw: dict) -> int:
-    """GPU hardware runs one rank per GPU; CPU hardware uses config.ranks_per_node."""
+    """A hardware entry's default ranks per node: GPU hardware runs one rank per GPU; CPU
+    hardware uses config.ranks_per_node."""
     return hw["gpus_per_node"] if hw["device"] == "cuda" else config["ranks_per_node"]
 
 
+def ranks_per_node_values(config: dict, hw: dict, workload: str = "throughput") -> list[int]:
+    """The ranks per node a workload's cells on this hardware span: config axes.ranks_per_node
+    (on GPU hardware one rank per GPU, so 1..gpus_per_node: dlscale.study.matrix_checks), else
+    the hardware's default (ranks_per_node)."""
+    axis = workload_axes(config).get(workload, config["axes"]).get("ranks_per_node")
+    return list(axis) if axis else [ranks_per_node(config, hw)]
+
+
 def strong_global_batch(config: dict, hw: dict, workload: str = "throughput") -> int:
+    """The global batch of a workload's strong-scaling cells: stated, else the per-rank batch
+    times the smallest world size (fewest ranks per node x fewest nodes: the baseline)."""
     per_rank, global_batch = workload_batches(config, workload)
     if global_batch is not None:
         return global_batch
-    nodes = workload_axes(config)[workload]["nodes"] if workload != "throughput" else None
-    return per_rank * ranks_per_node(config, hw) * min(nodes or config["axes"]["nodes"])
+    axes = workload_axes(config).get(workload, config["axes"])
+    return per_rank * min(ranks_per_node_values(config, hw, workload)) * min(axes["nodes"])
 
 
 def excluded(combo: dict, exclude: list[dict]) -> bool:

@@ -48,7 +48,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale.study.cell import CELL_RULE_PREFIXES, parse_cell_path, path_key, train_rule
+from dlscale.study.cell import (
+    CELL_RULE_PREFIXES,
+    parse_cell_path,
+    path_key,
+    path_ranks,
+    train_rule,
+)
 from dlscale.workflow.advice import Invocation, with_config
 from dlscale.workflow.resume_journal import journal, say, write_driver_record
 
@@ -160,9 +166,10 @@ def plugin_comment(cell_path: str) -> str:
     wildcards in the order of the cell's path, '/' replaced by '_'): the fallback that finds a
     cell's live job when no id was recorded."""
     cell = parse_cell_path(cell_path)
-    rule = train_rule(cell["workload"], cell["parallelism"])
+    rule = train_rule(cell["workload"], cell["parallelism"], path_ranks(cell))
     rule = rule.format(hardware=cell["hardware"], nodes=cell["nodes"])
-    values = "_".join(str(cell[k]) for k in path_key(cell["parallelism"])).replace("/", "_")
+    keys = path_key(cell["parallelism"], path_ranks(cell) is not None)
+    values = "_".join(str(cell[k]) for k in keys).replace("/", "_")
     return f"rule_{rule}_wildcards_{values}"
 
 

@@ -110,7 +110,7 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
     assert "/fsdp+tp/" in cell_label(parse_cell_path(by["fsdp+tp"][0].path))
     assert Cell.from_json(fsdp.to_json()) == fsdp
     assert len({c.path for c in study.cells}) == len(study.cells)
-    assert ("throughput", "cpu", 1, "fsdp+tp") in study.train_rules()
+    assert ("throughput", "cpu", 1, "fsdp+tp", None) in study.train_rules()
     assert train_rule("throughput", "fsdp+tp").format(hardware="cpu", nodes=2) == (
         "train_cpu_n2_fsdp_tp"
     )
