@@ -23,7 +23,7 @@ from pathlib import Path
 from dlscale import __version__
 from dlscale.frameworks.base import TrainSpec
 from dlscale.rank.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
-from dlscale.rank.provenance import host_facts, process_age_s
+from dlscale.rank.provenance import host_facts, process_age_s, site_environment
 from dlscale.rank.rank_context import discover
 from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.registry.frameworks import get_adapter
@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         stamp("setup")  # process group, model, optimizer
         system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
         stamp("describe_node")
-        writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging))
+        site = site_environment(args.rank_dir)  # the entry's modules and env, as seen here
+        writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging, site))
         if convergence:
             return converge(cell, adapter, info, writer, fault_hook(ctx.rank, args.rank_dir))
         measure(cell, adapter, writer, stamps, fault_hook(ctx.rank, args.rank_dir))
@@ -250,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> dict:
+def rank_start(
+    cell: Cell, adapter, ctx, system: dict | None, info, staging, site: dict | None = None
+) -> dict:
     """The rank_start record: the host's facts (load average just before the timed window),
     the adapter's description and execution, who this rank is and, on its node's first rank,
-    the node's description; a convergence cell's dataset."""
+    the node's description; a convergence cell's dataset; the hardware entry's modules and env
+    as this rank saw them (`site`: dlscale.rank.provenance.site_environment), where it has any."""
     spec = adapter.spec
     facts = host_facts()  # load average just before the timed window
     return {
@@ -272,6 +276,7 @@ def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> 
         "master": f"{ctx.master_addr}:{ctx.master_port}",
         "cpu_affinity": cpu_affinity(),
         **({"system": system} if system is not None else {}),
+        **({"site_env": site} if site is not None else {}),
         **(dataset_description(cell, info, staging) if cell.workload == "convergence" else {}),
     }
 
