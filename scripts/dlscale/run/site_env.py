@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale.study.hardware import env_name_problem
+from dlscale.study.env_names import env_name_problem
 
 # Where the module command is initialised, first found first. The job's own environment names
 # the module system it was set up with (Lmod: LMOD_PKG; both: MODULESHOME); otherwise the site's

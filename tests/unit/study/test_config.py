@@ -367,8 +367,8 @@ def test_site_modules_and_env_are_taken_and_default_to_none(root):
 
 def test_the_schema_names_every_variable_env_refuses(root):
     """The configuration reference (generated from the schema) lists what `env:` refuses: the
-    list in dlscale.study.hardware, which the check reads."""
-    from dlscale.study.hardware import RESERVED_ENV
+    list in dlscale.study.env_names, which the checks read."""
+    from dlscale.study.env_names import RESERVED_ENV
 
     schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
     text = schema["additionalProperties"]["properties"]["env"]["description"]
