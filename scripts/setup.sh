@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything dlscale needs on a fresh Debian 12 machine (idempotent, safe to rerun):
 #   - Debian packages: TeX Live (latexmk, pdflatex) for the report, poppler-utils (pdfinfo);
-#     Slurm + munge are installed by scripts/slurm/cluster-up.sh when a local cluster is started;
+#     Lmod (the tests load modules with it, as a hardware entry's `modules:` do on a site);
+#     Slurm + munge (and Lmod again) are installed by scripts/slurm/cluster-up.sh when a local
+#     cluster is started;
 #   - .venv: the driver environment (Snakemake, the Slurm executor plugin, pandas, matplotlib,
 #     seaborn, jinja2, pytest) plus the PyTorch framework (pinned CPU wheel) and dlscale itself;
 #   - .venvs/<env>: one venv per other framework environment (envs/<env>.txt): tensorflow
@@ -46,7 +48,7 @@ for env in "${ENVS[@]}"; do
 done
 
 APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
-              lmodern poppler-utils git)
+              lmodern poppler-utils git lmod)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

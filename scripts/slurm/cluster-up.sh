@@ -384,7 +384,9 @@ apt_install() {
 HOST_LOCK=/run/lock/dlscale-slurm-host.lock
 exec 8>"$HOST_LOCK"
 flock -w 900 8 || die "another cluster-up.sh holds $HOST_LOCK (installing packages?)"
-PKGS=(munge slurm-wlm slurm-client)
+# lmod: the `module` command a hardware entry's `modules:` load in each job (dlscale.run.site_env);
+# Debian's package sets it up for batch jobs through /etc/profile.d/lmod.sh
+PKGS=(munge slurm-wlm slurm-client lmod)
 (( ACCOUNTING )) && PKGS+=(mariadb-server slurmdbd)
 MISSING=$(pkg_missing "${PKGS[@]}")
 if [[ -n $MISSING ]]; then

@@ -19,22 +19,31 @@ import yaml
 from dlscale.data.staging import MANIFEST
 
 from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
+from helpers.lmod import lmod_missing, needs_lmod, write_testmod
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
 CELL_N1 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n1/r1/metrics.jsonl"
 CELL_N2 = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
+WORKLOADS = ("runs", "convergence")  # the tiny study's cells' folders
 
 
 @pytest.fixture(scope="module")
 def slurm_study(cluster, tmp_path_factory):
     """The tiny study on the cluster, its hardware staging the dataset to a node-local folder
     (a folder of this host: the cluster's nodes share it, so one node copies and the other
-    waits for that copy, under the same lock as on separate nodes)."""
+    waits for that copy, under the same lock as on separate nodes), and loading a module of
+    the test's own (site/modulefiles/testmod, on MODULEPATH as a login node's environment names
+    a site's tree; the jobs inherit it) with an env variable for its ranks, through the
+    cluster's Lmod (issue 44; without Lmod, outside CI, neither)."""
     dest = tmp_path_factory.mktemp("slurm-study")
-    return tiny_study(
-        dest, "profiles/slurm", hardware={"cpu": {"stage_dir": str(dest / "node-local")}}
-    )
+    cpu = {"stage_dir": str(dest / "node-local")}
+    with pytest.MonkeyPatch.context() as env:
+        if not lmod_missing():
+            tree, _ = write_testmod(dest / "site")
+            env.setenv("MODULEPATH", str(tree))  # for the reruns below too
+            cpu.update(modules=["testmod"], env={"NCCL_SOCKET_IFNAME": "lo"})
+        yield tiny_study(dest, "profiles/slurm", hardware={"cpu": cpu})
 
 
 def records(path):
@@ -51,6 +60,27 @@ def test_two_node_cell_runs_on_two_distinct_nodes(slurm_study):
     assert sorted(s["node_index"] for s in starts) == [0, 1]
     assert {s["local_rank"] for s in starts} == {0}
     assert (slurm_study / "results/tiny/report/report.pdf").stat().st_size > 0
+
+
+def test_every_rank_runs_with_its_entrys_modules_and_env(slurm_study):
+    """Issue 44, item 2: the cpu entry's `modules: [testmod]` and `env:` reach every rank of
+    every cell, on both nodes: each records the module's marker first on PATH, the module's
+    variable and the env variable; the report's Systems table shows them."""
+    needs_lmod()
+    marker = str(slurm_study / "site" / "testmod-bin")
+    cells = [c.replace("/runs/", f"/{w}/") for c in (CELL_N1, CELL_N2) for w in WORKLOADS]
+    starts = [
+        r["value"] for c in cells for r in records(slurm_study / c) if r["event"] == "rank_start"
+    ]
+    assert len(starts) == 6 and len({s["node"] for s in starts}) == 2
+    for start in starts:
+        site = start["site_env"]
+        assert site["modules"] == ["testmod"] and "testmod/1.0" in site["module_list"]
+        assert site["module_vars"]["PATH"].split(":")[0] == marker
+        assert site["module_vars"]["DLSCALE_TESTMOD"] == "loaded"
+        assert site["env"] == {"NCCL_SOCKET_IFNAME": "lo"}
+    systems = (slurm_study / "results/tiny/tables/systems.csv").read_text()
+    assert "testmod (loaded: testmod/1.0)" in systems and "NCCL_SOCKET_IFNAME=lo" in systems
 
 
 def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_study):

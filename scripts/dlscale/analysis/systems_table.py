@@ -1,11 +1,12 @@
 """The Systems table: what each hardware entry of a study was, from the probes its cells recorded.
 
 Each node's local rank 0 records a system description in its `rank_start`
-(dlscale.rank.node_probes); every rank records its CPU binding and run-shaping environment.
-`cell_systems` turns one cell's records into one row per node and field (a readable value each);
-`systems_table` summarises a study per hardware entry, field and value, and flags fields whose value
-differs between the nodes of one cell (e.g. two driver versions in one job). The report prints it
-with the MLPerf system-description field each row fills (`MLPERF_FIELDS`), and names those it does
+(dlscale.rank.node_probes); every rank records its CPU binding and run-shaping environment, and
+the hardware entry's modules and env where it has any (`site_env`). `cell_systems` turns one
+cell's records into one row per node and field (a readable value each); `systems_table`
+summarises a study per hardware entry, field and value, and flags fields whose value differs
+between the nodes of one cell (e.g. two driver versions in one job). The report prints it with
+the MLPerf system-description field each row fills (`MLPERF_FIELDS`), and names those it does
 not.
 
 Analysis side: imports neither the launcher nor the frameworks.
@@ -77,6 +78,8 @@ MLPERF_FIELDS = {
     "CPU binding per rank": "sw_notes",
     PLACEMENT_FIELD: "sw_notes",
     "Performance environment": "sw_notes",
+    "Modules": "other_software_stack",
+    "Site environment (env:)": "sw_notes",
 }
 # Fields a cell has once (not per node): never a disagreement between nodes.
 PER_CELL = ("Nodes per cell", "Allocation", "Framework")
@@ -301,6 +304,30 @@ def _environment(env: dict) -> str:
     return " ".join(shown) or "none set"
 
 
+def _modules(site: dict) -> str:
+    """The modules asked for, and what the module system says is loaded (LOADEDMODULES, set by
+    Lmod and Environment Modules alike; `module list` is text for people)."""
+    loaded = site["module_vars"].get("LOADEDMODULES")
+    asked = " ".join(site["modules"]) or "none"
+    return asked + (f" (loaded: {loaded.replace(':', ' ')})" if loaded else "")
+
+
+def _site_env(site: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(site["env"].items())) or "none"
+
+
+def _site(starts: list[dict]) -> dict[str, str]:
+    """The Modules and env rows of one node, from its ranks' `site_env` (the hardware entry's
+    modules and env as each rank saw them); nothing where the entry set neither."""
+    sites = [st["site_env"] for st in starts if "site_env" in st]
+    if not sites:
+        return {}
+    return {
+        "Modules": " | ".join(sorted({_modules(site) for site in sites})),
+        "Site environment (env:)": " | ".join(sorted({_site_env(site) for site in sites})),
+    }
+
+
 def cell_systems(records: list[dict], cell_name: str) -> list[dict]:
     """One row per node of the cell and field: hardware, cell, node, field, value."""
     start = records[0]["value"]
@@ -338,6 +365,8 @@ def cell_systems(records: list[dict], cell_name: str) -> list[dict]:
         add(name, PLACEMENT_FIELD, gpu_placement(system, starts))
         envs = sorted({_environment(st.get("environment", {})) for st in starts})
         add(name, "Performance environment", " | ".join(envs))
+        for field, value in _site(starts).items():
+            add(name, field, value)
     add(
         "",
         "Allocation",

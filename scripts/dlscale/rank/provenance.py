@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import socket
@@ -10,6 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from dlscale.study.cell import SITE_ENV_FILE
 
 
 def cpu_model() -> str:
@@ -121,14 +124,30 @@ SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "A
 REDACTED = "<redacted>"
 
 
+def _shown(name: str, value: str | None) -> str | None:
+    """A variable's value as a record keeps it: REDACTED where its name looks secret."""
+    return REDACTED if value is not None and any(w in name.upper() for w in SECRET_WORDS) else value
+
+
 def environment(env=None) -> dict:
     """The run-shaping environment variables (ENV_PREFIXES), secret-looking values redacted."""
     env = os.environ if env is None else env
-    return {
-        k: (REDACTED if any(w in k.upper() for w in SECRET_WORDS) else v)
-        for k, v in sorted(env.items())
-        if k.startswith(ENV_PREFIXES)
-    }
+    return {k: _shown(k, v) for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def site_environment(rank_dir: str | Path, env=None) -> dict | None:
+    """What the hardware entry's modules and env made of this rank's environment: the launcher's
+    record (SITE_ENV_FILE, dlscale.run.site_env) with the value this rank sees of every variable
+    the module command set, changed or removed (`module_vars`; null: unset) and of every `env:`
+    variable, secret-looking values redacted. None where the entry sets neither."""
+    path = Path(rank_dir) / SITE_ENV_FILE
+    if not path.is_file():
+        return None
+    site = json.loads(path.read_text())
+    env = os.environ if env is None else env
+    for key in ("module_vars", "env"):
+        site[key] = {name: _shown(name, env.get(name)) for name in site[key]}
+    return site
 
 
 def process_age_s() -> float | None:

@@ -2,7 +2,9 @@
 
 `python -m dlscale.run.launch --cell-json CELL --output metrics.jsonl` runs one cell (CELL is
 `dlscale.study.cell.Cell.to_json()`):
-  1. writes the cell for its ranks (.ranks/cell.json) and starts nodes x ranks_per_node ranks of
+  1. loads the hardware entry's modules and sets its env (dlscale.run.site_env, once: the ranks
+     start with that environment), writes the cell for its ranks (.ranks/cell.json) and starts
+     nodes x ranks_per_node ranks of
      `python -m dlscale.run.train --cell .ranks/cell.json`, either as local processes
      (launcher `local`: the embedded default, one simulated node per group of ranks) or with
      `srun` inside the cell's Slurm allocation (launcher `srun`);
@@ -34,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from dlscale.rank.node_probes import job_allocation
@@ -41,6 +44,7 @@ from dlscale.rank.provenance import git_commit
 from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING, GPU_BINDINGS
 from dlscale.run import first_contact
 from dlscale.run.diagnosis import diagnosis, render, with_nccl_debug
+from dlscale.run.site_env import SiteEnvError, job_environment
 from dlscale.store import metrics
 from dlscale.store.does_not_fit import DOES_NOT_FIT
 from dlscale.store.does_not_fit import rank_records as fit_records
@@ -51,6 +55,7 @@ from dlscale.study.cell import (
     ENVIRONMENTS_DIR,
     FAILURE_FILE,
     RANK_DIR,
+    SITE_ENV_FILE,
     SLURM_JOB_FILE,
     Cell,
     study_dir_of,
@@ -183,13 +188,19 @@ def write_cell_spec(cell: Cell, rank_dir: Path) -> Path:
 
 
 def local_rank_env(
-    rank: int, world_size: int, ranks_per_node: int, port: int, threads: int = 1
+    rank: int,
+    world_size: int,
+    ranks_per_node: int,
+    port: int,
+    threads: int = 1,
+    base: Mapping[str, str] = os.environ,
 ) -> dict:
-    """The environment of one rank on the local launcher: simulated node rank // ranks_per_node,
-    rendezvous on loopback (what dlscale.rank.rank_context.discover reads back)."""
+    """The environment of one rank on the local launcher: `base` (the cell's, run.site_env),
+    simulated node rank // ranks_per_node, rendezvous on loopback (what
+    dlscale.rank.rank_context.discover reads back)."""
     nodes = world_size // ranks_per_node
     env = dict(
-        os.environ,
+        base,
         DLSCALE_LAUNCHER="local",
         DLSCALE_RANK=str(rank),
         DLSCALE_WORLD_SIZE=str(world_size),
@@ -218,13 +229,17 @@ def local_port(world_size: int, is_free=port_free, draw=None) -> int:
     return rendezvous_port(seeds, ports_per_host(world_size), "local cell", is_free)
 
 
-def start_local(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+def start_local(
+    cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
+) -> list[tuple[int, subprocess.Popen]]:
     """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on
-    loopback."""
+    loopback; `base`: the ranks' environment before the launcher's variables."""
     port = local_port(cell.world_size)
     procs = []
     for rank in range(cell.world_size):
-        env = local_rank_env(rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank)
+        env = local_rank_env(
+            rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank, base
+        )
         log = (rank_dir / f"rank{rank}.log").open("w")
         procs.append(
             (
@@ -247,10 +262,13 @@ SLURM_IDENTITY = {
 }
 
 
-def start_srun(cell: Cell, argv: list[str], rank_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+def start_srun(
+    cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
+) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
-    the executor plugin strips most SLURM_* variables from the job's environment."""
-    env, overlap = dict(os.environ), []
+    the executor plugin strips most SLURM_* variables from the job's environment. `base`: the
+    ranks' environment before the launcher's variables (srun passes it on to every rank)."""
+    env, overlap = dict(base), []
     if "SLURM_STEP_ID" in env:
         # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
         # SLURM_* (node list included) describe one task on one node, not the allocation: keep
@@ -454,9 +472,12 @@ def keep_package_lists(rank_dir: Path, environments: Path) -> None:
             print(f"[dlscale.run.launch] package list not kept: {exc}", file=sys.stderr)
 
 
-def _run_ranks(cell: Cell, argv: list[str], rank_dir: Path) -> tuple[int, int] | None:
-    """Start the cell's ranks (srun or local processes) and wait for all of them; a SIGTERM
-    stops them. Returns (rank, exit code) of the failure (wait_all), or None."""
+def _run_ranks(
+    cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str]
+) -> tuple[int, int] | None:
+    """Start the cell's ranks (srun or local processes) in environment `base` and wait for all
+    of them; a SIGTERM stops them. Returns (rank, exit code) of the failure (wait_all), or
+    None."""
     if cell.launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
         # A 1-rank cell already runs inside the job step the executor plugin made for it
         # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
@@ -468,7 +489,7 @@ def _run_ranks(cell: Cell, argv: list[str], rank_dir: Path) -> tuple[int, int] |
     seconds = first_contact.deadline_s(cell)
     watch = first_contact.Watch(rank_dir, cell.world_size, seconds) if seconds else None
     try:
-        procs = start(cell, argv, rank_dir)
+        procs = start(cell, argv, rank_dir, base)
         failed = wait_all(procs, watch=watch)
     except Terminated:
         _stop(procs, grace=2.0)
@@ -515,6 +536,19 @@ def run_cell(
     (output.parent / FAILURE_FILE).unlink(missing_ok=True)
     record_slurm_job(output)
     write_cell_spec(cell, rank_dir)
+    try:  # the hardware entry's modules and env (dlscale.run.site_env), once for all ranks
+        site = job_environment(cell.modules, dict(cell.env))
+    except SiteEnvError as exc:
+        record_failure(output, rank_dir, cell, reason=str(exc), rank=None, exit_code=None)
+        print(f"[dlscale.run.launch] cell FAILED: {exc}", file=sys.stderr)
+        return 1
+    if cell.modules or cell.env:  # what each rank records (dlscale.rank.provenance)
+        (rank_dir / SITE_ENV_FILE).write_text(json.dumps(site.record()))
+        print(
+            f"[dlscale.run.launch] modules {list(cell.modules)} ({site.module_init}), env "
+            f"{list(site.env)}",
+            file=sys.stderr,
+        )
     argv = train_argv(rank_dir, python)
     print(
         f"[dlscale.run.launch] {launcher}: {cell.nodes} node(s) x {cell.ranks_per_node} "
@@ -523,7 +557,7 @@ def run_cell(
         flush=True,
     )
     started = time.time()
-    failed = _run_ranks(cell, argv, rank_dir)
+    failed = _run_ranks(cell, argv, rank_dir, site.environment)
     wall = time.time() - started
     for log in sorted(rank_dir.glob("*.log")):
         print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)

@@ -24,7 +24,7 @@ from pathlib import Path
 from dlscale import __version__
 from dlscale.frameworks.base import TrainSpec
 from dlscale.rank.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
-from dlscale.rank.provenance import host_facts, process_age_s
+from dlscale.rank.provenance import host_facts, process_age_s, site_environment
 from dlscale.rank.rank_context import discover
 from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.registry.frameworks import get_adapter
@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         first_contact.mark(args.rank_dir, ctx.rank, first_contact.FIRST_STEP)
         system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
         stamp("describe_node")
-        writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging))
+        site = site_environment(args.rank_dir)  # the entry's modules and env, as seen here
+        writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging, site))
         if convergence:
             converge(cell, adapter, info, writer, before_step)
         else:
@@ -264,10 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> dict:
+def rank_start(
+    cell: Cell, adapter, ctx, system: dict | None, info, staging, site: dict | None = None
+) -> dict:
     """The rank_start record: the host's facts (load average just before the timed window),
     the adapter's description and execution, who this rank is and, on its node's first rank,
-    the node's description; a convergence cell's dataset."""
+    the node's description; a convergence cell's dataset; the hardware entry's modules and env
+    as this rank saw them (`site`: dlscale.rank.provenance.site_environment), where it has any."""
     spec = adapter.spec
     facts = host_facts()  # load average just before the timed window
     return {
@@ -286,6 +290,7 @@ def rank_start(cell: Cell, adapter, ctx, system: dict | None, info, staging) -> 
         "master": f"{ctx.master_addr}:{ctx.master_port}",
         "cpu_affinity": cpu_affinity(),
         **({"system": system} if system is not None else {}),
+        **({"site_env": site} if site is not None else {}),
         **(dataset_description(cell, info, staging) if cell.workload == "convergence" else {}),
     }
 

@@ -186,6 +186,9 @@ CELL_RULE_PREFIXES = tuple(rule.split("{")[0] for rule in TRAIN_RULES.values())
 MEASUREMENTS_DIR = "measurements"
 RANK_DIR = ".ranks"  # the ranks' part files and logs while the cell runs
 CELL_SPEC_FILE = "cell.json"  # in RANK_DIR: the Cell the ranks read (Cell.to_json)
+# in RANK_DIR: the modules loaded and env set for the ranks (dlscale.run.site_env.SiteEnv.record),
+# where the cell's hardware entry has any; each rank records it with what it saw
+SITE_ENV_FILE = "site_env.json"
 FAILURE_FILE = "failure.json"  # why the cell failed (dlscale.run.launch.record_failure)
 # Which Slurm job runs the cell, written when the launcher starts (before any rank): the status
 # table finds the job's state and log with it even when the job is killed outright, and for
@@ -265,6 +268,11 @@ class Cell:
     # how the launcher binds a cuda cell's GPUs to its ranks (hardware.yaml gpu_binding,
     # dlscale.registry.gpu_bindings); None for a CPU cell
     gpu_binding: str | None = None
+    # The job's software (hardware.yaml `modules`, `env`; dlscale.run.site_env): the modules the
+    # launcher loads before the ranks start, and the variables set for the ranks after them, as
+    # (name, value) pairs sorted by name (a mapping in the cell's JSON). Empty: none.
+    modules: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
     # How its ranks share the model (PARALLELISMS; dlscale.registry.parallel_dims.ParallelDims)
     # and its tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
@@ -283,6 +291,15 @@ class Cell:
     # axes.ranks_per_node gives it other ranks per node than its hardware's default (one per GPU
     # on GPU hardware, config ranks_per_node on CPU). Where, not what: in no identity or hash.
     ranks_in_path: bool = False
+
+    def __post_init__(self):
+        # the JSON form has a list and a mapping: kept as tuples, so a cell read back equals the
+        # cell written and stays hashable
+        if isinstance(self.modules, str):
+            raise TypeError(f"modules: a list of module names, not one string {self.modules!r}")
+        object.__setattr__(self, "modules", tuple(self.modules))
+        pairs = self.env.items() if isinstance(self.env, dict) else self.env
+        object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
 
     @property
     def world_size(self) -> int:
@@ -308,10 +325,16 @@ class Cell:
         from their default (LATER_FIELDS), so a throughput cell's identity and hash are what
         they were before workloads existed. A measured cell whose identity differs from the
         planned one is never re-measured silently (dlscale.store.measurements.changed_cells)."""
+        return {k: v for k, v in self._fields().items() if k not in NOT_IDENTITY}
+
+    def _fields(self) -> dict:
+        """Every field as the cell's JSON has it (`modules` a list, `env` a mapping: a measured
+        cell's stored identity compares equal), the fields added later left out at their
+        default."""
         return {
-            k: v
+            k: _JSON_FORM.get(k, _same)(v)
             for k, v in vars(self).items()
-            if k not in NOT_IDENTITY and not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+            if not (k in LATER_FIELDS and v == LATER_FIELDS[k])
         }
 
     @property
@@ -327,9 +350,7 @@ class Cell:
         # (called once per job while a 10,000-cell study is planned); fields added later are
         # left out at their default, so a throughput cell serialises (and its job's params read)
         # as before they existed
-        d = {
-            k: v for k, v in vars(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])
-        }
+        d = self._fields()
         d["world_size"] = self.world_size
         d["config_hash"] = self.config_hash
         return d
@@ -363,6 +384,12 @@ class Cell:
         return cls.from_json(Path(path).read_text())
 
 
+def _same(value):
+    return value
+
+
+# fields kept as tuples in a Cell (hashable, frozen) and written as JSON has them
+_JSON_FORM = {"modules": list, "env": dict}
 # where, not what; and deadlines, which change no measurement
 NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s", "ranks_in_path")
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
@@ -380,6 +407,8 @@ CONVERGENCE_FIELDS = tuple(
         "workload",
         "first_step_timeout_s",
         "gpu_binding",
+        "modules",
+        "env",
         "parallelism",
         "tp_degree",
         "pp_degree",

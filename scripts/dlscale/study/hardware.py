@@ -1,6 +1,7 @@
 """The hardware file's checks beyond its schema: a CUDA entry needs GPUs, a GRES type must be one,
-GPU binding and CPU builds only where they fit, dense peaks only (peak_tflops, for MFU); and the
-environment variant an entry's cells run in. Every problem is reported before any job, at once.
+GPU binding and CPU builds only where they fit, dense peaks only (peak_tflops, for MFU), no `env:`
+variable the project sets itself; and the environment variant an entry's cells run in. Every
+problem is reported before any job, at once.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import re
 
 from dlscale.registry.cuda_drivers import highest_cuda_major, version_tuple
 from dlscale.study.config import apply_defaults, schema_problems
+from dlscale.study.env_names import env_name_problem
 from dlscale.study.errors import ConfigError
 
 # The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
@@ -17,6 +19,13 @@ PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 PEAK_KEY = "peak_tflops"
+
+
+def env_problems(key: str, env) -> list[str]:
+    """Every `env:` name of a hardware entry that is refused, as `<entry>.env.<name>: why`."""
+    if not isinstance(env, dict):
+        return []  # the schema says what it must be
+    return [f"{key}.env.{name}: {why}" for name in env if (why := env_name_problem(name))]
 
 
 def peak_problems(key: str, peak) -> list[str]:
@@ -88,6 +97,7 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 "use no GPU)"
             )
         problems += peak_problems(key, entry.get(PEAK_KEY))
+        problems += env_problems(key, entry.get("env"))
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
                 f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"

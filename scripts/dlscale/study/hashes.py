@@ -46,7 +46,13 @@ ANALYSIS_KEYS = ("peak_tflops",)
 
 # Hardware keys added after studies were measured, hashed only away from their default: at the
 # default they ask exactly what an entry without them asked, so existing cells stay measured.
-LATER_DEFAULTS = {"gpus_allocated_only": False, "gpu_binding": DEFAULT_GPU_BINDING}
+# `modules` and `env` (the job's software, dlscale.run.site_env): none loaded, none set.
+LATER_DEFAULTS = {
+    "gpus_allocated_only": False,
+    "gpu_binding": DEFAULT_GPU_BINDING,
+    "modules": [],
+    "env": {},
+}
 
 
 def hashed_hardware(entry: dict) -> dict:

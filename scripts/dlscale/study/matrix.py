@@ -218,6 +218,8 @@ def _combo_cells(
             hardware_hash=shared["hardware_hashes"][combo["hardware"]],
             environment=shared["environments"][environment_key(combo["framework"], hw)],
             gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
+            modules=hw.get("modules", ()),
+            env=hw.get("env", {}),
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
             pp_degree=cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
             microbatches=cell_microbatches(

@@ -338,3 +338,23 @@ def test_the_systems_table_carries_the_placement_of_each_node(tmp_path):
     write_systems_table(table, str(tmp_path / "systems.tex"))
     tex = (tmp_path / "systems.tex").read_text()
     assert "Placement: GPU ranks ran on CPUs away from their GPU's NUMA node on 2 node" in tex
+
+
+def test_the_systems_table_shows_an_entrys_modules_and_env_only_where_it_has_them():
+    """Issue 44: each rank's `site_env` (the hardware entry's modules and env as it saw them)
+    becomes a Modules row (asked for, and LOADEDMODULES) and an env row per hardware entry."""
+    plain = systems_table(cell_systems(_cell_records(), "gpu/a/r1"))
+    assert not {"Modules", "Site environment (env:)"} & set(plain["field"])
+    records = _cell_records()
+    for rec in records[1:]:
+        rec["value"]["site_env"] = {
+            "modules": ["cuda/12.4", "nccl"],
+            "module_list": "Currently Loaded Modules:\n  1) cuda/12.4   2) nccl/2.21",
+            "module_init": "/etc/profile.d/lmod.sh",
+            "module_vars": {"LOADEDMODULES": "cuda/12.4:nccl/2.21", "PATH": "/opt/cuda/bin"},
+            "env": {"NCCL_IB_HCA": "mlx5", "NCCL_SOCKET_IFNAME": "ib0"},
+        }
+    table = systems_table(cell_systems(records, "gpu/a/r1")).set_index("field")
+    assert table.loc["Modules", "value"] == "cuda/12.4 nccl (loaded: cuda/12.4 nccl/2.21)"
+    env = table.loc["Site environment (env:)"]
+    assert env["value"] == "NCCL_IB_HCA=mlx5 NCCL_SOCKET_IFNAME=ib0" and env["nodes"] == 2

@@ -66,3 +66,27 @@ def test_the_project_root_is_the_checkout_from_any_working_directory(tmp_path, m
     monkeypatch.chdir(tmp_path)
     assert provenance.project_root() == provenance.PROJECT_ROOT
     assert schema_path() == provenance.PROJECT_ROOT / REFERENCES_SCHEMA
+
+
+def test_a_rank_records_its_entrys_modules_and_env_as_it_sees_them(tmp_path):
+    """The launcher's record (SITE_ENV_FILE: names) and the values in this rank's environment;
+    secret-looking names redacted; nothing where the entry has neither."""
+    import json
+
+    from dlscale.rank.provenance import REDACTED, site_environment
+    from dlscale.study.cell import SITE_ENV_FILE
+
+    assert site_environment(tmp_path) is None
+    launcher = {
+        "modules": ["testmod"],
+        "module_list": "Currently Loaded Modules:\n  1) testmod/1.0",
+        "module_init": "/etc/profile.d/lmod.sh",
+        "module_vars": ["PATH", "DLSCALE_TESTMOD", "GONE"],
+        "env": ["NCCL_SOCKET_IFNAME", "SITE_TOKEN"],
+    }
+    (tmp_path / SITE_ENV_FILE).write_text(json.dumps(launcher))
+    env = {"PATH": "/m:/bin", "DLSCALE_TESTMOD": "loaded", "NCCL_SOCKET_IFNAME": "lo"}
+    site = site_environment(tmp_path, dict(env, SITE_TOKEN="s3cret"))
+    assert site["module_vars"] == {"PATH": "/m:/bin", "DLSCALE_TESTMOD": "loaded", "GONE": None}
+    assert site["env"] == {"NCCL_SOCKET_IFNAME": "lo", "SITE_TOKEN": REDACTED}
+    assert site["modules"] == ["testmod"] and "testmod/1.0" in site["module_list"]

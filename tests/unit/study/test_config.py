@@ -315,3 +315,95 @@ def test_names_that_only_look_reserved_are_studies(root, name):
     from dlscale.study.matrix import load_workflow_study
 
     assert load_workflow_study({"study": name}, root).config["study"] == name
+
+
+# Issue 44, item 2: a hardware entry's modules and env.
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({"modules": "cuda/12.4"}, ["x.modules", "must be a list"]),
+        ({"modules": ["cuda 12.4"]}, ["x.modules[0]", "'cuda 12.4'", "a module name"]),
+        ({"modules": ["cuda;rm -rf ~"]}, ["x.modules[0]", "no spaces or shell characters"]),
+        ({"modules": ["$(id)"]}, ["x.modules[0]", "'$(id)'"]),
+        ({"modules": ["--force"]}, ["x.modules[0]", "not starting with - or ."]),
+        ({"modules": ["cuda/12.4", "cuda/12.4"]}, ["x.modules", "duplicated values"]),
+        ({"env": ["NCCL_DEBUG=INFO"]}, ["x.env", "must be a mapping"]),
+        ({"env": {"1NCCL": "x"}}, ["x.env.1NCCL", "not a variable name", "letters, digits"]),
+        ({"env": {"NCCL-DEBUG": "x"}}, ["x.env.NCCL-DEBUG", "not a variable name"]),
+        ({"env": {"NCCL_NTHREADS": 4}}, ["x.env.NCCL_NTHREADS", "must be a string"]),
+        ({"env": {"NCCL_DEBUG": "INFO\nrm"}}, ["x.env.NCCL_DEBUG", "without NUL or line breaks"]),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, ["x.env.CUDA_VISIBLE_DEVICES", "gpu_binding"]),
+        ({"env": {"SLURM_CPU_BIND": "none"}}, ["x.env.SLURM_CPU_BIND", "Slurm's own"]),
+        ({"env": {"DLSCALE_RANK": "0"}}, ["x.env.DLSCALE_RANK", "rank variables"]),
+        ({"env": {"MASTER_ADDR": "n1"}}, ["x.env.MASTER_ADDR", "rendezvous"]),
+        ({"env": {"WORLD_SIZE": "2"}}, ["x.env.WORLD_SIZE", "who it is"]),
+        ({"env": {"OMP_NUM_THREADS": "8"}}, ["x.env.OMP_NUM_THREADS", "cpus_per_rank"]),
+        ({"env": {"PYTHONPATH": "/opt"}}, ["x.env.PYTHONPATH", "code the ranks run"]),
+        ({"env": {"PATH": "/opt/bin"}}, ["x.env.PATH", "modulefile"]),
+    ],
+)
+def test_bad_modules_and_env_are_refused_naming_the_key(root, extra, expected):
+    from dlscale.study.hardware import validate_hardware
+
+    schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
+    with pytest.raises(ConfigError) as info:
+        validate_hardware({"x": {"device": "cpu", **extra}}, schema)
+    for fragment in expected:
+        assert fragment in str(info.value), f"{fragment!r} not in:\n{info.value}"
+
+
+def test_site_modules_and_env_are_taken_and_default_to_none(root):
+    from dlscale.study.hardware import validate_hardware
+
+    schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
+    site = {
+        "modules": ["cuda/12.4", "NCCL/2.18.3-GCCcore-12.3.0-CUDA-12.1.1", "cuda/.12.4", "gcc"],
+        "env": {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5", "UCX_TLS": "rc,sm", "X": ""},
+    }
+    hw = validate_hardware({"x": {"device": "cpu", **site}, "y": {"device": "cpu"}}, schema)
+    assert {k: hw["x"][k] for k in site} == site
+    assert hw["y"]["modules"] == [] and hw["y"]["env"] == {}
+
+
+def test_the_schema_names_every_variable_env_refuses(root):
+    """The configuration reference (generated from the schema) lists what `env:` refuses: the
+    list in dlscale.study.env_names, which the checks read."""
+    from dlscale.study.env_names import RESERVED_ENV
+
+    schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
+    text = schema["additionalProperties"]["properties"]["env"]["description"]
+    assert [name for name in RESERVED_ENV if name not in text] == []
+
+
+def test_modules_and_env_reach_the_cells_and_enter_their_identity_only_when_set(
+    root, base_config, tmp_path
+):
+    """An entry's modules and env reach every cell of that hardware (Cell.to_json carries them,
+    a mapping for env, and reads back equal); at their defaults ([] and {}, written out or not)
+    every hash and every cell's JSON are as without the keys, so measured cells stay current."""
+    from dlscale.study.cell import Cell
+
+    hw = (root / "config" / "hardware.yaml").read_text()
+    site = tmp_path / "site.yaml"  # the hardware file's path is part of the config hash
+    config = with_(base_config, ("hardware_file",), str(site))
+    marker = "  runtime_min: 20\n"
+    site.write_text(hw)
+    before = study(root, config)
+    site.write_text(hw.replace(marker, marker + "  modules: []\n  env: {}\n", 1))
+    defaults = study(root, config)
+    assert defaults.config_hash == before.config_hash
+    assert [c.to_json() for c in defaults.cells] == [c.to_json() for c in before.cells]
+    site.write_text(
+        hw.replace(marker, marker + "  modules: [testmod]\n  env: {NCCL_DEBUG: INFO}\n", 1)
+    )
+    after = study(root, config)
+    assert after.config_hash != before.config_hash
+    for old, new in zip(before.cells, after.cells, strict=True):
+        assert new.path == old.path  # the same cells, measured in another environment
+        assert new.hardware_hash != old.hardware_hash and new.config_hash != old.config_hash
+        assert new.modules == ("testmod",) and new.env == (("NCCL_DEBUG", "INFO"),)
+        as_json = json.loads(new.to_json())
+        assert as_json["modules"] == ["testmod"] and as_json["env"] == {"NCCL_DEBUG": "INFO"}
+        assert Cell.from_json(new.to_json()) == new
+        # a measured cell's identity is read back from JSON: it must compare equal
+        assert json.loads(json.dumps(new.identity())) == new.identity()
