@@ -48,6 +48,7 @@ COMMUNICATOR_TIMEOUT_S = 120  # torch.distributed's own timeout for the set-up a
 ALLREDUCE_BYTES = {"cuda": 64 << 20, "cpu": 4 << 20}
 ALLREDUCE_WARMUP, ALLREDUCE_REPEATS = 2, 5
 RANK_FILE = "preflight-rank{rank}.json"
+MODULE = "dlscale.run.preflight_job"
 
 
 def check(name: str, ok: bool, detail: str, fix: str | None = None) -> dict:
@@ -175,7 +176,7 @@ def run_job(spec: dict, output: Path) -> int:
     if all(c["ok"] for c in checks):
         rank_dir = output.parent / f"{output.stem}.ranks"
         rank_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", __name__, "rank", "--spec", spec["path"]]
+        argv = [sys.executable, "-m", MODULE, "rank", "--spec", spec["path"]]
         argv += ["--rank-dir", str(rank_dir)]
         start = start_srun if cell.launcher == "srun" else start_local
         failed = wait_all(start(cell, argv, rank_dir), timeout=RANKS_TIMEOUT_S)
@@ -375,7 +376,7 @@ def _write_rank(rank_dir: Path, rank: int, record: dict, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     job = sub.add_parser("job", help="in the preflight's allocation (the driver submits it)")
     job.add_argument("--spec", type=Path, required=True)
