@@ -26,6 +26,7 @@ from pathlib import Path
 
 CONFIG_OPTIONS = ("--config", "-C")
 CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
+DRY_RUN_FLAGS = ("-n", "--dry-run", "--dryrun")
 
 
 def _is_snakemake(argv0: str) -> bool:
@@ -125,6 +126,12 @@ class Invocation:
         rest = self._without(_option_groups(list(self.tokens), CONFIG_OPTIONS))
         return _command([*rest, "--config", *entries])
 
+    def with_target(self, target: str) -> str:
+        """This command building `target`: the target first (a value after `--config` would be
+        read as one of its entries), a dry run's flag dropped."""
+        rest = [t for t in self.tokens if t not in DRY_RUN_FLAGS]
+        return _command([target, *rest])
+
     def _without(self, groups: list[tuple[int, int]]) -> list[str]:
         drop = {i for start, end in groups for i in range(start, end)}
         return [t for i, t in enumerate(self.tokens) if i not in drop]
@@ -154,3 +161,10 @@ def with_config(invocation: Invocation | None, **changes) -> str:
         f"your command with {entries} added to its one --config (beside its other --config "
         "entries: Snakemake keeps only the last --config of a command line)"
     )
+
+
+def with_target(invocation: Invocation | None, target: str) -> str:
+    """The command that builds `target` with this run's profile and configuration."""
+    if invocation is not None:
+        return invocation.with_target(target)
+    return f"snakemake {shlex.quote(target)} with this run's --profile and --config"
