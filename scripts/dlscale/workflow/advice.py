@@ -26,7 +26,8 @@ from pathlib import Path
 
 CONFIG_OPTIONS = ("--config", "-C")
 CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
-DRY_RUN_FLAGS = ("-n", "--dry-run", "--dryrun")
+ONE_RUN_FLAGS = ("-n", "--dry-run", "--dryrun", "-F", "--forceall", "-f", "--force")
+FORCERUN_OPTIONS = ("--forcerun", "-R")
 
 
 def _is_snakemake(argv0: str) -> bool:
@@ -128,9 +129,10 @@ class Invocation:
 
     def with_target(self, target: str) -> str:
         """This command building `target`: the target first (a value after `--config` would be
-        read as one of its entries), a dry run's flag dropped."""
-        rest = [t for t in self.tokens if t not in DRY_RUN_FLAGS]
-        return _command([target, *rest])
+        read as one of its entries), without what belonged to this run only (a dry run's flag,
+        the jobs it forced to rerun)."""
+        rest = self._without(_option_groups(list(self.tokens), FORCERUN_OPTIONS))
+        return _command([target, *(t for t in rest if t not in ONE_RUN_FLAGS)])
 
     def _without(self, groups: list[tuple[int, int]]) -> list[str]:
         drop = {i for start, end in groups for i in range(start, end)}
