@@ -104,7 +104,7 @@ def _as_user(home: Path, cwd: Path, env: dict[str, str], *command: str) -> str:
 def test_a_plain_user_sets_up_and_runs_a_study_without_tex(site_indexes):
     mirror, torch_cpu = site_indexes
     uid, home = _plain_user()
-    run = Path(f"/var/tmp/dlscale-login-{os.getpid()}")  # the user's project space
+    run = Path("/var/tmp/dlscale-login")  # the user's project space (an earlier run's removed)
     shutil.rmtree(run, ignore_errors=True)
     tiny = yaml.safe_load((ROOT / "tests/fixtures/tiny.yaml").read_text())
     (run / "dlscale").mkdir(parents=True)

@@ -9,7 +9,8 @@ PIP_INDEX_URL names a mirror, or from $DLSCALE_PYPI_INDEX where set; nothing for
 for (pytorch-cu128: 12.8, from cuda_drivers.json); nothing for the others.
 `python -m dlscale.registry environments-dir`: the folder the environments live in, absolute
 (.venvs/ in the checkout, or $DLSCALE_ENVS_DIR).
-Standard library only: setup.sh runs it with the system Python before any venv exists."""
+Standard library only: setup.sh runs it with the interpreter it was given (--python, DLSCALE_PYTHON,
+python3) before any venv exists."""
 
 from __future__ import annotations
 
