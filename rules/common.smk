@@ -15,7 +15,7 @@ from snakemake.exceptions import WorkflowError
 from dlscale.workflow.capability import environment_problems
 from dlscale.study.config import ConfigError
 from dlscale.study.hardware import environment_variant
-from dlscale.registry.frameworks import FRAMEWORKS
+from dlscale.registry.frameworks import FRAMEWORKS, environments_dir
 from dlscale.store.measurements import (
     REMEASURE_FLAG,
     adopt_unarchived,
@@ -40,7 +40,8 @@ from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
 from dlscale.store.preflight_results import PREFLIGHT_DIR
 from dlscale.workflow.resume_journal import previous_driver
-from dlscale.workflow.advice import Invocation, with_config
+from dlscale.workflow.advice import Invocation, with_config, with_target
+from dlscale.outputs.tex import no_tex_notice, tex_missing
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
 # a `__use_yte__` template, i.e. run code from a study file): config/config.yaml, then
@@ -136,9 +137,14 @@ if workflow.is_main_process:
 
 # Every planned cell's environment must exist and drive its device (dlscale.workflow.capability: a GPU
 # cell in a CPU build of its framework is refused here, on the login node, before any job or
-# queue wait; dry runs included). Files are read, nothing is imported.
+# queue wait; dry runs included). Files are read, nothing is imported. The environments live in
+# .venvs/ or where DLSCALE_ENVS_DIR says (dlscale.registry.frameworks.environments_dir), as
+# scripts/setup.sh built them; a job gets its environment's interpreter by its absolute path.
+ENVIRONMENTS = environments_dir(workflow.basedir)
+
+
 def _environment_dir(name):
-    return None if name is None else Path(workflow.basedir) / ".venvs" / name
+    return None if name is None else ENVIRONMENTS / name
 
 
 _problems = environment_problems(
@@ -239,8 +245,9 @@ def train_inputs(workload):
 @per_job
 def framework_python(wildcards):
     """Interpreter of the cell's framework environment for its hardware's variant: the driver
-    venv for PyTorch's CPU build, else .venvs/<env>/bin/python (built by scripts/setup.sh from
-    envs/<env>.txt; <env>-cuda for GPU hardware)."""
+    venv for PyTorch's CPU build, else <environments>/<env>/bin/python (.venvs/ or
+    $DLSCALE_ENVS_DIR; built by scripts/setup.sh from envs/<env>.txt; <env>-cuda for GPU
+    hardware)."""
     return _framework_python(wildcards.hardware, wildcards.framework)
 
 
@@ -450,8 +457,41 @@ def report_attachment(out=OUT):
     return os.path.relpath(out["cells"], os.path.dirname(out["tex"]))
 
 
+# What report.pdf is compiled from besides the tables and figures (rules/report.smk): final
+# targets too, so a run without TeX still leaves a report a TeX installation can compile.
+REPORT_SOURCES = (
+    "tex",
+    "macros",
+    "cells_table",
+    "quarantine_table",
+    "status_table",
+    "systems_table",
+    "convergence_table",
+    "verdicts_table",  # rules/check.smk
+    "plan_macros",  # the Recommendations section (rules/plan.smk)
+    "plan_tables",
+    "plan_figure",
+)
+
+
+def report_sources(out):
+    return {name: out[name] for name in REPORT_SOURCES}
+
+
+# TeX (latexmk, pdflatex; dlscale.outputs.tex) is looked for once, when the workflow is parsed:
+# without it the PDF is no final target, and the run says so before its first job, naming the
+# command that builds the PDF later (not again in the partial build a failed run starts).
+TEX_MISSING = tex_missing()
+if TEX_MISSING and workflow.is_main_process and PARTIAL_BUILD_ENV not in os.environ:
+    print(
+        no_tex_notice(TEX_MISSING, OUT["pdf"], OUT["tex"], with_target(INVOCATION, OUT["pdf"])),
+        file=sys.stderr,
+    )
+
+
 def final_targets(out=OUT):
-    """What `all` builds (out=OUT) and the `partial` target (out=PARTIAL_OUT): the same files."""
+    """What `all` builds (out=OUT) and the `partial` target (out=PARTIAL_OUT): the same files;
+    the PDF only where TeX is on PATH."""
     return [
         out["ranks"],
         out["cells"],
@@ -465,6 +505,6 @@ def final_targets(out=OUT):
         out["time_to_accuracy"],
         *convergence_figure_files(out),
         out["plan"],  # rules/plan.smk
-        out["plan_figure"],
-        out["pdf"],
+        *report_sources(out).values(),
+        *([] if TEX_MISSING else [out["pdf"]]),
     ]

@@ -63,19 +63,9 @@ rule report_tex:
 
 rule report_pdf:
     input:
-        tex=RULE_OUT["tex"],
-        macros=RULE_OUT["macros"],
-        cells_table=RULE_OUT["cells_table"],
-        quarantine_table=RULE_OUT["quarantine_table"],
-        status_table=RULE_OUT["status_table"],
-        systems_table=RULE_OUT["systems_table"],
-        convergence_table=RULE_OUT["convergence_table"],
-        verdicts_table=RULE_OUT["verdicts_table"],  # rules/check.smk
+        **report_sources(RULE_OUT),  # report.tex, macros, tables (rules/common.smk)
         cells=RULE_OUT["cells"],  # attached to the PDF
         figures=report_figures,  # the throughput and convergence figures of its folder
-        plan_macros=RULE_OUT["plan_macros"],  # the Recommendations section (rules/plan.smk)
-        plan_tables=RULE_OUT["plan_tables"],
-        plan_figure=RULE_OUT["plan_figure"],
     output:
         pdf=report(
             RULE_OUT["pdf"],

@@ -1,77 +1,136 @@
 #!/usr/bin/env bash
-# Set up everything dlscale needs on a fresh Debian 12 machine (idempotent, safe to rerun):
-#   - Debian packages: TeX Live (latexmk, pdflatex) for the report, poppler-utils (pdfinfo);
-#     Lmod (the tests load modules with it, as a hardware entry's `modules:` do on a site);
-#     Slurm + munge (and Lmod again) are installed by scripts/slurm/cluster-up.sh when a local
-#     cluster is started;
+# Set up everything dlscale needs, as a plain user on a login node or as root on a fresh Debian 12
+# machine (idempotent, safe to rerun):
 #   - .venv: the driver environment (Snakemake, the Slurm executor plugin, pandas, matplotlib,
 #     seaborn, jinja2, pytest) plus the PyTorch framework (pinned CPU wheel) and dlscale itself;
-#   - .venvs/<env>: one venv per other framework environment (envs/<env>.txt): tensorflow
+#     on a GPU site whose index serves PyTorch's CUDA build, DLSCALE_DRIVER_TORCH_INDEX names a
+#     CPU wheel index for the driver's torch (e.g. https://download.pytorch.org/whl/cpu): the
+#     same pin, a CPU build, without ~3 GB of CUDA libraries (the environment's identity, the
+#     hash of envs/pytorch.txt, does not change);
+#   - <envs>/<env>: one venv per other framework environment (envs/<env>.txt), in .venvs/ or in
+#     $DLSCALE_ENVS_DIR (project or scratch space; the workflow looks there too): tensorflow
 #     (also serves keras), mxnet, horovod (Horovod is built from its patched sdist by
 #     scripts/build-horovod.sh, wheel cached in ~/.cache/dlscale/wheels for every clone).
 #   - on a GPU site, the CUDA builds a GPU hardware entry's cells run in (environment_variant
 #     cuda): pytorch-cuda, tensorflow-cuda (also keras), horovod-cuda (Horovod built with NCCL:
 #     needs CUDA_HOME, the site's CUDA toolkit), mxnet-cuda (CUDA 11.7, pre-Hopper GPUs);
-#     installed from PyPI with pip --isolated (no local CPU wheel can stand in) and checked
-#     to be CUDA builds (python -m dlscale.workflow.capability) before they are marked ready;
+#     installed with the user's and the site's pip configuration (pip.conf, PIP_* variables: a
+#     site's mirror) and checked to be CUDA builds (python -m dlscale.workflow.capability)
+#     before they are marked ready: a CPU wheel that stood in (a find-links folder, an index of
+#     +cpu builds) is refused there;
 #   - PyTorch's CUDA 12 lines for drivers older than CUDA 13 wants (R525-R570): pytorch-cu128,
 #     pytorch-cu126, from PyTorch's wheel index ($DLSCALE_TORCH_INDEX, default
 #     https://download.pytorch.org/whl) and PyPI ($DLSCALE_PYPI_INDEX); docs/pages/gpu.md.
-# Usage: setup.sh [ENV ...]   (default: every CPU framework environment; `setup.sh none` builds
-# only the driver; e.g. `setup.sh pytorch-cuda tensorflow-cuda horovod-cuda` on a GPU site).
-# Needs root (or sudo) for apt. A venv is rebuilt only when its inputs change.
+# No root and no apt unless asked: --system-packages installs the Debian packages (TeX Live and
+# latexmk for the report PDF, poppler-utils, git, python3-venv, and Lmod, which the tests load
+# modules with as a hardware entry's `modules:` do on a site) with apt-get (through sudo when
+# not root); the demo and test commands ask for it when run as root. Otherwise the tools are
+# looked for on PATH (e.g. after a site's `module load texlive`): without TeX every study builds
+# everything but its PDF and says so at the start of each run.
+# The interpreter: --python PATH, else $DLSCALE_PYTHON, else python3; Python >= 3.11 (pyproject's
+# requires-python), with venv and ensurepip.
+# Usage: setup.sh [--system-packages] [--python PATH] [ENV ...]   (default: every CPU framework
+# environment; `setup.sh none` builds only the driver; e.g.
+# `setup.sh pytorch-cuda tensorflow-cuda horovod-cuda` on a GPU site).
+# A venv is rebuilt only when its inputs or its interpreter change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+usage() { sed -n '2,/^# A venv is rebuilt/s/^# \{0,1\}//p' "$0" >&2; }
+
+SYSTEM_PACKAGES=0
+PYTHON=${DLSCALE_PYTHON:-python3}
+ENVS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --system-packages) SYSTEM_PACKAGES=1 ;;
+    --python) [ $# -ge 2 ] || { log "--python needs an interpreter (a path or a name on PATH)"; exit 2; }
+              PYTHON=$2; shift ;;
+    --python=*) PYTHON=${1#--python=} ;;
+    -h|--help) usage; exit 0 ;;
+    -*) log "unknown option '$1'; allowed: --system-packages, --python PATH, -h"; exit 2 ;;
+    *) ENVS+=("$1") ;;
+  esac
+  shift
+done
+
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-
-# The environments asked for, checked before anything is installed (pytorch's CPU build is part
-# of .venv; workflow.txt is .venv's own list).
-# The frameworks' records (dlscale.registry.frameworks) name them: read with the system Python's
-# standard library alone, before any venv exists.
-registry_envs() { PYTHONPATH=scripts python3 -m dlscale.registry environments "$1"; }
-registry_pip_index() { PYTHONPATH=scripts python3 -m dlscale.registry pip-index "$1"; }
-registry_line_cuda() { PYTHONPATH=scripts python3 -m dlscale.registry line-cuda "$1"; }
-mapfile -t CPU_ENVS < <(registry_envs cpu)
-mapfile -t CUDA_ENVS < <(registry_envs cuda)
-[ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
-  log "could not read the environments from dlscale.registry (python3 -m dlscale.registry)"; exit 2; }
-ENVS=("$@")
-[ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}")
-for env in "${ENVS[@]}"; do
-  [ "$env" = none ] && continue
-  [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
-    log "unknown environment '$env'; allowed: ${CPU_ENVS[*]} ${CUDA_ENVS[*]} none"; exit 2; }
-done
-
-APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
-              lmodern poppler-utils git lmod)
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
 APT_LOCK=/run/lock/dlscale-apt.lock   # one apt at a time (build-horovod.sh, cluster-up.sh)
 apt_install() {
   $SUDO flock -w 1800 "$APT_LOCK" apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO flock -w 1800 "$APT_LOCK" \
     apt-get install -y -q --no-install-recommends "$@"
 }
-# The venvs need python3-venv first; TeX and the rest install while the venvs build (apt and
-# pip wait on the network and the disk more than on the CPUs): waited for at the end.
-if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  log "installing Debian package python3-venv"
-  apt_install python3-venv
+
+# The interpreter, checked before anything is built: Python >= pyproject's requires-python, with
+# venv and ensurepip (Debian's python3-venv: installed with --system-packages).
+MIN_PYTHON=$(sed -n 's/^requires-python = ">=\([0-9.]*\)"$/\1/p' pyproject.toml)
+PYTHON_PATH=$(command -v "$PYTHON" || true)
+[ -n "$PYTHON_PATH" ] || {
+  log "no Python interpreter '$PYTHON' (--python / DLSCALE_PYTHON, default python3); pick one with --python PATH, e.g. after \`module load python/$MIN_PYTHON\`"
+  exit 2; }
+PYTHON_VERSION=$("$PYTHON_PATH" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+"$PYTHON_PATH" -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$MIN_PYTHON'.split('.'))))" || {
+  log "$PYTHON_PATH is Python $PYTHON_VERSION; dlscale needs Python >= $MIN_PYTHON (Snakemake 9, pandas 3). Pick another with --python PATH or DLSCALE_PYTHON=PATH, e.g. after \`module load python/$MIN_PYTHON\`: --python python$MIN_PYTHON"
+  exit 2; }
+if ! "$PYTHON_PATH" -c 'import venv, ensurepip' 2>/dev/null; then
+  if [ "$SYSTEM_PACKAGES" = 1 ]; then
+    log "installing Debian package python3-venv"
+    apt_install python3-venv
+  else
+    log "$PYTHON_PATH (Python $PYTHON_VERSION) has no venv/ensurepip: install Debian's python3-venv (as root: bash scripts/setup.sh --system-packages) or pick another interpreter with --python PATH"
+    exit 2
+  fi
 fi
+# the interpreter a venv was built from (its bin/python links to it), to rebuild on a change
+interpreter_of() { readlink -f "$1/bin/python" 2>/dev/null || true; }
+INTERPRETER=$(readlink -f "$PYTHON_PATH")
+
+# The environments asked for, checked before anything is installed (pytorch's CPU build is part
+# of .venv; workflow.txt is .venv's own list).
+# The frameworks' records (dlscale.registry.frameworks) name them: read with the chosen Python's
+# standard library alone, before any venv exists.
+registry() { PYTHONPATH=scripts "$PYTHON_PATH" -m dlscale.registry "$@"; }
+mapfile -t CPU_ENVS < <(registry environments cpu)
+mapfile -t CUDA_ENVS < <(registry environments cuda)
+[ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
+  log "could not read the environments from dlscale.registry ($PYTHON_PATH -m dlscale.registry)"; exit 2; }
+[ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}")
+for env in "${ENVS[@]}"; do
+  [ "$env" = none ] && continue
+  [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
+    log "unknown environment '$env'; allowed: ${CPU_ENVS[*]} ${CUDA_ENVS[*]} none"; exit 2; }
+done
+# where the framework environments go: .venvs/ or $DLSCALE_ENVS_DIR (the workflow reads the same)
+ENVS_DIR=$(registry environments-dir)
+
+# System tools: installed with --system-packages (TeX and the rest while the venvs build: apt and
+# pip wait on the network and the disk more than on the CPUs; waited for at the end), else looked
+# for on PATH and named once when missing.
+APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
+              lmodern poppler-utils git lmod)
 mkdir -p "$ROOT/.cache"
 APT_LOG=$ROOT/.cache/setup-apt.log
 apt_pid=""
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing Debian packages in the background: ${missing[*]} (log: $APT_LOG)"
-  apt_install "${missing[@]}" >"$APT_LOG" 2>&1 &
-  apt_pid=$!
+if [ "$SYSTEM_PACKAGES" = 1 ]; then
+  missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages in the background: ${missing[*]} (log: $APT_LOG)"
+    apt_install "${missing[@]}" >"$APT_LOG" 2>&1 &
+    apt_pid=$!
+  fi
+else
+  tex_missing=()
+  for tool in latexmk pdflatex; do command -v "$tool" >/dev/null || tex_missing+=("$tool"); done
+  if [ ${#tex_missing[@]} -gt 0 ]; then
+    log "no TeX on PATH (${tex_missing[*]}): studies build everything but the report PDF and say so at the start of each run; for the PDF put TeX Live on PATH (e.g. \`module load texlive\`) or, as root, run bash scripts/setup.sh --system-packages"
+  fi
 fi
 wait_for_apt() {
   [ -n "$apt_pid" ] || return 0
@@ -84,18 +143,40 @@ wait_for_apt() {
   apt_pid=""
 }
 
+# The driver's .venv stays in the checkout (the documented commands run .venv/bin/...).
 VENV=$ROOT/.venv
 STAMP=$VENV/.dlscale-setup
-want=$(cat envs/workflow.txt envs/pytorch.txt pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+TORCH_PIN=$(sed -n 's/^\(torch==[^ #]*\).*/\1/p' envs/pytorch.txt)
+# the driver's torch: envs/pytorch.txt's pin from the site's CPU wheel index where one is named
+# (a change of index rebuilds .venv; it is no part of the environment's identity)
+driver_torch_index=${DLSCALE_DRIVER_TORCH_INDEX:-}
+want=$( { cat envs/workflow.txt envs/pytorch.txt pyproject.toml
+          [ -z "$driver_torch_index" ] || echo "torch from $driver_torch_index"; } | sha256sum | cut -d' ' -f1)
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
+   && [ "$(interpreter_of "$VENV")" = "$INTERPRETER" ]; then
   log ".venv is up to date"
 else
-  log "building .venv (Snakemake, analysis stack, torch==2.13.0 CPU, dlscale)"
-  python3 -m venv "$VENV"
+  log "building .venv with $PYTHON_PATH (Python $PYTHON_VERSION): Snakemake, analysis stack, $TORCH_PIN CPU, dlscale"
+  clear=()
+  [ ! -e "$VENV/bin/python" ] || [ "$(interpreter_of "$VENV")" = "$INTERPRETER" ] || clear=(--clear)
+  "$PYTHON_PATH" -m venv "${clear[@]}" "$VENV"
   # The venv's bundled pip (23.2) crashes byte-compiling the torch 2.13 wheel: upgrade it first.
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  if [ -n "$driver_torch_index" ]; then
+    log "the driver's torch from $driver_torch_index (DLSCALE_DRIVER_TORCH_INDEX)"
+    "$VENV/bin/python" -m pip install -q --no-deps --index-url "$driver_torch_index" "$TORCH_PIN"
+  fi
   "$VENV/bin/python" -m pip install -q -r envs/workflow.txt -r envs/pytorch.txt
   "$VENV/bin/python" -m pip install -q --no-deps -e .
+  # the driver runs PyTorch's CPU cells and the workflow: a CUDA build there is GBs for nothing
+  if ! torch_build=$(PYTHONPATH=scripts "$PYTHON_PATH" -m dlscale.workflow.capability \
+                     --env-dir "$VENV" --framework pytorch --expect-cpu); then
+    if [ -n "$driver_torch_index" ]; then
+      log "$driver_torch_index gave .venv a CUDA build of torch ($torch_build); name a CPU wheel index in DLSCALE_DRIVER_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cpu)"
+      exit 1
+    fi
+    log "note: .venv's torch is a CUDA build (your pip index serves one: several GB); DLSCALE_DRIVER_TORCH_INDEX=<a CPU wheel index> (e.g. https://download.pytorch.org/whl/cpu) gives the driver the same pin as a CPU build"
+  fi
   echo "$want" > "$STAMP"
 fi
 # (versions from the installed metadata: importing snakemake or torch here would cost seconds
@@ -108,56 +189,62 @@ log "driver ready: $("$VENV/bin/python" -c 'from importlib.metadata import versi
 build_env() {
   local env=$1 req target base inputs pip_args want package start
   req=envs/$env.txt
-  target=$ROOT/.venvs/$env
+  target=$ENVS_DIR/$env
   base=${env%-cuda}
   inputs=("$req")
   pip_args=()
-  mapfile -t line_index < <(registry_pip_index "$env" | grep -v '^$')
+  mapfile -t line_index < <(registry pip-index "$env" | grep -v '^$')
   if [ ${#line_index[@]} -gt 0 ]; then
     # a CUDA line of its own (pytorch-cu128, ...): torch from PyTorch's index for the line (or
     # the site's mirror, DLSCALE_TORCH_INDEX), the rest from PyPI (DLSCALE_PYPI_INDEX); its -r
     # include is part of its inputs
     base=${env%-cu*}
     inputs+=("envs/$base-cuda.txt")
-    pip_args=(--isolated "${line_index[@]}")
+    pip_args=("${line_index[@]}")
   elif [ "$base" != "$env" ]; then
-    # a CUDA build: its -r include is part of its inputs; PyPI only, no local CPU wheel or cap
+    # a CUDA build: its -r include is part of its inputs
     [ -f "envs/$base.txt" ] && inputs+=("envs/$base.txt")
-    pip_args=(--isolated)
   fi
   [ "$base" = horovod ] && inputs+=(scripts/build-horovod.sh envs/patches/*.patch)
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
   package=$(sha256sum pyproject.toml | cut -d' ' -f1)
-  if [ -x "$target/bin/python" ] && [ "$(cat "$target/.dlscale-setup" 2>/dev/null)" = "$want" ]; then
+  if [ -x "$target/bin/python" ] && [ "$(cat "$target/.dlscale-setup" 2>/dev/null)" = "$want" ] \
+     && [ "$(interpreter_of "$target")" = "$INTERPRETER" ]; then
     # the requirements are built; a pyproject change (entry points, metadata) only needs the
     # editable dlscale package reinstalled, not the environment rebuilt
     if [ "$(cat "$target/.dlscale-package" 2>/dev/null)" != "$package" ]; then
-      log ".venvs/$env: reinstalling the dlscale package (pyproject.toml changed)"
+      log "$target: reinstalling the dlscale package (pyproject.toml changed)"
       "$target/bin/python" -m pip install -q --no-deps -e .
       echo "$package" > "$target/.dlscale-package"
     fi
-    log ".venvs/$env is up to date"
+    log "$target is up to date"
     return 0
   fi
-  log "building .venvs/$env from $req"
+  log "building $target from $req"
   start=$(date +%s)
   rm -rf "$target"
-  python3 -m venv "$target"
+  mkdir -p "$ENVS_DIR"
+  "$PYTHON_PATH" -m venv "$target"
   "$target/bin/python" -m pip install -q --upgrade "pip>=24"
   "$target/bin/python" -m pip install -q "${pip_args[@]}" -r "$req"
   "$target/bin/python" -m pip install -q --no-deps -e .
   if [ "$env" = horovod ]; then bash scripts/build-horovod.sh "$target"; fi
   if [ "$env" = horovod-cuda ]; then bash scripts/build-horovod.sh --cuda "$target"; fi
   if [ "$base" != "$env" ]; then
-    # the environment must drive a GPU (read from its files: no GPU needed on this host)
+    # the environment must drive a GPU (read from its files: no GPU needed on this host); pip
+    # installed it with the user's and the site's configuration, so a CPU wheel it found there
+    # (a find-links folder, an index of +cpu builds) is refused here
     line_cuda=()
-    [ ${#line_index[@]} -gt 0 ] && line_cuda=(--expect-cuda-version "$(registry_line_cuda "$env")")
-    "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda "${line_cuda[@]}" \
-      || { log ".venvs/$env is not a CUDA build (see above); not marked ready"; return 1; }
+    [ ${#line_index[@]} -gt 0 ] && line_cuda=(--expect-cuda-version "$(registry line-cuda "$env")")
+    "$target/bin/python" -m dlscale.workflow.capability --env-dir "$target" --framework "$base" --expect-cuda "${line_cuda[@]}" || {
+      log "$target is not a CUDA build (see above); not marked ready. pip's configuration (pip config list):"
+      "$target/bin/python" -m pip config list >&2 || true
+      log "a CPU wheel from it stood in for the CUDA build: rerun without it, e.g. PIP_FIND_LINKS= (empty) for a find-links folder of CPU wheels, or PIP_INDEX_URL=<an index with the CUDA build>"
+      return 1; }
   fi
   echo "$want" > "$target/.dlscale-setup"
   echo "$package" > "$target/.dlscale-package"
-  log ".venvs/$env ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
+  log "$target ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
 }
 
 pids=() names=()
@@ -173,7 +260,7 @@ for i in "${!pids[@]}"; do
     cat "$ROOT/.cache/setup-$env.log" >&2
   else
     tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
-    log ".venvs/$env failed (log above, whole: .cache/setup-$env.log)"
+    log "$ENVS_DIR/$env failed (log above, whole: .cache/setup-$env.log)"
     failed+=("$env")
   fi
 done

@@ -9,9 +9,13 @@
 # the clusters most of the time; the other workers take the rest), at most 8;
 # DLSCALE_TEST_WORKERS=0 runs everything in this process.
 # Extra arguments go to pytest (e.g. `-ra --durations=20`, `tests/unit`, `-k name`).
+# As root (a fresh VM, CI) set-up installs Debian's packages too (TeX Live, poppler: tests read
+# the PDFs); a plain user's machine must have them on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+system=()
+[ "$(id -u)" -ne 0 ] || system=(--system-packages)
+bash scripts/setup.sh "${system[@]}"
 workers=${DLSCALE_TEST_WORKERS:-$(( $(nproc) + 2 ))}
 [ "$workers" -le 8 ] || workers=8
 exec .venv/bin/python -m pytest -n "$workers" "$@"

@@ -160,6 +160,18 @@ def copy_workflow(dest: Path, config: dict | None = None) -> Path:
     return dest
 
 
+def path_without_tex(folder: Path) -> str:
+    """A PATH whose one folder, `folder`, links every tool of /usr/local/bin, /usr/bin and /bin
+    but TeX's (a login node without TeX Live)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for system in ("/usr/local/bin", "/usr/bin", "/bin"):
+        for tool in Path(system).iterdir():
+            name = tool.name
+            if "tex" not in name and "latex" not in name and not (folder / name).exists():
+                (folder / name).symlink_to(tool)
+    return str(folder)
+
+
 def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     return subprocess.run(

@@ -96,6 +96,8 @@ def test_a_broken_entry_costs_one_preflight_job_and_no_cell_runs(cluster, tmp_pa
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     tiny["workloads"] = ["throughput"]
     tiny["axes"]["hardware"] = ["cpu", "gpu"]
+    tiny["axes"]["ranks_per_node"] = [1]  # one GPU per node: the cluster's nodes have 1 CPU
+    (tmp_path / "work").mkdir()
     work = copy_workflow(tmp_path / "work", tiny)
     site = work / "config" / "hardware.yaml"
     site.write_text(yaml.safe_dump({**yaml.safe_load(site.read_text()), "gpu": GPU_ENTRY}))
@@ -121,7 +123,7 @@ def test_a_broken_entry_costs_one_preflight_job_and_no_cell_runs(cluster, tmp_pa
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=300,
         )
 
     proc = run()

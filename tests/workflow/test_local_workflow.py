@@ -17,7 +17,7 @@ from dlscale.outputs.figure_layout import CONVERGENCE_FAMILIES, FAMILIES
 from dlscale.study.cell import MEASUREMENTS_DIR, METRICS_FILE
 from dlscale.study.matrix import load_workflow_study
 
-from conftest import BIN, copy_workflow, snakemake, tiny_study
+from conftest import BIN, ROOT, copy_workflow, path_without_tex, snakemake, tiny_study
 
 pytestmark = pytest.mark.workflow
 
@@ -292,25 +292,17 @@ def test_lint_is_clean(root):
     )
 
 
-def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
-    """Without latexmk/pdflatex on PATH the report job fails with a clear message; the tables
-    and figures (separate rules) are still built."""
-    import os
+NO_TEX = "dlscale: TeX not found on PATH"
 
-    fakebin = tmp_path / "bin"
-    fakebin.mkdir()
-    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):  # everything but TeX
-        for tool in Path(folder).iterdir():
-            if (
-                "tex" not in tool.name
-                and "latex" not in tool.name
-                and not (fakebin / tool.name).exists()
-            ):
-                (fakebin / tool.name).symlink_to(tool)
 
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{fakebin}")
+def test_without_tex_all_but_the_pdf_is_built_and_said_first(finished_study, tmp_path):
+    """Without latexmk/pdflatex on PATH (a login node, issue 44) the run succeeds: tables,
+    figures and the report's sources are built, no PDF job runs, and one notice before the
+    first job names the command that builds the PDF, which does so where TeX is."""
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{path_without_tex(tmp_path / 'bin')}")
+    report = finished_study / "results/tiny/report"
     figures = finished_study / "results/tiny/figures/cpu/throughput.pdf"
-    before = figures.stat().st_mtime
+    before = {f: f.stat().st_mtime for f in (figures, report / "macros.tex", report / "report.pdf")}
     proc = subprocess.run(
         [str(BIN / "snakemake"), "--profile", "profiles/local", "--forcerun", "collect"],
         cwd=finished_study,
@@ -319,14 +311,31 @@ def test_missing_latex_keeps_tables_and_figures(finished_study, tmp_path):
         text=True,
         timeout=600,
     )
-    assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    assert "latexmk/pdflatex not found" in out, out[-3000:]
-    assert figures.stat().st_mtime > before  # figures rebuilt
+    assert proc.returncode == 0, out[-3000:]
+    first_job = re.search(r"^(local)?rule \w+:", proc.stderr, re.M)
+    assert out.count(NO_TEX) == 1 and proc.stderr.index(NO_TEX) < first_job.start(), out[-3000:]
+    assert "report_pdf" not in out
+    after = {f: f.stat().st_mtime for f in before}
+    # figures and the report's sources rebuilt (report.tex depends on its template alone)
+    assert after[figures] > before[figures] and (report / "report.tex").is_file()
+    assert after[report / "macros.tex"] > before[report / "macros.tex"]
+    assert after[report / "report.pdf"] == before[report / "report.pdf"]  # left as it was
     assert (finished_study / "results/tiny/tables/cells.csv").stat().st_size > 0
-    # the workflow then restores the report once TeX Live is back
-    proc = snakemake(finished_study, "--profile", "profiles/local")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    command = proc.stderr[proc.stderr.index(NO_TEX) :].splitlines()[1].strip()
+    assert command == "snakemake results/tiny/report/report.pdf --profile profiles/local"
+    # where TeX is, the command as printed builds the PDF
+    built = subprocess.run(
+        shlex.split(command),
+        cwd=finished_study,
+        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert NO_TEX not in built.stderr and "report_pdf" in built.stderr
+    assert (report / "report.pdf").stat().st_mtime > before[report / "report.pdf"]
 
 
 def test_missing_framework_environment_is_an_early_error(tmp_path, tiny_config):
@@ -343,6 +352,22 @@ def test_missing_framework_environment_is_an_early_error(tmp_path, tiny_config):
     assert "of mxnet run in .venvs/mxnet, which does not exist" in out
     assert "build it with: bash scripts/setup.sh mxnet" in out
     assert "No job was started." in out
+    # the environments where DLSCALE_ENVS_DIR says (issue 44; a login node without TeX): found
+    # there, and the plan has every job but the PDF's
+    env = {
+        **os.environ,
+        "DLSCALE_ENVS_DIR": str(ROOT / ".venvs"),
+        "PATH": f"{BIN}{os.pathsep}{path_without_tex(tmp_path / 'bin')}",
+    }
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "--profile", "profiles/local", "-n"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = job_counts(proc.stdout)
+    assert counts["train_cpu_n1"] == 2 and counts["report_tex"] == 1 and "report_pdf" not in counts
+    assert proc.stderr.count(NO_TEX) == 1
+    assert f"{ROOT}/.venvs/mxnet/bin/python -m dlscale.run.launch" in proc.stdout
 
 
 def measured(work: Path) -> dict[str, str]:

@@ -4,7 +4,7 @@ results/report/macros.tex      \\newcommand per reported number or fact (dls... 
 results/report/cells_table.tex a bounded summary of the cells (write_cell_summary); the full
                                per-cell table (results/tables/cells.csv) is attached to the PDF
 results/report/report.tex      rendered from templates/report.tex.j2 (jinja2, LaTeX-safe delimiters)
-results/report/report.pdf      latexmk -pdf (Debian's TeX Live)
+results/report/report.pdf      latexmk -pdf (TeX Live; none on PATH: no PDF, tex.py)
 
 The macros come from `report_macros`, the cell table from `cell_table`, LaTeX escaping and the
 macros file from `latex_text`; here the status, quarantine and Systems tables, the rule
@@ -14,7 +14,6 @@ report_inputs, the template and latexmk.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Mapping
 from importlib import resources
@@ -29,6 +28,7 @@ from dlscale.outputs.cell_table import write_cell_summary
 from dlscale.outputs.figure_layout import MAX_PANELS, MAX_SERIES
 from dlscale.outputs.latex_text import _macro_name, tex_escape, write_macros
 from dlscale.outputs.report_macros import build_macros, workload_counts_text
+from dlscale.outputs.tex import tex_missing
 from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
 from dlscale.store.preflight_results import report_lines
 from dlscale.study.cell import cell_label
@@ -294,12 +294,12 @@ def compile_pdf(tex: str, log: str) -> None:
     """latexmk -g -pdf in the report's folder (-g: always compile, since Snakemake already decided
     the report is out of date; latexmk would otherwise repeat a remembered failure). A clear
     message when TeX Live is missing."""
-    if shutil.which("latexmk") is None or shutil.which("pdflatex") is None:
+    if tex_missing():
         raise LatexMissing(
-            "latexmk/pdflatex not found: the report PDF needs Debian's TeX Live "
-            "(apt-get install latexmk texlive-latex-base texlive-latex-recommended "
-            "texlive-fonts-recommended lmodern; scripts/setup.sh does this). Tables "
-            "(results/tables/) and figures (results/figures/) are already built."
+            "latexmk/pdflatex not found: the report PDF needs TeX Live on PATH (a site's "
+            "`module load texlive`, or Debian's packages: as root, "
+            "`bash scripts/setup.sh --system-packages`). The study's tables, figures and "
+            f"report sources ({tex}) are already built."
         )
     tex_path = Path(tex)
     Path(log).parent.mkdir(parents=True, exist_ok=True)

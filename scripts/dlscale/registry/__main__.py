@@ -2,11 +2,15 @@
 need, one per line (what scripts/setup.sh builds by default and accepts).
 `python -m dlscale.registry pip-index ENV`: the index arguments pip installs ENV with, one per
 line (a CUDA line's environment, e.g. pytorch-cu128: PyTorch's wheel index for the line,
-$DLSCALE_TORCH_INDEX/<line>, default https://download.pytorch.org/whl, then PyPI,
-$DLSCALE_PYPI_INDEX, default https://pypi.org/simple; nothing for the others).
+$DLSCALE_TORCH_INDEX/<line>, default https://download.pytorch.org/whl, as an extra index beside
+the user's pip configuration; the rest from the configured index, PyPI unless pip.conf or
+PIP_INDEX_URL names a mirror, or from $DLSCALE_PYPI_INDEX where set; nothing for the others).
 `python -m dlscale.registry line-cuda ENV`: the CUDA version a line's environment must be built
 for (pytorch-cu128: 12.8, from cuda_drivers.json); nothing for the others.
-Standard library only: setup.sh runs it with the system Python before any venv exists."""
+`python -m dlscale.registry environments-dir`: the folder the environments live in, absolute
+(.venvs/ in the checkout, or $DLSCALE_ENVS_DIR).
+Standard library only: setup.sh runs it with the interpreter it was given (--python, DLSCALE_PYTHON,
+python3) before any venv exists."""
 
 from __future__ import annotations
 
@@ -14,10 +18,9 @@ import os
 import sys
 
 from dlscale.registry.cuda_drivers import table
-from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environments
+from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environments, environments_dir
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
-PYPI_INDEX = "https://pypi.org/simple"
 
 
 def line_of(env: str) -> str | None:
@@ -30,16 +33,22 @@ def line_of(env: str) -> str | None:
 
 
 def pip_index(env: str, environ=os.environ) -> list[str]:
-    """pip's index arguments for environment `env` (see the module's docstring)."""
+    """pip's index arguments for environment `env` (see the module's docstring): the line's
+    index added to the user's and the site's pip configuration (pip appends a command line's
+    --extra-index-url to PIP_EXTRA_INDEX_URL and pip.conf's), whose index (a site's mirror)
+    serves the rest unless DLSCALE_PYPI_INDEX names another."""
     line = line_of(env)
     if line is None:
         return []
     torch = environ.get("DLSCALE_TORCH_INDEX", TORCH_INDEX).rstrip("/")
-    pypi = environ.get("DLSCALE_PYPI_INDEX", PYPI_INDEX)
-    return [f"--index-url={torch}/{line}", f"--extra-index-url={pypi}"]
+    pypi = environ.get("DLSCALE_PYPI_INDEX")
+    return [f"--extra-index-url={torch}/{line}", *([f"--index-url={pypi}"] if pypi else [])]
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["environments-dir"]:
+        print(environments_dir(os.getcwd()))
+        return 0
     if len(argv) == 2 and argv[0] == "line-cuda":
         line = line_of(argv[1])
         if line is not None:

@@ -13,6 +13,7 @@ Adding a framework: docs/pages/extending.md ("A framework").
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -325,6 +326,24 @@ def environments(variant: str = "cpu") -> list[str]:
     if variant == "cuda":
         out += [e for f in FRAMEWORKS.values() for e in f.line_environments() if e not in out]
     return out
+
+
+# Where the framework environments live: .venvs/ in the checkout, or the folder this variable
+# names (project or scratch space; a relative path is taken from the checkout). scripts/setup.sh
+# builds them there and the workflow runs cells from there; no identity includes the folder.
+# The driver's own .venv stays in the checkout.
+ENVS_DIR_VARIABLE = "DLSCALE_ENVS_DIR"
+
+
+def environments_folder(environ=None) -> str:
+    """The environments' folder as the user names it: .venvs, or $DLSCALE_ENVS_DIR."""
+    return (os.environ if environ is None else environ).get(ENVS_DIR_VARIABLE) or ".venvs"
+
+
+def environments_dir(checkout: str | Path, environ=None) -> Path:
+    """The environments' folder of the checkout at `checkout`, absolute."""
+    folder = Path(environments_folder(environ)).expanduser()
+    return Path(os.path.abspath(Path(checkout) / folder))
 
 
 def get_adapter(name: str):

@@ -26,6 +26,8 @@ from pathlib import Path
 
 CONFIG_OPTIONS = ("--config", "-C")
 CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
+ONE_RUN_FLAGS = ("-n", "--dry-run", "--dryrun", "-F", "--forceall", "-f", "--force")
+FORCERUN_OPTIONS = ("--forcerun", "-R")
 
 
 def _is_snakemake(argv0: str) -> bool:
@@ -125,6 +127,13 @@ class Invocation:
         rest = self._without(_option_groups(list(self.tokens), CONFIG_OPTIONS))
         return _command([*rest, "--config", *entries])
 
+    def with_target(self, target: str) -> str:
+        """This command building `target`: the target first (a value after `--config` would be
+        read as one of its entries), without what belonged to this run only (a dry run's flag,
+        the jobs it forced to rerun)."""
+        rest = self._without(_option_groups(list(self.tokens), FORCERUN_OPTIONS))
+        return _command([target, *(t for t in rest if t not in ONE_RUN_FLAGS)])
+
     def _without(self, groups: list[tuple[int, int]]) -> list[str]:
         drop = {i for start, end in groups for i in range(start, end)}
         return [t for i, t in enumerate(self.tokens) if i not in drop]
@@ -154,3 +163,10 @@ def with_config(invocation: Invocation | None, **changes) -> str:
         f"your command with {entries} added to its one --config (beside its other --config "
         "entries: Snakemake keeps only the last --config of a command line)"
     )
+
+
+def with_target(invocation: Invocation | None, target: str) -> str:
+    """The command that builds `target` with this run's profile and configuration."""
+    if invocation is not None:
+        return invocation.with_target(target)
+    return f"snakemake {shlex.quote(target)} with this run's --profile and --config"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dlscale.registry.cuda_drivers import driver_jits, driver_runs, fitting_lines
 from dlscale.registry.cuda_probes import built_cuda_version, site_packages
-from dlscale.registry.frameworks import FRAMEWORKS
+from dlscale.registry.frameworks import FRAMEWORKS, environments_folder
 
 SETUP = "bash scripts/setup.sh"
 CELLS_NAMED = 3  # cells listed by path per problem; the rest are counted
@@ -81,9 +81,10 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
                 )
             continue
         folder = env_dir(name)
+        shown = f"{environments_folder()}/{name}"  # .venvs/<env>, or under $DLSCALE_ENVS_DIR
         if folder is not None and not (Path(folder) / "bin" / "python").exists():
             problems.append(
-                f"{_cells_text(paths)} of {framework} run in .venvs/{name}, which does not "
+                f"{_cells_text(paths)} of {framework} run in {shown}, which does not "
                 f"exist; build it with: {SETUP} {name}"
             )
             continue
@@ -96,7 +97,7 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
             cuda = built_cuda_version(sp) if sp is not None else None
             checked[key] = (*cuda_build(framework, env), cuda)
         ok, says, cuda = checked[key]
-        where = f".venvs/{name}" if folder is not None else f"the driver environment ({sys.prefix})"
+        where = shown if folder is not None else f"the driver environment ({sys.prefix})"
         if not ok:
             problems.append(
                 f"{_cells_text(paths)} of {framework} on {hw_key!r} (device cuda) run in "
@@ -159,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         "--expect-cuda", action="store_true", help="exit 1 unless the build drives CUDA"
     )
     parser.add_argument(
+        "--expect-cpu",
+        action="store_true",
+        help="exit 1 if the build drives CUDA (the driver's .venv: a CPU build)",
+    )
+    parser.add_argument(
         "--expect-cuda-version",
         default=None,
         help="exit 1 unless the build is for this CUDA version (e.g. 12.8: a CUDA line's)",
@@ -183,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     )
+    if args.expect_cpu:
+        return 1 if ok else 0
     return 1 if (args.expect_cuda or args.expect_cuda_version) and not ok else 0
 
 

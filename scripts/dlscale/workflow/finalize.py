@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dlscale.outputs.tex import tex_missing
+
 # The target rule of the partial build (the Snakefile).
 PARTIAL_TARGET = "partial"
 # Set in the partial build's environment (the pid of the driver that started it): its parse does
@@ -136,7 +138,9 @@ def partial_summary(
             "Rerun the same command to retry the failed and missing cells."
         )
     pdf_problem = None
-    if not Path(out["pdf"]).is_file():
+    if tex_missing():  # no PDF asked for (rules/common.smk); the run's start said so
+        pdf_problem = f"TeX not found on PATH ({', '.join(tex_missing())} missing)"
+    elif not Path(out["pdf"]).is_file():
         pdf_log = Path(out["pdf_log"])
         text = pdf_log.read_text(errors="replace") if pdf_log.is_file() else ""
         tail = text.strip().splitlines()[-1:]

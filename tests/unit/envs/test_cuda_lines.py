@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,15 +67,16 @@ def test_each_line_is_an_environment_of_its_own_with_its_own_identity(tmp_path):
 
 
 def test_setup_installs_a_line_from_pytorchs_index_or_the_sites_mirror():
+    # the line's index beside the user's pip configuration, whose index serves the rest
     assert registry_cli.pip_index("pytorch-cu128", {}) == [
-        "--index-url=https://download.pytorch.org/whl/cu128",
-        "--extra-index-url=https://pypi.org/simple",
+        "--extra-index-url=https://download.pytorch.org/whl/cu128",
     ]
     mirror = {"DLSCALE_TORCH_INDEX": "https://mirror.site/torch/", "DLSCALE_PYPI_INDEX": "x"}
-    assert registry_cli.pip_index("pytorch-cu126", mirror)[0] == (
-        "--index-url=https://mirror.site/torch/cu126"
-    )
-    assert registry_cli.pip_index("pytorch-cuda", {}) == []  # PyPI only, as before
+    assert registry_cli.pip_index("pytorch-cu126", mirror) == [
+        "--extra-index-url=https://mirror.site/torch/cu126",
+        "--index-url=x",
+    ]
+    assert registry_cli.pip_index("pytorch-cuda", {}) == []  # the configured index, as any env
     # what setup.sh reads: nothing at all (not an empty line) for every other environment, so
     # they keep their pip settings (an empty line once made setup.sh install horovod --isolated,
     # which ignored the local CPU torch wheel and pulled PyPI's CUDA 13 torch)
@@ -88,7 +90,7 @@ def test_setup_installs_a_line_from_pytorchs_index_or_the_sites_mirror():
             "" if env != "pytorch-cu128" else "\n".join(registry_cli.pip_index(env)) + "\n"
         )
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert 'registry_pip_index "$env"' in setup and '"${line_index[@]}"' in setup
+    assert 'registry pip-index "$env"' in setup and '"${line_index[@]}"' in setup
 
 
 # ---- the local index -----------------------------------------------------------------------
@@ -105,14 +107,17 @@ def _pins(path: Path) -> dict[str, str]:
     return out
 
 
-def _wheel(folder: Path, name: str, version: str) -> None:
-    """A stand-in wheel (metadata only) and its PEP 503 page entry with a PEP 658 metadata file."""
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str] | None = None) -> None:
+    """A stand-in wheel (metadata and `files` only) and its PEP 503 page entry with a PEP 658
+    metadata file."""
     dist = re.sub(r"[-_.]+", "_", name)
     filename = f"{dist}-{version}-py3-none-any.whl"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     project = folder / re.sub(r"[-_.]+", "-", name).lower()
     project.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(project / filename, "w") as whl:
+        for path, text in (files or {}).items():
+            whl.writestr(path, text)
         whl.writestr(f"{dist}-{version}.dist-info/METADATA", metadata)
         whl.writestr(f"{dist}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
         whl.writestr(f"{dist}-{version}.dist-info/RECORD", "")
@@ -124,32 +129,53 @@ def _wheel(folder: Path, name: str, version: str) -> None:
     page.write_text(links)
 
 
+# what torch's wheels say of their build (dlscale.registry.cuda_probes reads it after install)
+TORCH_FILES = {
+    cuda: {"torch/version.py": f"cuda = {cuda!r}\n"} for cuda in ("13.0", "12.8", "12.6", None)
+}
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
     """PyPI stand-in with every pin of envs/pytorch-cuda.txt (its torch the CUDA 13 build, no
     label), and PyTorch's index with torch 2.13.0+cu128 under cu128/ and +cu126 under cu126/."""
     root = tmp_path_factory.mktemp("index")
     for name, version in _pins(ROOT / "envs" / "pytorch-cuda.txt").items():
-        _wheel(root / "pypi", name, version)
+        _wheel(root / "pypi", name, version, TORCH_FILES["13.0"] if name == "torch" else None)
     for line in ("cu128", "cu126"):
-        _wheel(root / line, "torch", f"{_pins(ROOT / 'envs' / 'pytorch-cuda.txt')['torch']}+{line}")
+        torch = _pins(ROOT / "envs" / "pytorch-cuda.txt")["torch"]
+        _wheel(root / line, "torch", f"{torch}+{line}", TORCH_FILES[f"{line[2:4]}.{line[4:]}"])
     return root
 
 
-def _resolve(env: str, index: Path, tmp_path: Path, torch_index: Path | None = None) -> dict:
-    args = registry_cli.pip_index(
-        env,
-        {
-            "DLSCALE_TORCH_INDEX": (torch_index or index).as_uri(),
-            "DLSCALE_PYPI_INDEX": (index / "pypi").as_uri(),
-        },
-    ) or [f"--index-url={(index / 'pypi').as_uri()}"]
+# pip as setup.sh runs it: the environment's own index arguments (registry pip-index) and the
+# user's pip configuration, here only what `config` gives (PIP_* variables; PIP_CONFIG_FILE names
+# a pip.conf), the machine's own pip configuration set aside
+PIP_ISOLATED = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_NO_INPUT": "1"}
+
+
+def _pip_env(index: Path, config: dict[str, str] | None) -> dict[str, str]:
+    """The environment pip runs in: the user's `config`, by default the stand-in PyPI as the
+    user's mirror (PIP_INDEX_URL)."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    mirror = {"PIP_INDEX_URL": (index / "pypi").as_uri()}
+    return {**keep, **PIP_ISOLATED, **(mirror if config is None else config)}
+
+
+def _resolve(
+    env: str,
+    index: Path,
+    tmp_path: Path,
+    torch_index: Path | None = None,
+    config: dict[str, str] | None = None,
+) -> dict:
+    args = registry_cli.pip_index(env, {"DLSCALE_TORCH_INDEX": (torch_index or index).as_uri()})
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--isolated", "--ignore-installed",
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
          "--no-deps", "--quiet", "--report", str(report), *args,
          "-r", str(ROOT / "envs" / f"{env}.txt")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=_pip_env(index, config),
     )  # fmt: skip
     if proc.returncode:
         return {"error": proc.stderr}
@@ -177,3 +203,42 @@ def test_a_line_does_not_resolve_from_another_lines_index_and_pypi_keeps_cuda_13
     assert "error" in wrong and "torch==2.13.0+cu128" in wrong["error"]
     plain = _resolve("pytorch-cuda", index, tmp_path)
     assert plain["torch"][0] == "2.13.0" and "/pypi/" in plain["torch"][1]
+
+
+def test_the_users_pip_configuration_reaches_a_cuda_install(index, tmp_path):
+    """setup.sh installs without --isolated (issue 44): a site's mirror named in a pip.conf (or
+    PIP_INDEX_URL, every test above) serves a CUDA line's packages beside the line's index."""
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nindex-url = {(index / 'pypi').as_uri()}\n")
+    got = _resolve("pytorch-cu126", index, tmp_path, config={"PIP_CONFIG_FILE": str(conf)})
+    assert "error" not in got, got.get("error")
+    assert got["torch"][0] == "2.13.0+cu126" and got["numpy"][1].startswith(
+        (index / "pypi").as_uri()
+    )
+
+
+def test_a_cpu_wheel_in_the_way_is_refused_after_installing(index, tmp_path):
+    """The protection --isolated gave, kept: a CPU wheel the user's configuration offers (here
+    a find-links folder, as on this project's machines) wins pip's choice for pytorch-cuda, and
+    the check setup.sh runs after installing refuses it; without it, PyPI's CUDA build passes."""
+    wheels = tmp_path / "wheels"
+    _wheel(wheels, "torch", "2.13.0+cpu", TORCH_FILES[None])
+    check = [sys.executable, "-m", "dlscale.workflow.capability", "--framework", "pytorch"]
+    for name, config, cuda in [
+        ("cpu", {"PIP_FIND_LINKS": str(wheels / "torch")}, False),
+        ("cuda", {}, True),
+    ]:
+        env = tmp_path / name
+        pip_env = _pip_env(index, {"PIP_INDEX_URL": (index / "pypi").as_uri(), **config})
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed",
+             "--prefix", str(env),
+             *registry_cli.pip_index("pytorch-cuda"), "-r", str(ROOT / "envs/pytorch-cuda.txt")],
+            env=pip_env, check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+        said = subprocess.run(
+            [*check, "--env-dir", str(env), "--expect-cuda"], capture_output=True, text=True,
+            env={**pip_env, "PYTHONPATH": str(ROOT / "scripts")},
+        )  # fmt: skip
+        assert (said.returncode == 0) is cuda, said.stdout
+        assert ("torch is a CPU build" in said.stdout) is not cuda

@@ -157,6 +157,24 @@ def test_setup_reads_the_environments_with_the_standard_library_alone():
     assert f"allowed: {' '.join(expected)} none" in bad.stderr
 
 
+def test_the_environments_folder_is_the_checkouts_or_dlscale_envs_dir(tmp_path):
+    """Where setup.sh builds the framework environments and the workflow finds them (issue 44):
+    .venvs/ in the checkout, or DLSCALE_ENVS_DIR (absolute, or from the checkout)."""
+    co = tmp_path / "co"
+    assert frameworks.environments_dir(co, {}) == co / ".venvs"
+    assert frameworks.environments_dir(co, {"DLSCALE_ENVS_DIR": "/scratch/me/envs"}) == Path(
+        "/scratch/me/envs"
+    )
+    assert frameworks.environments_dir(co, {"DLSCALE_ENVS_DIR": "../envs"}) == tmp_path / "envs"
+    assert frameworks.environments_folder({"DLSCALE_ENVS_DIR": "../envs"}) == "../envs"
+    out = subprocess.run(
+        [sys.executable, "-S", "-m", "dlscale.registry", "environments-dir"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+        env={"PYTHONPATH": str(ROOT / "scripts"), "DLSCALE_ENVS_DIR": "../envs"},
+    ).stdout  # fmt: skip
+    assert out == f"{ROOT.parent / 'envs'}\n"
+
+
 # ---- the "listed once" claims --------------------------------------------------------------
 # Where code may enumerate the names on purpose: the registry itself, and tests that
 # parametrise over an explicit list (each says why).

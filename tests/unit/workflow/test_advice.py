@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from dlscale.workflow.advice import Invocation, with_config
+from dlscale.workflow.advice import Invocation, with_config, with_target
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +27,19 @@ def test_a_setting_joins_the_commands_one_config():
     assert Invocation.parse(["--config", "steps=2", "remeasure=False"]).with_config(
         remeasure=True
     ) == ("snakemake --config steps=2 remeasure=True")
+
+
+def test_the_pdf_later_is_the_runs_own_command_with_the_pdf_first():
+    """The no-TeX notice's command (issue 44): the target before the options (after --config it
+    would be read as an entry), the study file kept, a dry run's flag dropped."""
+    pdf = "results/mine/report/report.pdf"
+    run = Invocation.parse(["--profile", "profiles/slurm", "-n", "--config", "study_file=m.yaml"])
+    assert run.with_target(pdf) == (
+        f"snakemake {pdf} --profile profiles/slurm --config study_file=m.yaml"
+    )
+    forced = Invocation.parse(["--profile", "profiles/local", "--forcerun", "collect", "figure"])
+    assert forced.with_target(pdf) == f"snakemake {pdf} --profile profiles/local"
+    assert with_target(None, pdf) == (f"snakemake {pdf} with this run's --profile and --config")
 
 
 def test_the_profiles_config_list_is_kept_when_the_command_gives_none():

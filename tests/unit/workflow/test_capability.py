@@ -122,6 +122,10 @@ def test_the_command_line_exits_1_only_when_cuda_is_expected(tmp_path, capsys):
     assert main(["--env-dir", str(env), "--framework", "pytorch", "--expect-cuda"]) == 1
     said = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert said["cuda"] is False and "CPU build" in said["detail"]
+    # the driver's .venv (setup.sh, issue 44): a CPU build expected, a CUDA build refused
+    assert main(["--env-dir", str(env), "--framework", "pytorch", "--expect-cpu"]) == 0
+    cuda = fake_env(tmp_path / "cuda", TORCH_CUDA)
+    assert main(["--env-dir", str(cuda), "--framework", "pytorch", "--expect-cpu"]) == 1
 
 
 # --------------------------------------------------------------------- the planned cells' check
