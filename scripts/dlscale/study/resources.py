@@ -115,11 +115,13 @@ def slurm_extra(hw: dict, per_node: int) -> str:
     return shlex.join(slurm_extra_args(hw, per_node))
 
 
-def preflight_sbatch_args(config: dict, hw: dict, nodes: int, minutes: int) -> list[str]:
+def preflight_sbatch_args(
+    config: dict, hw: dict, nodes: int, per_node: int, minutes: int
+) -> list[str]:
     """The sbatch flags of an entry's preflight job (dlscale.workflow.preflight): the resources
-    of the entry's cells on `nodes` nodes (class_resources, as the Slurm plugin turns them into
-    flags), with a time limit of `minutes`."""
-    _, res = class_resources(config, hw, nodes)
+    of the entry's cells with `per_node` ranks on `nodes` nodes (class_resources, as the Slurm
+    plugin turns them into flags), with a time limit of `minutes`."""
+    _, res = class_resources(config, hw, nodes, per_node)
     flags = {
         "slurm_partition": "--partition",
         "slurm_account": "--account",
@@ -132,4 +134,4 @@ def preflight_sbatch_args(config: dict, hw: dict, nodes: int, minutes: int) -> l
         "mem_mb": "--mem",
     }
     args = [f"{flag}={res[name]}" for name, flag in flags.items() if res.get(name)]
-    return [*args, f"--time={int(minutes)}", *slurm_extra_args(hw, res["tasks"] // nodes)]
+    return [*args, f"--time={int(minutes)}", *slurm_extra_args(hw, per_node)]

@@ -212,7 +212,11 @@ class Preflight:
             f"--chdir={os.getcwd()}",
             f"--output={self.folder / probe.name}-%j.log",
             *preflight_sbatch_args(
-                self.config, probe.entry, probe.cell.nodes, PREFLIGHT_RUNTIME_MIN
+                self.config,
+                probe.entry,
+                probe.cell.nodes,
+                probe.cell.ranks_per_node,
+                PREFLIGHT_RUNTIME_MIN,
             ),
             "--wrap",
             subprocess.list2cmdline(

@@ -146,10 +146,12 @@ def test_a_fresh_passed_result_holds_nothing_and_submits_nothing(tmp_path, monke
 
 
 def test_the_preflight_job_asks_for_the_cells_resources_on_its_nodes():
-    args = preflight_sbatch_args({"ranks_per_node": 2}, HARDWARE["h100"], 2, 10)
+    args = preflight_sbatch_args({"ranks_per_node": 2}, HARDWARE["h100"], 2, 4, 10)
     assert "--partition=gpu-h100" in args and "--nodes=2" in args and "--time=10" in args
     assert "--ntasks=8" in args and "--ntasks-per-node=4" in args
     assert "--gpus-per-node=h100:4" in args and "--exclusive" in args
+    one = preflight_sbatch_args({"ranks_per_node": 2}, HARDWARE["h100"], 1, 1, 10)
+    assert "--ntasks=1" in one and "--gpus-per-node=h100:1" in one  # a 1-GPU study's probe
 
 
 def test_the_report_says_what_the_preflight_found_or_why_none_ran(tmp_path):
