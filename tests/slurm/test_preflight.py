@@ -82,9 +82,8 @@ def allocated_jobs(log: Path, since: int) -> set[str]:
     with open(log, "rb") as fh:
         fh.seek(since)
         text = fh.read().decode(errors="replace")
-    return set(re.findall(r"(?:sched|backfill)[^\n]*?Allocate JobId=(\d+)", text)) | set(
-        re.findall(r"backfill: Started JobId=(\d+)", text)
-    )
+    # "sched: Allocate JobId=N ..." or "sched/backfill: _start_job: Started JobId=N ..."
+    return set(re.findall(r"(?:Allocate|Started) JobId=(\d+)", text))
 
 
 def preflight_jobs(driver_log: str) -> dict[str, str]:
@@ -161,7 +160,7 @@ def test_a_broken_entry_costs_one_preflight_job_and_no_cell_runs(cluster, tmp_pa
     assert (work / cell).exists()
     # cached: re-measuring one cpu cell submits no preflight, only the cell, with no hold
     since = ctld_log.stat().st_size
-    again = run("--forcerun", cell, cell)
+    again = run(cell, "--forcerun", cell)  # the target first: --forcerun takes several
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     driver_log = (work / "results/tiny/logs/driver.log").read_text()
     assert "preflight of cpu / driver: passed" in driver_log and "not repeated" in driver_log
