@@ -34,7 +34,9 @@ pytestmark = pytest.mark.workflow
 USER = "dlscale-login"
 # world-writable places a plain user can write to, besides its home
 WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-CACHE = Path(os.environ.get("DLSCALE_CACHE_DIR", Path.home() / ".cache" / "dlscale"))
+# the site's indexes, built once per machine where the plain user can read them without any of
+# root's own folders being opened to it
+INDEXES = Path("/var/tmp/dlscale-login-indexes")
 
 
 def _simple_index(wheels: Path, index: Path, only: set[str] | None, leave_out: set[str]) -> None:
@@ -53,11 +55,11 @@ def _simple_index(wheels: Path, index: Path, only: set[str] | None, leave_out: s
 @pytest.fixture(scope="module")
 def site_indexes() -> tuple[Path, Path]:
     """The site's mirror (every wheel of the driver's requirements but torch) and a CPU wheel
-    index (torch), built once per machine with root's own pip configuration under
-    $DLSCALE_CACHE_DIR (default ~/.cache/dlscale), keyed by the requirements."""
+    index (torch), built once per machine with root's own pip configuration under INDEXES,
+    keyed by the requirements."""
     reqs = [ROOT / "envs/workflow.txt", ROOT / "envs/pytorch.txt", ROOT / "pyproject.toml"]
     key = hashlib.sha256(b"".join(p.read_bytes() for p in reqs)).hexdigest()[:12]
-    folder = CACHE / f"login-test-index-{key}"
+    folder = INDEXES / key
     if not (folder / "ready").exists():
         shutil.rmtree(folder, ignore_errors=True)
         wheels = folder / "wheels"
@@ -69,10 +71,8 @@ def site_indexes() -> tuple[Path, Path]:
         _simple_index(wheels, folder / "mirror", None, {"torch"})
         _simple_index(wheels, folder / "torch-cpu", {"torch"}, set())
         (folder / "ready").touch()
-    for part in [folder, *folder.parents]:  # readable by the plain user
-        if part == Path("/"):
-            break
-        part.chmod(part.stat().st_mode | 0o055)
+    for part in [INDEXES, *INDEXES.rglob("*")]:  # readable by the plain user, nothing else
+        part.chmod(part.stat().st_mode | (0o055 if part.is_dir() else 0o044))
     return folder / "mirror", folder / "torch-cpu"
 
 
