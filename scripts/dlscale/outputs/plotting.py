@@ -475,8 +475,10 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     hue = _Hue(spec)
     models, series = spec["models"], spec["series"]
     for ax, panel, part in _panels(scaling, spec, axes, title="{0} scaling"):
-        # the largest world size: the most nodes, each with its most ranks
+        # the largest world size, on its fewest nodes where two cells have it (1x4 and 4x1):
+        # the packed cell a line over world size ends at (_series)
         part = part[part["world_size"] == part["world_size"].max()]
+        part = part[part["nodes"] == part["nodes"].min()]
         top_nodes = int(part["nodes"].max())
         for framework, precision, rows, x, _ in _bar_groups(part, series, "model", models):
             med = rows["throughput_samples_per_s_median"]

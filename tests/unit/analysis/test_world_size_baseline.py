@@ -193,3 +193,18 @@ def test_the_prediction_continues_from_the_packed_line(monkeypatch, tmp_path):
     (dashed,) = [ln for ln in ax.lines if ln.get_label() == plotting.UNVALIDATED_LABEL]
     assert list(dashed.get_xdata()) == [4, 8]
     assert dashed.get_ydata()[0] == line.get_ydata()[-1]
+
+
+def test_the_frameworks_figure_takes_the_largest_world_size_on_its_fewest_nodes(
+    monkeypatch, tmp_path
+):
+    """World size 4 twice (1x4 and 4x1) at the top: one point per model, the 1-node cell's (its
+    bar groups were indexed by model twice: 'cannot reindex on an axis with duplicate labels')."""
+    cells = gpu_cells([(1, 1), (1, 4), (4, 1)])
+    ax = _drawn(monkeypatch, tmp_path, cells, "frameworks")
+    assert ax.get_title() == "weak scaling, 1 node(s)"
+    (line,) = labelled(ax, "pytorch")
+    top = scaling_summary(cells).set_index(["nodes", "ranks_per_node"])
+    np.testing.assert_allclose(
+        np.asarray(line.get_ydata(), float), [top.loc[(1, 4), "throughput_samples_per_s_median"]]
+    )
