@@ -8,6 +8,8 @@ order-statistic CI where n >= 6, else the min-max range; none where n = 1; the r
 say which and give n), dashed lines ideal scaling. Predicted points
 (dlscale.analysis.scaling_model) are
 open markers on a thinner dashed line in the series' colour, apart from the filled measured ones.
+Over world size (x_axis: several ranks per node) a line runs through each world size's cell on
+the fewest nodes, and the same world size on more nodes is an unconnected open marker (_series).
 Bars encode length, so no figure draws a bar on a logarithmic axis (`bars_on_log_axes`, checked
 before every file is saved). Sizes come from the paper's column
 width: grids of up to 2 panel columns are one column wide, wider grids (up to MAX_COLS panel
@@ -37,11 +39,15 @@ PREDICTED_LABEL, UNVALIDATED_LABEL = "predicted", "predicted, not validated"
 # a prediction above every measured point of a weak-scaling series whose throughput fell
 # (dlscale.analysis.scaling_model.contradicts_measurements): a red cross over its open marker
 CONTRADICTS_LABEL = "predicted above all measured: contradicts the data"
+# a series' cells over world size that its line does not run through (_series): the same world
+# size on more nodes than the line's cell, open markers of the series' colour, not connected
+APART_LABEL = "same world size on more nodes (open)"
 REFERENCE_LABELS = {
     "ideal",
     PREDICTED_LABEL,
     UNVALIDATED_LABEL,
     CONTRADICTS_LABEL,
+    APART_LABEL,
     "target",
     "not reached",
 }
@@ -251,7 +257,7 @@ def _finish(fig, axes, out: str, extra: list | None = None) -> dict:
         per_panel.append(len({lab for lab in ls if lab not in REFERENCE_LABELS}))
         for h, lab in zip(hs, ls):
             if lab not in labels:
-                handles.append(h)
+                handles.append(_apart_handle() if lab == APART_LABEL else h)
                 labels.append(lab)
     for h in extra or []:
         handles.append(h)
@@ -355,12 +361,47 @@ def _predicted(
 
 
 def _series(part: pd.DataFrame, spec: dict, x: str = "nodes"):
-    """(framework, precision, rows sorted by `x`) for every series of `spec` with rows in
-    `part` (a panel's rows)."""
+    """(framework, precision, line, apart) for every series of `spec` with rows in `part` (a
+    panel's rows): `line` the rows its line runs through, sorted by `x`, `apart` the others.
+    Over nodes every row is on the line. Over world size (x_axis) the line runs through the
+    series' packed cells, each world size's cell on the fewest nodes (a node filled before the
+    next is added: 1x1, 1x2, 1x4, 2x4, 4x4), and its predicted extension continues from the last
+    of them; the same world size on more nodes (2x1, 2x2) is `apart`, drawn as unconnected open
+    points (_apart): a line through both would step vertically at one world size, which reads
+    as a jump in the measurement and hides which point is which cell."""
     for framework, precision in spec["series"]:
-        line = part[(part["framework"] == framework) & (part["variant"] == precision)]
-        if not line.empty:
-            yield framework, precision, line.sort_values(x)
+        rows = part[(part["framework"] == framework) & (part["variant"] == precision)]
+        if rows.empty:
+            continue
+        if x == "nodes":
+            yield framework, precision, rows.sort_values("nodes"), rows.iloc[:0]
+            continue
+        rows = rows.sort_values([x, "nodes"])
+        packed = ~rows[x].duplicated()
+        yield framework, precision, rows[packed], rows[~packed]
+
+
+def _apart_handle() -> Line2D:
+    """The legend's one entry for every series' apart points (their colours are the series');
+    made when the legend is, under the figure's style."""
+    style = dict(marker="o", markerfacecolor="none", linestyle="none")
+    return Line2D([], [], color="0.3", label=APART_LABEL, **style)
+
+
+def _apart(ax, x, y, colour, marker: str, yerr=None, small: bool = False) -> None:
+    """A series' cells apart from its line (_series): open markers of the series' colour and
+    marker, not connected, with their error bars (`yerr`); hollow and larger than the line's
+    markers, so a line or point behind one stays visible and one on a line's point of the same
+    value rings it. `small`: a line's second quantity (its dotted line: lowest rank, peak
+    memory). Nothing where there are none (every figure over nodes)."""
+    if len(x) == 0:
+        return
+    size = plt.rcParams["lines.markersize"] * (0.8 if small else 1.5)
+    style = dict(linestyle="none", marker=marker, markersize=size, markerfacecolor="none")
+    if yerr is None:
+        ax.plot(x, y, color=colour, label=APART_LABEL, **style)
+    else:
+        ax.errorbar(x, y, yerr=yerr, color=colour, label=APART_LABEL, **style)
 
 
 def plot_scaling(
@@ -374,23 +415,29 @@ def plot_scaling(
     x, xlabel = x_axis(scaling, spec)
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
+
+    def yerr(rows: pd.DataFrame):
+        """A family whose points carry no interval (not in WITH_CI): no error bars."""
+        if not spec["ci"]:
+            return None
+        med = rows[f"{column}_median"]
+        return _ci_err(med, rows[f"{column}_ci_low"], rows[f"{column}_ci_high"])
+
     for ax, _, part in _panels(scaling, spec, axes):
         predicted: list = []
-        for framework, precision, line in _series(part, spec, x):
-            med = line[f"{column}_median"]
+        for framework, precision, line, apart in _series(part, spec, x):
+            colour, marker = hue.colour[framework], hue.marker(precision)
             ax.errorbar(
                 line[x],
-                med,
-                # a family whose points carry no interval (not in WITH_CI): no error bars
-                yerr=_ci_err(med, line[f"{column}_ci_low"], line[f"{column}_ci_high"])
-                if spec["ci"]
-                else None,
-                marker=hue.marker(precision),
+                line[f"{column}_median"],
+                yerr=yerr(line),
+                marker=marker,
                 linestyle=hue.linestyle(precision),
-                color=hue.colour[framework],
+                color=colour,
                 label=hue.label(framework, precision),
             )
-            predicted += _predicted(ax, line, predictions, column, hue.colour[framework], x)
+            _apart(ax, apart[x], apart[f"{column}_median"], colour, marker, yerr(apart))
+            predicted += _predicted(ax, line, predictions, column, colour, x)
         ticks = sorted({*part[x].unique(), *predicted})
         if family in ("speedup", "efficiency"):
             base = part["baseline_world_size" if x == "world_size" else "baseline_nodes"].min()
@@ -428,8 +475,10 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     hue = _Hue(spec)
     models, series = spec["models"], spec["series"]
     for ax, panel, part in _panels(scaling, spec, axes, title="{0} scaling"):
-        # the largest world size: the most nodes, each with its most ranks
+        # the largest world size, on its fewest nodes where two cells have it (1x4 and 4x1):
+        # the packed cell a line over world size ends at (_series)
         part = part[part["world_size"] == part["world_size"].max()]
+        part = part[part["nodes"] == part["nodes"].min()]
         top_nodes = int(part["nodes"].max())
         for framework, precision, rows, x, _ in _bar_groups(part, series, "model", models):
             med = rows["throughput_samples_per_s_median"]
@@ -538,20 +587,23 @@ def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision, line in _series(part, spec, x):
+        for framework, precision, line, apart in _series(part, spec, x):
             mean = _numeric(line, f"{quantity}_mean_median")
             if mean.isna().all():
                 continue
-            colour = hue.colour[framework]
+            colour, marker = hue.colour[framework], hue.marker(precision)
             ax.plot(
                 line[x],
                 mean,
-                marker=hue.marker(precision),
+                marker=marker,
                 color=colour,
                 label=hue.label(framework, precision),
             )
             lowest = _numeric(line, f"{quantity}_rank_min_median")
             ax.plot(line[x], lowest, linestyle=":", color=colour, linewidth=0.9)
+            _apart(ax, apart[x], _numeric(apart, f"{quantity}_mean_median"), colour, marker)
+            lowest = _numeric(apart, f"{quantity}_rank_min_median")
+            _apart(ax, apart[x], lowest, colour, marker, small=True)
         _nodes_axis(ax, sorted(part[x].unique()))
         ax.set_ylim(bottom=0)
     _label_outer(axes, len(panels), TELEMETRY_AXES[quantity], xlabel)
@@ -578,18 +630,20 @@ def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision, line in _series(part, spec, x):
+        for framework, precision, line, apart in _series(part, spec, x):
             values = _numeric(line, f"{quantity}_median") * scale
             if values.isna().all():
                 continue
+            colour, marker = hue.colour[framework], hue.marker(precision)
             ax.plot(
                 line[x],
                 values,
-                marker=hue.marker(precision),
+                marker=marker,
                 linestyle=hue.linestyle(precision),
-                color=hue.colour[framework],
+                color=colour,
                 label=hue.label(framework, precision),
             )
+            _apart(ax, apart[x], _numeric(apart, f"{quantity}_median") * scale, colour, marker)
         _nodes_axis(ax, sorted(part[x].unique()))
         ax.set_ylim(bottom=0)
     _label_outer(axes, len(panels), MFU_AXES[quantity], xlabel)
@@ -608,20 +662,23 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
     fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
     hue = _Hue(spec)
     for ax, _, part in _panels(scaling, spec, axes):
-        for framework, precision, line in _series(part, spec, x):
+        for framework, precision, line, apart in _series(part, spec, x):
             state = _numeric(line, "state_bytes_per_rank_max_median") / 2**20
             if state.isna().all():
                 continue
-            colour = hue.colour[framework]
+            colour, marker = hue.colour[framework], hue.marker(precision)
             ax.plot(
                 line[x],
                 state,
-                marker=hue.marker(precision),
+                marker=marker,
                 linestyle=hue.linestyle(precision),
                 color=colour,
                 label=hue.label(framework, precision),
             )
             ax.plot(line[x], _numeric(line, peak), linestyle=":", color=colour, lw=0.9)
+            state = _numeric(apart, "state_bytes_per_rank_max_median") / 2**20
+            _apart(ax, apart[x], state, colour, marker)
+            _apart(ax, apart[x], _numeric(apart, peak), colour, marker, small=True)
         _nodes_axis(ax, sorted(part[x].unique()))
         # log: a process's peak (on a CPU its whole resident set, the runtime included) and a
         # small model's state differ by orders of magnitude; lines only, no bars

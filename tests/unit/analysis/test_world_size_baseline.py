@@ -8,7 +8,9 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.container import ErrorbarContainer
 
+from dlscale.analysis import scaling_model
 from dlscale.analysis.stats import GROUP, add_speedup, scaling_summary
 from dlscale.outputs import plotting
 from dlscale.outputs.figure_layout import figure_layout, variant
@@ -80,7 +82,7 @@ def test_a_table_of_one_ranks_per_node_keeps_its_numbers():
     assert set(cells["baseline_nodes"]) == {2} and set(cells["baseline_world_size"]) == {8}
 
 
-def _drawn(monkeypatch, tmp_path, cells: pd.DataFrame, family: str):
+def _drawn(monkeypatch, tmp_path, cells: pd.DataFrame, family: str, predictions=None):
     """The figure of one family as drawn (checked by the figure check instead of saved)."""
     keys = [
         (*row[:4], variant(*row[4:]))
@@ -98,7 +100,7 @@ def _drawn(monkeypatch, tmp_path, cells: pd.DataFrame, family: str):
         seen["fig"] = fig
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
-    plotting.plot_figure(scaling_summary(cells), spec, str(tmp_path / "f.pdf"))
+    plotting.plot_figure(scaling_summary(cells), spec, str(tmp_path / "f.pdf"), predictions)
     assert not seen["problems"], seen["problems"]
     return seen["fig"].axes[0]
 
@@ -118,7 +120,7 @@ def test_a_series_within_a_node_is_drawn_over_world_size(monkeypatch, tmp_path, 
             ax.lines[0],
             next(line for line in ax.lines if line.get_label() == "ideal"),
         )
-        assert list(measured.get_xdata()) == [1, 2, 2, 4, 8]
+        assert list(measured.get_xdata()) == [1, 2, 4, 8]  # 2 x 1: an open point apart
         assert list(ideal.get_ydata()) == [1, 2, 4, 8]
 
 
@@ -127,3 +129,82 @@ def test_a_table_of_one_ranks_per_node_is_drawn_over_nodes(monkeypatch, tmp_path
     ax = _drawn(monkeypatch, tmp_path, cells, "speedup")
     assert ax.get_xlabel() == "Nodes"
     assert list(ax.lines[0].get_xdata()) == [1, 2]
+
+
+# the line families: (column of scaling.csv drawn, its scale on the y axis)
+LINES = {
+    "throughput": ("throughput_samples_per_s_median", 1.0),
+    "speedup": ("speedup_median", 1.0),
+    "efficiency": ("scaling_efficiency_median", 1.0),
+    "telemetry": ("gpu_util_pct_mean_median", 1.0),
+    "mfu": ("mfu_median", 100.0),
+    "memory": ("state_bytes_per_rank_max_median", 2.0**-20),
+}
+
+
+def spread_cells() -> pd.DataFrame:
+    """1x1, 1x2, 2x1, 2x2 (nodes x GPUs per node): world size 2 twice; the 2x1 cell 20 % below
+    the 1x2 one in every quantity a line figure draws, so each point can be told apart."""
+    cells = gpu_cells([(1, 1), (1, 2), (2, 1), (2, 2)]).drop(columns=ADDED + ["scaling_efficiency"])
+    spread = (cells["nodes"] == 2) & (cells["ranks_per_node"] == 1)
+    for q in ("throughput_samples_per_s", "gpu_util_pct_mean", "mfu", "state_bytes_per_rank_max"):
+        cells.loc[spread, q] = pd.to_numeric(cells.loc[spread, q]) * 0.8
+    return add_speedup(cells)
+
+
+def labelled(ax, label: str) -> list:
+    """The panel's data lines drawn with `label` (an error bar's line: its container's)."""
+    bars = [c.lines[0] for c in ax.containers if c.get_label() == label]
+    return bars + [ln for ln in ax.lines if ln.get_label() == label]
+
+
+@pytest.mark.parametrize("family", list(LINES))
+def test_a_line_over_world_size_runs_through_the_packed_cells(monkeypatch, tmp_path, family):
+    """The line runs through each world size's cell on the fewest nodes (1x1, 1x2, 2x2): no
+    repeated x, no vertical step at world size 2; the 2x1 cell is an open point of the
+    series' colour at world size 2, not connected, with its own value; every point inside the
+    panel (the figure check)."""
+    cells = spread_cells()
+    ax = _drawn(monkeypatch, tmp_path, cells, family)
+    column, scale = LINES[family]
+    row = scaling_summary(cells).set_index(["nodes", "ranks_per_node"])[column] * scale
+    (line,) = labelled(ax, "pytorch")
+    assert list(line.get_xdata()) == [1, 2, 4]
+    np.testing.assert_allclose(np.asarray(line.get_ydata(), float), row[[(1, 1), (1, 2), (2, 2)]])
+    for drawn in ax.lines:  # no connected line of the panel repeats an x (dotted ones included)
+        if drawn.get_linestyle() != "None":
+            assert (np.diff(np.asarray(drawn.get_xdata(), dtype=float)) > 0).all(), drawn
+    (apart, *second) = labelled(ax, plotting.APART_LABEL)  # second: a dotted line's quantity
+    assert apart.get_linestyle() == "None" and apart.get_markerfacecolor() == "none"
+    assert apart.get_color() == line.get_color()
+    assert list(apart.get_xdata()) == [2]
+    np.testing.assert_allclose(np.asarray(apart.get_ydata(), float), [row[(2, 1)]])
+    if family in ("throughput", "speedup", "efficiency"):  # its own error bar
+        assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 2
+    legend = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert legend.count(plotting.APART_LABEL) == 1
+
+
+def test_the_prediction_continues_from_the_packed_line(monkeypatch, tmp_path):
+    cells = spread_cells()
+    _, preds = scaling_model.model_tables(cells)
+    ax = _drawn(monkeypatch, tmp_path, cells, "throughput", preds)
+    (line,) = labelled(ax, "pytorch")
+    (dashed,) = [ln for ln in ax.lines if ln.get_label() == plotting.UNVALIDATED_LABEL]
+    assert list(dashed.get_xdata()) == [4, 8]
+    assert dashed.get_ydata()[0] == line.get_ydata()[-1]
+
+
+def test_the_frameworks_figure_takes_the_largest_world_size_on_its_fewest_nodes(
+    monkeypatch, tmp_path
+):
+    """World size 4 twice (1x4 and 4x1) at the top: one point per model, the 1-node cell's (its
+    bar groups were indexed by model twice: 'cannot reindex on an axis with duplicate labels')."""
+    cells = gpu_cells([(1, 1), (1, 4), (4, 1)])
+    ax = _drawn(monkeypatch, tmp_path, cells, "frameworks")
+    assert ax.get_title() == "weak scaling, 1 node(s)"
+    (line,) = labelled(ax, "pytorch")
+    top = scaling_summary(cells).set_index(["nodes", "ranks_per_node"])
+    np.testing.assert_allclose(
+        np.asarray(line.get_ydata(), float), [top.loc[(1, 4), "throughput_samples_per_s_median"]]
+    )
