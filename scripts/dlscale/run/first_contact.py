@@ -62,6 +62,7 @@ def mark(rank_dir, rank: int, phase: str, **facts) -> None:
         record = {}
     record.update(facts, phase=phase, time=time.time())
     tmp = path.with_name(f".{path.name}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)  # a rank started without the launcher
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
 
