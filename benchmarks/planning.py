@@ -246,7 +246,11 @@ def same_jobs_bare(
 
 # --ablate: what each copy drops from rules/train.smk (old text -> new text, each matched once)
 _NO_LOG = [
-    ("        log:\n            train_log_pattern(_workload, _parallelism),\n", ""),
+    (
+        "        log:\n"
+        "            train_log_pattern(_workload, _parallelism, _ranks is not None),\n",
+        "",
+    ),
     (' > {log:q} 2>&1"', '"'),
 ]
 ABLATIONS = {
