@@ -57,7 +57,9 @@ SLURM_CLUSTERS = {
         "up_args": ["--no-system-conf"],
     },
 }
-SLURM_B_MODULES = {"test_faults.py"}
+# (the faults, the lost driver and the preflight beside the frameworks, the workflow, GPU
+# binding and parallelism: about 10 min each under the test command's load)
+SLURM_B_MODULES = {"test_faults.py", "test_lost_driver.py", "test_slurm_preflight.py"}
 
 
 def slurm_group(path: str) -> str:

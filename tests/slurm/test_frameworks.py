@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dlscale.registry import frameworks
+from dlscale.store.preflight_results import read_result
 
 from conftest import ROOT, copy_workflow, snakemake
 
@@ -61,6 +62,25 @@ def test_framework_cell(mixed_study, framework, nodes):
         assert system["slurm"]["version"] and system["probe_seconds"] < 5
     job = systems[0]["slurm"]["job"]  # rank 0 asks the controller once per cell
     assert job["available"] and job["NumNodes"] == str(nodes), job
+
+
+def test_every_environment_passed_its_preflight_on_two_nodes(mixed_study):
+    """Issue 46: one preflight per environment of the study (keras shares tensorflow's), each run
+    on the cluster before its cells: the framework imported on 2 nodes; the environments with
+    torch formed a gloo communicator and measured its all-reduce."""
+    found = map(read_result, (mixed_study / "results/frameworks/preflight").glob("*.json"))
+    results = {r["environment"]: r for r in found if r}
+    assert sorted(results) == ["driver", "horovod", "mxnet", "tensorflow"]
+    for env, result in results.items():
+        assert result["passed"] and result["nodes"] == 2 and result["ranks"] == 2, result
+        checks = {c["name"]: c for c in result["checks"]}
+        assert checks["framework import"]["ok"], env
+        if env in ("driver", "horovod"):
+            assert result["allreduce"]["busbw_gbps"] > 0 and result["allreduce"]["n"] == 5
+        else:  # no torch.distributed there: the cells form their collective first
+            assert checks["communicator"]["detail"].startswith("not checked"), checks
+    report = (mixed_study / "results/frameworks/report/systems_table.tex").read_text()
+    assert report.count("Preflight: ") == 4 and "passed" in report
 
 
 def test_mixed_study_report(mixed_study):

@@ -1,7 +1,7 @@
 """The preflight job's side (dlscale.run.preflight_job): the first node's GPU checks against the
 site file and the driver table, and the ranks' phase for real (2 local ranks, the production rank
 program, gloo), as the job runs it under the local launcher. On the cluster:
-tests/slurm/test_preflight.py."""
+tests/slurm/test_slurm_preflight.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The driver's side of the preflight (dlscale.workflow.preflight): which probes a study needs,
 the key its result is kept under, the hold put on a cell's sbatch line, the refusal of a cell
-whose entry failed, and the report's lines. The job's side runs in tests/unit/run/test_preflight.py
-and the whole route on the local cluster in tests/slurm/test_preflight.py."""
+whose entry failed, and the report's lines. The job's side runs in
+tests/unit/run/test_preflight_job.py and the whole route on the local cluster in
+tests/slurm/test_slurm_preflight.py."""
 
 from __future__ import annotations
 
