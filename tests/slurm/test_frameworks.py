@@ -78,7 +78,7 @@ def test_every_environment_passed_its_preflight_on_two_nodes(mixed_study):
         if env in ("driver", "horovod"):
             assert result["allreduce"]["busbw_gbps"] > 0 and result["allreduce"]["n"] == 5
         else:  # no torch.distributed there: the cells form their collective first
-            assert checks["communicator"]["detail"].startswith("not checked"), checks
+            assert "not checked" in checks["communicator"]["detail"], checks
     report = (mixed_study / "results/frameworks/report/systems_table.tex").read_text()
     assert report.count("Preflight: ") == 4 and "passed" in report
 
