@@ -181,7 +181,7 @@ def run_job(spec: dict, output: Path) -> int:
         start = start_srun if cell.launcher == "srun" else start_local
         failed = wait_all(start(cell, argv, rank_dir), timeout=RANKS_TIMEOUT_S)
         checks += rank_checks(cell, rank_dir, failed)
-        result["allreduce"] = allreduce_summary(rank_dir, cell.world_size)
+        result["allreduce"] = allreduce_summary(rank_dir)
     result["checks"] = checks
     result["passed"] = all(c["ok"] for c in checks)
     bad = next((c for c in checks if not c["ok"]), None)
@@ -235,7 +235,7 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
     return checks
 
 
-def allreduce_summary(rank_dir: Path, world: int) -> dict | None:
+def allreduce_summary(rank_dir: Path) -> dict | None:
     """Rank 0's all-reduce measurement (every rank takes part in each one)."""
     try:
         record = json.loads((rank_dir / RANK_FILE.format(rank=0)).read_text())

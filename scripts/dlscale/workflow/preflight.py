@@ -41,9 +41,10 @@ KEY_VERSION = 1
 DRIVER_KEYS = ("nvidia_driver", "max_cuda", "cuda_forward_compat")  # declared, not hashed
 
 
-def environment_name(cell: Cell, entry: dict) -> str:
-    """The environment a cell's ranks run in (.venvs/<name>, or `driver` for .venv)."""
-    name = FRAMEWORKS[cell.framework].environment_for(environment_variant(entry), entry)
+def environment_name(framework: str, entry: dict) -> str:
+    """The environment a framework's ranks run in on a hardware entry (<environments>/<name>,
+    or `driver` for .venv)."""
+    name = FRAMEWORKS[framework].environment_for(environment_variant(entry), entry)
     return name or "driver"
 
 
@@ -84,7 +85,7 @@ def plan(cells: list[Cell], hardware: dict) -> dict[tuple[str, str], Probe]:
         if cell.launcher != "srun":
             continue
         entry = hardware[cell.hardware]
-        groups.setdefault((cell.hardware, environment_name(cell, entry)), []).append(cell)
+        groups.setdefault((cell.hardware, environment_name(cell.framework, entry)), []).append(cell)
     probes = {}
     for (hw, env), group in sorted(groups.items()):
         largest = max(group, key=lambda c: (c.nodes, c.ranks_per_node, c.path))
@@ -142,14 +143,14 @@ class Preflight:
         hw, fw = wc.get("hardware"), wc.get("framework")
         if hw is None or fw is None or hw not in self.hardware:
             return None
-        entry = self.hardware[hw]
-        env = FRAMEWORKS[fw].environment_for(environment_variant(entry), entry) or "driver"
+        env = environment_name(fw, self.hardware[hw])
         return (hw, env) if (hw, env) in self.probes else None
 
     def hold(self, jobs, refuse) -> list:
         """The jobs to submit now: a cell job gets its preflight's dependency (submitting the
         preflight first where needed), or, after a failed preflight, is refused through
         `refuse(job, text)` instead of submitted. Other jobs pass unchanged."""
+        self.poll()  # once per batch: what ended since the last one
         keep = []
         for job in jobs:
             which = None if job.is_group() else self.probe_of(job)
@@ -171,7 +172,6 @@ class Preflight:
     def state(self, which: tuple[str, str]) -> str:
         """'passed', 'failed', or the Slurm id of the preflight still to end (submitted now if
         there is neither a fresh result nor a job)."""
-        self.poll()
         if which in self.passed:
             return "passed"
         if which in self.failed:
