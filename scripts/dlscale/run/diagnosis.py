@@ -70,8 +70,8 @@ def interfaces() -> list[str]:
 
 
 def node_view() -> dict:
-    """What a rank records of its node when it starts (dlscale.run.train): its host name,
-    interfaces and communication variables."""
+    """What a node's first rank records of its node when it starts (dlscale.run.train; the
+    others record their host): its host name, interfaces and communication variables."""
     return {"host": socket.gethostname(), "interfaces": interfaces(), "variables": variables()}
 
 
@@ -107,10 +107,10 @@ def diagnosis(rank_dir: Path, cell, ranks, study_dir=None) -> dict:
     nodes = {}
     for rank, m in sorted(marks.items()):
         if "host" in m:
-            node = nodes.setdefault(
-                m["host"], {"ranks": [], "interfaces": m["interfaces"], "variables": m["variables"]}
-            )
+            node = nodes.setdefault(m["host"], {"ranks": [], "interfaces": [], "variables": {}})
             node["ranks"].append(rank)
+            if "interfaces" in m and not node["interfaces"]:  # the node's first rank's view
+                node.update(interfaces=m["interfaces"], variables=m["variables"])
     if not nodes:
         own = node_view()
         nodes[f"{own.pop('host')} (the launcher's)"] = {"ranks": [], **own}

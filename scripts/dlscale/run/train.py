@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import socket
 import sys
 import time
 from pathlib import Path
@@ -220,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, TypeError) as exc:
         parser.error(f"--cell {args.cell}: {exc}")
     ctx = discover()
-    first_contact.mark(args.rank_dir, ctx.rank, first_contact.STARTED, **node_view())
+    # each node's first rank records its node's view (one `ip` per node, not per rank)
+    view = node_view() if ctx.local_rank == 0 else {"host": socket.gethostname()}
+    first_contact.mark(args.rank_dir, ctx.rank, first_contact.STARTED, **view)
     preflight(ctx, cell.world_size, cell.ranks_per_node)
     spec = TrainSpec.from_cell(cell)
     adapter = get_adapter(spec.framework)(spec, ctx)
