@@ -39,8 +39,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import dlscale
 from dlscale.rank.node_probes import job_allocation
 from dlscale.rank.provenance import git_commit
+from dlscale.registry.containers import ENGINES
 from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING, GPU_BINDINGS
 from dlscale.run import first_contact
 from dlscale.run.diagnosis import diagnosis, render, with_nccl_debug
@@ -61,6 +63,7 @@ from dlscale.study.cell import (
     study_dir_of,
     tail_lines,
 )
+from dlscale.study.container_image import needed_binds
 from dlscale.study.protocol import RANK_END
 
 
@@ -166,6 +169,45 @@ def gpu_step_options(cell: Cell) -> list[str]:
     return GPU_BINDINGS[cell.gpu_binding or DEFAULT_GPU_BINDING].srun_options(cell.ranks_per_node)
 
 
+class ContainerError(RuntimeError):
+    """The container cannot see what its ranks need (a Charliecloud image without the mount
+    point of a path the ranks read): the cell fails before any rank starts."""
+
+
+def package_root() -> Path:
+    """The folder the dlscale package is imported from (scripts/ of the checkout)."""
+    return Path(dlscale.__file__).resolve().parent.parent
+
+
+def in_container(
+    cell: Cell, argv: list[str], rank_dir: Path, env: dict
+) -> tuple[list[str], list[str]]:
+    """(srun options, the rank's command) for a cell whose hardware entry names a container
+    (hardware.yaml `container`; the engines' command lines: dlscale.registry.containers): the
+    rank's interpreter is the image's (`container.python`) and the engine's program goes first;
+    the dlscale package's folder, the cell's folder (its ranks' files) and a convergence cell's
+    dataset are bound at the same paths, with the site's binds, and PYTHONPATH names the
+    package inside. Without a container: no options and `argv` as it is. `env` (the ranks'
+    environment) gains PYTHONPATH."""
+    if not cell.container:
+        return [], argv
+    c = dict(cell.container)
+    engine = ENGINES[c["engine"]]
+    root = str(package_root())
+    paths = [root, str(rank_dir.resolve().parent)]
+    if cell.data_path:
+        paths.append(str(Path(cell.data_path).resolve()))
+    binds, problems = needed_binds(paths, c)
+    if problems:
+        raise ContainerError(
+            f"hardware {cell.hardware!r}: the {engine.name} container cannot see what the "
+            f"ranks read: {'; '.join(problems)}"
+        )
+    env["PYTHONPATH"] = root
+    prefix = engine.prefix(c["image"], list(binds), cell.device == "cuda")
+    return engine.srun_options(c["image"], list(binds)), [*prefix, c["python"], *argv[1:]]
+
+
 def train_argv(rank_dir: Path, python: str) -> list[str]:
     """The one CLI contract every framework's rank obeys (dlscale.run.train): the cell, serialised
     whole in the rank folder (write_cell_spec), and the folder the rank writes its part file to."""
@@ -233,8 +275,11 @@ def start_local(
     cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
 ) -> list[tuple[int, subprocess.Popen]]:
     """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on
-    loopback; `base`: the ranks' environment before the launcher's variables."""
+    loopback; `base`: the ranks' environment before the launcher's variables. A container
+    cell's ranks start inside its container (in_container)."""
     port = local_port(cell.world_size)
+    base = dict(base)
+    _, argv = in_container(cell, argv, rank_dir, base)
     procs = []
     for rank in range(cell.world_size):
         env = local_rank_env(
@@ -293,9 +338,11 @@ def start_srun(
     if cell.device == "cuda":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
     with_nccl_debug(env)
+    container_options, argv = in_container(cell, argv, rank_dir, env)
     cmd = [
         "srun",
         *overlap,
+        *container_options,
         f"--nodes={cell.nodes}",
         f"--ntasks={cell.world_size}",
         f"--ntasks-per-node={cell.ranks_per_node}",
@@ -478,9 +525,16 @@ def _run_ranks(
     """Start the cell's ranks (srun or local processes) in environment `base` and wait for all
     of them; a SIGTERM stops them. Returns (rank, exit code) of the failure (wait_all), or
     None."""
-    if cell.launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
+    needs_srun = bool(cell.container) and ENGINES[dict(cell.container)["engine"]].needs_srun
+    if (
+        cell.launcher == "srun"
+        and cell.world_size == 1
+        and "SLURM_STEP_ID" in os.environ
+        and not needs_srun
+    ):
         # A 1-rank cell already runs inside the job step the executor plugin made for it
-        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here.
+        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here
+        # (a pyxis container starts only through srun: its step overlaps, start_srun).
         start = start_local
     else:
         start = start_srun if cell.launcher == "srun" else start_local
@@ -491,6 +545,10 @@ def _run_ranks(
     try:
         procs = start(cell, argv, rank_dir, base)
         failed = wait_all(procs, watch=watch)
+    except ContainerError as exc:
+        print(f"[dlscale.run.launch] {exc}", file=sys.stderr)
+        (rank_dir / "srun.log").write_text(f"{exc}\n")
+        failed = (-1, 1)
     except Terminated:
         _stop(procs, grace=2.0)
         failed = (-2, 143)

@@ -132,7 +132,7 @@ def environment_cuda(prefix: str = sys.prefix) -> str | None:
 # ------------------------------------------------------------------------------------ the job
 def run_job(spec: dict, output: Path) -> int:
     """In the preflight's allocation: the node's checks, then the ranks'; the result file."""
-    from dlscale.run.launch import start_local, start_srun, wait_all
+    from dlscale.run.launch import ContainerError, start_local, start_srun, wait_all
     from dlscale.run.site_env import SiteEnvError, job_environment
 
     cell, entry = Cell.from_dict(spec["cell"]), spec["entry"]
@@ -167,19 +167,34 @@ def run_job(spec: dict, output: Path) -> int:
         os.environ.clear()
         os.environ.update(site.environment)
         result["site_environment"] = site.record()
-    cuda = environment_cuda()
+    # A container entry's framework build is the image's: its ranks (inside the container, as
+    # a cell's) say which CUDA it was made for, and the node's GPU checks follow theirs.
+    container = dict(cell.container)
+    cuda = None if container else environment_cuda()
     result["cuda_build"] = cuda
+    gpus = None
     if cell.device == "cuda" and not checks:
         gpus = gpu_facts()
         result["gpus"] = {k: v for k, v in gpus.items() if k != "devices"}
-        checks += gpu_checks(entry, gpus, cuda, cell.ranks_per_node)
+        if not container:
+            checks += gpu_checks(entry, gpus, cuda, cell.ranks_per_node)
     if all(c["ok"] for c in checks):
         rank_dir = output.parent / f"{output.stem}.ranks"
         rank_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", MODULE, "rank", "--spec", spec["path"]]
         argv += ["--rank-dir", str(rank_dir)]
         start = start_srun if cell.launcher == "srun" else start_local
-        failed = wait_all(start(cell, argv, rank_dir), timeout=RANKS_TIMEOUT_S)
+        try:
+            failed = wait_all(start(cell, argv, rank_dir), timeout=RANKS_TIMEOUT_S)
+        except ContainerError as exc:
+            checks.append(check("container", False, str(exc), "bind the paths named"))
+            failed = (-1, 1)
+        if container:
+            builds = rank_builds(cell, rank_dir)
+            result["container"] = {**container, "ranks": builds}
+            cuda = result["cuda_build"] = next((b["cuda_build"] for b in builds), None)
+            if gpus is not None:
+                checks = gpu_checks(entry, gpus, cuda, cell.ranks_per_node) + checks
         checks += rank_checks(cell, rank_dir, failed)
         result["allreduce"] = allreduce_summary(rank_dir)
     result["checks"] = checks
@@ -235,6 +250,19 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
     return checks
 
 
+def rank_builds(cell: Cell, rank_dir: Path) -> list[dict]:
+    """Where each rank's interpreter ran (sys.prefix, sys.executable) and the CUDA version its
+    framework build was made for: in a container entry, the image's environment."""
+    builds = []
+    for rank in range(cell.world_size):
+        try:
+            record = json.loads((rank_dir / RANK_FILE.format(rank=rank)).read_text())
+        except (OSError, ValueError):
+            continue
+        builds.append({k: record.get(k) for k in ("rank", "prefix", "executable", "cuda_build")})
+    return builds
+
+
 def allreduce_summary(rank_dir: Path) -> dict | None:
     """Rank 0's all-reduce measurement (every rank takes part in each one)."""
     try:
@@ -248,7 +276,14 @@ def allreduce_summary(rank_dir: Path) -> dict | None:
 def run_rank(spec: dict, rank_dir: Path) -> int:
     ctx = discover()
     cell = Cell.from_dict(spec["cell"])
-    record = {"rank": ctx.rank, "node": ctx.node, "checks": []}
+    record = {
+        "rank": ctx.rank,
+        "node": ctx.node,
+        "checks": [],
+        "prefix": sys.prefix,  # the rank's environment: a container's, where the entry has one
+        "executable": sys.executable,
+        "cuda_build": environment_cuda(),
+    }
     checks = record["checks"]
     record_of = FRAMEWORKS[cell.framework]
     modules = [record_of.adapter, *record_of.imports]

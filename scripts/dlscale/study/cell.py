@@ -273,6 +273,10 @@ class Cell:
     # (name, value) pairs sorted by name (a mapping in the cell's JSON). Empty: none.
     modules: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # The container its ranks run in (hardware.yaml `container`; dlscale.study.container_image):
+    # engine, image, python, binds and the image's digest, as sorted (name, value) pairs (a
+    # mapping in the cell's JSON). Where, not what: the digest is in `environment`. Empty: none.
+    container: tuple[tuple[str, object], ...] = ()
     # How its ranks share the model (PARALLELISMS; dlscale.registry.parallel_dims.ParallelDims)
     # and its tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
@@ -300,6 +304,12 @@ class Cell:
         object.__setattr__(self, "modules", tuple(self.modules))
         pairs = self.env.items() if isinstance(self.env, dict) else self.env
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
+        pairs = self.container.items() if isinstance(self.container, dict) else self.container
+        object.__setattr__(
+            self,
+            "container",
+            tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in pairs)),
+        )
 
     @property
     def world_size(self) -> int:
@@ -389,9 +399,20 @@ def _same(value):
 
 
 # fields kept as tuples in a Cell (hashable, frozen) and written as JSON has them
-_JSON_FORM = {"modules": list, "env": dict}
+_JSON_FORM = {
+    "modules": list,
+    "env": dict,
+    "container": lambda pairs: {k: list(v) if isinstance(v, tuple) else v for k, v in pairs},
+}
 # where, not what; and deadlines, which change no measurement
-NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s", "ranks_in_path")
+NOT_IDENTITY = (
+    "study",
+    "data_path",
+    "stage_dir",
+    "first_step_timeout_s",
+    "ranks_in_path",
+    "container",
+)
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 # Fields added after cells were measured, with the value every earlier cell had: at that value
 # they are left out of the identity (and the hash), and a serialised cell may omit them.
@@ -409,6 +430,7 @@ CONVERGENCE_FIELDS = tuple(
         "gpu_binding",
         "modules",
         "env",
+        "container",
         "parallelism",
         "tp_degree",
         "pp_degree",

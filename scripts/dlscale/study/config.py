@@ -275,7 +275,7 @@ REGISTRY_DEFAULT_KEYWORD = "x-dlscale-registry-default"
 
 def _registry_names(registry: str) -> list[str]:
     """The names a registry defines: `models` (dlscale.models), `frameworks`, `strategies`,
-    `gpu_bindings` or `formats` (dlscale.registry)."""
+    `gpu_bindings`, `formats` or `containers` (dlscale.registry)."""
     if registry == "models":
         from dlscale.models import names
 
@@ -288,6 +288,8 @@ def _registry_names(registry: str) -> list[str]:
         from dlscale.registry.gpu_bindings import GPU_BINDINGS as records
     elif registry == "formats":  # the dataset formats dlscale.data reads
         from dlscale.registry.formats import FORMATS as records
+    elif registry == "containers":  # hardware.yaml container.engine
+        from dlscale.registry.containers import ENGINES as records
     else:
         raise ValueError(f"{REGISTRY_KEYWORD}: unknown registry {registry!r}")
     return list(records)

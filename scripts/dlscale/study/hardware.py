@@ -10,6 +10,7 @@ import re
 
 from dlscale.registry.cuda_drivers import highest_cuda_major, version_tuple
 from dlscale.study.config import apply_defaults, schema_problems
+from dlscale.study.container_image import container_problems
 from dlscale.study.env_names import env_name_problem
 from dlscale.study.errors import ConfigError
 
@@ -98,6 +99,7 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
             )
         problems += peak_problems(key, entry.get(PEAK_KEY))
         problems += env_problems(key, entry.get("env"))
+        problems += container_problems(key, entry)
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
                 f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"

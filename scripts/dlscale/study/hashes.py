@@ -28,10 +28,12 @@ SCHEDULING_KEYS = ("account", "qos", "reservation")
 
 
 # Hardware keys that choose or check the cell's environment: the cell's environment identity
-# (name and hash of its pinned requirements) covers the variant, and compute_capability and the
-# driver keys only refuse cells before any job; no hardware hash includes them.
+# (name and hash of its pinned requirements, or a container image's digest:
+# dlscale.study.container_image) covers the variant and the container, and compute_capability
+# and the driver keys only refuse cells before any job; no hardware hash includes them.
 ENVIRONMENT_KEYS = (
     "environment_variant",
+    "container",
     "compute_capability",
     "nvidia_driver",
     "max_cuda",

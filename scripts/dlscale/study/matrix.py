@@ -25,6 +25,9 @@ from dlscale.study.config import (
     load_yaml,
     validate_config,
 )
+from dlscale.study.container_image import ImageError, container_problems, image_digest
+from dlscale.study.container_image import environment_id as container_environment_id
+from dlscale.study.container_image import spec as container_spec
 from dlscale.study.hardware import environment_variant, validate_hardware
 from dlscale.study.hashes import config_hash, hashed_hardware
 from dlscale.study.matrix_checks import cell_count_problem, semantic_problems
@@ -216,7 +219,11 @@ def _combo_cells(
             global_batch=global_batch,
             cpus_per_rank=hw["cpus_per_rank"],
             hardware_hash=shared["hardware_hashes"][combo["hardware"]],
-            environment=shared["environments"][environment_key(combo["framework"], hw)],
+            # a container's image digest, else the venv's requirements hash
+            environment=shared["containers"][combo["hardware"]][1]
+            if combo["hardware"] in shared["containers"]
+            else shared["environments"][environment_key(combo["framework"], hw)],
+            container=shared["containers"].get(combo["hardware"], ({}, None))[0],
             gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
             modules=hw.get("modules", ()),
             env=hw.get("env", {}),
@@ -261,6 +268,7 @@ def build_matrix(
         for axes in by_workload.values()
         for key in axes["hardware"]
     }
+    containers = _containers(config, hardware, hardware_source, by_workload)
     common = {
         "momentum": config["optimizer"]["momentum"],
         "launcher": config["launcher"],
@@ -275,6 +283,7 @@ def build_matrix(
             "common": common,
             "hardware_hashes": hardware_hashes,
             "environments": environments,
+            "containers": containers,
         }
         for combo_values in itertools.product(*(axes[a] for a in AXES)):
             combo = dict(zip(AXES, combo_values))
@@ -292,6 +301,32 @@ def build_matrix(
     return Study(
         config=config, hardware=hardware, cells=cells, config_hash=config_hash(config, hardware)
     )
+
+
+def _containers(
+    config: dict, hardware: dict, source: str, by_workload: dict
+) -> dict[str, tuple[dict, str]]:
+    """hardware key -> (the container as its cells carry it, their environment id) for each
+    entry the study uses that names a container: the image's digest, computed (or read from the
+    cache) once per entry (dlscale.study.container_image); an image that cannot be identified,
+    or one the study's launcher cannot start, stops the study here."""
+    out, problems = {}, []
+    used = sorted({key for axes in by_workload.values() for key in axes["hardware"]})
+    for key in used:
+        c = hardware[key].get("container")
+        if not c:
+            continue
+        problems += container_problems(key, hardware[key], config["launcher"])
+        try:
+            digest = image_digest(key, c)
+        except ImageError as exc:
+            problems.append(str(exc))
+            continue
+        carried = {**container_spec(hardware[key]), "digest": digest}
+        out[key] = (carried, container_environment_id(c["engine"], digest))
+    if problems:
+        raise ConfigError(source, problems)
+    return out
 
 
 DEFAULT_STUDY_FILE = "config/config.yaml"
