@@ -110,8 +110,10 @@ ENVS_DIR=$(registry environments-dir)
 # System tools: installed with --system-packages (TeX and the rest while the venvs build: apt and
 # pip wait on the network and the disk more than on the CPUs; waited for at the end), else looked
 # for on PATH and named once when missing.
+# charliecloud-runtime (ch-run) and debootstrap: the container entry the tests run
+# (tests/slurm/test_containers.py, its image built by scripts/build-image.sh)
 APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
-              lmodern poppler-utils git lmod)
+              lmodern poppler-utils git lmod charliecloud-runtime debootstrap)
 mkdir -p "$ROOT/.cache"
 APT_LOG=$ROOT/.cache/setup-apt.log
 apt_pid=""

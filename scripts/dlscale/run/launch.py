@@ -185,16 +185,17 @@ def in_container(
     """(srun options, the rank's command) for a cell whose hardware entry names a container
     (hardware.yaml `container`; the engines' command lines: dlscale.registry.containers): the
     rank's interpreter is the image's (`container.python`) and the engine's program goes first;
-    the dlscale package's folder, the cell's folder (its ranks' files) and a convergence cell's
-    dataset are bound at the same paths, with the site's binds, and PYTHONPATH names the
-    package inside. Without a container: no options and `argv` as it is. `env` (the ranks'
+    the dlscale package's folder, the working directory (the checkout), the cell's folder (its
+    ranks' files) and a convergence cell's dataset are bound at the same paths, with the site's
+    binds, the rank starts in the same working directory, and PYTHONPATH names the package
+    inside. Without a container: no options and `argv` as it is. `env` (the ranks'
     environment) gains PYTHONPATH."""
     if not cell.container:
         return [], argv
     c = dict(cell.container)
     engine = ENGINES[c["engine"]]
-    root = str(package_root())
-    paths = [root, str(rank_dir.resolve().parent)]
+    root, cwd = str(package_root()), os.getcwd()
+    paths = [root, cwd, str(rank_dir.resolve().parent)]
     if cell.data_path:
         paths.append(str(Path(cell.data_path).resolve()))
     binds, problems = needed_binds(paths, c)
@@ -204,8 +205,9 @@ def in_container(
             f"ranks read: {'; '.join(problems)}"
         )
     env["PYTHONPATH"] = root
-    prefix = engine.prefix(c["image"], list(binds), cell.device == "cuda")
-    return engine.srun_options(c["image"], list(binds)), [*prefix, c["python"], *argv[1:]]
+    prefix = engine.prefix(c["image"], list(binds), cell.device == "cuda", cwd)
+    python = c.get("python", "python3")
+    return engine.srun_options(c["image"], list(binds), cwd), [*prefix, python, *argv[1:]]
 
 
 def train_argv(rank_dir: Path, python: str) -> list[str]:

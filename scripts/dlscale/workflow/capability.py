@@ -28,6 +28,7 @@ from pathlib import Path
 from dlscale.registry.cuda_drivers import driver_jits, driver_runs, fitting_lines
 from dlscale.registry.cuda_probes import built_cuda_version, site_packages
 from dlscale.registry.frameworks import FRAMEWORKS, environments_folder
+from dlscale.study.container_image import image_environment_dir, image_mount_problems
 
 SETUP = "bash scripts/setup.sh"
 CELLS_NAMED = 3  # cells listed by path per problem; the rest are counted
@@ -70,6 +71,9 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
                 "(config `exclude`)"
             )
             continue
+        if hw.get("container"):
+            problems += _container_problems(framework, hw, hw_key, paths)
+            continue
         name = FRAMEWORKS[framework].environment_for(variant, hw)
         if route != "venv":
             if hw["device"] == "cuda":
@@ -109,6 +113,32 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
         if problem:
             problems.append(f"{_cells_text(paths)} of {framework} run in {where}: {problem}")
     return problems
+
+
+def _container_problems(framework: str, hw: dict, hw_key: str, paths: list[str]) -> list[str]:
+    """A container entry's cells run in its image, whatever the route. Where the login node can
+    read the image (a Charliecloud directory): its mount points and interpreter, and for GPU
+    cells its framework build's CUDA (the probe of a venv, on the image's environment). Where it
+    cannot (a SIF or SquashFS file, a registry reference), the entry's preflight checks the
+    build inside the container on a node (dlscale.run.preflight_job)."""
+    c = hw["container"]
+    problems = [
+        f"{_cells_text(paths)} of {framework}: {p}" for p in image_mount_problems(hw_key, c)
+    ]
+    env = image_environment_dir(c)
+    if problems or env is None or hw["device"] != "cuda":
+        return problems
+    ok, says = cuda_build(framework, env)
+    if not ok:
+        return [
+            f"{_cells_text(paths)} of {framework} on {hw_key!r} (device cuda) run in the "
+            f"{c['engine']} image {c['image']}, whose environment ({c.get('python')}) cannot "
+            f"drive a GPU: {says}. Install the framework's CUDA build in the image"
+        ]
+    sp = site_packages(env)
+    cuda = built_cuda_version(sp) if sp is not None else None
+    problem = _driver_problem(framework, "", cuda, hw, hw_key) if cuda else None
+    return [f"{_cells_text(paths)} of {framework} in {c['image']}: {problem}"] if problem else []
 
 
 def _driver_problem(framework: str, name: str, cuda: str, hw: dict, hw_key: str) -> str | None:
