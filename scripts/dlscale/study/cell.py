@@ -273,6 +273,10 @@ class Cell:
     # (name, value) pairs sorted by name (a mapping in the cell's JSON). Empty: none.
     modules: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # The site's own srun options for the ranks' step (hardware.yaml `srun_options`, normalised
+    # tokens: dlscale.study.site_options), put before the launcher's own (dlscale.run.launch).
+    # Empty: none. A list in the cell's JSON.
+    srun_options: tuple[str, ...] = ()
     # How its ranks share the model (PARALLELISMS; dlscale.registry.parallel_dims.ParallelDims)
     # and its tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
@@ -298,6 +302,9 @@ class Cell:
         if isinstance(self.modules, str):
             raise TypeError(f"modules: a list of module names, not one string {self.modules!r}")
         object.__setattr__(self, "modules", tuple(self.modules))
+        if isinstance(self.srun_options, str):
+            raise TypeError(f"srun_options: a list of tokens, not one string {self.srun_options!r}")
+        object.__setattr__(self, "srun_options", tuple(self.srun_options))
         pairs = self.env.items() if isinstance(self.env, dict) else self.env
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
 
@@ -328,9 +335,9 @@ class Cell:
         return {k: v for k, v in self._fields().items() if k not in NOT_IDENTITY}
 
     def _fields(self) -> dict:
-        """Every field as the cell's JSON has it (`modules` a list, `env` a mapping: a measured
-        cell's stored identity compares equal), the fields added later left out at their
-        default."""
+        """Every field as the cell's JSON has it (`modules` and `srun_options` lists, `env` a
+        mapping: a measured cell's stored identity compares equal), the fields added later left
+        out at their default."""
         return {
             k: _JSON_FORM.get(k, _same)(v)
             for k, v in vars(self).items()
@@ -389,7 +396,7 @@ def _same(value):
 
 
 # fields kept as tuples in a Cell (hashable, frozen) and written as JSON has them
-_JSON_FORM = {"modules": list, "env": dict}
+_JSON_FORM = {"modules": list, "env": dict, "srun_options": list}
 # where, not what; and deadlines, which change no measurement
 NOT_IDENTITY = ("study", "data_path", "stage_dir", "first_step_timeout_s", "ranks_in_path")
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
@@ -409,6 +416,7 @@ CONVERGENCE_FIELDS = tuple(
         "gpu_binding",
         "modules",
         "env",
+        "srun_options",
         "parallelism",
         "tp_degree",
         "pp_degree",
