@@ -267,8 +267,8 @@ def srun_command(cell: Cell, argv: list[str], rank_dir: Path, overlap: bool = Fa
     dlscale.study.site_options: none that dlscale sets), then the launcher's, so where Slurm
     takes the last of an option, the launcher's stated one wins. `overlap`: the launcher runs
     inside the executor plugin's step, whose resources the ranks' step shares. A 1-rank cell
-    inside the plugin's step starts no srun of its own (_run_ranks): its srun_options reach no
-    step."""
+    inside the plugin's step (group jobs, --sdm conda or apptainer: dlscale.workflow.jobstep)
+    starts no srun of its own (_run_ranks): its srun_options reach no step."""
     return [
         "srun",
         *cell.srun_options,
@@ -489,8 +489,9 @@ def _run_ranks(
 ) -> tuple[int, int] | None:
     """Start the cell's ranks (srun or local processes) in environment `base` and wait for all
     of them; a SIGTERM stops them. Returns (rank, exit code) of the failure (wait_all), or
-    None. A 1-rank srun cell inside the executor plugin's step runs its rank here, with no srun
-    of its own, so the entry's srun_options do not apply to it."""
+    None. A 1-rank srun cell inside the executor plugin's step (not the project's executor's
+    path, dlscale.workflow.jobstep) runs its rank here, with no srun of its own, so the entry's
+    srun_options do not apply to it."""
     if cell.launcher == "srun" and cell.world_size == 1 and "SLURM_STEP_ID" in os.environ:
         # A 1-rank cell already runs inside the job step the executor plugin made for it
         # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here;

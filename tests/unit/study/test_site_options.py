@@ -396,3 +396,19 @@ def test_a_cell_takes_srun_options_as_a_list_only():
     with pytest.raises(TypeError, match="srun_options"):
         Cell.from_dict(cell_dict(srun_options="--mpi=pmix"))
     assert "srun_options" not in json.loads(Cell.from_dict(cell_dict()).to_json())
+
+
+def test_the_commented_example_in_the_shipped_hardware_file_passes():
+    """config/hardware.yaml's h100 entry shows both keys commented out (nothing measured
+    changes); uncommented, they pass the checks as written."""
+    text = (ROOT / "config" / "hardware.yaml").read_text()
+    lines = [
+        line.replace("  # ", "  ", 1)
+        for line in text.splitlines()
+        if line.startswith(("  # sbatch_options:", "  # srun_options:"))
+    ]
+    assert len(lines) == 2, lines
+    example = yaml.safe_load("\n".join(line.strip() for line in lines))
+    hw = _hardware(**example)["h100"]
+    assert hw["sbatch_options"] == example["sbatch_options"].split()
+    assert hw["srun_options"] == example["srun_options"].split()
