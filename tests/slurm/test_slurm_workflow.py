@@ -35,9 +35,15 @@ def slurm_study(cluster, tmp_path_factory):
     waits for that copy, under the same lock as on separate nodes), and loading a module of
     the test's own (site/modulefiles/testmod, on MODULEPATH as a login node's environment names
     a site's tree; the jobs inherit it) with an env variable for its ranks, through the
-    cluster's Lmod (issue 44; without Lmod, outside CI, neither)."""
+    cluster's Lmod (issue 44; without Lmod, outside CI, neither); with an sbatch and an srun
+    option of the site's own (issue 47: harmless on two free nodes, visible in what the ranks
+    record)."""
     dest = tmp_path_factory.mktemp("slurm-study")
-    cpu = {"stage_dir": str(dest / "node-local")}
+    cpu = {
+        "stage_dir": str(dest / "node-local"),
+        "sbatch_options": "--contiguous",
+        "srun_options": "--distribution block:block",
+    }
     with pytest.MonkeyPatch.context() as env:
         if not lmod_missing():
             tree, _ = write_testmod(dest / "site")
@@ -81,6 +87,22 @@ def test_every_rank_runs_with_its_entrys_modules_and_env(slurm_study):
         assert site["env"] == {"NCCL_SOCKET_IFNAME": "lo"}
     systems = (slurm_study / "results/tiny/tables/systems.csv").read_text()
     assert "testmod (loaded: testmod/1.0)" in systems and "NCCL_SOCKET_IFNAME=lo" in systems
+
+
+def test_the_entrys_sbatch_and_srun_options_reach_the_job_and_the_ranks_step(slurm_study):
+    """Issue 47: the cpu entry's `sbatch_options: --contiguous` reach every cell job (rank 0
+    records its job as Slurm has it: Contiguous=1), and `srun_options: --distribution
+    block:block` every cell's ranks' step: srun exports SLURM_DISTRIBUTION=block:block to each
+    rank (a step of one task per node is `cyclic` by default inside a job). The 1-node cell too:
+    the project's executor runs the launcher in the job itself (dlscale.workflow.jobstep), so
+    its one rank starts through srun as well."""
+    for cell in (CELL_N1, CELL_N2):
+        starts = [r["value"] for r in records(slurm_study / cell) if r["event"] == "rank_start"]
+        first = next(s for s in starts if s["node_index"] == 0 and s["local_rank"] == 0)
+        job = first["system"]["slurm"]["job"]
+        assert job["available"] and job["Contiguous"] == "1", job
+        seen = {s["environment"].get("SLURM_DISTRIBUTION") for s in starts}
+        assert seen == {"block:block"}, (cell, seen)
 
 
 def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_study):

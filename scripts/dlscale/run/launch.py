@@ -309,13 +309,45 @@ SLURM_IDENTITY = {
 }
 
 
+def srun_command(
+    cell: Cell,
+    argv: list[str],
+    rank_dir: Path,
+    overlap: bool = False,
+    container_options: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The ranks' srun step: the entry's own `srun_options` first (the site's, checked by
+    dlscale.study.site_options: none that dlscale sets), then the launcher's, so where Slurm
+    takes the last of an option, the launcher's stated one wins. `overlap`: the launcher runs
+    inside the executor plugin's step, whose resources the ranks' step shares.
+    `container_options`: a container engine's srun options (pyxis: in_container). A 1-rank cell
+    inside the plugin's step (group jobs, --sdm conda or apptainer: dlscale.workflow.jobstep)
+    starts no srun of its own (_run_ranks): its srun_options reach no step."""
+    return [
+        "srun",
+        *cell.srun_options,
+        *(["--overlap"] if overlap else []),
+        *container_options,
+        f"--nodes={cell.nodes}",
+        f"--ntasks={cell.world_size}",
+        f"--ntasks-per-node={cell.ranks_per_node}",
+        f"--cpus-per-task={cell.cpus_per_rank}",
+        *gpu_step_options(cell),
+        "--kill-on-bad-exit=1",
+        "--output",
+        str(rank_dir / "rank%t.log"),
+        *argv,
+    ]
+
+
 def start_srun(
     cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
 ) -> list[tuple[int, subprocess.Popen]]:
-    """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
-    the executor plugin strips most SLURM_* variables from the job's environment. `base`: the
-    ranks' environment before the launcher's variables (srun passes it on to every rank)."""
-    env, overlap = dict(base), []
+    """Inside a Slurm allocation: one srun step with every rank (srun_command, the entry's
+    srun_options included); counts passed explicitly because the executor plugin strips most
+    SLURM_* variables from the job's environment. `base`: the ranks' environment before the
+    launcher's variables (srun passes it on to every rank)."""
+    env, overlap = dict(base), False
     if "SLURM_STEP_ID" in env:
         # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
         # SLURM_* (node list included) describe one task on one node, not the allocation: keep
@@ -327,7 +359,7 @@ def start_srun(
             for k, v in env.items()
             if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY
         }
-        overlap = ["--overlap"]
+        overlap = True
     hosts = allocation_nodes(env)
     addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
     env.update(
@@ -341,20 +373,7 @@ def start_srun(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
     with_nccl_debug(env)
     container_options, argv = in_container(cell, argv, rank_dir, env)
-    cmd = [
-        "srun",
-        *overlap,
-        *container_options,
-        f"--nodes={cell.nodes}",
-        f"--ntasks={cell.world_size}",
-        f"--ntasks-per-node={cell.ranks_per_node}",
-        f"--cpus-per-task={cell.cpus_per_rank}",
-        *gpu_step_options(cell),
-        "--kill-on-bad-exit=1",
-        "--output",
-        str(rank_dir / "rank%t.log"),
-        *argv,
-    ]
+    cmd = srun_command(cell, argv, rank_dir, overlap, container_options)
     log = (rank_dir / "srun.log").open("w")
     return [
         (
@@ -526,7 +545,10 @@ def _run_ranks(
 ) -> tuple[int, int] | None:
     """Start the cell's ranks (srun or local processes) in environment `base` and wait for all
     of them; a SIGTERM stops them. Returns (rank, exit code) of the failure (wait_all), or
-    None."""
+    None. A 1-rank srun cell inside the executor plugin's step (not the project's executor's
+    path, dlscale.workflow.jobstep) runs its rank here, with no srun of its own, so the entry's
+    srun_options do not apply to it (a pyxis container, which starts only through srun, gets
+    its own overlapping step all the same: start_srun)."""
     needs_srun = bool(cell.container) and ENGINES[dict(cell.container)["engine"]].needs_srun
     if (
         cell.launcher == "srun"
@@ -535,8 +557,8 @@ def _run_ranks(
         and not needs_srun
     ):
         # A 1-rank cell already runs inside the job step the executor plugin made for it
-        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here
-        # (a pyxis container starts only through srun: its step overlaps, start_srun).
+        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here;
+        # the entry's srun_options have no srun to go to (the plugin's step is not ours).
         start = start_local
     else:
         start = start_srun if cell.launcher == "srun" else start_local

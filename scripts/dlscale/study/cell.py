@@ -273,6 +273,10 @@ class Cell:
     # (name, value) pairs sorted by name (a mapping in the cell's JSON). Empty: none.
     modules: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # The site's own srun options for the ranks' step (hardware.yaml `srun_options`, normalised
+    # tokens: dlscale.study.site_options), put before the launcher's own (dlscale.run.launch).
+    # Empty: none. A list in the cell's JSON.
+    srun_options: tuple[str, ...] = ()
     # The container its ranks run in (hardware.yaml `container`; dlscale.study.container_image):
     # engine, image, python, binds and the image's digest, as sorted (name, value) pairs (a
     # mapping in the cell's JSON). Where, not what: the digest is in `environment`. Empty: none.
@@ -302,6 +306,9 @@ class Cell:
         if isinstance(self.modules, str):
             raise TypeError(f"modules: a list of module names, not one string {self.modules!r}")
         object.__setattr__(self, "modules", tuple(self.modules))
+        if isinstance(self.srun_options, str):
+            raise TypeError(f"srun_options: a list of tokens, not one string {self.srun_options!r}")
+        object.__setattr__(self, "srun_options", tuple(self.srun_options))
         pairs = self.env.items() if isinstance(self.env, dict) else self.env
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
         pairs = self.container.items() if isinstance(self.container, dict) else self.container
@@ -338,9 +345,9 @@ class Cell:
         return {k: v for k, v in self._fields().items() if k not in NOT_IDENTITY}
 
     def _fields(self) -> dict:
-        """Every field as the cell's JSON has it (`modules` a list, `env` a mapping: a measured
-        cell's stored identity compares equal), the fields added later left out at their
-        default."""
+        """Every field as the cell's JSON has it (`modules` and `srun_options` lists, `env` a
+        mapping: a measured cell's stored identity compares equal), the fields added later left
+        out at their default."""
         return {
             k: _JSON_FORM.get(k, _same)(v)
             for k, v in vars(self).items()
@@ -402,6 +409,7 @@ def _same(value):
 _JSON_FORM = {
     "modules": list,
     "env": dict,
+    "srun_options": list,
     "container": lambda pairs: {k: list(v) if isinstance(v, tuple) else v for k, v in pairs},
 }
 # where, not what; and deadlines, which change no measurement
@@ -430,6 +438,7 @@ CONVERGENCE_FIELDS = tuple(
         "gpu_binding",
         "modules",
         "env",
+        "srun_options",
         "container",
         "parallelism",
         "tp_degree",

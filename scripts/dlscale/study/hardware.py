@@ -1,7 +1,8 @@
 """The hardware file's checks beyond its schema: a CUDA entry needs GPUs, a GRES type must be one,
 GPU binding and CPU builds only where they fit, dense peaks only (peak_tflops, for MFU), no `env:`
-variable the project sets itself; and the environment variant an entry's cells run in. Every
-problem is reported before any job, at once.
+variable and no Slurm option (sbatch_options, srun_options: dlscale.study.site_options) the
+project sets itself; and the environment variant an entry's cells run in. Every problem is
+reported before any job, at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dlscale.study.config import apply_defaults, schema_problems
 from dlscale.study.container_image import container_problems
 from dlscale.study.env_names import env_name_problem
 from dlscale.study.errors import ConfigError
+from dlscale.study.site_options import KEYS as SITE_OPTION_KEYS
+from dlscale.study.site_options import check_options
 
 # The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
 # and tf32 (fp32 cells whose math ran on TF32 tensor cores, per the cell's recorded fast paths).
@@ -27,6 +30,22 @@ def env_problems(key: str, env) -> list[str]:
     if not isinstance(env, dict):
         return []  # the schema says what it must be
     return [f"{key}.env.{name}: {why}" for name in env if (why := env_name_problem(name))]
+
+
+def site_options(key: str, entry: dict) -> tuple[dict, list[str]]:
+    """The entry's `sbatch_options` and `srun_options` as normalised token lists (a string is
+    split as a shell splits it; dlscale.study.site_options), and every refused token as
+    `<entry>.<option key>: why`."""
+    tokens, problems = {}, []
+    for option_key in SITE_OPTION_KEYS:
+        value = entry.get(option_key)
+        if not isinstance(value, str) and not (
+            isinstance(value, list) and all(isinstance(token, str) for token in value)
+        ):
+            continue  # absent (the default: none), or the schema says what it must be
+        tokens[option_key], found = check_options(value, option_key, entry.get("device"))
+        problems += [f"{key}.{option_key}: {why}" for why in found]
+    return tokens, problems
 
 
 def peak_problems(key: str, peak) -> list[str]:
@@ -54,6 +73,7 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
     if not isinstance(hardware, dict):
         raise ConfigError(source, ["(top level): must be a mapping of hardware keys"])
     problems = schema_problems(hardware, schema)
+    options = {}  # the entries' site options, normalised
     for key, entry in hardware.items():
         if not isinstance(entry, dict):
             continue
@@ -99,6 +119,8 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
             )
         problems += peak_problems(key, entry.get(PEAK_KEY))
         problems += env_problems(key, entry.get("env"))
+        options[key], found = site_options(key, entry)
+        problems += found
         problems += container_problems(key, entry)
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
@@ -106,7 +128,10 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
             )
     if problems:
         raise ConfigError(source, problems)
-    return apply_defaults(schema, hardware)
+    validated = apply_defaults(schema, hardware)
+    for key, tokens in options.items():
+        validated[key].update(tokens)
+    return validated
 
 
 def environment_variant(entry: dict) -> str:

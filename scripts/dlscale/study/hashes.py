@@ -48,12 +48,16 @@ ANALYSIS_KEYS = ("peak_tflops",)
 
 # Hardware keys added after studies were measured, hashed only away from their default: at the
 # default they ask exactly what an entry without them asked, so existing cells stay measured.
-# `modules` and `env` (the job's software, dlscale.run.site_env): none loaded, none set.
+# `modules` and `env` (the job's software, dlscale.run.site_env): none loaded, none set;
+# `sbatch_options` and `srun_options` (the site's own Slurm options, dlscale.study.site_options,
+# normalised to token lists by the hardware file's checks): none.
 LATER_DEFAULTS = {
     "gpus_allocated_only": False,
     "gpu_binding": DEFAULT_GPU_BINDING,
     "modules": [],
     "env": {},
+    "sbatch_options": [],
+    "srun_options": [],
 }
 
 

@@ -227,6 +227,7 @@ def _combo_cells(
             gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
             modules=hw.get("modules", ()),
             env=hw.get("env", {}),
+            srun_options=hw.get("srun_options", ()),
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
             pp_degree=cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
             microbatches=cell_microbatches(

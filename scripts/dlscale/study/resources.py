@@ -95,9 +95,11 @@ def retried_runtime(minutes: int):
 
 
 def slurm_extra_args(hw: dict, per_node: int) -> list[str]:
-    """sbatch flags the plugin has no resource for (tasks per node, GPUs per node, exclusivity),
-    one argument each: flag and value joined by `=`, so no value can start a flag."""
-    args = [f"--ntasks-per-node={int(per_node)}"]
+    """sbatch flags the plugin has no resource for: the entry's own `sbatch_options` (the site's
+    options, checked and normalised by dlscale.study.site_options: none that dlscale sets), then
+    tasks per node, GPUs per node, exclusivity and reservation, one argument each: flag and
+    value joined by `=`, so no value can start a flag."""
+    args = [*hw.get("sbatch_options", ()), f"--ntasks-per-node={int(per_node)}"]
     if hw["gpus_per_node"] and hw["gpu_request"] == "gpus":
         args.append(f"--gpus-per-node={gpu_spec(hw, per_node)}")
     if hw["exclusive"]:
@@ -120,7 +122,8 @@ def preflight_sbatch_args(
 ) -> list[str]:
     """The sbatch flags of an entry's preflight job (dlscale.workflow.preflight): the resources
     of the entry's cells with `per_node` ranks on `nodes` nodes (class_resources, as the Slurm
-    plugin turns them into flags), with a time limit of `minutes`."""
+    plugin turns them into flags), with a time limit of `minutes`, and the entry's own
+    `sbatch_options` (slurm_extra_args) as the cells' jobs have them."""
     _, res = class_resources(config, hw, nodes, per_node)
     flags = {
         "slurm_partition": "--partition",
