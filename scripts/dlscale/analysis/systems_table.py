@@ -80,9 +80,10 @@ MLPERF_FIELDS = {
     "Performance environment": "sw_notes",
     "Modules": "other_software_stack",
     "Site environment (env:)": "sw_notes",
+    "Container": "other_software_stack",
 }
 # Fields a cell has once (not per node): never a disagreement between nodes.
-PER_CELL = ("Nodes per cell", "Allocation", "Framework")
+PER_CELL = ("Nodes per cell", "Allocation", "Framework", "Container")
 
 
 def _why(section) -> str | None:
@@ -352,6 +353,9 @@ def cell_systems(records: list[dict], cell_name: str) -> list[dict]:
 
     add("", "Nodes per cell", str(cell["nodes"]))
     add("", "Framework", " ".join(f"{k}={v}" for k, v in sorted(prov["libraries"].items())))
+    if cell.get("container"):  # the image the ranks ran in (hardware.yaml container)
+        box = cell["container"]
+        add("", "Container", f"{box['engine']} {box['image']} ({box.get('digest', 'no digest')})")
     allocation = None
     for (index, node), starts in sorted(nodes.items()):
         name = f"{index}:{node}"

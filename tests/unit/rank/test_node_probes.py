@@ -358,3 +358,14 @@ def test_the_systems_table_shows_an_entrys_modules_and_env_only_where_it_has_the
     assert table.loc["Modules", "value"] == "cuda/12.4 nccl (loaded: cuda/12.4 nccl/2.21)"
     env = table.loc["Site environment (env:)"]
     assert env["value"] == "NCCL_IB_HCA=mlx5 NCCL_SOCKET_IFNAME=ib0" and env["nodes"] == 2
+
+
+def test_a_container_cell_names_its_image_and_digest_once_per_cell():
+    records = _cell_records(nodes=1)
+    digest = "sha256:" + "cd" * 32
+    records[0]["value"]["cell"]["container"] = {"engine": "charliecloud", "image": "/img/pt"}
+    records[0]["value"]["cell"]["container"]["digest"] = digest
+    table = systems_table(cell_systems(records, "boxed/r1") + cell_systems(_cell_records(), "x"))
+    row = table[table["field"] == "Container"]
+    assert list(row["value"]) == [f"charliecloud /img/pt ({digest})"]
+    assert list(row["mlperf_fields"]) == ["other_software_stack"]
