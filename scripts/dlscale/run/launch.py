@@ -41,7 +41,7 @@ from pathlib import Path
 
 from dlscale.rank.node_probes import job_allocation
 from dlscale.rank.provenance import git_commit
-from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING, GPU_BINDINGS
+from dlscale.registry.gpu_bindings import SRUN_BINDING_INPUTS, binding_of
 from dlscale.run import first_contact
 from dlscale.run.diagnosis import diagnosis, render, with_nccl_debug
 from dlscale.run.site_env import SiteEnvError, job_environment
@@ -157,13 +157,24 @@ def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) ->
 
 
 def gpu_step_options(cell: Cell) -> list[str]:
-    """The GPU binding the launcher states for a cuda cell's ranks: its hardware entry's
-    gpu_binding record (dlscale.registry.gpu_bindings) gives the srun options; the rank then
-    takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing for a CPU cell.
-    Stated explicitly so no site default decides silently."""
+    """The binding the launcher states for a cuda cell's ranks: its hardware entry's gpu_binding
+    (a record or a map of dlscale.registry.gpu_bindings, which says what each form states and
+    why node and task leave the CPUs to the partition's configuration) gives the srun options;
+    the rank then takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing
+    for a CPU cell. Stated explicitly, with the inherited binding variables removed
+    (binding_free_env), so no site default decides silently."""
     if cell.device != "cuda":
         return []
-    return GPU_BINDINGS[cell.gpu_binding or DEFAULT_GPU_BINDING].srun_options(cell.ranks_per_node)
+    return binding_of(cell.gpu_binding).srun_options(cell.ranks_per_node)
+
+
+def binding_free_env(env: Mapping[str, str]) -> tuple[dict, dict]:
+    """`env` without srun's input variables that bind tasks (SRUN_BINDING_INPUTS: a site
+    profile's or the user's SLURM_CPU_BIND, SLURM_GPU_BIND, ...), and those it removed: the
+    ranks' step binds as gpu_binding states (or, for a CPU cell, as the partition is
+    configured), as it does inside the executor plugin's job step, which keeps none of them."""
+    kept = {k: v for k, v in env.items() if k not in SRUN_BINDING_INPUTS}
+    return kept, {k: env[k] for k in SRUN_BINDING_INPUTS if k in env}
 
 
 def train_argv(rank_dir: Path, python: str) -> list[str]:
@@ -266,8 +277,10 @@ def start_srun(
     cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
 ) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank; counts passed explicitly because
-    the executor plugin strips most SLURM_* variables from the job's environment. `base`: the
-    ranks' environment before the launcher's variables (srun passes it on to every rank)."""
+    the executor plugin strips most SLURM_* variables from the job's environment, the binding
+    stated (gpu_step_options) and inherited binding variables removed (binding_free_env, named
+    at the top of srun.log). `base`: the ranks' environment before the launcher's variables
+    (srun passes it on to every rank)."""
     env, overlap = dict(base), []
     if "SLURM_STEP_ID" in env:
         # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
@@ -281,6 +294,7 @@ def start_srun(
             if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY
         }
         overlap = ["--overlap"]
+    env, removed = binding_free_env(env)
     hosts = allocation_nodes(env)
     addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
     env.update(
@@ -307,6 +321,12 @@ def start_srun(
         *argv,
     ]
     log = (rank_dir / "srun.log").open("w")
+    if removed:
+        shown = " ".join(f"{k}={v}" for k, v in removed.items())
+        log.write(
+            f"dlscale: removed from the ranks' srun environment (it binds as stated): {shown}\n"
+        )
+        log.flush()
     return [
         (
             -1,

@@ -1,5 +1,6 @@
 """The hardware file's checks beyond its schema: a CUDA entry needs GPUs, a GRES type must be one,
-GPU binding and CPU builds only where they fit, dense peaks only (peak_tflops, for MFU), no `env:`
+GPU binding and CPU builds only where they fit (a binding map: one GPU and NUMA node or CPU list
+per GPU of the node, on whole nodes), dense peaks only (peak_tflops, for MFU), no `env:`
 variable the project sets itself; and the environment variant an entry's cells run in. Every
 problem is reported before any job, at once.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 
 from dlscale.registry.cuda_drivers import highest_cuda_major, version_tuple
+from dlscale.registry.gpu_bindings import map_problems
 from dlscale.study.config import apply_defaults, schema_problems
 from dlscale.study.env_names import env_name_problem
 from dlscale.study.errors import ConfigError
@@ -96,6 +98,8 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
                 "use no GPU)"
             )
+        elif isinstance(entry.get("gpu_binding"), dict):
+            problems += map_problems(key, entry["gpu_binding"], gpus, entry.get("exclusive"))
         problems += peak_problems(key, entry.get(PEAK_KEY))
         problems += env_problems(key, entry.get("env"))
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dlscale.models import cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
+from dlscale.registry.gpu_bindings import canonical as canonical_binding
 from dlscale.registry.parallel_dims import cell_microbatches, cell_pp_degree, cell_tp_degree
 from dlscale.study.cell import AXES, Cell
 from dlscale.study.config import (
@@ -217,7 +218,7 @@ def _combo_cells(
             cpus_per_rank=hw["cpus_per_rank"],
             hardware_hash=shared["hardware_hashes"][combo["hardware"]],
             environment=shared["environments"][environment_key(combo["framework"], hw)],
-            gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
+            gpu_binding=canonical_binding(hw["gpu_binding"]) if hw["device"] == "cuda" else None,
             modules=hw.get("modules", ()),
             env=hw.get("env", {}),
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
