@@ -7,11 +7,13 @@ Four forms, one key:
 - `node` (the default): `--gpus-per-node=<ranks per node>`; every rank sees all of its node's
   GPUs of the step and takes the one at its local rank;
 - `task`: `--gpus-per-task=1 --gpu-bind=per_task:1`; every rank sees its one GPU, as device 0;
-- `closest`: `--cpu-bind=ldoms --gpu-bind=closest`, no GPU count (the step takes the job's
-  GPUs on each node, which Slurm allocates next to the job's cores): every rank is bound to the
-  CPUs of one NUMA node and sees the GPU(s) whose cores (gres.conf `Cores=`, what Slurm's NVML
-  autodetection writes) lie there; where that is several, it takes the one at its index among
-  the node's ranks bound to the same CPUs (pick_gpu);
+- `closest`: `--gpus-per-node=<every GPU the job holds on a node> --cpu-bind=ldoms
+  --gpu-bind=closest`: every rank is bound to the CPUs of one NUMA node and sees the job's
+  GPU(s) whose cores (gres.conf `Cores=`, what Slurm's NVML autodetection writes) lie there;
+  where that is several, it takes the one at its index among the node's ranks bound to the same
+  CPUs (pick_gpu). The step takes all of the job's GPUs, not one per rank: a step's GPUs are
+  the first free ones, not those next to its ranks, and an exclusive job holds the whole node's
+  (a job of fewer GPUs than the node has gets them next to its cores from the scheduler);
 - a map, `{gpus: [...], numa: [...]}` or `{gpus: [...], cpus: [...]}`: the site states per local
   rank its GPU index and its NUMA node (`--cpu-bind=map_ldom:`) or its CPUs
   (`--cpu-bind=mask_cpu:`), with `--gpus-per-node=<every GPU of the node>
@@ -68,21 +70,26 @@ CPUS_SITE, CPUS_NUMA_NODE, CPUS_MAPPED = "site", "one numa node", "mapped"
 
 @dataclass(frozen=True)
 class GpuBinding:
-    """One named binding: the srun options the launcher states for `ranks_per_node` ranks on a
-    node, what each rank sees (`rank_sees`) and gets as CPUs (`rank_cpus`), for messages and
-    the docs, and what the preflight checks (`gpus`, `cpus`)."""
+    """One named binding: the srun options the launcher states (`options(ranks_per_node,
+    job_gpus)`: job_gpus, the GPUs the job holds on a node, where the launcher asked Slurm,
+    `needs_job_gpus`), what each rank sees (`rank_sees`) and gets as CPUs (`rank_cpus`), for
+    messages and the docs, and what the preflight checks (`gpus`, `cpus`)."""
 
     name: str
-    srun_options: Callable[[int], list[str]]
+    options: Callable[[int, int | None], list[str]]
     rank_sees: str
     rank_cpus: str
     gpus: str
     cpus: str
+    needs_job_gpus: bool = False
 
     @property
     def value(self) -> str:
         """Its form in a cell (Cell.gpu_binding)."""
         return self.name
+
+    def srun_options(self, ranks_per_node: int, job_gpus: int | None = None) -> list[str]:
+        return self.options(ranks_per_node, job_gpus)
 
 
 GPU_BINDINGS = {
@@ -90,7 +97,7 @@ GPU_BINDINGS = {
     for b in (
         GpuBinding(
             "node",
-            lambda ranks_per_node: [f"--gpus-per-node={ranks_per_node}"],
+            lambda ranks_per_node, job_gpus: [f"--gpus-per-node={ranks_per_node}"],
             "all of its node's GPUs of the step, and takes the one at its local rank (peer "
             "access between the ranks' GPUs, NVLink, is kept)",
             "the partition's configured CPU binding (its CpuBind, TaskPluginParam, else Slurm's "
@@ -100,7 +107,7 @@ GPU_BINDINGS = {
         ),
         GpuBinding(
             "task",
-            lambda ranks_per_node: ["--gpus-per-task=1", "--gpu-bind=per_task:1"],
+            lambda ranks_per_node, job_gpus: ["--gpus-per-task=1", "--gpu-bind=per_task:1"],
             "the one GPU Slurm binds to its task, as device 0 (peer access is lost unless the "
             "site lets tasks share devices)",
             "the partition's configured CPU binding, as for node",
@@ -109,7 +116,11 @@ GPU_BINDINGS = {
         ),
         GpuBinding(
             "closest",
-            lambda ranks_per_node: ["--cpu-bind=ldoms", "--gpu-bind=closest"],
+            lambda ranks_per_node, job_gpus: [
+                *([f"--gpus-per-node={job_gpus}"] if job_gpus else []),
+                "--cpu-bind=ldoms",
+                "--gpu-bind=closest",
+            ],
             "the GPU(s) next to its NUMA node (gres.conf Cores=), of the job's GPUs on the node; "
             "with several it takes the one at its index among the node's ranks bound to the "
             "same CPUs",
@@ -117,6 +128,7 @@ GPU_BINDINGS = {
             "there",
             SEES_CLOSEST,
             CPUS_NUMA_NODE,
+            needs_job_gpus=True,
         ),
     )
 }
@@ -174,6 +186,7 @@ class GpuMap:
     cpus: tuple[frozenset[int], ...] | None = None
 
     name = "map"
+    needs_job_gpus = False
 
     @property
     def gpu_option(self) -> str:
@@ -191,7 +204,7 @@ class GpuMap:
         "map_gpu:0,1,2,3 map_ldom:3,1,7,5" (CPU lists as masks: "mask_cpu:0xff,0xff00")."""
         return f"{self.gpu_option} {self.cpu_option}"
 
-    def srun_options(self, ranks_per_node: int) -> list[str]:
+    def srun_options(self, ranks_per_node: int, job_gpus: int | None = None) -> list[str]:
         # every GPU of the node in the step: map_gpu names the node's own GPU indices, which
         # Slurm resolves among the step's GPUs (the exclusive job holds them all)
         return [

@@ -156,16 +156,27 @@ def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) ->
     return rendezvous_port(seeds, ports_per_host(ranks_here), f"Slurm job {job}", is_free)
 
 
-def gpu_step_options(cell: Cell) -> list[str]:
+def gpu_step_options(cell: Cell, job_gpus: int | None = None) -> list[str]:
     """The binding the launcher states for a cuda cell's ranks: its hardware entry's gpu_binding
     (a record or a map of dlscale.registry.gpu_bindings, which says what each form states and
     why node and task leave the CPUs to the partition's configuration) gives the srun options;
     the rank then takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing
     for a CPU cell. Stated explicitly, with the inherited binding variables removed
-    (binding_free_env), so no site default decides silently."""
+    (binding_free_env), so no site default decides silently. `job_gpus`: the GPUs the job holds
+    on a node (job_gpus_per_node), for a binding whose step takes them all (closest)."""
     if cell.device != "cuda":
         return []
-    return binding_of(cell.gpu_binding).srun_options(cell.ranks_per_node)
+    return binding_of(cell.gpu_binding).srun_options(cell.ranks_per_node, job_gpus)
+
+
+def job_gpus_per_node(env: Mapping[str, str]) -> int | None:
+    """How many GPUs the job holds on its first node, as `scontrol show job -d` allocates them
+    (`GRES=gpu:h100:4(IDX:0-3)`: 4; an exclusive job holds every GPU of its nodes, more than
+    it asked for); None where Slurm does not say."""
+    allocation = job_allocation(env["SLURM_JOB_ID"]) if env.get("SLURM_JOB_ID") else None
+    nodes = (allocation or {}).get("per_node") or [{}]
+    counts = re.findall(r"(?:^|,)gpu(?::[^:(),]+)?:(\d+)", nodes[0].get("gres") or "")
+    return sum(map(int, counts)) or None
 
 
 def binding_free_env(env: Mapping[str, str]) -> tuple[dict, dict]:
@@ -295,6 +306,9 @@ def start_srun(
         }
         overlap = ["--overlap"]
     env, removed = binding_free_env(env)
+    job_gpus = None
+    if cell.device == "cuda" and binding_of(cell.gpu_binding).needs_job_gpus:
+        job_gpus = job_gpus_per_node(env)
     hosts = allocation_nodes(env)
     addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
     env.update(
@@ -314,7 +328,7 @@ def start_srun(
         f"--ntasks={cell.world_size}",
         f"--ntasks-per-node={cell.ranks_per_node}",
         f"--cpus-per-task={cell.cpus_per_rank}",
-        *gpu_step_options(cell),
+        *gpu_step_options(cell, job_gpus),
         "--kill-on-bad-exit=1",
         "--output",
         str(rank_dir / "rank%t.log"),

@@ -284,7 +284,7 @@ def run_rank(spec: dict, rank_dir: Path) -> int:
     cell = Cell.from_dict(spec["cell"])
     record = {"rank": ctx.rank, "node": ctx.node, "checks": []}
     checks = record["checks"]
-    if cell.device == "cuda":
+    if cell.device == "cuda" and cell.launcher == "srun":
         # first, before any import: what Slurm bound this rank to, against gpu_binding
         got = binding_check(
             cell.gpu_binding,

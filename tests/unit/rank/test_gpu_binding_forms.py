@@ -22,7 +22,7 @@ from dlscale.registry.gpu_bindings import (
     binding_of,
     canonical,
 )
-from dlscale.run import preflight_job
+from dlscale.run import launch, preflight_job
 from dlscale.run.launch import binding_free_env, gpu_step_options, local_rank_env
 from dlscale.study.cell import Cell
 from dlscale.study.config import ConfigError, load_schema
@@ -66,7 +66,13 @@ def test_every_binding_states_its_srun_options():
     assert gpu_step_options(cuda_cell("node")) == ["--gpus-per-node=4"]
     assert gpu_step_options(cuda_cell(None)) == ["--gpus-per-node=4"]  # the default: node
     assert gpu_step_options(cuda_cell("task")) == ["--gpus-per-task=1", "--gpu-bind=per_task:1"]
-    # closest: no GPU count (the step takes the job's GPUs, allocated next to its cores)
+    # closest: every GPU the job holds on a node (an exclusive job: the whole node's), which
+    # the launcher asks Slurm for; where Slurm does not say, the job's GPUs by Slurm's default
+    assert gpu_step_options(cuda_cell("closest"), job_gpus=8) == [
+        "--gpus-per-node=8",
+        "--cpu-bind=ldoms",
+        "--gpu-bind=closest",
+    ]
     assert gpu_step_options(cuda_cell("closest")) == ["--cpu-bind=ldoms", "--gpu-bind=closest"]
     assert gpu_step_options(cuda_cell(canonical(NUMA))) == [
         "--gpus-per-node=4",
@@ -81,6 +87,30 @@ def test_every_binding_states_its_srun_options():
     ]
     assert gpu_step_options(Cell.from_dict(cell_dict())) == []  # a CPU cell: no GPU options
     assert list(GPU_BINDINGS) == ["node", "task", "closest"]  # the schema's enum
+
+
+@pytest.mark.parametrize(
+    "gres, count",
+    [
+        ("gpu:h100:8(IDX:0-7)", 8),
+        ("gpu:2(IDX:0,2)", 2),
+        ("gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:2)", 3),
+        ("nic:1,gpu:4(IDX:0-3)", 4),
+        ("(null)", None),
+    ],
+)
+def test_the_gpus_a_job_holds_on_a_node_as_scontrol_shows_them(monkeypatch, gres, count):
+    asked = []
+
+    def allocation(job):
+        asked.append(job)
+        return {"per_node": [{"nodes": "n[1-2]", "gres": gres}]}
+
+    monkeypatch.setattr(launch, "job_allocation", allocation)
+    assert launch.job_gpus_per_node({"SLURM_JOB_ID": "42"}) == count and asked == ["42"]
+    monkeypatch.setattr(launch, "job_allocation", lambda job: None)
+    assert launch.job_gpus_per_node({"SLURM_JOB_ID": "42"}) is None
+    assert launch.job_gpus_per_node({}) is None
 
 
 def test_a_map_has_one_canonical_form_in_its_cell():
