@@ -103,13 +103,16 @@ def cuda_cell(binding) -> Cell:
     )
 
 
-def run_ranks(folder: Path, binding, exclusive: bool, env=None) -> list[dict]:
+def run_ranks(folder: Path, binding, exclusive: bool, env=None, in_step=False) -> list[dict]:
+    """`in_step`: the launcher inside an `srun -n1` step of the job, as the executor plugin
+    runs it (start_srun's --overlap path)."""
     cell = cuda_cell(binding)
     spec = folder / "cell.json"
     spec.write_text(cell.to_json())
     job = JOB + (["--exclusive"] if exclusive else [])
+    step = ["srun", "--ntasks=1", "--nodes=1"] if in_step else []
     proc = subprocess.run(
-        [*job, sys.executable, "-c", START, str(spec), str(folder)],
+        [*job, *step, sys.executable, "-c", START, str(spec), str(folder)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -172,6 +175,23 @@ def test_closest_binds_each_rank_to_a_numa_node_and_the_gpus_next_to_it(
 def test_a_map_binds_each_local_rank_where_the_site_says(topology, tmp_path, binding, expected):
     # the job asks 2 GPUs per node and whole nodes: the map's step takes all 4 of them
     assert seen(run_ranks(tmp_path, binding, exclusive=True)) == expected
+
+
+@pytest.mark.parametrize(
+    "binding, expected",
+    [
+        ("closest", [(0, "0", "0,1", "gres:0"), (1, "1", "2,3", "gres:3")]),
+        (
+            {"gpus": [3, 2, 1, 0], "numa": [1, 0, 1, 0]},
+            [(0, "1", "3", "gres:3"), (1, "0", "2", "gres:2")],
+        ),
+    ],
+)
+def test_the_binding_holds_inside_the_executor_plugins_job_step(
+    topology, tmp_path, binding, expected
+):
+    ranks = run_ranks(tmp_path, binding, exclusive=True, in_step=True)
+    assert seen(ranks) == expected
 
 
 def test_inherited_binding_variables_do_not_bind_the_ranks(topology, tmp_path):
