@@ -126,6 +126,9 @@ def _allowed(sub: dict) -> str:
     parts = []
     if "enum" in sub:
         parts.append("one of " + ", ".join(_code(v) for v in sub["enum"] if v is not None))
+    for branch in sub.get("oneOf", []):  # a name of a registry's, or another form (gpu_binding)
+        if "enum" in branch:
+            parts.append("one of " + ", ".join(_code(v) for v in branch["enum"]))
     items = sub.get("items") if isinstance(sub.get("items"), dict) else {}
     if "enum" in items:
         parts.append("each one of " + ", ".join(_code(v) for v in items["enum"]))

@@ -25,11 +25,13 @@ DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
 # ---- parallel groups (scripts/test.sh: `pytest -n N` on pytest-xdist workers) ----------------
 # The scheduler below runs each group on one worker, in one process, so a fixture shared by a
 # group is built once, and hands the groups out largest first, the Slurm group before all:
-#   - "slurm" and "slurm-b": the tests under tests/slurm/, split between two local Slurm
-#     clusters that run side by side (SLURM_CLUSTERS: each its own state dir and ports; the
+#   - "slurm", "slurm-b" and "slurm-bind": the tests under tests/slurm/, split between local
+#     Slurm clusters that run side by side (SLURM_CLUSTERS: each its own state dir and ports; the
 #     host's munged is shared). A group's tests change their cluster (a node DOWN, slurmctld
 #     restarted, accounting switched on), so they run one after another on one worker, which
-#     starts that cluster once and stops it once; the two groups run at once;
+#     starts that cluster once and stops it once; the groups run at once, the two long ones
+#     (LONG_GROUPS) handed out first ("slurm-bind" is a short one, GPU binding over a fake
+#     GPU/NUMA topology, whose module stops its cluster as soon as it is done);
 #   - a test module that defines a module- or session-scoped fixture (the tiny study run to the
 #     PDF and read by many tests, a model built once): the whole module, so the fixture is built
 #     on one worker only and never twice at the same time;
@@ -56,15 +58,38 @@ SLURM_CLUSTERS = {
         "DLSCALE_SLURM_NODE_PORT_BASE": "17100",
         "up_args": ["--no-system-conf"],
     },
+    # GPU binding over a fake topology (tests/slurm/test_gpu_topology.py, seconds): task/affinity,
+    # 2 CPUs per node that are 2 NUMA nodes, 4 fake GPUs per node 2 next to each
+    "slurm-bind": {
+        "DLSCALE_SLURM_DIR": "/var/tmp/dlscale-slurm-bind",
+        "DLSCALE_SLURM_CTLD_PORT": "6847",
+        "DLSCALE_SLURM_DBD_PORT": "6849",
+        "DLSCALE_SLURM_DB_PORT": "3310",
+        "DLSCALE_SLURM_NODE_PORT_BASE": "17400",
+        "up_args": [
+            "--no-system-conf",
+            "--task-affinity",
+            "--cpus-per-node",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--oversubscribe",
+        ],
+    },
 }
+LONG_GROUPS = ("slurm", "slurm-b")  # about 10 min each: handed out before everything else
 # (the faults, the lost driver and the preflight beside the frameworks, the workflow, GPU
 # binding and parallelism: about 10 min each under the test command's load)
 SLURM_B_MODULES = {"test_faults.py", "test_lost_driver.py", "test_slurm_preflight.py"}
+SLURM_BIND_MODULES = {"test_gpu_topology.py"}  # the cluster with a fake GPU/NUMA topology
 
 
 def slurm_group(path: str) -> str:
     """The cluster group of a test module under tests/slurm/."""
-    return "slurm-b" if Path(path).name in SLURM_B_MODULES else "slurm"
+    name = Path(path).name
+    if name in SLURM_BIND_MODULES:
+        return "slurm-bind"
+    return "slurm-b" if name in SLURM_B_MODULES else "slurm"
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -106,7 +131,8 @@ def pytest_collection_modifyitems(config, items):
         if needed and xdist_scope(item.nodeid) != needed:
             raise pytest.UsageError(
                 f"{item.nodeid} needs the parallel group {needed!r} (a Slurm test belongs "
-                f"under {SLURM_TESTS}, its cluster by SLURM_B_MODULES; a shared fixture is "
+                f"under {SLURM_TESTS}, its cluster by SLURM_B_MODULES and SLURM_BIND_MODULES; "
+                "a shared fixture is "
                 "declared `@pytest.fixture(scope=...)` in the test's own module): see "
                 "tests/conftest.py"
             )
@@ -120,7 +146,7 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            for group in SLURM_CLUSTERS:  # the longest groups start first
+            for group in LONG_GROUPS:  # the longest groups start first
                 if group in self.workqueue:
                     self.workqueue.move_to_end(group, last=False)
             super()._assign_work_unit(node)

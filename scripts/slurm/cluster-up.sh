@@ -4,7 +4,7 @@
 #
 # Usage: cluster-up.sh [--nodes N] [--cpus-per-node C] [--mem-per-node MB]
 #                      [--gpus-per-node G] [--accounting] [--oversubscribe]
-#                      [--no-node-hostnames] [--no-system-conf]
+#                      [--no-node-hostnames] [--no-system-conf] [--task-affinity]
 #
 # All state (config, spool, logs, pid files, munge key, MariaDB data) lives in
 # ${DLSCALE_SLURM_DIR:-/var/tmp/dlscale-slurm}.  See README.md next to this file.
@@ -24,6 +24,7 @@ ACCOUNTING=0
 OVERSUBSCRIBE=0
 NODE_HOSTNAMES=auto        # auto | no
 SYSTEM_CONF=1
+TASK_AFFINITY=0            # 1: TaskPlugin=task/affinity and a fake GPU-to-core topology
 WAIT_S=${DLSCALE_SLURM_WAIT:-60}
 DB_PORT=${DLSCALE_SLURM_DB_PORT:-3307}
 CTLD_PORT=${DLSCALE_SLURM_CTLD_PORT:-6817}
@@ -52,6 +53,13 @@ Options:
                        all ranks then report this host's name
   --no-system-conf     do not write /etc/slurm/slurm.conf (clients then need
                        SLURM_CONF exported)
+  --task-affinity      bind tasks to CPUs (TaskPlugin=task/affinity instead of
+                       task/none) over a fake topology: each CPU of a node is a
+                       socket of one core (its own NUMA locality domain), and the
+                       fake GPUs are spread over them in order in gres.conf
+                       (Cores=: G GPUs on C CPUs, GPU i next to core i*C/G), so
+                       --cpu-bind and --gpu-bind=closest/map_gpu act as on a real
+                       GPU node
   -h, --help           this help
 
 State dir: \$DLSCALE_SLURM_DIR (now: $STATE_DIR)
@@ -77,6 +85,7 @@ while [[ $# -gt 0 ]]; do
         --oversubscribe) OVERSUBSCRIBE=1; shift ;;
         --no-node-hostnames) NODE_HOSTNAMES=no; shift ;;
         --no-system-conf) SYSTEM_CONF=0; shift ;;
+        --task-affinity) TASK_AFFINITY=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -84,6 +93,7 @@ done
 
 is_posint() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
 is_posint "$NODES" || die "--nodes must be a positive integer (got '$NODES')"
+(( ! TASK_AFFINITY || CPUS <= 32 )) || die "--task-affinity: at most 32 CPUs per node (got '$CPUS')"
 is_posint "$CPUS" || die "--cpus-per-node must be a positive integer (got '$CPUS')"
 is_posint "$MEM" || die "--mem-per-node must be a positive integer in MB (got '$MEM')"
 [[ $GPUS =~ ^[0-9]+$ ]] && (( GPUS <= 16 )) || die "--gpus-per-node must be 0..16 (got '$GPUS')"
@@ -190,6 +200,9 @@ if [[ $NODE_HOSTNAMES == auto ]]; then
         NODE_HOSTNAMES=no
     fi
 fi
+if (( TASK_AFFINITY )) && [[ $NODE_HOSTNAMES != yes ]]; then
+    die "--task-affinity needs a mount namespace per node (its fake NUMA nodes): 'unshare --uts --mount' must work and --no-node-hostnames must not be given"
+fi
 
 # ------------------------------------------------------- generate config ---
 DEF_MEM_PER_CPU=$((MEM / CPUS))
@@ -202,10 +215,17 @@ else
     NODE_RANGE="n[1-$NODES]"; PORT_RANGE="[$((NODE_PORT_BASE + 1))-$((NODE_PORT_BASE + NODES))]"
 fi
 
+# task/none by default; --task-affinity: task/affinity over sockets of one core each (so each CPU
+# is a NUMA locality domain of its own for --cpu-bind=ldoms/map_ldom)
+TASK_PLUGIN=task/none NODE_LAYOUT=""
+if (( TASK_AFFINITY )); then
+    TASK_PLUGIN=task/affinity NODE_LAYOUT=" Sockets=$CPUS CoresPerSocket=1 ThreadsPerCore=1"
+fi
+
 gen_slurm_conf() {
     cat <<EOF
 $MARKER
-# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES
+# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES$( ((TASK_AFFINITY)) && echo ' task-affinity=1')
 # state dir: $STATE_DIR
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST(127.0.0.1)
@@ -217,7 +237,7 @@ CredType=cred/munge
 MpiDefault=none
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$TASK_PLUGIN
 SwitchType=switch/none
 ReturnToService=2
 # config_overrides: trust the CPUs/RealMemory below instead of probing hardware
@@ -271,7 +291,7 @@ EOF
     fi
     cat <<EOF
 # nodes: one slurmd per node on this machine (multiple-slurmd build)
-NodeName=$NODE_RANGE NodeHostname=$NODE_HOSTNAME NodeAddr=127.0.0.1 Port=$PORT_RANGE CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN
+NodeName=$NODE_RANGE NodeHostname=$NODE_HOSTNAME NodeAddr=127.0.0.1 Port=$PORT_RANGE CPUs=$CPUS$NODE_LAYOUT RealMemory=$MEM$gres State=UNKNOWN
 PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 }
@@ -299,10 +319,17 @@ EOF
 # Fake GPUs: GPU GRES with counts and device files but no hardware (AutoDetect=off). Each
 # file is a character device with /dev/null's numbers, so Slurm indexes and binds them like
 # GPUs (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES) while any read or write goes nowhere.
+# With --task-affinity each fake GPU gets a line of its own with the core it is next to
+# (Cores=, Slurm's abstract core index): GPU i on core i*C/G of the node's C one-core sockets.
 gen_gres_conf() {
     echo "$MARKER"
     echo "AutoDetect=off"
-    if (( GPUS )); then
+    if (( GPUS )) && (( TASK_AFFINITY )); then
+        local i
+        for ((i = 0; i < GPUS; i++)); do
+            echo "NodeName=$NODE_RANGE Name=gpu Type=$GPU_TYPE File=$DEV_DIR/fakegpu$i Cores=$((i * CPUS / GPUS))"
+        done
+    elif (( GPUS )); then
         echo "NodeName=$NODE_RANGE Name=gpu Type=$GPU_TYPE File=$DEV_DIR/fakegpu[0-$((GPUS - 1))]"
     fi
 }
@@ -505,6 +532,23 @@ mkdir -p "$DEV_DIR"
 for ((i = 0; i < GPUS; i++)); do
     [[ -c $DEV_DIR/fakegpu$i ]] || mknod -m 666 "$DEV_DIR/fakegpu$i" c 1 3
 done
+# --task-affinity: one fake NUMA node per CPU (nodeI holds CPU I), the sysfs files libnuma and
+# Slurm's task/affinity read (cpumap), and cpulist as a rank reads it. Bind-mounted over
+# /sys/devices/system/node in each slurmd's mount namespace only (the host keeps its own), so
+# --cpu-bind=ldoms/map_ldom bind to them and the nodes' tasks see the same topology.
+NUMA_BIND=""
+if (( TASK_AFFINITY )); then
+    NUMA_BIND=$STATE_DIR/numa
+    rm -rf "$NUMA_BIND"
+    for ((i = 0; i < CPUS; i++)); do
+        mkdir -p "$NUMA_BIND/node$i"
+        printf '%08x\n' $((1 << i)) >"$NUMA_BIND/node$i/cpumap"
+        echo "$i" >"$NUMA_BIND/node$i/cpulist"
+    done
+    for f in possible online has_cpu has_memory has_normal_memory; do
+        echo "0-$((CPUS - 1))" >"$NUMA_BIND/$f"
+    done
+fi
 if (( SYSTEM_CONF )); then
     mkdir -p /etc/slurm
     ln -sfn "$CONF" "$ETC_CONF"
@@ -598,12 +642,14 @@ for n in $(node_list); do
         # own UTS namespace (hostname nX) + own mount namespace with a hosts file
         # that resolves n1..nN; the network namespace is shared.
         # shellcheck disable=SC2016
+        # (--task-affinity: and the fake NUMA nodes over /sys/devices/system/node)
         unshare --uts --mount --propagation slave sh -c '
             set -e
             echo "$1" >/proc/sys/kernel/hostname
             mount --bind "$2" /etc/hosts
+            [ -z "$4" ] || mount --bind "$4" /sys/devices/system/node
             exec slurmd -N "$1" -f "$3"
-        ' dlscale-slurmd "$n" "$HOSTS_FILE" "$CONF" </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
+        ' dlscale-slurmd "$n" "$HOSTS_FILE" "$CONF" "$NUMA_BIND" </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
             || { tail_logs "$LOG_DIR/slurmd-$n.log"; die "slurmd -N $n failed to start"; }
     else
         slurmd -N "$n" -f "$CONF" </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 \

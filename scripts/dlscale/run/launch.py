@@ -43,7 +43,7 @@ import dlscale
 from dlscale.rank.node_probes import job_allocation
 from dlscale.rank.provenance import git_commit
 from dlscale.registry.containers import ENGINES
-from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING, GPU_BINDINGS
+from dlscale.registry.gpu_bindings import SRUN_BINDING_INPUTS, binding_of
 from dlscale.run import first_contact
 from dlscale.run.diagnosis import diagnosis, render, with_nccl_debug
 from dlscale.run.site_env import SiteEnvError, job_environment
@@ -159,14 +159,36 @@ def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) ->
     return rendezvous_port(seeds, ports_per_host(ranks_here), f"Slurm job {job}", is_free)
 
 
-def gpu_step_options(cell: Cell) -> list[str]:
-    """The GPU binding the launcher states for a cuda cell's ranks: its hardware entry's
-    gpu_binding record (dlscale.registry.gpu_bindings) gives the srun options; the rank then
-    takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing for a CPU cell.
-    Stated explicitly so no site default decides silently."""
+def gpu_step_options(cell: Cell, job_gpus: int | None = None) -> list[str]:
+    """The binding the launcher states for a cuda cell's ranks: its hardware entry's gpu_binding
+    (a record or a map of dlscale.registry.gpu_bindings, which says what each form states and
+    why node and task leave the CPUs to the partition's configuration) gives the srun options;
+    the rank then takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing
+    for a CPU cell. Stated explicitly, with the inherited binding variables removed
+    (binding_free_env), so no site default decides silently. `job_gpus`: the GPUs the job holds
+    on a node (job_gpus_per_node), for a binding whose step takes them all (closest)."""
     if cell.device != "cuda":
         return []
-    return GPU_BINDINGS[cell.gpu_binding or DEFAULT_GPU_BINDING].srun_options(cell.ranks_per_node)
+    return binding_of(cell.gpu_binding).srun_options(cell.ranks_per_node, job_gpus)
+
+
+def job_gpus_per_node(env: Mapping[str, str]) -> int | None:
+    """How many GPUs the job holds on its first node, as `scontrol show job -d` allocates them
+    (`GRES=gpu:h100:4(IDX:0-3)`: 4; an exclusive job holds every GPU of its nodes, more than
+    it asked for); None where Slurm does not say."""
+    allocation = job_allocation(env["SLURM_JOB_ID"]) if env.get("SLURM_JOB_ID") else None
+    nodes = (allocation or {}).get("per_node") or [{}]
+    counts = re.findall(r"(?:^|,)gpu(?::[^:(),]+)?:(\d+)", nodes[0].get("gres") or "")
+    return sum(map(int, counts)) or None
+
+
+def binding_free_env(env: Mapping[str, str]) -> tuple[dict, dict]:
+    """`env` without srun's input variables that bind tasks (SRUN_BINDING_INPUTS: a site
+    profile's or the user's SLURM_CPU_BIND, SLURM_GPU_BIND, ...), and those it removed: the
+    ranks' step binds as gpu_binding states (or, for a CPU cell, as the partition is
+    configured), as it does inside the executor plugin's job step, which keeps none of them."""
+    kept = {k: v for k, v in env.items() if k not in SRUN_BINDING_INPUTS}
+    return kept, {k: env[k] for k in SRUN_BINDING_INPUTS if k in env}
 
 
 class ContainerError(RuntimeError):
@@ -315,12 +337,14 @@ def srun_command(
     rank_dir: Path,
     overlap: bool = False,
     container_options: list[str] | tuple[str, ...] = (),
+    job_gpus: int | None = None,
 ) -> list[str]:
     """The ranks' srun step: the entry's own `srun_options` first (the site's, checked by
     dlscale.study.site_options: none that dlscale sets), then the launcher's, so where Slurm
     takes the last of an option, the launcher's stated one wins. `overlap`: the launcher runs
     inside the executor plugin's step, whose resources the ranks' step shares.
-    `container_options`: a container engine's srun options (pyxis: in_container). A 1-rank cell
+    `container_options`: a container engine's srun options (pyxis: in_container); `job_gpus`:
+    the GPUs the job holds per node, where the binding takes them all (closest, maps). A 1-rank cell
     inside the plugin's step (group jobs, --sdm conda or apptainer: dlscale.workflow.jobstep)
     starts no srun of its own (_run_ranks): its srun_options reach no step."""
     return [
@@ -332,7 +356,7 @@ def srun_command(
         f"--ntasks={cell.world_size}",
         f"--ntasks-per-node={cell.ranks_per_node}",
         f"--cpus-per-task={cell.cpus_per_rank}",
-        *gpu_step_options(cell),
+        *gpu_step_options(cell, job_gpus),
         "--kill-on-bad-exit=1",
         "--output",
         str(rank_dir / "rank%t.log"),
@@ -345,8 +369,10 @@ def start_srun(
 ) -> list[tuple[int, subprocess.Popen]]:
     """Inside a Slurm allocation: one srun step with every rank (srun_command, the entry's
     srun_options included); counts passed explicitly because the executor plugin strips most
-    SLURM_* variables from the job's environment. `base`: the ranks' environment before the
-    launcher's variables (srun passes it on to every rank)."""
+    SLURM_* variables from the job's environment, the binding stated (gpu_step_options) and
+    inherited binding variables removed (binding_free_env, named at the top of srun.log).
+    `base`: the ranks' environment before the launcher's variables (srun passes it on to every
+    rank)."""
     env, overlap = dict(base), False
     if "SLURM_STEP_ID" in env:
         # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
@@ -360,6 +386,10 @@ def start_srun(
             if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY
         }
         overlap = True
+    env, removed = binding_free_env(env)
+    job_gpus = None
+    if cell.device == "cuda" and binding_of(cell.gpu_binding).needs_job_gpus:
+        job_gpus = job_gpus_per_node(env)
     hosts = allocation_nodes(env)
     addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
     env.update(
@@ -373,8 +403,14 @@ def start_srun(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
     with_nccl_debug(env)
     container_options, argv = in_container(cell, argv, rank_dir, env)
-    cmd = srun_command(cell, argv, rank_dir, overlap, container_options)
+    cmd = srun_command(cell, argv, rank_dir, overlap, container_options, job_gpus)
     log = (rank_dir / "srun.log").open("w")
+    if removed:
+        shown = " ".join(f"{k}={v}" for k, v in removed.items())
+        log.write(
+            f"dlscale: removed from the ranks' srun environment (it binds as stated): {shown}\n"
+        )
+        log.flush()
     return [
         (
             -1,

@@ -13,7 +13,12 @@ the first failure:
      (dlscale.registry.cuda_drivers.driver_runs: the same table the login-side check reads);
      the GPU/NUMA topology (`nvidia-smi topo -m`) is recorded;
   2. the ranks, started by the cell launcher's own functions (dlscale.run.launch: srun over
-     the probe's nodes, one rank per GPU or per the entry's ranks per node): each imports its
+     the probe's nodes, one rank per GPU or per the entry's ranks per node, with the binding
+     the cells get): a GPU rank first checks what Slurm bound it to (its CPU affinity and the
+     GPUs it sees) against the entry's gpu_binding (dlscale.rank.devices.binding_check; two
+     ranks of a node on one GPU fail it too), so a site default, a cli_filter or a job_submit
+     plugin that binds otherwise fails the entry here, naming the rank, what it got and what it
+     should have got; then each imports its
      framework's adapter (the framework itself), sees its GPU, and joins one communicator
      (torch.distributed, NCCL on GPUs and gloo on CPUs, where the environment has torch) whose
      all-reduce bus bandwidth is measured (median of ALLREDUCE_REPEATS after a warm-up).
@@ -35,11 +40,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from dlscale.rank.devices import binding_check
 from dlscale.rank.node_probes import gpu_facts
 from dlscale.rank.rank_context import discover
 from dlscale.registry.cuda_drivers import driver_runs, fitting_lines
 from dlscale.registry.cuda_probes import built_cuda_version, site_packages
 from dlscale.registry.frameworks import FRAMEWORKS
+from dlscale.store.metrics_summary import shared_gpus
 from dlscale.store.preflight_results import RESULT_VERSION, summary, write_result
 from dlscale.study.cell import Cell, tail_lines
 
@@ -208,8 +215,9 @@ def run_job(spec: dict, output: Path) -> int:
 
 
 def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
-    """Every rank's own record (import, device, communicator); a rank with none is named with
-    the end of its log."""
+    """Every rank's own record (binding, import, device, communicator) and whether two ranks of
+    a node take one GPU; a rank with none is named with the end of its log (and of srun's,
+    where srun itself refused the step, e.g. a binding Slurm cannot satisfy)."""
     records, missing = {}, []
     for rank in range(cell.world_size):
         path = rank_dir / RANK_FILE.format(rank=rank)
@@ -218,20 +226,25 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
         except (OSError, ValueError):
             missing.append(rank)
     checks = []
-    for name in ("framework import", "device", "communicator"):
+    for name in ("binding", "framework import", "device", "communicator"):
         bad = [
             (r, c) for r, rec in sorted(records.items()) for c in rec["checks"] if c["name"] == name
         ]
-        if not bad:
-            continue
-        failing = [(r, c) for r, c in bad if not c["ok"]]
-        if failing:
-            r, c = failing[0]
-            checks.append(check(name, False, f"rank {r}: {c['detail']}", c["fix"]))
-        else:
-            checks.append(check(name, True, f"{len(bad)} rank(s): {bad[0][1]['detail']}"))
+        if bad:
+            failing = [(r, c) for r, c in bad if not c["ok"]]
+            if failing:
+                r, c = failing[0]
+                detail = c["detail"] if name == "binding" else f"rank {r}: {c['detail']}"
+                checks.append(check(name, False, detail, c["fix"]))
+            else:
+                checks.append(check(name, True, f"{len(bad)} rank(s): {bad[0][1]['detail']}"))
+        if name == "binding":
+            checks += shared_boards(cell, records)
     if missing:
         log = rank_dir / f"rank{missing[0]}.log"
+        srun_log = rank_dir / "srun.log"
+        srun_text = tail_lines(srun_log, 8) if srun_log.exists() else ""
+        srun_said = f"\nthe end of srun's log:\n{srun_text}" if srun_text.strip() else ""
         why = (
             f"not every rank finished within {RANKS_TIMEOUT_S} s"
             if failed is not None and failed[1] is None
@@ -242,7 +255,7 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
                 "ranks started",
                 False,
                 f"{why}: rank(s) {', '.join(map(str, missing))} of {cell.world_size}; the end "
-                f"of rank {missing[0]}'s log:\n{tail_lines(log, 15)}",
+                f"of rank {missing[0]}'s log:\n{tail_lines(log, 15)}{srun_said}",
                 "read the ranks' logs beside the result; a rank that never starts points at the "
                 "environment or the modules",
             )
@@ -261,6 +274,27 @@ def rank_builds(cell: Cell, rank_dir: Path) -> list[dict]:
             continue
         builds.append({k: record.get(k) for k in ("rank", "prefix", "executable", "cuda_build")})
     return builds
+
+
+def shared_boards(cell: Cell, records: dict) -> list[dict]:
+    """A failed `binding` check where two ranks of a node take one GPU (each rank's record names
+    the board it takes: dlscale.rank.devices.binding_check); nothing where each has its own."""
+    shared = shared_gpus([rec for rec in records.values() if rec.get("gpu")])
+    if not shared:
+        return []
+    first = shared[0]
+    return [
+        check(
+            "binding",
+            False,
+            f"gpu_binding {cell.gpu_binding}: ranks {', '.join(map(str, first['ranks']))} on "
+            f"{first['node']} all take GPU {first['gpu']}; each rank should have a GPU of its own",
+            "a site default, a cli_filter or a job_submit plugin bound the ranks otherwise than "
+            "the launcher stated, or the job holds no GPU next to some rank (closest takes the "
+            "job's GPUs next to each rank's NUMA node): ask the site, or choose another "
+            "gpu_binding in config/hardware.yaml",
+        )
+    ]
 
 
 def allreduce_summary(rank_dir: Path) -> dict | None:
@@ -285,6 +319,18 @@ def run_rank(spec: dict, rank_dir: Path) -> int:
         "cuda_build": environment_cuda(),
     }
     checks = record["checks"]
+    if cell.device == "cuda" and cell.launcher == "srun":
+        # first, before any import: what Slurm bound this rank to, against gpu_binding
+        got = binding_check(
+            cell.gpu_binding,
+            ctx.local_rank,
+            ctx.local_world_size,
+            who=f"rank {ctx.rank} (local rank {ctx.local_rank} on {ctx.node})",
+        )
+        checks.append(check("binding", got.pop("ok"), got.pop("detail"), got.pop("fix")))
+        record["binding"], record["gpu"] = got, got["gpu"]
+        if not checks[-1]["ok"]:
+            return _write_rank(rank_dir, ctx.rank, record, 1)
     record_of = FRAMEWORKS[cell.framework]
     modules = [record_of.adapter, *record_of.imports]
     t0 = time.perf_counter()

@@ -427,7 +427,20 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 def _leaf_errors(error):
     if error.context:
-        for sub in error.context:
+        subs = error.context
+        if error.validator in ("oneOf", "anyOf"):
+            # a branch for another type of value (gpu_binding: a name or a map) says nothing
+            # about this one: keep the errors of the branches its type belongs to
+            other_type = {
+                e.relative_schema_path[0]
+                for e in subs
+                if e.validator == "type" and not e.relative_path and len(e.schema_path) == 2
+            }
+            kept = [e for e in subs if e.relative_schema_path[0] not in other_type]
+            if not kept and "type" in error.schema:
+                return  # of no branch's type: the schema's own `type` error says so
+            subs = kept or subs
+        for sub in subs:
             yield from _leaf_errors(sub)
     else:
         yield error

@@ -1,5 +1,6 @@
 """The hardware file's checks beyond its schema: a CUDA entry needs GPUs, a GRES type must be one,
-GPU binding and CPU builds only where they fit, dense peaks only (peak_tflops, for MFU), no `env:`
+GPU binding and CPU builds only where they fit (a binding map: one GPU and NUMA node or CPU list
+per GPU of the node, on whole nodes), dense peaks only (peak_tflops, for MFU), no `env:`
 variable and no Slurm option (sbatch_options, srun_options: dlscale.study.site_options) the
 project sets itself; and the environment variant an entry's cells run in. Every problem is
 reported before any job, at once.
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 
 from dlscale.registry.cuda_drivers import highest_cuda_major, version_tuple
+from dlscale.registry.gpu_bindings import binding_of, map_problems
+from dlscale.registry.gpu_bindings import canonical as canonical_binding
 from dlscale.study.config import apply_defaults, schema_problems
 from dlscale.study.container_image import container_problems
 from dlscale.study.env_names import env_name_problem
@@ -32,6 +35,17 @@ def env_problems(key: str, env) -> list[str]:
     return [f"{key}.env.{name}: {why}" for name in env if (why := env_name_problem(name))]
 
 
+def _binds_cpus(entry: dict) -> bool:
+    """Whether the entry's gpu_binding states a --cpu-bind in the ranks' srun (closest, maps)."""
+    if entry.get("device") != "cuda" or "gpu_binding" not in entry:
+        return False
+    try:
+        binding = binding_of(canonical_binding(entry["gpu_binding"]))
+    except (KeyError, TypeError, ValueError):
+        return False  # not a binding: refused with its own message
+    return any(o.startswith("--cpu-bind") for o in binding.srun_options(1, 1))
+
+
 def site_options(key: str, entry: dict) -> tuple[dict, list[str]]:
     """The entry's `sbatch_options` and `srun_options` as normalised token lists (a string is
     split as a shell splits it; dlscale.study.site_options), and every refused token as
@@ -43,7 +57,9 @@ def site_options(key: str, entry: dict) -> tuple[dict, list[str]]:
             isinstance(value, list) and all(isinstance(token, str) for token in value)
         ):
             continue  # absent (the default: none), or the schema says what it must be
-        tokens[option_key], found = check_options(value, option_key, entry.get("device"))
+        tokens[option_key], found = check_options(
+            value, option_key, entry.get("device"), _binds_cpus(entry)
+        )
         problems += [f"{key}.{option_key}: {why}" for why in found]
     return tokens, problems
 
@@ -117,6 +133,8 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
                 f"{key}.gpu_binding: only for device 'cuda' (the ranks of a '{device}' entry "
                 "use no GPU)"
             )
+        elif isinstance(entry.get("gpu_binding"), dict):
+            problems += map_problems(key, entry["gpu_binding"], gpus, entry.get("exclusive"))
         problems += peak_problems(key, entry.get(PEAK_KEY))
         problems += env_problems(key, entry.get("env"))
         options[key], found = site_options(key, entry)

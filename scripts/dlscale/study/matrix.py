@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dlscale.models import cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
+from dlscale.registry.gpu_bindings import canonical as canonical_binding
 from dlscale.registry.parallel_dims import cell_microbatches, cell_pp_degree, cell_tp_degree
 from dlscale.study.cell import AXES, Cell
 from dlscale.study.config import (
@@ -224,7 +225,7 @@ def _combo_cells(
             if combo["hardware"] in shared["containers"]
             else shared["environments"][environment_key(combo["framework"], hw)],
             container=shared["containers"].get(combo["hardware"], ({}, None))[0],
-            gpu_binding=hw["gpu_binding"] if hw["device"] == "cuda" else None,
+            gpu_binding=canonical_binding(hw["gpu_binding"]) if hw["device"] == "cuda" else None,
             modules=hw.get("modules", ()),
             env=hw.get("env", {}),
             srun_options=hw.get("srun_options", ()),

@@ -151,6 +151,13 @@ SRUN_OWNED = {
 # entry, the site's (srun_options: --cpu-bind=cores, ...).
 _BINDING = "key gpu_binding (the launcher binds a cuda cell's ranks to GPUs and cores)"
 BINDING_OWNED = {"gpu-bind": _BINDING, "cpu-bind": _BINDING, "tres-bind": _BINDING}
+# srun refuses these beside --cpu-bind (Slurm 22.05 srun(1): mutually exclusive), which
+# gpu_binding closest and the maps state: refused in srun_options of such an entry only
+# (node and task state no --cpu-bind; the ranks' srun drops an inherited SLURM_HINT).
+CPU_BIND_EXCLUSIVE = {
+    name: _BINDING + ": srun refuses it beside the --cpu-bind that closest and maps state"
+    for name in ("hint", "threads-per-core", "ntasks-per-core")
+}
 # Option families owned whole: pyxis's (and enroot's) --container-*, --no-container-*.
 OWNED_FAMILIES = {"container": _CONTAINER, "no-container": _CONTAINER}
 
@@ -305,13 +312,18 @@ def split_options(value) -> tuple[list[str], list[str]]:
     return shlex.split(value), []
 
 
-def check_options(value, option_key: str, device: str) -> tuple[list[str], list[str]]:
+def check_options(
+    value, option_key: str, device: str, binds_cpus: bool = False
+) -> tuple[list[str], list[str]]:
     """(normalised tokens, problems) of an entry's `sbatch_options` or `srun_options`
     (`option_key`) on a hardware entry of `device`: see the module's rules. The tokens are what
     the job or step gets: `--name value` joined as `--name=value`, short options in their long
-    form (`-w n1` -> `--nodelist=n1`)."""
+    form (`-w n1` -> `--nodelist=n1`). `binds_cpus`: the entry's gpu_binding states a
+    --cpu-bind in the ranks' srun (closest, maps), beside which srun refuses CPU_BIND_EXCLUSIVE."""
     tokens, problems = split_options(value)
     owned, short = owned_options(option_key, device), SHORT[option_key]
+    if binds_cpus and option_key == SRUN_KEY:
+        owned.update(CPU_BIND_EXCLUSIVE)
     out: list[str] = []
     waiting = False  # the last option may take the next word as its value
     needs_value = False  # ... and must (a short option whose value is the next token)

@@ -274,8 +274,12 @@ def _cell(**changes) -> Cell:
 
 def test_launcher_states_the_gpu_binding():
     assert gpu_step_options(_cell()) == ["--gpus-per-node=4"]
-    assert gpu_step_options(_cell(gpu_binding="task")) == ["--gpus-per-task=1"]
+    assert gpu_step_options(_cell(gpu_binding="task")) == [
+        "--gpus-per-task=1",
+        "--gpu-bind=per_task:1",  # what --gpus-per-task=1 implies (Slurm >= 21.08), stated
+    ]
     assert gpu_step_options(_cell(device="cpu", gpu_binding=None)) == []
+    # closest and maps: tests/unit/rank/test_gpu_binding_forms.py
 
 
 def test_rendezvous_ports_below_the_ephemeral_range_per_job():

@@ -412,3 +412,12 @@ def test_the_commented_example_in_the_shipped_hardware_file_passes():
     hw = _hardware(**example)["h100"]
     assert hw["sbatch_options"] == example["sbatch_options"].split()
     assert hw["srun_options"] == example["srun_options"].split()
+
+
+def test_options_srun_refuses_beside_cpu_bind_are_refused_where_the_binding_states_it():
+    closest = {**CUDA, "gpu_binding": "closest"}
+    for option in ("--hint=nomultithread", "--threads-per-core=1", "--ntasks-per-c=1"):
+        assert "srun refuses it beside the --cpu-bind" in refusal("srun_options", option, closest)
+        assert validated("srun_options", option, CUDA) == [option]  # node states no --cpu-bind
+    # the job's own --hint never reaches the ranks' srun (SLURM_HINT is dropped there)
+    assert validated("sbatch_options", "--hint=nomultithread", closest)
