@@ -43,7 +43,10 @@ DRIVER_KEYS = ("nvidia_driver", "max_cuda", "cuda_forward_compat")  # declared, 
 
 def environment_name(framework: str, entry: dict) -> str:
     """The environment a framework's ranks run in on a hardware entry (<environments>/<name>,
-    or `driver` for .venv)."""
+    `driver` for .venv, or `container-<engine>` for the entry's image: its digest is in the
+    probe's key through the cells' environment identity)."""
+    if entry.get("container"):
+        return f"container-{entry['container']['engine']}"
     name = FRAMEWORKS[framework].environment_for(environment_variant(entry), entry)
     return name or "driver"
 
