@@ -183,7 +183,7 @@ def test_the_debug_model_trains_on_a_cpu() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.1
     assert abs(losses[0] - math.log(spec.vocab_size)) < 1.0  # near uniform at the start
 
@@ -245,3 +245,36 @@ def test_llama_cells_of_the_strategies_are_planned(root, base_config) -> None:
     cells = load_study(config, root).cells
     assert {c.parallelism for c in cells} == {"ddp", "fsdp", "hsdp", "tp", "fsdp+tp"}
     assert {c.seq_len for c in cells} == {64}
+
+
+def test_init_weights_after_sharding_gives_the_single_processs_values(tmp_path) -> None:
+    """What meta-device initialisation after sharding relies on: llama3_debug built on meta,
+    fully_shard-ed over 2 gloo ranks (each block, then the root), materialised and
+    init_weights-ed with each rank's own seed holds, gathered whole, exactly what one process
+    builds from rank 0's seed; each rank holds half of it (every parameter a DTensor)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dlscale.run import launch
+
+    helper = Path(__file__).resolve().parents[2] / "helpers" / "sharded_init.py"
+    port = launch.local_port(2)
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(helper), str(r), "2", str(port), str(outs[r])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    results = [json.loads(o.read_text()) for o in outs]
+    for r in results:
+        assert r["differ"] == [] and r["dtensors"] and r["rope_equal"]
+    assert sum(r["local_numel"] for r in results) == get_spec("llama3_debug").param_count

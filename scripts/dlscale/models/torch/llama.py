@@ -267,8 +267,9 @@ class Llama(nn.Module):
 def _fill(param: Tensor, init: Callable[[Tensor], object]) -> None:
     """Initialise ``param`` in place by ``init``. A DTensor (fully_shard, tensor parallel)
     draws its full shape on its device, as one process would, and keeps its part of rank 0's
-    draw (distribute_tensor scatters from rank 0), so the values do not depend on how the
-    parameter is split; a meta tensor is left as it is."""
+    draw (distribute_tensor scatters from rank 0: a collective, so every rank initialises the
+    same parameters in the same order), so the values do not depend on how the parameter is
+    split; a plain tensor keeps this rank's own draw; a meta tensor is left as it is."""
     if param.device.type == "meta":
         return
     from torch.distributed.tensor import DTensor, distribute_tensor
