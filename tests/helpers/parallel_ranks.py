@@ -7,11 +7,13 @@ sharded activation by construction, so it is off for a comparison of losses).
 
     python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json [MODEL]
 
-(MODEL: transformer_small, made tiny as above, or gpt2_tiny, the registry's tiny decoder as it
-is: it has no dropout)
+(MODEL: transformer_small, made tiny as above, or a tiny decoder of the registry as it is,
+gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM may be comma-separated
+lists of the same length: the strategies then run one after another in the same processes)
 
 writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
-global batch) and the bytes of parameters, gradients and optimizer state it holds.
+global batch) and the bytes of parameters, gradients and optimizer state it holds (several
+strategies: one such record per strategy, by name).
 `reference_loss` computes the same loss in one process: rank 0's initial weights, the
 ranks' batches together as one batch, plain SGD."""
 
@@ -147,10 +149,25 @@ def _reference_loss(world: int, name: str) -> float:
         return float(loss_fn(reference(x), y))
 
 
+def degree_of(parallelism: str, tp_degree: int) -> int:
+    """TP_DEGREE for a strategy that splits layers or pipelines (its tensor-parallel degree or
+    stages), 1 for the others: one command line runs several strategies."""
+    from dlscale.registry.strategies import STRATEGIES
+
+    record = STRATEGIES[parallelism]
+    return tp_degree if record.splits_layers or record.pipeline else 1
+
+
 if __name__ == "__main__":
-    rank, world, rpn, port = (int(a) for a in sys.argv[1:5])
-    parallelism, tp_degree, out = sys.argv[5], int(sys.argv[6]), sys.argv[7]
+    rank, world, rpn = (int(a) for a in sys.argv[1:4])
+    ports, parallelisms = sys.argv[4].split(","), sys.argv[5].split(",")
+    tp_degree, out = int(sys.argv[6]), sys.argv[7]
     model = sys.argv[8] if len(sys.argv) > 8 else "transformer_small"
-    result = run_rank(rank, world, rpn, port, parallelism, tp_degree, model)
+    # several strategies, comma-separated (each with its own port), run one after another in
+    # the same processes: one interpreter start and torch import for all of them
+    results = {
+        p: run_rank(rank, world, rpn, int(port), p, degree_of(p, tp_degree), model)
+        for port, p in zip(ports, parallelisms, strict=True)
+    }
     with open(out, "w") as f:
-        json.dump(result, f)
+        json.dump(results if len(results) > 1 else results[parallelisms[0]], f)

@@ -20,11 +20,12 @@ Two halves, two modules:
   precision has an "unknown peak" and no MFU.
 
 The decoder's cross-check (:func:`dlscale.models.flops.decoder_flops_per_token`): per token, 6 N (N
-= trainable
-parameters) + 12 L d S (attention scores and the weighted sum of values, L layers, width d,
-sequence length S; PaLM, Chowdhery et al. 2022, appendix B). What the counter counts exactly is
-6 (N - S d - non-matrix parameters) + 12 L d S: the position table, biases and LayerNorms hold
-parameters but do no matrix product.
+= trainable parameters, less the input embedding where the head has a weight of its own, as
+torchtitan counts: the Llama family) + 12 L d S (attention scores and the weighted sum of
+values, L layers, width d, sequence length S; PaLM, Chowdhery et al. 2022, appendix B). What the
+counter counts exactly is 6 x the parameters in matrix products + 12 L d S: GPT-2's position
+table, biases and LayerNorms and a Llama's RMSNorm weights hold parameters but do no matrix
+product.
 
 This module (the MFU half) imports no framework; the counting half is dlscale.models.flops,
 which builds the model with PyTorch.

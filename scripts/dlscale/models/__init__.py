@@ -38,6 +38,8 @@ __all__ = [
     "decoder_param_count",
     "find_builder",
     "get_spec",
+    "llama_ffn_dim",
+    "llama_param_count",
     "names",
     "seq_len_of",
     "spec_for",
@@ -76,6 +78,10 @@ class ModelSpec:
             for ``dlscale.models.torch.resnet``.
         arch_kwargs: Architecture hyperparameters passed as keyword arguments to the
             module's ``from_spec`` (plain values: str, int, float, tuples of them).
+        frameworks: The frameworks (dlscale.registry.frameworks names) that train it, where
+            fewer than every framework whose model package has its architecture module; None:
+            all of those.
+        frameworks_why: Why only those (the refusal's message says it).
     """
 
     name: str
@@ -88,6 +94,18 @@ class ModelSpec:
     param_count: int
     arch: str
     arch_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    frameworks: tuple[str, ...] | None = None
+    frameworks_why: str = ""
+
+    def __post_init__(self):
+        unknown = [f for f in self.frameworks or () if f not in FRAMEWORKS]
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r}: frameworks names {', '.join(unknown)}; allowed: "
+                f"{', '.join(FRAMEWORKS)}"
+            )
+        if self.frameworks is not None and not self.frameworks_why:
+            raise ValueError(f"model {self.name!r}: frameworks without frameworks_why")
 
 
 #: What every ImageNet-shaped classifier consumes and produces.
@@ -124,6 +142,67 @@ def _decoder(name: str, description: str, vocab_size: int, seq_len: int, **arch)
         param_count=decoder_param_count(vocab_size, seq_len, **arch),
         arch="gpt",
         arch_kwargs=arch,
+    )
+
+
+def llama_ffn_dim(d_model: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
+    """The SwiGLU width of a Llama (torchtitan's rule): int(2 x 4 d / 3), times
+    ``ffn_dim_multiplier`` (truncated to an integer) where given, rounded up to a multiple of
+    ``multiple_of``; Llama 3.1 8B: 4096 -> 10922 -> 14198 -> 14336."""
+    hidden = int(2 * 4 * d_model / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * -(-hidden // multiple_of)
+
+
+def llama_param_count(
+    vocab_size: int,
+    seq_len: int,
+    d_model: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    multiple_of: int,
+    ffn_dim_multiplier: float | None = None,
+    tie_embeddings: bool = False,
+    **_,
+) -> int:
+    """Trainable parameters of dlscale's Llama (dlscale.models.torch.llama): the token
+    embedding, per layer wq and wo (d x d), wk and wv (d x KV heads x head dim), the SwiGLU's
+    three d x f matrices and two RMSNorm weights, a final RMSNorm, and the output head (none
+    where tied to the embedding). No biases; the sequence length adds none (RoPE is a buffer)."""
+    d, f = d_model, llama_ffn_dim(d_model, multiple_of, ffn_dim_multiplier)
+    kv = num_kv_heads * (d // num_heads)
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d
+    head = 0 if tie_embeddings else vocab_size * d
+    return vocab_size * d + num_layers * per_layer + d + head
+
+
+#: Each decoder architecture's parameter count at a sequence length (spec_for).
+_PARAM_COUNTS = {"gpt": decoder_param_count, "llama": llama_param_count}
+
+#: Why the Llama family is refused outside the pytorch framework (ModelSpec.frameworks_why).
+LLAMA_FRAMEWORKS_WHY = (
+    "the Llama family trains as the field trains it, with the pytorch adapter's strategies "
+    "(FSDP2, tensor parallel: issue 48); Horovod's adapter, which builds the same PyTorch "
+    "modules, runs ddp only"
+)
+
+
+def _llama(name: str, description: str, vocab_size: int, seq_len: int, **arch) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family=DECODER,
+        input_shape=(seq_len,),
+        input_dtype="int64",
+        num_classes=vocab_size,
+        vocab_size=vocab_size,
+        description=description,
+        param_count=llama_param_count(vocab_size, seq_len, **arch),
+        arch="llama",
+        arch_kwargs=arch,
+        frameworks=("pytorch",),
+        frameworks_why=LLAMA_FRAMEWORKS_WHY,
     )
 
 
@@ -228,6 +307,59 @@ SPECS: dict[str, ModelSpec] = {
             num_heads=16,
             dim_feedforward=4096,
         ),
+        # Llama 3 (RMSNorm, SwiGLU, RoPE theta 500,000, grouped-query attention; torchtitan's
+        # torchtitan/models/llama3 shapes and init). seq_len is the default of config `seq_len`
+        # (8,192: torchtitan's Llama 3 benchmarks); it changes no parameter count.
+        _llama(
+            "llama3_debug",
+            "Llama-3-class decoder for CPU tests (2 layers, d_model 64, 4 heads, 2 KV heads, "
+            "SwiGLU 192, untied head), seq_len 64, vocab 2048",
+            vocab_size=2048,
+            seq_len=64,
+            d_model=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            multiple_of=32,
+            rope_theta=500_000.0,
+        ),
+        # Llama 3.2 1B ties its output head to the token embedding (as torchtitan's llama3 1b,
+        # enable_weight_tying): kept, so the count is the published 1.24 B (1,235,814,400; an
+        # untied head would add 128256 x 2048 = 262,668,288). RoPE scaled as its
+        # config.json (factor 32).
+        _llama(
+            "llama3_1b",
+            "Llama 3.2 1B (16 layers, d_model 2048, 32 heads, 8 KV heads, SwiGLU 8192, head "
+            "tied to the embedding as released), seq_len 8192, vocab 128256",
+            vocab_size=128256,
+            seq_len=8192,
+            d_model=2048,
+            num_layers=16,
+            num_heads=32,
+            num_kv_heads=8,
+            multiple_of=1024,
+            ffn_dim_multiplier=1.5,
+            rope_theta=500_000.0,
+            rope_scaling_factor=32.0,
+            tie_embeddings=True,
+        ),
+        # Llama 3.1 8B: 8,030,261,248 parameters; 57.9 GFLOP per token at seq_len 8192 in
+        # torchtitan's count (dlscale.models.flops.decoder_flops_per_token).
+        _llama(
+            "llama3_8b",
+            "Llama 3.1 8B (32 layers, d_model 4096, 32 heads, 8 KV heads, SwiGLU 14336, "
+            "untied head), seq_len 8192, vocab 128256",
+            vocab_size=128256,
+            seq_len=8192,
+            d_model=4096,
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            multiple_of=1024,
+            ffn_dim_multiplier=1.3,
+            rope_theta=500_000.0,
+            rope_scaling_factor=8.0,
+        ),
     )
 }
 
@@ -272,7 +404,7 @@ def spec_for(name: str, seq_len: int | None = None) -> ModelSpec:
     return dataclasses.replace(
         spec,
         input_shape=(seq_len,),
-        param_count=decoder_param_count(spec.vocab_size, seq_len, **spec.arch_kwargs),
+        param_count=_PARAM_COUNTS[spec.arch](spec.vocab_size, seq_len, **spec.arch_kwargs),
     )
 
 
@@ -295,12 +427,15 @@ def cell_seq_len(name: str, seq_len: int | None) -> int | None:
 def builds(framework: str, name: str) -> bool:
     """Whether ``framework`` has a builder for model ``name``: its model package (its record's
     ``model_package``, dlscale.registry.frameworks) has the spec's architecture module (looked
-    up as a file: importing a framework package imports the framework)."""
+    up as a file: importing a framework package imports the framework), and the spec does not
+    leave the framework out (ModelSpec.frameworks)."""
     record = FRAMEWORKS.get(framework)
     package = record.model_package if record else None
     spec = SPECS.get(name)
     if package is None or spec is None:
         return True  # unknown names are refused by the schema, with the allowed values
+    if spec.frameworks is not None and framework not in spec.frameworks:
+        return False
     return (Path(__file__).parent / package / f"{spec.arch}.py").is_file()
 
 

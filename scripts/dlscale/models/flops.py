@@ -62,25 +62,46 @@ def _seq_len(spec) -> int | None:
 
 
 def decoder_flops_per_token(spec) -> dict:
-    """A decoder spec's FLOPs per token (forward + backward) by formula:
+    """A decoder spec's FLOPs per token (forward + backward) by formula, torchtitan's
+    convention (torchtitan/models/utils.py get_dense_model_nparams_and_flops):
 
-    - ``six_n``: 6 N, N = the trainable parameters (spec.param_count);
+    - ``n``: the parameters that count, N: every trainable parameter (spec.param_count) less
+      the input embedding, a lookup that does no matrix product, where the head has a weight
+      of its own (the Llama family); all of them where the head is tied to the embedding
+      (GPT-2, Llama 3.2 1B), whose matrix the head multiplies by;
+    - ``six_n``: 6 N;
     - ``attention``: 12 L d S, the attention scores (Q K^T) and the weighted values (A V),
-      2 S d FLOPs each per token and layer forward, 3x for forward + backward;
-    - ``six_n_plus_attention``: their sum (the formula the count is checked against);
+      2 S d FLOPs each per token and layer forward, 3x for forward + backward (the causal mask's
+      zeros counted, as torchtitan and PaLM count them);
+    - ``six_n_plus_attention``: their sum, the FLOPs per token MFU is quoted with (57.9 G for
+      llama3_8b at sequence 8,192);
     - ``counted``: what FlopCounterMode counts, exactly: 6 x the parameters that take part in a
-      matrix product (the tied token embedding as the head, the blocks' weight matrices:
-      L (4 d^2 + 2 d f)) + 12 L d S. The difference to six_n_plus_attention is 6 x the
-      position table (S d), biases and LayerNorm parameters, which do no matrix product.
+      matrix product + 12 L d S. The difference to six_n_plus_attention is 6 x the parameters
+      that do none: the GPT-2 decoder's position table, biases and LayerNorms, a Llama's
+      RMSNorm weights.
     """
     a = spec.arch_kwargs
-    d, layers, f = a["d_model"], a["num_layers"], a["dim_feedforward"]
+    d, layers = a["d_model"], a["num_layers"]
     s = spec.input_shape[0]
-    matmul_params = spec.vocab_size * d + layers * (4 * d * d + 2 * d * f)
+    if spec.arch == "llama":
+        from dlscale.models import llama_ffn_dim
+
+        f = llama_ffn_dim(d, a["multiple_of"], a.get("ffn_dim_multiplier"))
+        tied = a.get("tie_embeddings", False)
+        n = spec.param_count - (0 if tied else spec.vocab_size * d)
+        kv = a["num_kv_heads"] * (d // a["num_heads"])
+        matmul_params = spec.vocab_size * d + layers * (2 * d * d + 2 * d * kv + 3 * d * f)
+    elif spec.arch == "gpt":
+        f = a["dim_feedforward"]
+        n = spec.param_count  # the head is tied to the token embedding
+        matmul_params = spec.vocab_size * d + layers * (4 * d * d + 2 * d * f)
+    else:
+        raise ValueError(f"{spec.name}: no FLOP formula for architecture {spec.arch!r}")
     attention = 12 * layers * d * s
     return {
-        "six_n": 6 * spec.param_count,
+        "n": n,
+        "six_n": 6 * n,
         "attention": attention,
-        "six_n_plus_attention": 6 * spec.param_count + attention,
+        "six_n_plus_attention": 6 * n + attention,
         "counted": 6 * matmul_params + attention,
     }

@@ -134,20 +134,20 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
         for hw_key, rpn in _hardware_ranks(config, axes, hardware):
             tp = cell_tp_degree(strategy, rpn, config["tp_degree"])
             for model in axes["model"]:
-                heads = (
-                    get_spec(model).arch_kwargs.get("num_heads")
-                    if model in models_names()
-                    else None
-                )
+                arch_kwargs = get_spec(model).arch_kwargs if model in models_names() else {}
+                heads = arch_kwargs.get("num_heads")
+                kv_heads = arch_kwargs.get("num_kv_heads")  # grouped-query attention
                 splits_heads = (
                     model in models_names() and plan_for(get_spec(model).arch).splits_heads
                 )
-                if heads and splits_heads and heads % tp:
+                if heads and splits_heads and (heads % tp or (kv_heads and kv_heads % tp)):
+                    counts = f"{heads} heads" + (f", {kv_heads} KV heads" if kv_heads else "")
+                    divisible = f"{heads}, {kv_heads}" if kv_heads else f"both {heads}"
                     problems.append(
                         f"axes.parallelism: {strategy!r} splits the attention heads of model "
-                        f"{model!r} ({heads} heads) over tensor-parallel degree {tp} (hardware "
-                        f"{hw_key!r}); allowed tp_degree: a divisor of both "
-                        f"{heads} and ranks_per_node {rpn} above 1"
+                        f"{model!r} ({counts}) over tensor-parallel degree {tp} (hardware "
+                        f"{hw_key!r}); allowed tp_degree: a divisor of {divisible} and "
+                        f"ranks_per_node {rpn} above 1"
                     )
             for nodes in axes["nodes"]:
                 problems += [
@@ -275,7 +275,10 @@ def models_names() -> list[str]:
 
 def _builder_problems(config: dict, workload: str, axes: dict) -> list[str]:
     """Models a framework of the study has no builder for (dlscale.models.builds: the decoders
-    are built by PyTorch's adapters only), unless `exclude` leaves the pair out."""
+    are built by PyTorch's adapters only; the Llama family by the pytorch adapter alone, its
+    spec's `frameworks`), unless `exclude` leaves the pair out."""
+    from dlscale.models import get_spec
+
     problems = []
     for framework in axes["framework"]:
         for model in axes["model"]:
@@ -286,10 +289,12 @@ def _builder_problems(config: dict, workload: str, axes: dict) -> list[str]:
             ):
                 continue
             able = [f for f in FRAMEWORKS if builds(f, model)]
+            spec = get_spec(model)
+            why = f" ({spec.frameworks_why})" if spec.frameworks is not None else ""
             problems.append(
                 f"{axis_key(config, workload, 'model')}: framework {framework!r} has no builder "
-                f"for model {model!r}; frameworks that build it: {', '.join(able)} (or exclude "
-                f"{{framework: {framework}, model: {model}}})"
+                f"for model {model!r}{why}; frameworks that build it: {', '.join(able)} (or "
+                f"exclude {{framework: {framework}, model: {model}}})"
             )
     return problems
 

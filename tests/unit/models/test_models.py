@@ -24,7 +24,7 @@ def _num_params(model: torch.nn.Module) -> int:
 
 # Models small enough to build and train on a CPU in a test (the GPU-sized decoders are built
 # on the meta device only).
-GPU_SIZED = ("gpt2_124m", "gpt2_350m")
+GPU_SIZED = ("gpt2_124m", "gpt2_350m", "llama3_1b", "llama3_8b")
 CPU_NAMES = [n for n in names() if n not in GPU_SIZED]
 
 
@@ -38,13 +38,17 @@ def test_registry_names_and_order() -> None:
         "gpt2_tiny",
         "gpt2_124m",
         "gpt2_350m",
+        "llama3_debug",
+        "llama3_1b",
+        "llama3_8b",
     ]
 
 
 def test_every_model_has_a_builder_by_convention() -> None:
     """Each spec's ``arch`` names a module of every framework package defining ``from_spec``;
     PyTorch (and Horovod, which uses the PyTorch models) supports every registered model. The
-    decoders are built by PyTorch only, and models.builds says so for every framework."""
+    decoders are built by PyTorch only, and models.builds says so for every framework; the
+    Llama family by the pytorch framework alone (its spec's ``frameworks``)."""
     assert torch_models.names() == names()
     for name in names():
         spec = get_spec(name)
@@ -56,9 +60,11 @@ def test_every_model_has_a_builder_by_convention() -> None:
                 continue
             assert "\ndef from_spec(" in path.read_text(), path  # TF/MXNet are not importable here
         for framework, package in {f.name: f.model_package for f in FRAMEWORKS.values()}.items():
-            assert models.builds(framework, name) == (
-                package == "torch" or spec.family != models.DECODER
-            )
+            expected = package == "torch" or spec.family != models.DECODER
+            if spec.arch == "llama":
+                expected = framework == "pytorch"
+                assert spec.frameworks == ("pytorch",) and "Horovod" in spec.frameworks_why
+            assert models.builds(framework, name) == expected
 
 
 def test_missing_builder_names_the_framework(monkeypatch) -> None:
