@@ -46,11 +46,13 @@ rule verdicts:
             labels=table_labels("verdicts"),
         ),
         table=RULE_OUT["verdicts_table"],
+        published=RULE_OUT["published"],
     log:
         f"{RULE_OUT['logs']}/verdicts.log",
     run:
         from dlscale.decisions.regression_check import write_verdicts
 
+        devices = {k: hw.get("device_model") for k, hw in STUDY.hardware.items()}
         write_verdicts(
             input.scaling,
             input.status,
@@ -60,6 +62,9 @@ rule verdicts:
             schema=input.schema,
             references_name=STUDY.config["references_file"],  # as the study names it
             log=log[0],
+            published_csv=output.published,
+            devices=devices,
+            seq_len=STUDY.config.get("seq_len"),
         )
 
 

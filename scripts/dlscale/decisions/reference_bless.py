@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from dlscale.analysis.stats import EXACT, with_axes
 from dlscale.decisions.reference_verdicts import METRICS, _measured, cell_name
@@ -66,7 +67,10 @@ def _leading_comments(text: str) -> tuple[list[str], int]:
     return head, sum(1 for line in rest if line.lstrip().startswith("#") or " #" in line)
 
 
-def _dump(data: dict) -> str:
+def _dump(data: dict, published: list | None = None) -> str:
+    """The file's `references:` as bless writes them, then its `published:` entries as read
+    (dlscale.decisions.published), kept whole."""
+
     def scalar(v):
         return "null" if v is None else json.dumps(v)
 
@@ -80,7 +84,10 @@ def _dump(data: dict) -> str:
                     f"{k}: {scalar(r[k])}" for k in ("value", "lower", "upper", "unit")
                 )
                 lines.append(f"      {metric}: {{{fields}}}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if published:
+        text += yaml.safe_dump({"published": published}, sort_keys=False, allow_unicode=True)
+    return text
 
 
 def _merge(proposed: dict, mine: dict, system: str) -> tuple[list[str], list[str]]:
@@ -106,12 +113,15 @@ def _merge(proposed: dict, mine: dict, system: str) -> tuple[list[str], list[str
     return added, replaced
 
 
-def _write_references(path: Path, text: str, current: dict, schema, changed: tuple, out) -> None:
-    """Write the references file (its header comments kept) after checking it against the
-    schema; `changed`: how many entries were added and replaced, as printed."""
+def _write_references(
+    path: Path, text: str, current: dict, schema, changed: tuple, out, published=None
+) -> None:
+    """Write the references file (its header comments and its published entries kept) after
+    checking it against the schema; `changed`: how many entries were added and replaced, as
+    printed."""
     added, replaced = changed
     head, dropped = _leading_comments(text)
-    new_text = ("\n".join(head) + "\n" if head else "") + _dump(current)
+    new_text = ("\n".join(head) + "\n" if head else "") + _dump(current, published)
     problems = schema_problems(
         load_yaml_text(new_text, str(path)), load_schema(schema or schema_path())
     )
@@ -177,7 +187,9 @@ def bless(
     if dry_run:
         print("dry run: nothing was written", file=out)
         return 0
-    _write_references(path, text, current, schema, (len(added), len(replaced)), out)
+    _write_references(
+        path, text, current, schema, (len(added), len(replaced)), out, data.get("published")
+    )
     return 0
 
 

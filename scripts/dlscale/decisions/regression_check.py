@@ -225,8 +225,14 @@ def write_verdicts(
     schema: str | Path | None = None,
     references_name: str | None = None,
     log: str | None = None,
+    published_csv: str | None = None,
+    devices: dict | None = None,
+    seq_len: int | None = None,
 ) -> pd.DataFrame:
-    """The verdicts rule: tables + references -> verdicts.csv (and the report's table)."""
+    """The verdicts rule: tables + references -> verdicts.csv (and the report's table); with
+    `published_csv`, the measured cells against the file's published figures
+    (dlscale.decisions.published; `devices`: hardware key -> device_model), appended to the
+    report's section."""
     scaling = with_axes(pd.read_csv(scaling_csv))  # before the parallelism axis: ddp
     status = pd.read_csv(status_csv) if status_csv and Path(status_csv).exists() else pd.DataFrame()
     refs = load_references(references_file, schema)
@@ -243,6 +249,15 @@ def write_verdicts(
             references_file=references_name or str(references_file),
             unused=unused,
         )
+    if published_csv:
+        from dlscale.decisions import published
+        from dlscale.study.references import load_published
+
+        entries = load_published(references_file, schema)
+        _, paragraph = published.write(scaling, entries, devices or {}, published_csv, seq_len)
+        if verdicts_tex:
+            with open(verdicts_tex, "a") as fh:
+                fh.write(paragraph)
     if log:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         Path(log).write_text(

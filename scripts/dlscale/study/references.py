@@ -92,6 +92,11 @@ def load_references(path: str | Path, schema: str | Path | None = None) -> list[
     return refs
 
 
+def load_published(path: str | Path, schema: str | Path | None = None) -> list[dict]:
+    """The file's `published:` entries (dlscale.decisions.published), schema-validated."""
+    return list(read_reference_file(path, schema).get("published") or [])
+
+
 def failed_since(log: str, since: float) -> bool:
     """True when a check job wrote FAIL verdicts to `log` after `since` (the onerror handler:
     a failed check leaves a complete study, so no partial build)."""

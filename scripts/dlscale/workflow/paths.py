@@ -68,6 +68,8 @@ def output_paths(folder: str, study: str) -> dict[str, str]:
         # the regression check against config/references.yaml (rules/check.smk)
         "verdicts": f"{tables}/verdicts.csv",
         "verdicts_table": f"{report}/verdicts_table.tex",
+        # published figures (config/references.yaml `published:`; dlscale.decisions.published)
+        "published": f"{tables}/published.csv",
         "tex": f"{report}/report.tex",
         "pdf": f"{report}/report.pdf",
         "pdf_log": f"{logs}/report_pdf.log",
