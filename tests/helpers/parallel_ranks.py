@@ -5,15 +5,17 @@ fully_shard; three training steps), on gloo over TCP, with a dropout-free tiny t
 registry's transformer_small architecture at a smaller size: dropout draws different masks on a
 sharded activation by construction, so it is off for a comparison of losses).
 
-    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json [MODEL]
+    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json \
+        [MODEL [OPTIMIZER]]
 
 (MODEL: transformer_small, made tiny as above, or gpt2_tiny, the registry's tiny decoder as it
-is: it has no dropout)
+is: it has no dropout; OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1)
 
 writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
-global batch) and the bytes of parameters, gradients and optimizer state it holds.
-`reference_loss` computes the same loss in one process: rank 0's initial weights, the
-ranks' batches together as one batch, plain SGD."""
+global batch) and its memory record (measured and predicted state bytes) right after the
+steps. `reference_loss` computes the same loss in one process: rank 0's initial weights (a
+model with init_weights(): each parameter seeded by its name, as every rank draws it), the
+ranks' batches together as one batch, torch's own SGD or AdamW and clip_grad_norm_."""
 
 from __future__ import annotations
 
@@ -24,6 +26,16 @@ import sys
 STEPS = 3
 PER_RANK_BATCH = 4
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
+# AdamW: torchtitan's Llama 3 settings, a learning rate for three stable steps, clipping at 1
+# (the tiny decoder's first gradient norm is about 1.7: the clipping acts)
+ADAMW = {
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "adam_eps": 1e-8,
+    "weight_decay": 0.1,
+    "grad_clip_norm": 1.0,
+}
+ADAMW_LEARNING_RATE = 1e-3
 TINY = {"d_model": 64, "num_layers": 2, "num_heads": 2, "dim_feedforward": 128, "dropout": 0.0}
 SEQ_LEN, VOCAB = 16, 256
 
@@ -41,11 +53,14 @@ def use_tiny_model() -> None:
 MICROBATCHES = 2  # pp: GPipe over 2 micro-batches per step
 
 
-def train_spec(parallelism: str, tp_degree: int, model: str = "transformer_small"):
+def train_spec(
+    parallelism: str, tp_degree: int, model: str = "transformer_small", optimizer: str = "sgd"
+):
     """The rank-side cell; `tp_degree` is the pipeline's stages for pp."""
     pp = parallelism == "pp"
     from dlscale.frameworks.base import TrainSpec
 
+    adamw = optimizer == "adamw"
     return TrainSpec(
         framework="pytorch",
         model=model,
@@ -55,16 +70,20 @@ def train_spec(parallelism: str, tp_degree: int, model: str = "transformer_small
         precision="fp32",
         device="cpu",
         threads=1,
-        learning_rate=LEARNING_RATE,
+        learning_rate=ADAMW_LEARNING_RATE if adamw else LEARNING_RATE,
         momentum=MOMENTUM,
         parallelism=parallelism,
         tp_degree=1 if pp else tp_degree,
         pp_degree=tp_degree if pp else 1,
         microbatches=MICROBATCHES if pp else 1,
+        optimizer=optimizer,
+        **(ADAMW if adamw else {}),
     )
 
 
-def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_small") -> dict:
+def run_rank(
+    rank, world, rpn, port, parallelism, tp_degree, model="transformer_small", optimizer="sgd"
+) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -73,11 +92,14 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
 
     use_tiny_model()
     ctx = RankContext(rank, world, rank % rpn, rpn, rank // rpn, "n", "127.0.0.1", port, "test")
-    adapter = Adapter(train_spec(parallelism, tp_degree, model), ctx)
+    adapter = Adapter(train_spec(parallelism, tp_degree, model, optimizer), ctx)
     adapter.setup()
     try:
         for _ in range(STEPS):
             adapter.step()
+        # before the loss's forward: FSDP2 keeps the root's parameters unsharded after a
+        # forward outside backward
+        memory = adapter.memory_per_rank()
         if parallelism == "pp":
             # one more step: its forward's loss is the loss after STEPS updates (the last
             # stage's micro-batch losses; their mean is the batch's loss)
@@ -95,7 +117,7 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
                 loss /= world
         return {
             "loss": float(loss),
-            "memory": adapter.memory_per_rank(),
+            "memory": memory,
             "wrapper": adapter.wrapper(),
             "execution": adapter.execution()["parallelism"],
         }
@@ -103,7 +125,7 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
         adapter.teardown()
 
 
-def reference_loss(world: int, name: str = "transformer_small") -> float:
+def reference_loss(world: int, name: str = "transformer_small", optimizer: str = "sgd") -> float:
     """The loss after STEPS steps of the single-process program on the global batch: rank 0's
     weights, rank r's batch drawn as rank r draws it (seed r, the model built first). Runs in
     the test process: the registry entry use_tiny_model replaces is restored afterwards, so
@@ -114,34 +136,56 @@ def reference_loss(world: int, name: str = "transformer_small") -> float:
     saved = models.SPECS["transformer_small"]
     use_tiny_model()
     try:
-        return _reference_loss(world, name)
+        return _reference_loss(world, name, optimizer)
     finally:
         models.SPECS["transformer_small"] = saved
 
 
-def _reference_loss(world: int, name: str) -> float:
+def _reference_loss(world: int, name: str, optimizer: str) -> float:
     import torch
 
     from dlscale.models import get_spec
     from dlscale.models.torch import build, example_batch
+    from dlscale.models.torch.seeded_init import has_init_weights, seeded_init
 
     spec = get_spec(name)
+    with torch.device("meta"):
+        seeded = has_init_weights(build(name))
     xs, ys = [], []
     for r in range(world):
         torch.manual_seed(r)
-        model = build(name)
-        x, y = example_batch(spec, PER_RANK_BATCH)
+        if seeded:  # the rank draws its batch first; its weights come from their own seeds
+            x, y = example_batch(spec, PER_RANK_BATCH)
+        else:
+            model = build(name)
+            x, y = example_batch(spec, PER_RANK_BATCH)
+            if r == 0:
+                reference = model
         xs.append(x)
         ys.append(y)
-        if r == 0:
-            reference = model
+    if seeded:
+        reference = build(name)
+        with torch.device("meta"):
+            twin = build(name)
+        seeded_init(reference, twin, seed=0)
     x, y = torch.cat(xs), torch.cat(ys)
-    opt = torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(
+            reference.parameters(),
+            lr=ADAMW_LEARNING_RATE,
+            betas=(ADAMW["adam_beta1"], ADAMW["adam_beta2"]),
+            eps=ADAMW["adam_eps"],
+            weight_decay=ADAMW["weight_decay"],
+        )
+    else:
+        opt = torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     loss_fn = torch.nn.CrossEntropyLoss()
     for _ in range(STEPS):
         loss = loss_fn(reference(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if optimizer == "adamw":
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), ADAMW["grad_clip_norm"])
         opt.step()
     with torch.no_grad():
         return float(loss_fn(reference(x), y))
@@ -151,6 +195,7 @@ if __name__ == "__main__":
     rank, world, rpn, port = (int(a) for a in sys.argv[1:5])
     parallelism, tp_degree, out = sys.argv[5], int(sys.argv[6]), sys.argv[7]
     model = sys.argv[8] if len(sys.argv) > 8 else "transformer_small"
-    result = run_rank(rank, world, rpn, port, parallelism, tp_degree, model)
+    optimizer = sys.argv[9] if len(sys.argv) > 9 else "sgd"
+    result = run_rank(rank, world, rpn, port, parallelism, tp_degree, model, optimizer)
     with open(out, "w") as f:
         json.dump(result, f)
