@@ -120,6 +120,7 @@ def run_rank(
             "memory": memory,
             "wrapper": adapter.wrapper(),
             "execution": adapter.execution()["parallelism"],
+            "training": adapter.execution()["training"],
         }
     finally:
         adapter.teardown()

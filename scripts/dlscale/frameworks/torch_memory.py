@@ -159,7 +159,10 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v):
-        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        # (batch, heads, sequence, dim) laid out as (batch, sequence, heads, dim), as the
+        # kernels write it: the usual transpose(1, 2).reshape after attention is then a view
+        *batch, heads, seq, _ = q.shape
+        out = q.new_empty((*batch, seq, heads, v.shape[-1])).transpose(-3, -2)
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
         return out

@@ -78,6 +78,7 @@ def _row(r) -> str:
     cols = [
         tex_escape(r.hardware),
         tex_escape(r.model),
+        tex_escape(r.policy),
         tex_escape(r.precision),
         tex_escape(r.parallelism),
         str(int(r.nodes)),
@@ -123,12 +124,12 @@ def write_memory_table(cells: pd.DataFrame, out: str, max_rows: int = MAX_MEMORY
         )
         return 0
     shown = table.head(max_rows)
-    spec = "llllrl" + "r" * 7
+    spec = "lllllrl" + "r" * 7
     head = (
-        r"HW & Model & Prec. & Parallelism & Nodes & Opt. & \multicolumn{3}{c}{State} & "
+        r"HW & Model & Policy & Prec. & Parallelism & Nodes & Opt. & \multicolumn{3}{c}{State} & "
         r"Shard & Act. & Total & Peak \\"
         "\n"
-        r" & & & & & & pred. & meas. & $\Delta$\,\% & & pred. & pred. & meas. \\"
+        r" & & & & & & & pred. & meas. & $\Delta$\,\% & & pred. & pred. & meas. \\"
     )
     rest = len(table) - len(shown)
     more = (

@@ -229,7 +229,13 @@ def test_ddp_cells_keep_their_path_identity_and_hash(root, base_config):
 
 # ---- real ranks -------------------------------------------------------------------------------
 def run_ranks(
-    tmp_path, parallelism: str, nodes: int, rpn: int, tp: int = 1, model="transformer_small"
+    tmp_path,
+    parallelism: str,
+    nodes: int,
+    rpn: int,
+    tp: int = 1,
+    model="transformer_small",
+    optimizer="sgd",
 ) -> list[dict]:
     """Start nodes x rpn ranks of the production adapter (parallel_ranks.py), one process each."""
     world = nodes * rpn
@@ -238,7 +244,7 @@ def run_ranks(
     procs = [
         subprocess.Popen(
             [sys.executable, str(HELPERS / "parallel_ranks.py"), str(r), str(world), str(rpn)]
-            + [str(port), parallelism, str(tp), str(outs[r]), model],
+            + [str(port), parallelism, str(tp), str(outs[r]), model, optimizer],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -256,47 +262,82 @@ def state_bytes(memory: dict) -> int:
 
 
 @functools.cache
-def reference(model: str, world: int) -> float:
+def reference(model: str, world: int, optimizer: str = "sgd") -> float:
     """The single-process loss (computed once per worker: no module-scoped fixture, so the
     test command's workers share these tests out instead of running them in one group)."""
     from helpers.parallel_ranks import reference_loss
 
-    return reference_loss(world, model)
+    return reference_loss(world, model, optimizer)
+
+
+STATE_RTOL = 0.02  # issue 48: predicted and measured state bytes per rank, and the shard fraction
 
 
 @pytest.mark.parametrize(
-    "model, parallelism, nodes, rpn, tp",
+    "model, parallelism, nodes, rpn, tp, optimizer",
     [
-        ("transformer_small", "ddp", 2, 1, 1),
-        ("transformer_small", "fsdp", 2, 1, 1),
-        ("transformer_small", "hsdp", 2, 1, 1),
-        ("transformer_small", "tp", 1, 2, 2),
-        ("transformer_small", "fsdp+tp", 2, 2, 2),
-        ("transformer_small", "hsdp", 2, 2, 1),
-        ("transformer_small", "tp", 2, 2, 2),
-        # the tiny decoder (GPT-2 class): attention split by heads under tensor parallel
-        ("gpt2_tiny", "fsdp", 2, 1, 1),
-        ("gpt2_tiny", "tp", 1, 2, 2),
-        ("gpt2_tiny", "fsdp+tp", 2, 2, 2),
-        ("gpt2_tiny", "hsdp", 2, 2, 1),
+        ("transformer_small", "ddp", 2, 1, 1, "sgd"),
+        ("transformer_small", "fsdp", 2, 1, 1, "sgd"),
+        ("transformer_small", "hsdp", 2, 1, 1, "sgd"),
+        ("transformer_small", "tp", 1, 2, 2, "sgd"),
+        ("transformer_small", "fsdp+tp", 2, 2, 2, "sgd"),
+        ("transformer_small", "hsdp", 2, 2, 1, "sgd"),
+        ("transformer_small", "tp", 2, 2, 2, "sgd"),
+        # the tiny decoder (GPT-2 class) as the decoders train (issue 48): AdamW, its gradients
+        # clipped to norm 1 over the shards, built on the meta device and materialised after
+        # fully_shard under fsdp and hsdp; attention split by heads under tensor parallel
+        ("gpt2_tiny", "ddp", 2, 1, 1, "adamw"),
+        ("gpt2_tiny", "fsdp", 2, 1, 1, "adamw"),
+        ("gpt2_tiny", "tp", 1, 2, 2, "adamw"),
+        ("gpt2_tiny", "fsdp+tp", 2, 2, 2, "adamw"),
+        ("gpt2_tiny", "hsdp", 2, 2, 1, "adamw"),
         # pipeline (GPipe, 2 micro-batches): 2 stages over 2 nodes; 2 stages x 2 replicas
-        ("transformer_small", "pp", 2, 1, 2),
-        ("transformer_small", "pp", 2, 2, 2),
+        ("transformer_small", "pp", 2, 1, 2, "sgd"),
+        ("transformer_small", "pp", 2, 2, 2, "sgd"),
     ],
 )
 def test_every_strategy_trains_to_the_single_process_loss(
-    tmp_path, model, parallelism, nodes, rpn, tp
+    tmp_path, model, parallelism, nodes, rpn, tp, optimizer
 ):
-    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp, model)
-    expected = reference(model, nodes * rpn)
+    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp, model, optimizer)
+    expected = reference(model, nodes * rpn, optimizer)
     losses = {r["loss"] for r in ranks}
     assert len(losses) == 1  # all-reduced: every rank the same
     loss = losses.pop()
     rel = abs(loss - expected) / abs(expected)
-    print(f"{model} {parallelism} {nodes}x{rpn}: loss {loss:.8f}, ref {expected:.8f}, {rel:.2e}")
+    print(
+        f"{model} {parallelism} {nodes}x{rpn} {optimizer}: loss {loss:.8f}, ref {expected:.8f}, "
+        f"{rel:.2e}"
+    )
     assert rel <= RTOL
+    for rank in ranks:  # what each rank holds, measured against predicted (issue 48)
+        memory, predicted = rank["memory"], rank["memory"]["predicted"]
+        measured = state_bytes(memory)
+        print(
+            f"  state bytes per rank: measured {measured}, predicted {predicted['state_bytes']}"
+            + (
+                f", shard fraction {predicted['full_state_bytes'] / predicted['shard_degree']:.0f}"
+                if predicted["shard_degree"]
+                else ""
+            )
+        )
+        assert measured == pytest.approx(predicted["state_bytes"], rel=STATE_RTOL)
+        assert memory["optimizer_state_dtype"] == "float32"
+        per_param = {"sgd": 1, "adamw": 2}[optimizer]  # momentum; AdamW's two moments
+        assert memory["optimizer_state_bytes"] == per_param * memory["param_bytes"]
+        if parallelism in ("fsdp", "hsdp"):  # the exact shard fraction, padding counted
+            fraction = predicted["full_state_bytes"] / predicted["shard_degree"]
+            assert measured == pytest.approx(fraction, rel=STATE_RTOL)
+            assert predicted["padding_bytes"] is not None
+    if parallelism in ("ddp", "fsdp", "hsdp"):
+        assert ranks[0]["memory"]["predicted"]["activation_bytes"] > 0
     facts = ranks[0]["execution"]
     assert facts["strategy"] == parallelism
+    training = ranks[0]["training"]
+    assert training["optimizer"]["name"] == optimizer
+    assert ("init_weights()" in training["init"]) == (model == "gpt2_tiny")
+    meta_after_shard = model == "gpt2_tiny" and parallelism in ("fsdp", "hsdp")
+    assert ("after fully_shard" in training["init"]) == meta_after_shard
     if parallelism != "ddp":
         assert facts["dims"]["world_size"] == nodes * rpn
         assert ("tensor_parallel" in facts) == (tp > 1 and parallelism != "pp")
@@ -336,6 +377,28 @@ def test_cells_of_each_strategy_record_memory_per_rank(tmp_path):
     assert ratio <= 1 / 2 * 1.10
     assert cells["ddp"]["param_bytes_per_rank_max"] == 4 * 5_289_986  # fp32, full replica
     assert "fully_shard" in cells["fsdp"]["wrapper"]
+    # issue 48: the predicted parts beside the measured bytes, and the report's table of them
+    import pandas as pd
+
+    from dlscale.outputs.memory_table import write_memory_table
+
+    for p, row in cells.items():
+        assert row["optimizer"] == "sgd" and row["peak_scope"] is None  # a CPU cell
+        assert row["predicted_state_bytes_per_rank_max"] == pytest.approx(
+            row["state_bytes_per_rank_max"], rel=0.02
+        )
+        assert row["predicted_activation_bytes_per_rank_max"] > 0
+    fsdp = cells["fsdp"]
+    assert fsdp["shard_degree"] == 2 and cells["ddp"]["shard_degree"] is None
+    assert fsdp["state_bytes_per_rank_max"] == pytest.approx(
+        fsdp["full_state_bytes"] / fsdp["shard_degree"], rel=0.02
+    )
+    table = tmp_path / "memory_table.tex"
+    assert write_memory_table(pd.DataFrame(list(cells.values())), str(table)) == 2
+    text = table.read_text()
+    assert (
+        "transformer\\_small & weak & fp32 & ddp & 2 & sgd" in text and " & fsdp & 2 & sgd" in text
+    )
 
 
 # ---- out of memory: a result -----------------------------------------------------------------

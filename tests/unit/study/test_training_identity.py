@@ -62,8 +62,9 @@ def test_shipped_cells_keep_their_identity_but_the_decoders_optimizer(root, befo
     for path, was in old["cells"].items():
         cell = cells[path]
         text = cell.to_json()
-        if "to_json" not in was or hashlib.sha256(text.encode()).hexdigest() == (
-            was["to_json_sha256"]
+        if (
+            "to_json" not in was
+            or hashlib.sha256(text.encode()).hexdigest() == (was["to_json_sha256"])
         ):
             assert hashlib.sha256(text.encode()).hexdigest() == was["to_json_sha256"], path
             assert cell.config_hash == was["config_hash"], path
@@ -162,9 +163,7 @@ def test_a_framework_without_adamw_is_refused_before_any_job(root, base_config):
         load_study(bad, root)
 
 
-def test_a_decoder_cell_measured_with_sgd_is_flagged_when_auto_plans_adamw(
-    tmp_path, monkeypatch
-):
+def test_a_decoder_cell_measured_with_sgd_is_flagged_when_auto_plans_adamw(tmp_path, monkeypatch):
     """A metrics file written before the choice has no optimizer field: it was SGD, so the
     planned AdamW cell differs (and the other way round); another later field the file lacks
     is still not compared."""
@@ -176,7 +175,10 @@ def test_a_decoder_cell_measured_with_sgd_is_flagged_when_auto_plans_adamw(
     old = Cell.from_dict(cell_dict(model="gpt2_tiny", seq_len=32))
     path = tmp_path / old.path
     path.parent.mkdir(parents=True)
-    start = {"event": "run_start", "value": {"cell": old.as_dict(), "provenance": {"launcher": "local"}}}
+    start = {
+        "event": "run_start",
+        "value": {"cell": old.as_dict(), "provenance": {"launcher": "local"}},
+    }
     path.write_text(json.dumps(start) + "\n")
     assert "optimizer" not in old.as_dict()
     assert changed_cells([old]) == []
