@@ -187,11 +187,14 @@ FRAMEWORKS = {
                 "synchronisation after the window; DDP's runtime statistics (which synchronise "
                 "on their sampled iterations) are sampled only before the window; fp16 uses the "
                 "fused SGD, with which the gradient scaler does not read its inf check on the "
-                "host"
+                "host; AdamW is the fused one (its step counters on the device) and the "
+                "gradient clipping's norm stays a device tensor"
             ),
             host_sync_per_step_cpu=(
                 "none beyond the step itself: on CPUs the step runs on the host (no device to "
-                "wait for); DDP's runtime statistics are sampled only before the window"
+                "wait for); DDP's runtime statistics are sampled only before the window; "
+                "AdamW's foreach step reads its per-parameter step counters with .item() "
+                "(host values)"
             ),
             initialisation_and_data_order=(
                 "weights from torch.manual_seed(seed + rank), rank 0's on every rank (DDP's "
