@@ -157,7 +157,7 @@ def cell_memory(ends: list[dict]) -> dict:
 
     state = [sum(m[k] for k in MEMORY_BYTES) for m in memories if all(k in m for k in MEMORY_BYTES)]
     scopes = {m["peak_scope"] for m in memories if m.get("peak_scope")}
-    return {
+    out = {
         **{f"{k}_per_rank_max": largest(k) for k in MEMORY_BYTES},
         "state_bytes_per_rank_max": max(state) if state else None,
         **{f"{k}_max": largest(k) for k in MEMORY_PEAKS},
@@ -168,6 +168,13 @@ def cell_memory(ends: list[dict]) -> dict:
         "full_state_bytes": largest("full_state_bytes", predicted),
         "shard_degree": largest("shard_degree", predicted),
     }
+    # rank 0 estimates the activations for every rank (the same model and batch on each): the
+    # largest predicted state plus them
+    if out["predicted_state_bytes_per_rank_max"] is not None:
+        out["predicted_total_bytes_per_rank_max"] = out["predicted_state_bytes_per_rank_max"] + (
+            out["predicted_activation_bytes_per_rank_max"] or 0
+        )
+    return out
 
 
 def _rank_rows(records: list[dict], base: dict, rank_start: dict) -> list[dict]:

@@ -310,9 +310,10 @@ class Adapter(TorchModel, BaseAdapter):
 
     def predict_memory(self) -> dict:
         """This rank's predicted memory parts (dlscale.frameworks.torch_memory.predicted_parts):
-        the module's parameters as the strategy lays them out, the optimizer's state, and the
-        activations of its batch where the whole model sees the whole batch (one device, ddp,
-        fsdp, hsdp)."""
+        the module's parameters as the strategy lays them out, the optimizer's state, and (rank
+        0) the activations of its batch where the whole model sees the whole batch (one device,
+        ddp, fsdp, hsdp): the same on every rank, and cells.csv adds them to every rank's
+        state."""
         from dlscale.frameworks.torch_memory import activation_bytes, predicted_parts
 
         spec = self.spec
@@ -326,6 +327,14 @@ class Adapter(TorchModel, BaseAdapter):
                 "available": False,
                 "reason": f"not estimated under {spec.parallelism} (a rank holds part of the "
                 "model's activations)",
+            }
+        elif self.ctx.rank != 0:
+            # the same model and batch size on every rank: rank 0's estimate is every rank's
+            # (a meta-device forward imports torch._dynamo, seconds, which rank 0 pays for its
+            # FLOP count anyway)
+            activation = {
+                "available": False,
+                "reason": "estimated on rank 0 (the same on every rank)",
             }
         else:
             dtype = None if spec.precision == "fp32" else self.precision_dtype

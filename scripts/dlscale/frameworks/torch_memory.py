@@ -25,8 +25,10 @@ strategy's layout, never from the tensors' storage:
   storage once, parameters excluded); attention as PyTorch's fused kernels hold it (query, key,
   value, output and the log-sum-exp rows, no sequence x sequence matrix); in the cell's
   precision (bf16 and fp16: every activation in it, which undercounts what autocast keeps in
-  float32: norms, softmax, the loss). Estimated for one device, ddp, fsdp and hsdp (the rank's
-  whole batch through the whole model); not under tensor parallel or a pipeline.
+  float32: norms, softmax, the loss). Estimated by rank 0 for one device, ddp, fsdp and hsdp
+  (every rank's whole batch through the whole model: the same on every rank; a meta-device
+  forward imports torch._dynamo, seconds, which rank 0 pays for its FLOP count anyway); not
+  under tensor parallel or a pipeline.
 What no part counts: temporaries freed within the forward or backward (the logits' gradient,
 an FSDP unit's all-gathered parameters, the fp16 gradient scaler), the allocator's caching
 (reserved minus allocated), the CUDA context and the communication buffers (the hardware
