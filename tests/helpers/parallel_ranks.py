@@ -6,10 +6,12 @@ registry's transformer_small architecture at a smaller size: dropout draws diffe
 sharded activation by construction, so it is off for a comparison of losses).
 
     python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json \
-        [MODEL [OPTIMIZER]]
+        [MODEL [OPTIMIZER [PRECISION]]]
 
 (MODEL: transformer_small, made tiny as above, or gpt2_tiny, the registry's tiny decoder as it
-is: it has no dropout; OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1)
+is: it has no dropout; OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1;
+PRECISION: fp32, or bf16, under fully_shard with FSDP2's MixedPrecisionPolicy as a study gives
+it: the dtype the first Linear's weight has in the forward is written beside the loss)
 
 writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
 global batch) and its memory record (measured and predicted state bytes) right after the
@@ -54,11 +56,16 @@ MICROBATCHES = 2  # pp: GPipe over 2 micro-batches per step
 
 
 def train_spec(
-    parallelism: str, tp_degree: int, model: str = "transformer_small", optimizer: str = "sgd"
+    parallelism: str,
+    tp_degree: int,
+    model: str = "transformer_small",
+    optimizer: str = "sgd",
+    precision: str = "fp32",
 ):
     """The rank-side cell; `tp_degree` is the pipeline's stages for pp."""
     pp = parallelism == "pp"
     from dlscale.frameworks.base import TrainSpec
+    from dlscale.study.matrix import fsdp_mixed_precision
 
     adamw = optimizer == "adamw"
     return TrainSpec(
@@ -67,7 +74,7 @@ def train_spec(
         per_rank_batch=PER_RANK_BATCH,
         warmup_steps=0,
         steps=STEPS,
-        precision="fp32",
+        precision=precision,
         device="cpu",
         threads=1,
         learning_rate=ADAMW_LEARNING_RATE if adamw else LEARNING_RATE,
@@ -78,11 +85,20 @@ def train_spec(
         microbatches=MICROBATCHES if pp else 1,
         optimizer=optimizer,
         **(ADAMW if adamw else {}),
+        fsdp_mixed_precision=fsdp_mixed_precision(parallelism, precision),
     )
 
 
 def run_rank(
-    rank, world, rpn, port, parallelism, tp_degree, model="transformer_small", optimizer="sgd"
+    rank,
+    world,
+    rpn,
+    port,
+    parallelism,
+    tp_degree,
+    model="transformer_small",
+    optimizer="sgd",
+    precision="fp32",
 ) -> dict:
     import torch
     import torch.distributed as dist
@@ -92,11 +108,15 @@ def run_rank(
 
     use_tiny_model()
     ctx = RankContext(rank, world, rank % rpn, rpn, rank // rpn, "n", "127.0.0.1", port, "test")
-    adapter = Adapter(train_spec(parallelism, tp_degree, model, optimizer), ctx)
+    adapter = Adapter(train_spec(parallelism, tp_degree, model, optimizer, precision), ctx)
     adapter.setup()
     try:
+        linear = next(m for m in adapter.model.modules() if isinstance(m, torch.nn.Linear))
+        dtypes = []
+        hook = linear.register_forward_pre_hook(lambda m, a: dtypes.append(str(m.weight.dtype)))
         for _ in range(STEPS):
             adapter.step()
+        hook.remove()
         # before the loss's forward: FSDP2 keeps the root's parameters unsharded after a
         # forward outside backward
         memory = adapter.memory_per_rank()
@@ -117,6 +137,7 @@ def run_rank(
                 loss /= world
         return {
             "loss": float(loss),
+            "forward_weight_dtype": dtypes[-1] if dtypes else None,
             "memory": memory,
             "wrapper": adapter.wrapper(),
             "execution": adapter.execution()["parallelism"],
@@ -197,6 +218,7 @@ if __name__ == "__main__":
     parallelism, tp_degree, out = sys.argv[5], int(sys.argv[6]), sys.argv[7]
     model = sys.argv[8] if len(sys.argv) > 8 else "transformer_small"
     optimizer = sys.argv[9] if len(sys.argv) > 9 else "sgd"
-    result = run_rank(rank, world, rpn, port, parallelism, tp_degree, model, optimizer)
+    precision = sys.argv[10] if len(sys.argv) > 10 else "fp32"
+    result = run_rank(rank, world, rpn, port, parallelism, tp_degree, model, optimizer, precision)
     with open(out, "w") as f:
         json.dump(result, f)

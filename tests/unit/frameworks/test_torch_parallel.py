@@ -236,6 +236,7 @@ def run_ranks(
     tp: int = 1,
     model="transformer_small",
     optimizer="sgd",
+    precision="fp32",
 ) -> list[dict]:
     """Start nodes x rpn ranks of the production adapter (parallel_ranks.py), one process each."""
     world = nodes * rpn
@@ -244,7 +245,7 @@ def run_ranks(
     procs = [
         subprocess.Popen(
             [sys.executable, str(HELPERS / "parallel_ranks.py"), str(r), str(world), str(rpn)]
-            + [str(port), parallelism, str(tp), str(outs[r]), model, optimizer],
+            + [str(port), parallelism, str(tp), str(outs[r]), model, optimizer, precision],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -344,6 +345,31 @@ def test_every_strategy_trains_to_the_single_process_loss(
         assert ("tensor_parallel" in facts) == (tp > 1 and parallelism != "pp")
     if parallelism == "pp":
         assert facts["dims"]["pp"] == tp and facts["pipeline"]["stages"] == tp
+
+
+def test_a_bf16_fsdp_cell_takes_its_precision_from_fsdps_policy(tmp_path):
+    """bf16 under fully_shard (issue 48): FSDP2's MixedPrecisionPolicy all-gathers the
+    parameters in bf16 for the forward, reduces the gradients in float32 into float32 shards,
+    and no autocast runs; the loss stays within bf16's precision of the float32 program's."""
+    ranks = run_ranks(tmp_path, "fsdp", 2, 1, 1, "gpt2_tiny", "adamw", "bf16")
+    expected = reference("gpt2_tiny", 2, "adamw")
+    for rank in ranks:
+        assert rank["forward_weight_dtype"] == "torch.bfloat16"
+        assert rank["execution"]["mixed_precision"] == {
+            "param_dtype": "bfloat16",
+            "reduce_dtype": "float32",
+        }
+        assert rank["training"]["precision"] == (
+            "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), no autocast"
+        )
+        # the sharded state stays float32: the predicted bytes hold
+        memory = rank["memory"]
+        assert state_bytes(memory) == memory["predicted"]["state_bytes"]
+        rel = abs(rank["loss"] - expected) / expected
+        print(
+            f"gpt2_tiny fsdp 2x1 adamw bf16: loss {rank['loss']:.6f}, ref {expected:.6f}, {rel:.1e}"
+        )
+        assert rel <= 2e-2  # bf16 keeps 8 bits of mantissa
 
 
 def test_fsdp_holds_a_world_size_share_of_ddps_state(tmp_path):
