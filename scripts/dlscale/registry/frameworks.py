@@ -193,8 +193,8 @@ FRAMEWORKS = {
             host_sync_per_step_cpu=(
                 "none beyond the step itself: on CPUs the step runs on the host (no device to "
                 "wait for); DDP's runtime statistics are sampled only before the window; "
-                "AdamW's foreach step reads its per-parameter step counters with .item() "
-                "(host values)"
+                "AdamW's foreach step reads its per-parameter step counters as Python numbers "
+                "(Tensor.item on host values: nothing to wait for)"
             ),
             initialisation_and_data_order=(
                 "weights from torch.manual_seed(seed + rank), rank 0's on every rank (DDP's "
