@@ -82,7 +82,7 @@ def environment_problems(cells, hardware: dict, env_dir, *, route: str = "venv")
                     f"{route} route builds CPU environments only (envs/<framework>.yaml). Run "
                     f"GPU cells in dlscale's venvs: {SETUP} {name}, then snakemake without "
                     "--sdm; or name the site's GPU image in the hardware entry (container: "
-                    '{engine: apptainer, image: ...}; docs/pages/slurm.md, "Containers")'
+                    "{engine: apptainer, image: ...}; docs/pages/slurm.md, \"Containers\")"
                 )
             continue
         folder = env_dir(name)
