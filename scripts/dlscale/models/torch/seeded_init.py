@@ -17,6 +17,12 @@ its own seed, whatever the order or the number of the other parameters. A value 
 means ``init_weights()`` did not set that parameter: refused, naming it. Buffers (a rotary
 table) are computed the same way once, every buffer real and no parameter.
 
+Identity: the decoders' initial values changed with this (each parameter from its own seed,
+where one stream in construction order drew them before), on one device and under ddp too. What
+a throughput cell measures (shapes, operations, time, memory) does not depend on the values, and
+no convergence cell trains a decoder, so this alone gives no cell a new identity; the decoder
+cells that now train with AdamW have one anyway (dlscale.registry.optimizers).
+
 The contract for a model (the decoders follow it): ``init_weights()`` with no arguments sets
 every parameter and buffer, drawing random numbers only from torch's default generator.
 
