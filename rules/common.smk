@@ -463,6 +463,7 @@ REPORT_SOURCES = (
     "tex",
     "macros",
     "cells_table",
+    "memory_table",
     "quarantine_table",
     "status_table",
     "systems_table",

@@ -16,6 +16,7 @@ rule report_inputs:
     output:
         macros=RULE_OUT["macros"],
         cells_table=RULE_OUT["cells_table"],
+        memory_table=RULE_OUT["memory_table"],
         quarantine_table=RULE_OUT["quarantine_table"],
         status_table=RULE_OUT["status_table"],
         systems_table=RULE_OUT["systems_table"],

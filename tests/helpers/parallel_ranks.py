@@ -5,17 +5,22 @@ fully_shard; three training steps), on gloo over TCP, with a dropout-free tiny t
 registry's transformer_small architecture at a smaller size: dropout draws different masks on a
 sharded activation by construction, so it is off for a comparison of losses).
 
-    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json [MODEL]
+    python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json \
+        [MODEL [OPTIMIZER [PRECISION]]]
 
 (MODEL: transformer_small, made tiny as above, or a tiny decoder of the registry as it is,
 gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM may be comma-separated
-lists of the same length: the strategies then run one after another in the same processes)
+lists of the same length: the strategies then run one after another in the same processes;
+OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1; PRECISION: fp32, or bf16,
+under fully_shard with FSDP2's MixedPrecisionPolicy as a study gives it: the dtype the first
+Linear's weight has in the forward is written beside the loss)
 
 writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
-global batch) and the bytes of parameters, gradients and optimizer state it holds (several
-strategies: one such record per strategy, by name).
-`reference_loss` computes the same loss in one process: rank 0's initial weights, the
-ranks' batches together as one batch, plain SGD."""
+global batch) and its memory record (measured and predicted state bytes) right after the
+steps (several strategies: one such record per strategy, by name). `reference_loss` computes
+the same loss in one process: rank 0's initial weights (a model with init_weights(): each
+parameter seeded by its name, as every rank draws it), the ranks' batches together as one
+batch, torch's own SGD or AdamW and clip_grad_norm_."""
 
 from __future__ import annotations
 
@@ -26,6 +31,16 @@ import sys
 STEPS = 3
 PER_RANK_BATCH = 4
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
+# AdamW: torchtitan's Llama 3 settings, a learning rate for three stable steps, clipping at 1
+# (the tiny decoder's first gradient norm is about 1.7: the clipping acts)
+ADAMW = {
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "adam_eps": 1e-8,
+    "weight_decay": 0.1,
+    "grad_clip_norm": 1.0,
+}
+ADAMW_LEARNING_RATE = 1e-3
 TINY = {"d_model": 64, "num_layers": 2, "num_heads": 2, "dim_feedforward": 128, "dropout": 0.0}
 SEQ_LEN, VOCAB = 16, 256
 
@@ -43,30 +58,51 @@ def use_tiny_model() -> None:
 MICROBATCHES = 2  # pp: GPipe over 2 micro-batches per step
 
 
-def train_spec(parallelism: str, tp_degree: int, model: str = "transformer_small"):
+def train_spec(
+    parallelism: str,
+    tp_degree: int,
+    model: str = "transformer_small",
+    optimizer: str = "sgd",
+    precision: str = "fp32",
+):
     """The rank-side cell; `tp_degree` is the pipeline's stages for pp."""
     pp = parallelism == "pp"
     from dlscale.frameworks.base import TrainSpec
+    from dlscale.study.matrix import fsdp_mixed_precision
 
+    adamw = optimizer == "adamw"
     return TrainSpec(
         framework="pytorch",
         model=model,
         per_rank_batch=PER_RANK_BATCH,
         warmup_steps=0,
         steps=STEPS,
-        precision="fp32",
+        precision=precision,
         device="cpu",
         threads=1,
-        learning_rate=LEARNING_RATE,
+        learning_rate=ADAMW_LEARNING_RATE if adamw else LEARNING_RATE,
         momentum=MOMENTUM,
         parallelism=parallelism,
         tp_degree=1 if pp else tp_degree,
         pp_degree=tp_degree if pp else 1,
         microbatches=MICROBATCHES if pp else 1,
+        optimizer=optimizer,
+        **(ADAMW if adamw else {}),
+        fsdp_mixed_precision=fsdp_mixed_precision(parallelism, precision),
     )
 
 
-def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_small") -> dict:
+def run_rank(
+    rank,
+    world,
+    rpn,
+    port,
+    parallelism,
+    tp_degree,
+    model="transformer_small",
+    optimizer="sgd",
+    precision="fp32",
+) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -75,11 +111,18 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
 
     use_tiny_model()
     ctx = RankContext(rank, world, rank % rpn, rpn, rank // rpn, "n", "127.0.0.1", port, "test")
-    adapter = Adapter(train_spec(parallelism, tp_degree, model), ctx)
+    adapter = Adapter(train_spec(parallelism, tp_degree, model, optimizer, precision), ctx)
     adapter.setup()
     try:
+        linear = next(m for m in adapter.model.modules() if isinstance(m, torch.nn.Linear))
+        dtypes = []
+        hook = linear.register_forward_pre_hook(lambda m, a: dtypes.append(str(m.weight.dtype)))
         for _ in range(STEPS):
             adapter.step()
+        hook.remove()
+        # before the loss's forward: FSDP2 keeps the root's parameters unsharded after a
+        # forward outside backward
+        memory = adapter.memory_per_rank()
         if parallelism == "pp":
             # one more step: its forward's loss is the loss after STEPS updates (the last
             # stage's micro-batch losses; their mean is the batch's loss)
@@ -97,15 +140,17 @@ def run_rank(rank, world, rpn, port, parallelism, tp_degree, model="transformer_
                 loss /= world
         return {
             "loss": float(loss),
-            "memory": adapter.memory_per_rank(),
+            "forward_weight_dtype": dtypes[-1] if dtypes else None,
+            "memory": memory,
             "wrapper": adapter.wrapper(),
             "execution": adapter.execution()["parallelism"],
+            "training": adapter.execution()["training"],
         }
     finally:
         adapter.teardown()
 
 
-def reference_loss(world: int, name: str = "transformer_small") -> float:
+def reference_loss(world: int, name: str = "transformer_small", optimizer: str = "sgd") -> float:
     """The loss after STEPS steps of the single-process program on the global batch: rank 0's
     weights, rank r's batch drawn as rank r draws it (seed r, the model built first). Runs in
     the test process: the registry entry use_tiny_model replaces is restored afterwards, so
@@ -116,34 +161,56 @@ def reference_loss(world: int, name: str = "transformer_small") -> float:
     saved = models.SPECS["transformer_small"]
     use_tiny_model()
     try:
-        return _reference_loss(world, name)
+        return _reference_loss(world, name, optimizer)
     finally:
         models.SPECS["transformer_small"] = saved
 
 
-def _reference_loss(world: int, name: str) -> float:
+def _reference_loss(world: int, name: str, optimizer: str) -> float:
     import torch
 
     from dlscale.models import get_spec
     from dlscale.models.torch import build, example_batch
+    from dlscale.models.torch.seeded_init import has_init_weights, seeded_init
 
     spec = get_spec(name)
+    with torch.device("meta"):
+        seeded = has_init_weights(build(name))
     xs, ys = [], []
     for r in range(world):
         torch.manual_seed(r)
-        model = build(name)
-        x, y = example_batch(spec, PER_RANK_BATCH)
+        if seeded:  # the rank draws its batch first; its weights come from their own seeds
+            x, y = example_batch(spec, PER_RANK_BATCH)
+        else:
+            model = build(name)
+            x, y = example_batch(spec, PER_RANK_BATCH)
+            if r == 0:
+                reference = model
         xs.append(x)
         ys.append(y)
-        if r == 0:
-            reference = model
+    if seeded:
+        reference = build(name)
+        with torch.device("meta"):
+            twin = build(name)
+        seeded_init(reference, twin, seed=0)
     x, y = torch.cat(xs), torch.cat(ys)
-    opt = torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(
+            reference.parameters(),
+            lr=ADAMW_LEARNING_RATE,
+            betas=(ADAMW["adam_beta1"], ADAMW["adam_beta2"]),
+            eps=ADAMW["adam_eps"],
+            weight_decay=ADAMW["weight_decay"],
+        )
+    else:
+        opt = torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     loss_fn = torch.nn.CrossEntropyLoss()
     for _ in range(STEPS):
         loss = loss_fn(reference(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if optimizer == "adamw":
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), ADAMW["grad_clip_norm"])
         opt.step()
     with torch.no_grad():
         return float(loss_fn(reference(x), y))
@@ -163,10 +230,14 @@ if __name__ == "__main__":
     ports, parallelisms = sys.argv[4].split(","), sys.argv[5].split(",")
     tp_degree, out = int(sys.argv[6]), sys.argv[7]
     model = sys.argv[8] if len(sys.argv) > 8 else "transformer_small"
+    optimizer = sys.argv[9] if len(sys.argv) > 9 else "sgd"
+    precision = sys.argv[10] if len(sys.argv) > 10 else "fp32"
     # several strategies, comma-separated (each with its own port), run one after another in
     # the same processes: one interpreter start and torch import for all of them
     results = {
-        p: run_rank(rank, world, rpn, int(port), p, degree_of(p, tp_degree), model)
+        p: run_rank(
+            rank, world, rpn, int(port), p, degree_of(p, tp_degree), model, optimizer, precision
+        )
         for port, p in zip(ports, parallelisms, strict=True)
     }
     with open(out, "w") as f:

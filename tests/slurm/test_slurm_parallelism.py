@@ -2,7 +2,8 @@
 hsdp cell of the tiny decoder through `snakemake --profile profiles/slurm`, their ranks started
 by srun on the two nodes, ending in the report; each rank holds half of the model's parameter,
 gradient and optimizer-state bytes under fsdp, all of them under hsdp (one rank per node:
-sharded within the node, replicated across)."""
+sharded within the node, replicated across), as predicted, with AdamW's state (issue 48), and
+the report's memory table shows both."""
 
 from __future__ import annotations
 
@@ -41,11 +42,16 @@ def test_a_two_node_sharded_cell(sharded_study, parallelism, share):
     assert len({r["node"] for r in ranks}) == 2  # distinct nodes
     assert {r["parallelism"]["strategy"] for r in ranks} == {parallelism}
     ends = [r["value"] for r in records if r["event"] == "rank_end"]
-    full = 3 * 4 * ranks[0]["param_count"]  # fp32 parameters, gradients, momentum
+    # fp32 parameters and gradients, AdamW's two moments (auto: the decoders' optimizer, issue
+    # 48); the predicted state beside it, and the shard fraction under fsdp
+    assert start["cell"]["optimizer"] == "adamw"
+    full = (4 + 4 + 8) * ranks[0]["param_count"]
     for end in ends:
         m = end["memory"]
         held = m["param_bytes"] + m["grad_bytes"] + m["optimizer_state_bytes"]
         assert held == pytest.approx(share * full, rel=0.02)
+        assert held == pytest.approx(m["predicted"]["state_bytes"], rel=0.02)
+        assert m["predicted"]["full_state_bytes"] == full
     assert records[-1]["value"]["throughput_samples_per_s"] > 0
 
 
@@ -55,4 +61,8 @@ def test_the_sharded_study_reports(sharded_study):
     cells = pd.read_csv(sharded_study / "results/parallelism/tables/cells.csv")
     assert sorted(cells["parallelism"]) == ["fsdp", "hsdp"]
     assert cells["state_bytes_per_rank_max"].notna().all()
+    assert set(cells["optimizer"]) == {"adamw"}
+    assert cells["predicted_state_bytes_per_rank_max"].notna().all()
+    table = (sharded_study / "results/parallelism/report/memory_table.tex").read_text()
+    assert " & fsdp & 2 & adamw & " in table and " & hsdp & 2 & adamw & " in table
     assert (sharded_study / "results/parallelism/report/report.pdf").stat().st_size > 0

@@ -137,22 +137,44 @@ def rank_memory(rank_end: dict) -> dict:
     return {k: memory.get(k) for k in MEMORY_BYTES}
 
 
+# The predicted parts beside them (memory `predicted`: dlscale.frameworks.torch_memory), per
+# rank; the cells table keeps the largest over the cell's ranks of each.
+PREDICTED_BYTES = ("state_bytes", "activation_bytes", "total_bytes", "padding_bytes")
+
+
 def cell_memory(ends: list[dict]) -> dict:
     """Per cell, the largest value over its ranks of each memory figure (the rank that must
     fit), the sum of a rank's parameter, gradient and optimizer-state bytes
-    (state_bytes_per_rank_max), and the tensor-parallel degree."""
+    (state_bytes_per_rank_max), the predicted parts beside them (predicted_*_per_rank_max),
+    the whole model's state and the shard degree (full_state_bytes / shard_degree: the exact
+    shard fraction under fsdp and hsdp), and what the device peaks span (peak_scope)."""
     memories = [e.get("memory") or {} for e in ends]
+    predicted = [m.get("predicted") or {} for m in memories]
 
-    def largest(key):
-        values = [m[key] for m in memories if m.get(key) is not None]
+    def largest(key, records=memories):
+        values = [m[key] for m in records if m.get(key) is not None]
         return max(values) if values else None
 
     state = [sum(m[k] for k in MEMORY_BYTES) for m in memories if all(k in m for k in MEMORY_BYTES)]
-    return {
+    scopes = {m["peak_scope"] for m in memories if m.get("peak_scope")}
+    out = {
         **{f"{k}_per_rank_max": largest(k) for k in MEMORY_BYTES},
         "state_bytes_per_rank_max": max(state) if state else None,
         **{f"{k}_max": largest(k) for k in MEMORY_PEAKS},
+        # files before issue 48 read the device's peak at the rank's end: the whole process
+        "peak_scope": ", ".join(sorted(scopes))
+        or ("process" if largest("peak_allocated_mb") is not None else None),
+        **{f"predicted_{k}_per_rank_max": largest(k, predicted) for k in PREDICTED_BYTES},
+        "full_state_bytes": largest("full_state_bytes", predicted),
+        "shard_degree": largest("shard_degree", predicted),
     }
+    # rank 0 estimates the activations for every rank (the same model and batch on each): the
+    # largest predicted state plus them
+    if out["predicted_state_bytes_per_rank_max"] is not None:
+        out["predicted_total_bytes_per_rank_max"] = out["predicted_state_bytes_per_rank_max"] + (
+            out["predicted_activation_bytes_per_rank_max"] or 0
+        )
+    return out
 
 
 def _rank_rows(records: list[dict], base: dict, rank_start: dict) -> list[dict]:
@@ -232,6 +254,9 @@ def _measured_columns(records: list[dict], first: dict) -> dict:
         or None,
         **cell_memory([r["value"] for r in records if r["event"] == RANK_END]),
         "tp_degree": cell.get("tp_degree", 1),
+        # the optimizer (absent: SGD, every cell before the choice) and FSDP2's mixed precision
+        "optimizer": cell.get("optimizer", "sgd"),
+        "fsdp_mixed_precision": bool(cell.get("fsdp_mixed_precision", False)),
         "competing": summary["competing"],
         # ranks of one node that used one GPU board (dlscale.store.metrics_summary.shared_gpus):
         # "n1:0,1"

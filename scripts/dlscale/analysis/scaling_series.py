@@ -49,6 +49,8 @@ MEMORY_MEASURES = (
 
 
 MEASURED = "measured"
+# The source of a series' memory per rank where none was measured: its model's state alone
+LOWER_BOUND = "lower bound"
 
 
 @dataclass
@@ -72,6 +74,9 @@ class Series:
     memory_measure: str | None = None
     memory: dict = field(default_factory=dict)
     seq_len: float = np.nan
+    # what its cells train with (cells.csv `optimizer`; absent: SGD, every cell before the
+    # choice): the state per parameter where no state bytes were measured (state_mib)
+    optimizer: str = "sgd"
 
     def batch(self, nodes) -> np.ndarray:
         """Per-rank batch at these node counts: fixed under weak, global / p under strong."""
@@ -138,9 +143,37 @@ def series_of(cells: pd.DataFrame) -> list[Series]:
                 memory_measure=measure,
                 memory=memory,
                 seq_len=_median(part["seq_len"]),
+                optimizer=_optimizer(part),
             )
         )
     return out
+
+
+def _optimizer(part: pd.DataFrame) -> str:
+    if "optimizer" not in part:
+        return "sgd"
+    names = part["optimizer"].dropna()
+    return str(names.iloc[0]) if len(names) else "sgd"
+
+
+def state_mib(series: Series, nodes: int) -> float:
+    """A series' model state per rank at a node count, MiB: every parameter (the registry's
+    count at the series' sequence length) in float32, its float32 gradient, and the optimizer's
+    float32 state (dlscale.registry.optimizers: SGD's momentum 4 bytes, AdamW's two moments 8),
+    divided by the strategy's sharding degree; NaN for a model the registry does not know."""
+    from dlscale.models import DECODER, SPECS, spec_for
+    from dlscale.registry.optimizers import OPTIMIZERS
+
+    model = str(series.key[GROUP.index("model")])
+    spec = SPECS.get(model)
+    if spec is None or series.optimizer not in OPTIMIZERS:
+        return np.nan
+    seq_len = (
+        int(series.seq_len) if spec.family == DECODER and np.isfinite(series.seq_len) else None
+    )
+    params = spec_for(model, seq_len).param_count
+    per_param = 2 * GRADIENT_BYTES_PER_PARAM + OPTIMIZERS[series.optimizer].state_bytes_per_param
+    return params * per_param / _series_shard(series, nodes) / 2**20
 
 
 def _has(part: pd.DataFrame, column: str) -> bool:
@@ -185,8 +218,10 @@ def _series_shard(series: Series, nodes: int) -> float:
 
 def memory_per_rank(series: Series, nodes) -> tuple[np.ndarray, list[str]]:
     """Peak memory per rank (MiB) at these node counts and where each value comes from:
-    "measured" (median over the repetitions), "predicted from n=<m>" (the module's rule), or
-    why it is unknown."""
+    "measured" (median over the repetitions), "predicted from n=<m>" (the module's rule: its
+    state, measured or else the model's with its optimizer, state_mib, scaled by the sharding
+    degree), a lower bound (LOWER_BOUND: no memory measured, the model's state alone), or why
+    it is unknown."""
     known = {n: v for n, v in series.memory.items() if np.isfinite(v[0])}
     values, sources = [], []
     for n in (int(n) for n in nodes):
@@ -195,11 +230,19 @@ def memory_per_rank(series: Series, nodes) -> tuple[np.ndarray, list[str]]:
             sources.append(MEASURED)
             continue
         if not known:
-            values.append(np.nan)
-            sources.append("unknown: no memory per rank measured")
+            bound = state_mib(series, n)
+            values.append(bound)
+            sources.append(
+                f"{LOWER_BOUND}: the model's state with {series.optimizer} / "
+                f"{_series_shard(series, n):g}, no memory measured"
+                if np.isfinite(bound)
+                else "unknown: no memory per rank measured"
+            )
             continue
         ref = min(known, key=lambda m: (abs(np.log2(m) - np.log2(n)), m))
         peak, state = known[ref]
+        # no state bytes recorded (files before they were): the model's, with its optimizer
+        state = state if np.isfinite(state) else state_mib(series, ref)
         state = state if np.isfinite(state) else 0.0
         d_ref, d_n = _series_shard(series, ref), _series_shard(series, n)
         if not (np.isfinite(d_ref) and np.isfinite(d_n)):

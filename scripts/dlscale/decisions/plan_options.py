@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dlscale.analysis.scaling_series import LOWER_BOUND
 from dlscale.analysis.stats import GROUP, with_axes
 from dlscale.decisions.plan_jobs import (  # noqa: F401 (re-exported: the planner's job checks)
     DEFAULT_SAMPLES,
@@ -131,22 +132,33 @@ def _memory_columns(sel: pd.DataFrame, parts: dict) -> tuple[np.ndarray, np.ndar
     return memory, source, limit
 
 
-def _memory_checks(sel, memory, source, limit, dnf) -> tuple[list[str], list[str]]:
-    """Per row the memory check in words and why the option is not offered ("" if it is)."""
+def _memory_checks(sel, memory, source, limit, dnf, parts) -> tuple[list[str], list[str]]:
+    """Per row the memory check in words and why the option is not offered ("" if it is). The
+    limit is the partition's device_memory_gib less its memory_headroom_gib; a series with no
+    measured memory has only a lower bound (its model's state, dlscale.analysis.scaling_series:
+    LOWER_BOUND), which can rule an option out but not in."""
     check, why = [], []
     records = sel[[*GROUP, "nodes", "world_size"]].to_dict("records")
     for k, row in enumerate(records):
         reason = _does_not_fit_reason(row, dnf) if dnf is not None else ""
+        where = parts[row["hardware"]].limit_words()
+        bound = str(source[k]).startswith(LOWER_BOUND)
         if np.isnan(limit[k]):
             check.append(f"not checked: {row['hardware']} has no {DEVICE_MEMORY_KEY}")
         elif np.isnan(memory[k]):
             check.append(f"not checked: memory per rank unknown ({source[k]})")
+        elif bound and memory[k] <= limit[k]:
+            check.append(
+                f"not checked: no memory measured; at least {_mib(memory[k])} per rank "
+                f"({source[k]}) within {_mib(limit[k])} ({where})"
+            )
         else:
             fits = memory[k] <= limit[k]
             check.append(
-                f"{'fits' if fits else 'does not fit'}: {_mib(memory[k])} per rank "
+                f"{'fits' if fits else 'does not fit'}: {'at least ' if bound else ''}"
+                f"{_mib(memory[k])} per rank "
                 f"({source[k]}) {'within' if fits else 'over'} {_mib(limit[k])} "
-                f"({row['hardware']} {DEVICE_MEMORY_KEY})"
+                f"({where})"
             )
             if not fits and not reason:
                 reason = check[-1]
@@ -190,7 +202,7 @@ def candidate_options(
             .to_numpy(float)
         )
         memory, source, limit = _memory_columns(sel, parts)
-        check, why = _memory_checks(sel, memory, source, limit, dnf)
+        check, why = _memory_checks(sel, memory, source, limit, dnf, parts)
         rows.append(
             sel.assign(
                 job=job["name"],

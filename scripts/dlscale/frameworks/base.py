@@ -31,6 +31,7 @@ from dlscale.rank.devices import gpu_identity, pick_gpu
 from dlscale.rank.rank_context import RankContext
 from dlscale.rank.timing import COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_S
 from dlscale.registry import frameworks
+from dlscale.registry.optimizers import DEFAULT_OPTIMIZER
 from dlscale.registry.strategies import DEFAULT_STRATEGY
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, TIMER
 
@@ -83,6 +84,16 @@ class TrainSpec:
     microbatches: int = 1
     # a decoder model's sequence length (the cell's seq_len); None: the model's own input shape
     seq_len: int | None = None
+    # the optimizer (dlscale.registry.optimizers) and AdamW's settings (None for SGD), the norm
+    # its gradients are clipped to (None: none), and whether a bf16/fp16 cell under fully_shard
+    # takes its precision from FSDP2's MixedPrecisionPolicy instead of autocast (the cell's)
+    optimizer: str = DEFAULT_OPTIMIZER
+    adam_beta1: float | None = None
+    adam_beta2: float | None = None
+    adam_eps: float | None = None
+    weight_decay: float | None = None
+    grad_clip_norm: float | None = None
+    fsdp_mixed_precision: bool = False
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -107,6 +118,13 @@ class TrainSpec:
             pp_degree=cell.pp_degree,
             microbatches=cell.microbatches,
             seq_len=cell.seq_len,
+            optimizer=cell.optimizer,
+            adam_beta1=cell.adam_beta1,
+            adam_beta2=cell.adam_beta2,
+            adam_eps=cell.adam_eps,
+            weight_decay=cell.weight_decay,
+            grad_clip_norm=cell.grad_clip_norm,
+            fsdp_mixed_precision=cell.fsdp_mixed_precision,
         )
 
 
@@ -174,6 +192,8 @@ class Adapter:
     # (dlscale.registry.frameworks), read by name; the workflow refuses the others before any
     # job from the same record.
     strategies = _FromRecord("strategies", default=(DEFAULT_STRATEGY,))
+    # The optimizers its adapter builds: the record's `optimizers` (dlscale.registry.optimizers).
+    optimizers = _FromRecord("optimizers", default=(DEFAULT_OPTIMIZER,))
 
     def __init__(self, spec: TrainSpec, ctx: RankContext):
         if not isinstance(spec, TrainSpec) or not isinstance(ctx, RankContext):
@@ -183,6 +203,7 @@ class Adapter:
         self.check_mode()
         self.check_workload()
         self.check_parallelism()
+        self.check_optimizer()
 
     # ------------------------------------------------------------------ shared by every framework
     def choose_gpu(self, device_count: int, identify=None) -> int:
@@ -268,6 +289,15 @@ class Adapter:
             raise ValueError(
                 f"workload {self.spec.workload} is not supported by {self.title or self.name}; "
                 f"use one of: {', '.join(self.workloads())}"
+            )
+
+    def check_optimizer(self) -> None:
+        """Refuse an optimizer this framework's adapter does not build, naming the ones it does
+        (its record's `optimizers`); the workflow refuses the cell before any job."""
+        if self.spec.optimizer not in self.optimizers:
+            raise ValueError(
+                f"optimizer {self.spec.optimizer} is not supported by "
+                f"{self.title or self.name}; use one of: {', '.join(self.optimizers)}"
             )
 
     def check_parallelism(self) -> None:
@@ -393,6 +423,15 @@ class Adapter:
 
     def peak_device_memory_mb(self) -> float | None:
         return None
+
+    # The timed window's memory (run_timed): the peak statistics are reset right before the
+    # window opens (after the warm-up and re-warm steps) and read right after it closes, so the
+    # peak is the training step's, not construction's, warm-up's or the probes'.
+    def reset_peak_memory(self) -> None:
+        """Reset the device's peak memory statistics (where the framework keeps them)."""
+
+    def read_peak_memory(self) -> None:
+        """Read the device's peak memory since reset_peak_memory (memory_per_rank reports it)."""
 
     # The timed window's preparation (run_timed).
     def steps_before_window(self) -> int:

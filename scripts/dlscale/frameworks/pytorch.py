@@ -1,7 +1,17 @@
 """PyTorch DistributedDataParallel adapter: gloo on CPU, NCCL on CUDA, TCP rendezvous at
-MASTER_ADDR:MASTER_PORT; SGD with the config's learning rate and momentum (spec.learning_rate,
-spec.momentum); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S
+MASTER_ADDR:MASTER_PORT; the cell's optimizer (spec.optimizer, dlscale.registry.optimizers):
+SGD with the config's learning rate and momentum, or AdamW (fused on CUDA, foreach on CPUs)
+with its gradients' total norm clipped (spec.grad_clip_norm; over shards and stages:
+torch_parallel.gradient_clipper); collectives bounded by DLSCALE_COLLECTIVE_TIMEOUT_S
 (dlscale.rank.timing.COLLECTIVE_TIMEOUT_S).
+
+Under fsdp and hsdp a model with init_weights() (the decoders) is built on the meta device,
+sharded by fully_shard and only then materialised, its shards drawn with the values one process
+draws (dlscale.models.torch.seeded_init); a bf16 or fp16 cell under fully_shard takes its
+precision from FSDP2's MixedPrecisionPolicy (parameters all-gathered in the precision,
+gradients reduced in float32; spec.fsdp_mixed_precision) and runs no autocast. Memory per rank
+(memory_per_rank): the timed window's peak device memory, the state bytes held, and the
+predicted parts beside them (dlscale.frameworks.torch_memory).
 
 At world size 1 the step is the plain model (no process group, no DDP wrapper, no gradient
 hooks): the best single-device program. Mode "compiled" runs the forward through
@@ -73,6 +83,40 @@ class Adapter(TorchModel, BaseAdapter):
         return self.data_parallel and not STRATEGIES[self.spec.parallelism].plain_data_parallel
 
     @property
+    def materialize_later(self) -> bool:
+        """fsdp and hsdp above one rank: a meta-device model is materialised after fully_shard
+        (its shards only); every other strategy materialises it before wrapping it."""
+        record = STRATEGIES[self.spec.parallelism]
+        return (
+            self.data_parallel
+            and record.sharded
+            and not record.splits_layers
+            and not record.pipeline
+        )
+
+    def check_precision(self) -> None:
+        """The precision check (base), and FSDP2's mixed precision only where it applies: a
+        bf16 or fp16 cell of a strategy that wraps the model in fully_shard."""
+        super().check_precision()
+        spec = self.spec
+        if spec.fsdp_mixed_precision and (
+            spec.precision == "fp32" or not STRATEGIES[spec.parallelism].sharded
+        ):
+            raise ValueError(
+                f"fsdp_mixed_precision: a {spec.precision} {spec.parallelism} cell has no FSDP2 "
+                "mixed precision; it applies to bf16 and fp16 cells of fsdp, hsdp and fsdp+tp"
+            )
+
+    def fsdp_policy(self):
+        """FSDP2's MixedPrecisionPolicy of the cell (None: float32 throughout): parameters
+        all-gathered in the cell's precision, gradients reduced in float32."""
+        if not self.spec.fsdp_mixed_precision:
+            return None
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=self.precision_dtype, reduce_dtype=torch.float32)
+
+    @property
     def fused_optimizer(self) -> bool:
         """fp16 on CUDA: the foreach SGD would make GradScaler.step read its inf check on the
         host (.item()) every step; the fused SGD takes it as a device tensor. On CPUs the
@@ -117,7 +161,7 @@ class Adapter(TorchModel, BaseAdapter):
             model._set_ddp_runtime_logging_sample_rate(DDP_RUNTIME_LOGGING_SAMPLE_RATE)
         self.module = model
         self.forward = self.compile_forward(model)
-        self.optimizer = self.sgd(model.parameters(), fused=self.fused_optimizer)
+        self.optimizer = self.make_optimizer(model.parameters())
         replicated = STRATEGIES[spec.parallelism].replicas_average_gradients
         if self.sharded_or_split and replicated and self.dims.dp_replicate > 1:
             from dlscale.frameworks.torch_parallel import gradient_averager
@@ -126,6 +170,14 @@ class Adapter(TorchModel, BaseAdapter):
             self.optimizer.register_step_pre_hook(
                 gradient_averager(model, group, self.dims.dp_replicate)
             )
+        if self.clips_gradients:  # after the replicas' averaging: the averaged gradients' norm
+            from dlscale.frameworks.torch_parallel import gradient_clipper
+
+            stages = self.mesh["pp"].get_group() if self.pipelined else None
+            self.optimizer.register_step_pre_hook(
+                gradient_clipper(model.parameters(), spec.grad_clip_norm, stages)
+            )
+        self.predicted_memory = self.predict_memory()
 
     def parallelize(self, model):
         """Another strategy than ddp (dlscale.frameworks.torch_parallel): every rank starts
@@ -148,7 +200,8 @@ class Adapter(TorchModel, BaseAdapter):
             spec.tp_degree,
             spec.pp_degree,
         )
-        broadcast_from_rank0(model)
+        if not self.meta_init:  # seeded values agree on every rank already
+            broadcast_from_rank0(model)
         self.mesh = build_mesh(self.dims, self.device.type)
         if STRATEGIES[spec.parallelism].pipeline:
             return self.pipeline(model)
@@ -157,8 +210,17 @@ class Adapter(TorchModel, BaseAdapter):
             self.x = group_batch(self.x, group, self.dims.tp)
             self.y = group_batch(self.y, group, self.dims.tp)
         self.parallel_facts = parallelize(
-            model, self.model_spec.arch, spec.parallelism, self.dims, self.mesh
+            model,
+            self.model_spec.arch,
+            spec.parallelism,
+            self.dims,
+            self.mesh,
+            mp_policy=self.fsdp_policy(),
         )
+        if self.meta_init and self.materialize_later:
+            from dlscale.models.torch.seeded_init import materialize
+
+            materialize(model, self.meta_twin(), self.device, spec.seed)
         return model
 
     pipelined = False  # pp: the step runs a pipeline schedule
@@ -214,24 +276,96 @@ class Adapter(TorchModel, BaseAdapter):
             "tp_degree": self.spec.tp_degree,
             **(self.parallel_facts or {}),
         }
+        out["training"] = self.training_facts()
         return out
 
+    def training_facts(self) -> dict:
+        """How the step trains, recorded in rank_start `training`: the optimizer and its
+        settings, the clipping norm, where the precision comes from, how the weights were
+        initialised."""
+        spec = self.spec
+        optimizer = {"name": spec.optimizer, "learning_rate": spec.learning_rate}
+        if spec.optimizer == "adamw":
+            optimizer.update(
+                betas=[spec.adam_beta1, spec.adam_beta2],
+                eps=spec.adam_eps,
+                weight_decay=spec.weight_decay,
+                grad_clip_norm=spec.grad_clip_norm,
+            )
+        else:
+            optimizer["momentum"] = spec.momentum
+        optimizer["implementation"] = self.optimizer_description()
+        if spec.precision == "fp32":
+            precision = "float32 throughout"
+        elif spec.fsdp_mixed_precision:
+            precision = (
+                f"FSDP2 MixedPrecisionPolicy(param_dtype={spec.precision}, "
+                "reduce_dtype=float32), no autocast"
+            )
+        else:
+            precision = f"torch.autocast({spec.precision}) around the forward"
+        return {"optimizer": optimizer, "precision": precision, "init": self.init_method}
+
+    predicted_memory: dict | None = None
+
+    def predict_memory(self) -> dict:
+        """This rank's predicted memory parts (dlscale.frameworks.torch_memory.predicted_parts):
+        the module's parameters as the strategy lays them out, the optimizer's state, and (rank
+        0) the activations of its batch where the whole model sees the whole batch (one device,
+        ddp, fsdp, hsdp): the same on every rank, and cells.csv adds them to every rank's
+        state."""
+        from dlscale.frameworks.torch_memory import activation_bytes, predicted_parts
+
+        spec = self.spec
+        record = STRATEGIES[spec.parallelism]
+        fsdp_shard = None
+        if self.materialize_later:  # fsdp, hsdp: dim 0 over dp_shard
+            shard_mesh = self.mesh["dp_shard"]
+            fsdp_shard = (shard_mesh.size(), shard_mesh.get_local_rank())
+        if self.data_parallel and (record.splits_layers or record.pipeline):
+            activation = {
+                "available": False,
+                "reason": f"not estimated under {spec.parallelism} (a rank holds part of the "
+                "model's activations)",
+            }
+        elif self.ctx.rank != 0:
+            # the same model and batch size on every rank: rank 0's estimate is every rank's
+            # (a meta-device forward imports torch._dynamo, seconds, which rank 0 pays for its
+            # FLOP count anyway)
+            activation = {
+                "available": False,
+                "reason": "estimated on rank 0 (the same on every rank)",
+            }
+        else:
+            dtype = None if spec.precision == "fp32" else self.precision_dtype
+            activation = activation_bytes(spec.model, spec.seq_len, spec.per_rank_batch, dtype)
+        params = list(self.module.parameters())
+        return predicted_parts(params, spec.optimizer, spec.momentum, fsdp_shard, activation)
+
     def memory_per_rank(self) -> dict:
-        """Peak RSS (base), peak allocated and reserved device memory on CUDA, and the bytes of
-        parameters, gradients and optimizer state this rank holds (a DTensor's local shard)."""
-        from dlscale.frameworks.torch_parallel import state_bytes
+        """Peak RSS (base); on CUDA the peak allocated and reserved device memory of the timed
+        window (reset after the warm-up and re-warm steps) and the peak before it; the bytes
+        of parameters, gradients and optimizer state this rank holds (a DTensor's local shard);
+        and the predicted parts beside them (dlscale.frameworks.torch_memory)."""
+        from dlscale.frameworks.torch_memory import measured_state
 
         out = super().memory_per_rank()
         cuda = self.device.type == "cuda"
-        out["peak_allocated_mb"] = (
-            torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None
+        peaks = self.window_peaks or {}
+        out["peak_allocated_mb"] = peaks.get("peak_allocated_mb") if cuda else None
+        out["peak_reserved_mb"] = peaks.get("peak_reserved_mb") if cuda else None
+        out["peak_before_window_mb"] = self.peak_before_window_mb if cuda else None
+        out["peak_scope"] = (
+            ("timed window" if peaks else "no timed window (peaks not read)") if cuda else None
         )
-        out["peak_reserved_mb"] = (
-            torch.cuda.max_memory_reserved(self.device) / 2**20 if cuda else None
-        )
-        out.update(state_bytes(self.module, self.optimizer))
+        module, optimizer = getattr(self, "module", None), getattr(self, "optimizer", None)
+        if module is not None and optimizer is not None:
+            out.update(measured_state(module, optimizer))
+        if self.predicted_memory is not None:
+            out["predicted"] = self.predicted_memory
         out["method"] = (
-            "torch.cuda.max_memory_allocated/max_memory_reserved; "
+            "torch.cuda.max_memory_allocated/max_memory_reserved over the timed window "
+            "(torch.cuda.reset_peak_memory_stats after the warm-up and re-warm steps); "
             if cuda
             else "peak resident set (VmHWM); "
         ) + "bytes of parameters, .grad and optimizer state held locally (DTensor: to_local())"

@@ -62,6 +62,58 @@ class TorchModel:
 
     fused_optimizer = False  # the pytorch adapter's fp16 on CUDA (Adapter.fused_optimizer)
 
+    def make_optimizer(self, parameters) -> torch.optim.Optimizer:
+        """The cell's optimizer (spec.optimizer; dlscale.registry.optimizers): SGD (sgd), or
+        AdamW with the cell's betas, eps and weight decay, fused on CUDA (one kernel; its step
+        takes GradScaler's scale and inf flag as device tensors) and foreach on CPUs."""
+        spec = self.spec
+        groups = _tensor_kind_groups(parameters)
+        if spec.optimizer != "adamw":
+            return self.sgd(groups, fused=self.fused_optimizer)
+        cuda = self.device.type == "cuda"
+        return torch.optim.AdamW(
+            groups,
+            lr=spec.learning_rate,
+            betas=(spec.adam_beta1, spec.adam_beta2),
+            eps=spec.adam_eps,
+            weight_decay=spec.weight_decay,
+            fused=True if cuda else None,
+            foreach=None if cuda else True,
+        )
+
+    @property
+    def clips_gradients(self) -> bool:
+        """An AdamW cell with a clipping norm (spec.grad_clip_norm)."""
+        return self.spec.optimizer == "adamw" and self.spec.grad_clip_norm is not None
+
+    def optimizer_step(self, optimizer, loss) -> None:
+        """Backward (scaled for fp16) and the update: with a clipping norm, the gradients are
+        unscaled first (GradScaler.unscale_), so the clipping hook (registered on the optimizer,
+        dlscale.frameworks.torch_parallel.gradient_clipper) reads their true norm."""
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            if self.clips_gradients:
+                self.scaler.unscale_(optimizer)
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+
+    def optimizer_description(self) -> str:
+        """The optimizer as fast_paths records it."""
+        cuda = self.device.type == "cuda"
+        if self.spec.optimizer == "adamw":
+            clip = (
+                f", gradients clipped to norm {self.spec.grad_clip_norm:g}"
+                if self.clips_gradients
+                else ""
+            )
+            return ("AdamW, fused" if cuda else "AdamW, foreach (multi-tensor)") + clip
+        if self.fused_optimizer:
+            return "SGD, fused (GradScaler reads no inf check on the host)"
+        return "SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)"
+
     compile_method = "torch.compile (inductor, default mode) of the model's forward"
 
     def step_timer(self) -> StepTimer:
@@ -101,13 +153,7 @@ class TorchModel:
         ):
             loss = self.loss_fn(forward(self.x), self.y)
         optimizer.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
+        self.optimizer_step(optimizer, loss)
 
     def fast_paths(self) -> dict:
         cuda = self.device.type == "cuda"
@@ -119,13 +165,25 @@ class TorchModel:
             "memory_format": "channels_last"
             if self.memory_format == torch.channels_last
             else "contiguous",
-            "optimizer": "SGD, fused (GradScaler reads no inf check on the host)"
-            if self.fused_optimizer
-            else ("SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)"),
+            "optimizer": self.optimizer_description(),
             "compiled": self.compiled,
         }
 
+    # A model with init_weights() (the decoders) is built on the meta device and materialised by
+    # dlscale.models.torch.seeded_init: each parameter from its own seeded generator, the same
+    # values on every rank and under every strategy (meta_init). `materialize_later`: the
+    # adapter materialises it after sharding (fsdp, hsdp), else prepare_model does.
+    meta_init = False
+    materialize_later = False
+    init_method = "the model's constructor under torch.manual_seed(seed + rank)"
+
     def prepare_model(self) -> torch.nn.Module:
+        """The cell's model on its device (or, where the adapter materialises it after
+        sharding, still on the meta device), its synthetic batch, loss, autocast and scaler.
+        The batch is drawn right after seeding in a meta-initialised model (its construction
+        draws nothing), as in the single-process reference."""
+        from dlscale.models.torch.seeded_init import builds_with_init_weights, materialize
+
         spec = self.spec
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: autotune convolutions once
@@ -136,17 +194,37 @@ class TorchModel:
             if self.vision and spec.device == "cuda"
             else torch.contiguous_format
         )
-        model = build(spec.model, spec.seq_len).to(self.device).to(memory_format=self.memory_format)
-        self.model = model  # unwrapped (evaluation runs on it, outside any collective)
+        self.meta_init = builds_with_init_weights(spec.model)
+        if self.meta_init:
+            model = self.meta_twin()
+            self.init_method = (
+                "built on the meta device, then materialised "
+                + ("after fully_shard (its shards only)" if self.materialize_later else "whole")
+                + f" and initialised by {type(model).__name__}.init_weights(), each parameter "
+                f"from its own generator seeded by seed {spec.seed} and its name "
+                "(dlscale.models.torch.seeded_init)"
+            )
+        else:
+            model = build(spec.model, spec.seq_len).to(self.device)
+            model = model.to(memory_format=self.memory_format)
         self.param_count = sum(p.numel() for p in model.parameters())
         self.loss_fn = torch.nn.CrossEntropyLoss()
         x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
         if self.vision:
             x = x.contiguous(memory_format=self.memory_format)
         self.x, self.y = x, y
-        self.autocast_dtype = self.precision_dtype
+        if self.meta_init and not self.materialize_later:
+            materialize(model, self.meta_twin(), self.device, spec.seed)
+        self.model = model  # unwrapped (evaluation runs on it, outside any collective)
+        # FSDP2's MixedPrecisionPolicy carries a sharded cell's precision: no autocast then
+        self.autocast_dtype = None if spec.fsdp_mixed_precision else self.precision_dtype
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
         return model
+
+    def meta_twin(self) -> torch.nn.Module:
+        """A second meta-device build of the cell's model: seeded_init draws the values on it."""
+        with torch.device("meta"):
+            return build(self.spec.model, self.spec.seq_len)
 
     # ---- the convergence contract (base.Adapter; run by dlscale.run.convergence_loop)
     convergence_method = (
@@ -196,13 +274,7 @@ class TorchModel:
         with self._autocast():
             loss = self.loss_fn(self.forward(x), y)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
+        self.optimizer_step(self.optimizer, loss)
         return loss.detach().float() * len(y), len(y)
 
     def warmup_pass(self, batch) -> None:
@@ -272,9 +344,34 @@ class TorchModel:
             and "can't allocate memory" in str(error)
         )
 
+    # The peak memory statistics: reset after the warm-up and re-warm steps, so the peak read
+    # after the timed window is the step's (dlscale.rank.timing.run_timed calls both hooks).
+    peak_before_window_mb: float | None = None
+    window_peaks: dict | None = None
+
+    def reset_peak_memory(self) -> None:
+        """On CUDA: keep the peak so far (construction, warm-up, compilation) and reset the
+        allocator's peak statistics (torch.cuda.reset_peak_memory_stats)."""
+        if self.device.type != "cuda":
+            return
+        self.peak_before_window_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read_peak_memory(self) -> None:
+        """On CUDA, right after the window's closing synchronisation: the peak allocated and
+        reserved device memory since the reset, i.e. over the timed window's steps."""
+        if self.device.type != "cuda":
+            return
+        self.window_peaks = {
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20,
+            "peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20,
+        }
+
     def peak_device_memory_mb(self) -> float | None:
+        """The process's peak allocated device memory (before the window and since, together)."""
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
+            since = torch.cuda.max_memory_allocated(self.device) / 2**20
+            return max(since, self.peak_before_window_mb or 0.0)
         return None
 
     def model_flops(self) -> dict:
@@ -328,6 +425,20 @@ class TorchModel:
             if self.autocast_dtype
             else None,
         }
+
+
+def _tensor_kind_groups(parameters) -> list:
+    """The parameters as the optimizer takes them: one group, or where DTensors (a tensor
+    parallel split) and plain tensors (what the plan leaves whole) mix, one group of each: the
+    foreach and fused implementations run one kernel over a group and refuse the mix."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(parameters)
+    split = [p for p in params if isinstance(p, DTensor)]
+    whole = [p for p in params if not isinstance(p, DTensor)]
+    if split and whole:
+        return [{"params": split}, {"params": whole}]
+    return params
 
 
 def torch_gpu_identity(ordinal: int) -> dict:

@@ -122,13 +122,16 @@ def shard_units(model: nn.Module, arch: str) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_children() if any(True for _ in m.parameters())]
 
 
-def apply_fully_shard(model: nn.Module, arch: str, dp_mesh) -> list[str]:
-    from torch.distributed.fsdp import fully_shard
+def apply_fully_shard(model: nn.Module, arch: str, dp_mesh, mp_policy=None) -> list[str]:
+    """fully_shard (FSDP2) each of the model's units, then the root, over `dp_mesh`, with
+    `mp_policy` (a MixedPrecisionPolicy; None: float32 throughout, FSDP2's default)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     units = shard_units(model, arch)
     for _, module in units:
-        fully_shard(module, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     return [name for name, _ in units]
 
 
@@ -149,6 +152,56 @@ def gradient_averager(model: nn.Module, group, size: int):
     return hook
 
 
+def total_grad_norm(params, stage_group=None) -> torch.Tensor:
+    """The 2-norm of the model's whole gradient, the same on every rank, as a tensor (no host
+    synchronisation): a DTensor's gradients by their placements (torch.nn.utils.get_total_norm
+    per mesh and placements, then full_tensor(): the shards' squares summed over the ranks that
+    hold different parts), plain gradients as they are (ddp's are averaged already; a tensor
+    parallel group's replicated ones are the same on its ranks), and under a pipeline the
+    stages' squares summed over `stage_group` (each stage holds other parameters)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    groups: dict[tuple, list] = {}
+    plain = []
+    for g in grads:
+        if isinstance(g, DTensor):
+            groups.setdefault((g.device_mesh, tuple(g.placements)), []).append(g)
+        else:
+            plain.append(g)
+    squares = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, 2.0, foreach=True)
+        squares.append(norm.full_tensor().float() ** 2)
+    if plain:
+        squares.append(torch.nn.utils.get_total_norm(plain, 2.0, foreach=True).float() ** 2)
+    if not squares:
+        return torch.zeros(())
+    total = torch.stack([s.to(squares[0].device) for s in squares]).sum()
+    if stage_group is not None:
+        dist.all_reduce(total, group=stage_group)
+    return total.sqrt()
+
+
+def gradient_clipper(parameters, max_norm: float, stage_group=None):
+    """An optimizer step pre-hook that scales the gradients so that their total 2-norm
+    (total_grad_norm) is at most `max_norm`, as torch.nn.utils.clip_grad_norm_ does (factor
+    max_norm / (norm + 1e-6), at most 1), on every gradient's local part. Registered after the
+    replicas' averaging hook, so it reads the averaged gradients."""
+    params = list(parameters)
+
+    def hook(optimizer, args, kwargs):
+        with torch.no_grad():
+            norm = total_grad_norm(params, stage_group)
+            grads = [_local(p.grad) for p in params if p.grad is not None]
+            if not grads:
+                return
+            factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, factor.to(grads[0].device))
+
+    return hook
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A tensor's local part: a DTensor's shard on this rank, a plain tensor itself."""
     to_local = getattr(t, "to_local", None)
@@ -160,17 +213,6 @@ def nbytes(tensors) -> int:
     return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
 
 
-def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Parameter, gradient and optimizer-state bytes held by this rank."""
-    params = list(model.parameters())
-    opt = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    return {
-        "param_bytes": nbytes(params),
-        "grad_bytes": nbytes(p.grad for p in params if p.grad is not None),
-        "optimizer_state_bytes": nbytes(t for t in opt if t.dim() > 0),
-    }
-
-
 def group_batch(x: torch.Tensor, group, size: int) -> torch.Tensor:
     """The batches of a tensor-parallel group's ranks, concatenated in rank order: every rank
     of the group trains on the same input (their per-rank batches together), so a step trains
@@ -180,16 +222,25 @@ def group_batch(x: torch.Tensor, group, size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def parallelize(model: nn.Module, arch: str, parallelism: str, dims: ParallelDims, mesh) -> dict:
-    """Apply a strategy other than ddp to a model whose weights agree on every rank; returns
-    what was done (recorded in the rank's metrics)."""
+def parallelize(
+    model: nn.Module, arch: str, parallelism: str, dims: ParallelDims, mesh, mp_policy=None
+) -> dict:
+    """Apply a strategy other than ddp to a model whose weights agree on every rank (or that is
+    still on the meta device: fsdp and hsdp materialise it afterwards); `mp_policy`: FSDP2's
+    MixedPrecisionPolicy for fully_shard. Returns what was done (recorded in the rank's
+    metrics)."""
     done = {"dims": dims.as_dict(), "mesh": list(mesh.mesh_dim_names)}
     if parallelism in TENSOR_PARALLEL:
         done["tensor_parallel"] = apply_tensor_parallel(model, arch, mesh["tp"])
     if parallelism in SHARDED:
         hybrid = STRATEGIES[parallelism].hybrid
         dp_mesh = mesh["dp_replicate", "dp_shard"] if hybrid else mesh["dp_shard"]
-        done["fully_shard"] = apply_fully_shard(model, arch, dp_mesh)
+        done["fully_shard"] = apply_fully_shard(model, arch, dp_mesh, mp_policy)
+        if mp_policy is not None:
+            done["mixed_precision"] = {
+                "param_dtype": str(mp_policy.param_dtype).replace("torch.", ""),
+                "reduce_dtype": str(mp_policy.reduce_dtype).replace("torch.", ""),
+            }
     return done
 
 

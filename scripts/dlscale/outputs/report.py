@@ -27,6 +27,7 @@ from dlscale.analysis.systems_table import PLACEMENT_AWAY, PLACEMENT_FIELD
 from dlscale.outputs.cell_table import write_cell_summary
 from dlscale.outputs.figure_layout import MAX_PANELS, MAX_SERIES
 from dlscale.outputs.latex_text import _macro_name, tex_escape, write_macros
+from dlscale.outputs.memory_table import write_memory_table
 from dlscale.outputs.report_macros import build_macros, workload_counts_text
 from dlscale.outputs.tex import tex_missing
 from dlscale.outputs.tta_section import convergence_macros, write_convergence_table
@@ -222,6 +223,8 @@ def write_report_inputs(
         preflight = [] if preflight_dir is None else report_lines(Path(preflight_dir), config)
         write_systems_table(tables["systems"], paths["systems_table"], preflight)
     write_cell_summary(tables["scaling"], tables["status"], paths["cells_table"])
+    if "memory_table" in paths:  # predicted beside measured memory per rank
+        write_memory_table(tables["cells"], paths["memory_table"])
     write_quarantine_table(tables["quarantine"], paths["quarantine_table"])
     write_status_table(tables["status"], paths["status_table"])
     return tables

@@ -81,6 +81,36 @@ _MEASURED_CONVERGENCE_KEYS = [
 ]
 
 
+def _convergence_optimizer(config: dict) -> str:
+    """The convergence cells' optimizer in words (config optimizer.name, `auto` resolved per
+    model: dlscale.registry.optimizers): SGD with its momentum, AdamW with its settings."""
+    from dlscale.models import SPECS
+    from dlscale.registry.optimizers import optimizer_for
+    from dlscale.study.hashes import LATER_OPTIMIZER_DEFAULTS
+
+    # a config validated before the optimizer's later keys existed has their defaults
+    settings = {**LATER_OPTIMIZER_DEFAULTS, **config.get("optimizer", {})}
+    models = (config.get("convergence", {}).get("axes") or {}).get("model") or (
+        config.get("axes", {}).get("model") or []
+    )
+    names = sorted(
+        {optimizer_for(settings["name"], SPECS[m].family) for m in models if m in SPECS}
+    ) or ["sgd"]
+    words = []
+    for name in names:
+        if name == "adamw":
+            beta1, beta2 = settings["betas"]
+            clip = settings["grad_clip_norm"]
+            words.append(
+                f"AdamW (betas {beta1:g}/{beta2:g}, weight decay {settings['weight_decay']:g}"
+                + (f", gradients clipped to norm {clip:g}" if clip is not None else "")
+                + ")"
+            )
+        else:
+            words.append(f"SGD with momentum {settings['momentum']:g}")
+    return " and ".join(words)
+
+
 def _planned_convergence_macros(config: dict, cells: pd.DataFrame) -> dict:
     """The convergence workload as configured, and how many of its cells ran and reached the
     target."""
@@ -97,6 +127,7 @@ def _planned_convergence_macros(config: dict, cells: pd.DataFrame) -> dict:
         "ConvLrFormula": RULE_FORMULAS[conv["lr_rule"]],
         "ConvBaseLr": f"{conv['learning_rate']:g}",
         "ConvMomentum": f"{config['optimizer']['momentum']:g}",
+        "ConvOptimizer": _convergence_optimizer(config),
         "ConvWarmupEpochs": f"{conv['warmup_epochs']:g}",
         "ConvMethod": TIME_TO_ACCURACY_METHOD,
         "ConvExcluded": TIME_TO_ACCURACY_EXCLUDES,

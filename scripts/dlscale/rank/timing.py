@@ -7,6 +7,8 @@ Timing method (the same for every framework, recorded in each metrics file):
     cell as measured under competition; then a second barrier;
   - REWARM_STEPS untimed re-warm steps (more where Adapter.steps_before_window asks), so the
     window does not start on a device that idled through the probe;
+  - the device's peak memory statistics are reset right before the window and read right after
+    it (Adapter.reset_peak_memory, read_peak_memory): the peak of the training steps alone;
   - the window is wall clock between two device synchronisations; each of its `steps` steps is
     timed by the adapter's step timer (StepTimer: time.perf_counter() and a synchronisation per
     step; CUDA events with no host synchronisation inside the window where the framework has
@@ -149,8 +151,10 @@ def run_timed(adapter, before_step=None, audit: SyncAudit | None = None) -> dict
     phase("rewarm")
     timer = adapter.step_timer()
     # the window opens at a device synchronisation: the re-warm steps still queued on the device
-    # finish before it, so neither the window's time nor its energy and telemetry count them
+    # finish before it, so neither the window's time nor its energy and telemetry count them;
+    # the peak memory statistics restart there, so the peak read after it is the steps'
     adapter.sync()
+    adapter.reset_peak_memory()
     meter.start()
     telemetry.start()  # sampled by a background thread, off the step's path
     window_start = time.perf_counter()
@@ -163,6 +167,7 @@ def run_timed(adapter, before_step=None, audit: SyncAudit | None = None) -> dict
             timer.stop()
     adapter.sync()
     window = time.perf_counter() - window_start
+    adapter.read_peak_memory()  # before the breakdown and the probe allocate anything
     energy = meter.stop(samples=spec.per_rank_batch * spec.steps)
     telemetry_record = telemetry.stop()
     times = timer.step_seconds()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dlscale.registry import cuda_probes
 from dlscale.registry.cuda_drivers import fitting_lines, table
+from dlscale.registry.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES, RegistryError
 
 # The environment variants a hardware entry can ask for (hardware.yaml `environment_variant`):
@@ -67,7 +68,9 @@ class Framework:
       environment of its own, `<env>-<line>` (envs/<env>-<line>.txt); a hardware entry that
       states its driver gets the newest line that driver runs (`environment_for`);
     - imports: the modules that are the framework itself (torch, tensorflow, ...), which the
-      preflight imports on a compute node before any cell runs (dlscale.run.preflight_job).
+      preflight imports on a compute node before any cell runs (dlscale.run.preflight_job);
+    - optimizers: the optimizers its adapter builds (dlscale.registry.optimizers); a cell with
+      another is refused before any job, and by the adapter when it is made.
     """
 
     name: str
@@ -83,6 +86,7 @@ class Framework:
     ptx_only_from: tuple[float, str] | None = None
     cuda_lines: tuple[str, ...] = ()
     imports: tuple[str, ...] = ()
+    optimizers: tuple[str, ...] = (DEFAULT_OPTIMIZER,)
 
     def __post_init__(self):
         where = f"framework record {self.name!r} (dlscale.registry.frameworks)"
@@ -94,6 +98,12 @@ class Framework:
         if bad:
             raise RegistryError(
                 f"{where}: fact 'workloads' names {', '.join(bad)}; allowed: {', '.join(WORKLOADS)}"
+            )
+        bad = [o for o in self.optimizers if o not in OPTIMIZERS]
+        if bad or DEFAULT_OPTIMIZER not in self.optimizers:
+            raise RegistryError(
+                f"{where}: fact 'optimizers' is {', '.join(self.optimizers)}; allowed: "
+                f"{', '.join(OPTIMIZERS)}, {DEFAULT_OPTIMIZER} among them"
             )
         unknown = [line for line in self.cuda_lines if line not in table()["pytorch_lines"]]
         if unknown:
@@ -171,21 +181,27 @@ FRAMEWORKS = {
             model_package="torch",
             cuda_probe=cuda_probes.torch_cuda,
             cuda_lines=("cu130", "cu128", "cu126"),
+            optimizers=("sgd", "adamw"),
             host_sync_per_step=(
                 "none inside the timed window: CUDA events around each step, one "
                 "synchronisation after the window; DDP's runtime statistics (which synchronise "
                 "on their sampled iterations) are sampled only before the window; fp16 uses the "
                 "fused SGD, with which the gradient scaler does not read its inf check on the "
-                "host"
+                "host; AdamW is the fused one (its step counters on the device) and the "
+                "gradient clipping's norm stays a device tensor"
             ),
             host_sync_per_step_cpu=(
                 "none beyond the step itself: on CPUs the step runs on the host (no device to "
-                "wait for); DDP's runtime statistics are sampled only before the window"
+                "wait for); DDP's runtime statistics are sampled only before the window; "
+                "AdamW's foreach step reads its per-parameter step counters as Python numbers "
+                "(Tensor.item on host values: nothing to wait for)"
             ),
             initialisation_and_data_order=(
                 "weights from torch.manual_seed(seed + rank), rank 0's on every rank (DDP's "
-                "broadcast at wrap); data in DistributedSampler's order: the whole training "
-                "split reshuffled every epoch and dealt across the ranks"
+                "broadcast at wrap; a model with init_weights(), the decoders: each parameter "
+                "from its own generator, seeded by the seed and its name, the same on every "
+                "rank and under every strategy); data in DistributedSampler's order: the whole "
+                "training split reshuffled every epoch and dealt across the ranks"
             ),
         ),
         Framework(

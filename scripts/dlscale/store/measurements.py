@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from dlscale.study.cell import (
+    CHANGED_DEFAULTS,
+    LATER_FIELDS,
     MEASUREMENTS_DIR,
     METRICS_FILE,
     NOT_IDENTITY,
@@ -128,7 +130,9 @@ def stored_identity(path: Path) -> dict | None:
 
 def changed_cells(cells: list[Cell]) -> list[tuple[Cell, dict]]:
     """Measured cells whose measurement was made with another identity than the planned one:
-    [(cell, {field: (measured, planned)})]. Fields the file does not record are not compared."""
+    [(cell, {field: (measured, planned)})]. Fields the file does not record are not compared,
+    but for a changed default (CHANGED_DEFAULTS), which the file recorded by leaving it out:
+    a decoder cell measured with SGD is flagged when `auto` now plans it with AdamW."""
     changed = []
     # each workload's cell folder of a study, looked at once: a study not measured yet (the
     # dry run of a new 10,000-cell study) costs one stat, not one per cell
@@ -147,9 +151,13 @@ def changed_cells(cells: list[Cell]) -> list[tuple[Cell, dict]]:
         stored = stored_identity(path)
         if stored is None:
             continue
+        # a changed default: a file (or a planned cell) without the field is at its earlier
+        # value, compared both ways
+        earlier = {k: LATER_FIELDS[k] for k in CHANGED_DEFAULTS}
+        stored = {**earlier, **stored}
         diff = {
             k: (stored[k], v)
-            for k, v in cell.identity().items()
+            for k, v in {**earlier, **cell.identity()}.items()
             if k in stored and k not in NOT_IDENTITY and stored[k] != v
         }
         if diff:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.registry.frameworks import DEFAULT_WORKLOAD, WORKLOADS  # noqa: F401 (re-exported)
+from dlscale.registry.optimizers import DEFAULT_OPTIMIZER
 from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S
 
@@ -292,6 +293,21 @@ class Cell:
     # A decoder model's sequence length in tokens (config seq_len, else the model's registry
     # default; dlscale.models.spec_for); None for every other model
     seq_len: int | None = None
+    # The optimizer (config optimizer.name, `auto` resolved per model family:
+    # dlscale.registry.optimizers): "sgd", the optimizer of every cell measured before the
+    # choice existed, or "adamw" with its settings (None in an SGD cell) and the norm its
+    # gradients are clipped to (None: no clipping).
+    optimizer: str = DEFAULT_OPTIMIZER
+    adam_beta1: float | None = None
+    adam_beta2: float | None = None
+    adam_eps: float | None = None
+    weight_decay: float | None = None
+    grad_clip_norm: float | None = None
+    # A bf16 or fp16 cell of a strategy that wraps the model in fully_shard (fsdp, hsdp,
+    # fsdp+tp): FSDP2's MixedPrecisionPolicy (parameters all-gathered in the precision,
+    # gradients reduced in float32) and no autocast. False: autocast around the forward, the
+    # float32 parameters communicated as they are, as every cell measured before it.
+    fsdp_mixed_precision: bool = False
     # How long the first warm-up step (compilation) may wait for its peers (config
     # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
@@ -427,6 +443,12 @@ DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 LATER_FIELDS = {
     f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
 }
+# Later fields whose value changed for cells that existed before them (a changed default,
+# ../shared/ROUND.md): `auto` trains the decoders with AdamW, and bf16/fp16 cells under
+# fully_shard use FSDP2's mixed precision. A measured cell's file without them was measured at
+# their LATER_FIELDS value, so dlscale.store.measurements.changed_cells compares them as that
+# (the other later fields are not compared where the file lacks them).
+CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision")
 # The fields only a convergence cell sets.
 CONVERGENCE_FIELDS = tuple(
     k
@@ -446,6 +468,13 @@ CONVERGENCE_FIELDS = tuple(
         "microbatches",
         "seq_len",
         "ranks_in_path",
+        "optimizer",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_eps",
+        "weight_decay",
+        "grad_clip_norm",
+        "fsdp_mixed_precision",
     )
 )
 

@@ -275,9 +275,13 @@ REGISTRY_DEFAULT_KEYWORD = "x-dlscale-registry-default"
 
 def _registry_names(registry: str) -> list[str]:
     """The names a registry defines: `models` (dlscale.models), `frameworks`, `strategies`,
-    `gpu_bindings`, `formats` or `containers` (dlscale.registry)."""
+    `gpu_bindings`, `formats`, `containers` or `optimizers` (dlscale.registry; with `auto`)."""
     if registry == "models":
         from dlscale.models import names
+
+        return names()
+    if registry == "optimizers":  # config optimizer.name: auto, then every optimizer
+        from dlscale.registry.optimizers import names
 
         return names()
     if registry == "frameworks":

@@ -14,7 +14,15 @@ from dlscale.study.cell import DEFAULT_PARALLELISM
 # Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
 # neither
 # the config hash nor a cell's hardware hash includes them.
-PLANNING_KEYS = ("nodes_available", "node_hour_cost", "node_power_w", "device_memory_gib")
+# `memory_headroom_gib`: what a rank's device holds outside the peak the planner compares
+# (dlscale.study.partitions).
+PLANNING_KEYS = (
+    "nodes_available",
+    "node_hour_cost",
+    "node_power_w",
+    "device_memory_gib",
+    "memory_headroom_gib",
+)
 
 
 # Hardware keys that say where, not what: a convergence cell carries them (Cell.stage_dir), no
@@ -58,6 +66,19 @@ LATER_DEFAULTS = {
     "env": {},
     "sbatch_options": [],
     "srun_options": [],
+}
+
+
+# config `optimizer` keys added after studies were measured, with their defaults: at these the
+# study hashes as before they existed. What a cell trains with is in its own identity
+# (Cell.optimizer and its settings: dlscale.registry.optimizers), where `auto` gives the
+# decoder cells AdamW, a new identity; the study's hash only summarises the config.
+LATER_OPTIMIZER_DEFAULTS = {
+    "name": "auto",
+    "betas": [0.9, 0.95],
+    "eps": 1e-08,
+    "weight_decay": 0.1,
+    "grad_clip_norm": 1.0,
 }
 
 
@@ -110,6 +131,12 @@ def config_hash(config: dict, hardware: dict) -> str:
     # the ranks-per-node axis unset: every cell its hardware's default, as before the axis
     if measured.get("axes", {}).get("ranks_per_node", "set") is None:
         measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "ranks_per_node"}
+    if "optimizer" in measured:
+        measured["optimizer"] = {
+            k: v
+            for k, v in measured["optimizer"].items()
+            if not (k in LATER_OPTIMIZER_DEFAULTS and v == LATER_OPTIMIZER_DEFAULTS[k])
+        }
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
         measured.pop("seq_len", None)
     if "convergence" not in config.get("workloads", ["throughput"]):

@@ -17,7 +17,9 @@ from pathlib import Path
 from dlscale.models import cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
 from dlscale.registry.gpu_bindings import canonical as canonical_binding
+from dlscale.registry.optimizers import optimizer_for
 from dlscale.registry.parallel_dims import cell_microbatches, cell_pp_degree, cell_tp_degree
+from dlscale.registry.strategies import STRATEGIES
 from dlscale.study.cell import AXES, Cell
 from dlscale.study.config import (
     ConfigError,
@@ -178,6 +180,35 @@ def _fixed_fields(config: dict, by_workload: dict) -> dict[str, dict]:
     return fixed
 
 
+def optimizer_fields(config: dict, model: str) -> dict:
+    """A cell's optimizer fields: config optimizer.name (`auto` resolved by the model's family:
+    dlscale.registry.optimizers.optimizer_for) and, for AdamW, its settings and clipping norm.
+    An SGD cell gets none beyond `momentum` (every cell's), so it keeps its identity."""
+    from dlscale.models import get_spec
+
+    settings = config["optimizer"]
+    name = optimizer_for(settings["name"], get_spec(model).family)
+    if name != "adamw":
+        return {"optimizer": name}
+    beta1, beta2 = settings["betas"]
+    return {
+        "optimizer": name,
+        "adam_beta1": float(beta1),
+        "adam_beta2": float(beta2),
+        "adam_eps": float(settings["eps"]),
+        "weight_decay": float(settings["weight_decay"]),
+        "grad_clip_norm": None
+        if settings["grad_clip_norm"] is None
+        else float(settings["grad_clip_norm"]),
+    }
+
+
+def fsdp_mixed_precision(parallelism: str, precision: str) -> bool:
+    """Whether a cell's bf16 or fp16 comes from FSDP2's MixedPrecisionPolicy (a strategy that
+    wraps the model in fully_shard) rather than autocast (Cell.fsdp_mixed_precision)."""
+    return STRATEGIES[parallelism].sharded and precision != "fp32"
+
+
 def _combo_cells(
     config: dict,
     hardware: dict,
@@ -237,6 +268,8 @@ def _combo_cells(
                 config["microbatches"],
             ),
             seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
+            fsdp_mixed_precision=fsdp_mixed_precision(combo["parallelism"], combo["precision"]),
+            **optimizer_fields(config, combo["model"]),
             **shared["common"],
             **extra,
         )

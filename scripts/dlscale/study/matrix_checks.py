@@ -299,12 +299,44 @@ def _builder_problems(config: dict, workload: str, axes: dict) -> list[str]:
     return problems
 
 
+def _optimizer_problems(config: dict, axes: dict) -> list[str]:
+    """Cells whose optimizer (config optimizer.name, `auto` resolved by the model's family:
+    dlscale.registry.optimizers) their framework's adapter does not build (its record's
+    `optimizers`), unless `exclude` leaves the pair out."""
+    from dlscale.models import SPECS
+    from dlscale.registry.optimizers import AUTO, optimizer_for
+
+    name = config["optimizer"]["name"]
+    problems = []
+    for framework in axes["framework"]:
+        for model in axes["model"]:
+            if model not in SPECS:
+                continue  # refused by the schema's enum
+            wanted = optimizer_for(name, SPECS[model].family)
+            pair = {"framework": framework, "model": model}
+            if wanted in FRAMEWORKS[framework].optimizers or _excluded_pair(
+                pair, config["exclude"]
+            ):
+                continue
+            able = [f for f in FRAMEWORKS if wanted in FRAMEWORKS[f].optimizers]
+            why = f" (auto: {wanted} for the {SPECS[model].family} models)" if name == AUTO else ""
+            problems.append(
+                f"optimizer.name: {name!r}{why} trains model {model!r} with {wanted}, which "
+                f"framework {framework!r} does not run (it runs: "
+                f"{', '.join(FRAMEWORKS[framework].optimizers)}); frameworks that run {wanted}: "
+                f"{', '.join(able)} (or set optimizer.name: sgd, or exclude "
+                f"{{framework: {framework}, model: {model}}})"
+            )
+    return problems
+
+
 def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
     problems = []
     by_workload = workload_axes(config)
     for workload, axes in by_workload.items():
         problems += _axes_problems(config, workload, axes, hardware, hardware_source)
         problems += _builder_problems(config, workload, axes)
+        problems += [p for p in _optimizer_problems(config, axes) if p not in problems]
     if "convergence" in by_workload:
         problems += _convergence_problems(config, by_workload["convergence"])
     for i, entry in enumerate(config["exclude"]):

@@ -62,6 +62,7 @@ def output_paths(folder: str, study: str) -> dict[str, str]:
         "convergence_table": f"{report}/convergence_table.tex",
         "macros": f"{report}/macros.tex",
         "cells_table": f"{report}/cells_table.tex",
+        "memory_table": f"{report}/memory_table.tex",
         "quarantine_table": f"{report}/quarantine_table.tex",
         "status_table": f"{report}/status_table.tex",
         "systems_table": f"{report}/systems_table.tex",

@@ -287,7 +287,18 @@ def test_memory_per_rank_is_measured_or_predicted_from_the_sharding():
     memory, source = ss.memory_per_rank(series, [1, 2, 8])
     assert memory == pytest.approx([(500 - 100) * 2 + 100, 500, 500])
     assert source == ["predicted from n=2", ss.MEASURED, "predicted from n=4"]
-    # no memory recorded: unknown, and said so
+    # no memory recorded (issue 48): a lower bound, the model's state with its optimizer
+    # (float32 parameters and gradients, SGD's momentum 4 bytes, AdamW's moments 8), said so
+    from dlscale.models import SPECS
+
+    params = SPECS[MODEL].param_count
     (bare,) = ss.series_of(cells(nodes=(1, 2), reps=1))
+    memory, source = ss.memory_per_rank(bare, [4])
+    assert memory[0] == pytest.approx(params * 12 / 2**20)
+    assert source[0] == f"{ss.LOWER_BOUND}: the model's state with sgd / 1, no memory measured"
+    (adamw,) = ss.series_of(cells(nodes=(1, 2), reps=1).assign(optimizer="adamw"))
+    assert ss.memory_per_rank(adamw, [4])[0][0] == pytest.approx(params * 16 / 2**20)
+    # a model the registry does not know: unknown, and said so
+    (bare,) = ss.series_of(cells(nodes=(1, 2), reps=1).assign(model="no_such_model"))
     memory, source = ss.memory_per_rank(bare, [4])
     assert np.isnan(memory[0]) and source[0].startswith("unknown")

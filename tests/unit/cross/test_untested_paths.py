@@ -26,8 +26,11 @@ def test_the_hardware_file_becomes_the_planners_partitions():
     parts = {p.name: p for p in partitions_from_hardware(hardware)}
     assert set(parts) == set(hardware)
     v100 = parts["v100"]
-    # device_memory_gib is GiB, the planner's memory MiB: 32 GiB = 32,768 MiB
-    assert v100.device_memory_mb == 32 * 1024
+    # device_memory_gib is GiB, the planner's memory MiB, less the headroom the measured peak
+    # does not see (issue 48: memory_headroom_gib, 1 GiB on a GPU entry that states none)
+    assert v100.device_memory_mb == (32 - 1) * 1024 and not v100.headroom_stated
+    stated = partitions_from_hardware({"v100": {**hardware["v100"], "memory_headroom_gib": 0}})
+    assert stated[0].device_memory_mb == 32 * 1024
     assert v100.node_power_w == 1600 and v100.node_hour_cost == 1.0
     # nodes_available unset: every node the entry may use (max_nodes)
     assert "nodes_available" not in hardware["v100"] or hardware["v100"]["nodes_available"] is None

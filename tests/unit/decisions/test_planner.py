@@ -422,3 +422,96 @@ def test_a_plan_the_planner_can_make_passes_the_parse_time_checks(root):
         )
         == []
     )
+
+
+# Issue 48: the fit check's limit is device_memory_gib less a headroom stated in the hardware
+# entry (memory_headroom_gib; the device's default where none is stated), and a series with no
+# memory measured is held against its model's state with its optimizer (AdamW: 8 bytes of
+# float32 moments per parameter, SGD's momentum 4), a lower bound that rules options out.
+def test_partitions_take_the_headroom_stated_or_their_devices_default():
+    from dlscale.study.partitions import DEFAULT_HEADROOM_GIB, partitions_from_hardware
+
+    parts = partitions_from_hardware(
+        {
+            "h100": {"device": "cuda", "max_nodes": 8, "device_memory_gib": 80},
+            "a100": {
+                "device": "cuda",
+                "max_nodes": 8,
+                "device_memory_gib": 80,
+                "memory_headroom_gib": 2.5,
+            },
+            "cpu": {"device": "cpu", "max_nodes": 4, "device_memory_gib": 64},
+            "free": {"device": "cuda", "max_nodes": 2},
+        }
+    )
+    by = {p.name: p for p in parts}
+    assert DEFAULT_HEADROOM_GIB == {"cuda": 1.0, "cpu": 0.0}
+    assert by["h100"].device_memory_mb == 79 * 1024
+    assert by["h100"].limit_words() == (
+        "h100 device_memory_gib 80 - memory_headroom_gib 1, the default for its device"
+    )
+    assert by["a100"].device_memory_mb == 77.5 * 1024
+    assert by["a100"].limit_words() == "a100 device_memory_gib 80 - memory_headroom_gib 2.5"
+    assert by["cpu"].device_memory_mb == 64 * 1024
+    assert by["cpu"].limit_words() == "cpu device_memory_gib"
+    assert by["free"].device_memory_mb is None
+
+
+def test_the_fit_check_subtracts_the_headroom():
+    """A replica measured at 79.5 GiB per rank fits an 80 GiB board only without headroom."""
+    from dlscale.analysis.scaling_model import model_tables
+    from dlscale.study.partitions import partitions_from_hardware
+
+    from helpers.synthetic_study import cells_table, with_memory
+    from unit.analysis.test_scaling_model import STRATEGY_AXES
+
+    axes = {**STRATEGY_AXES, "parallelism": ["ddp"]}
+    cells = with_memory(cells_table(axes), 79.5 * GIB - 8 * GIB, 8 * GIB)
+    preds = model_tables(cells, plan_nodes={"h100": 8})[1]
+    entry = {"device": "cuda", "max_nodes": 8, "device_memory_gib": 80}
+    with pytest.raises(pl.PlanError, match="no option of model 'transformer_small' fits"):
+        pl.make_plan(preds, TOKEN_JOB, partitions_from_hardware({"h100": entry}))
+    stated = partitions_from_hardware({"h100": {**entry, "memory_headroom_gib": 0}})
+    assert pl.make_plan(preds, TOKEN_JOB, stated).plan.loc[0, "memory_check"] == (
+        "fits: 79.5 GiB per rank (predicted from n=4) within 80 GiB (h100 device_memory_gib)"
+    )
+    lost = pl.candidate_options(
+        preds, TOKEN_JOB, partitions_from_hardware({"h100": entry})
+    ).set_index("nodes")["not_offered_because"]
+    assert lost[1] == (
+        "does not fit: 79.5 GiB per rank (measured) over 79 GiB (h100 device_memory_gib 80 - "
+        "memory_headroom_gib 1, the default for its device)"
+    )
+
+
+def test_a_series_without_memory_is_held_against_its_models_state_with_its_optimizer():
+    """gpt2_350m (354,871,296 parameters), nothing measured: its state with SGD is 12 bytes per
+    parameter (3.97 GiB), with AdamW 16 (5.29 GiB). On a 5 GiB partition the AdamW series does
+    not fit, and the SGD series is offered with its lower bound stated, not as a fit."""
+    from dlscale.analysis.scaling_model import model_tables
+    from dlscale.models import SPECS
+
+    from helpers.synthetic_study import cells_table
+    from unit.analysis.test_scaling_model import STRATEGY_AXES
+
+    params = SPECS["gpt2_350m"].param_count
+    axes = {**STRATEGY_AXES, "model": ["gpt2_350m"], "parallelism": ["ddp"]}
+    bare = cells_table(axes).drop(columns=["state_bytes_per_rank_max", "peak_allocated_mb_max"])
+    bare = bare.assign(peak_rss_mb_max=np.nan)
+    job = [{"name": "j", "model": "gpt2_350m", "samples": 1e6}]
+    part = [pl.Partition("h100", 8, device_memory_mb=5 * GIB)]
+    sgd = model_tables(bare, plan_nodes={"h100": 8})[1]
+    plan = pl.make_plan(sgd, job, part)
+    assert plan.plan.loc[0, "memory_per_rank_mb"] == pytest.approx(params * 12 / 2**20)
+    assert plan.plan.loc[0, "memory_check"] == (
+        "not checked: no memory measured; at least 3.97 GiB per rank (lower bound: the model's "
+        "state with sgd / 1, no memory measured) within 5 GiB (h100 device_memory_gib)"
+    )
+    adamw = model_tables(bare.assign(optimizer="adamw"), plan_nodes={"h100": 8})[1]
+    with pytest.raises(pl.PlanError, match="no option of model 'gpt2_350m' fits in"):
+        pl.make_plan(adamw, job, part)
+    why = pl.candidate_options(adamw, job, part)["not_offered_because"].iloc[0]
+    assert why == (
+        "does not fit: at least 5.29 GiB per rank (lower bound: the model's state with adamw / "
+        "1, no memory measured) over 5 GiB (h100 device_memory_gib)"
+    )

@@ -229,7 +229,14 @@ def test_ddp_cells_keep_their_path_identity_and_hash(root, base_config):
 
 # ---- real ranks -------------------------------------------------------------------------------
 def run_ranks(
-    tmp_path, parallelism: str, nodes: int, rpn: int, tp: int = 1, model="transformer_small"
+    tmp_path,
+    parallelism: str,
+    nodes: int,
+    rpn: int,
+    tp: int = 1,
+    model="transformer_small",
+    optimizer="sgd",
+    precision="fp32",
 ) -> list[dict]:
     """Start nodes x rpn ranks of the production adapter (parallel_ranks.py), one process each;
     `parallelism`: one strategy, or several comma-separated, run one after another in the same
@@ -241,7 +248,8 @@ def run_ranks(
     procs = [
         subprocess.Popen(
             [sys.executable, str(HELPERS / "parallel_ranks.py"), str(r), str(world), str(rpn)]
-            + [",".join(map(str, ports)), parallelism, str(tp), str(outs[r]), model],
+            + [",".join(map(str, ports)), parallelism, str(tp), str(outs[r]), model]
+            + [optimizer, precision],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -259,47 +267,83 @@ def state_bytes(memory: dict) -> int:
 
 
 @functools.cache
-def reference(model: str, world: int) -> float:
+def reference(model: str, world: int, optimizer: str = "sgd") -> float:
     """The single-process loss (computed once per worker: no module-scoped fixture, so the
     test command's workers share these tests out instead of running them in one group)."""
     from helpers.parallel_ranks import reference_loss
 
-    return reference_loss(world, model)
+    return reference_loss(world, model, optimizer)
+
+
+STATE_RTOL = 0.02  # issue 48: predicted and measured state bytes per rank, and the shard fraction
 
 
 @pytest.mark.parametrize(
-    "model, parallelism, nodes, rpn, tp",
+    "model, parallelism, nodes, rpn, tp, optimizer",
     [
-        ("transformer_small", "ddp", 2, 1, 1),
-        ("transformer_small", "fsdp", 2, 1, 1),
-        ("transformer_small", "hsdp", 2, 1, 1),
-        ("transformer_small", "tp", 1, 2, 2),
-        ("transformer_small", "fsdp+tp", 2, 2, 2),
-        ("transformer_small", "hsdp", 2, 2, 1),
-        ("transformer_small", "tp", 2, 2, 2),
-        # the tiny decoder (GPT-2 class): attention split by heads under tensor parallel
-        ("gpt2_tiny", "fsdp", 2, 1, 1),
-        ("gpt2_tiny", "tp", 1, 2, 2),
-        ("gpt2_tiny", "fsdp+tp", 2, 2, 2),
-        ("gpt2_tiny", "hsdp", 2, 2, 1),
+        ("transformer_small", "ddp", 2, 1, 1, "sgd"),
+        ("transformer_small", "fsdp", 2, 1, 1, "sgd"),
+        ("transformer_small", "hsdp", 2, 1, 1, "sgd"),
+        ("transformer_small", "tp", 1, 2, 2, "sgd"),
+        ("transformer_small", "fsdp+tp", 2, 2, 2, "sgd"),
+        ("transformer_small", "hsdp", 2, 2, 1, "sgd"),
+        ("transformer_small", "tp", 2, 2, 2, "sgd"),
+        # the tiny decoder (GPT-2 class) as the decoders train (issue 48): AdamW, its gradients
+        # clipped to norm 1 over the shards, built on the meta device and materialised after
+        # fully_shard under fsdp and hsdp; attention split by heads under tensor parallel
+        ("gpt2_tiny", "ddp", 2, 1, 1, "adamw"),
+        ("gpt2_tiny", "fsdp", 2, 1, 1, "adamw"),
+        ("gpt2_tiny", "tp", 1, 2, 2, "adamw"),
+        ("gpt2_tiny", "fsdp+tp", 2, 2, 2, "adamw"),
+        ("gpt2_tiny", "hsdp", 2, 2, 1, "adamw"),
         # pipeline (GPipe, 2 micro-batches): 2 stages over 2 nodes; 2 stages x 2 replicas
-        ("transformer_small", "pp", 2, 1, 2),
-        ("transformer_small", "pp", 2, 2, 2),
+        ("transformer_small", "pp", 2, 1, 2, "sgd"),
+        ("transformer_small", "pp", 2, 2, 2, "sgd"),
     ],
 )
 def test_every_strategy_trains_to_the_single_process_loss(
-    tmp_path, model, parallelism, nodes, rpn, tp
+    tmp_path, model, parallelism, nodes, rpn, tp, optimizer
 ):
-    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp, model)
-    expected = reference(model, nodes * rpn)
+    ranks = run_ranks(tmp_path, parallelism, nodes, rpn, tp, model, optimizer)
+    expected = reference(model, nodes * rpn, optimizer)
     losses = {r["loss"] for r in ranks}
     assert len(losses) == 1  # all-reduced: every rank the same
     loss = losses.pop()
     rel = abs(loss - expected) / abs(expected)
-    print(f"{model} {parallelism} {nodes}x{rpn}: loss {loss:.8f}, ref {expected:.8f}, {rel:.2e}")
+    print(
+        f"{model} {parallelism} {nodes}x{rpn} {optimizer}: loss {loss:.8f}, ref {expected:.8f}, "
+        f"{rel:.2e}"
+    )
     assert rel <= RTOL
+    for rank in ranks:  # what each rank holds, measured against predicted (issue 48)
+        memory, predicted = rank["memory"], rank["memory"]["predicted"]
+        measured = state_bytes(memory)
+        print(
+            f"  state bytes per rank: measured {measured}, predicted {predicted['state_bytes']}"
+            + (
+                f", shard fraction {predicted['full_state_bytes'] / predicted['shard_degree']:.0f}"
+                if predicted["shard_degree"]
+                else ""
+            )
+        )
+        assert measured == pytest.approx(predicted["state_bytes"], rel=STATE_RTOL)
+        assert memory["optimizer_state_dtype"] == "float32"
+        per_param = {"sgd": 1, "adamw": 2}[optimizer]  # momentum; AdamW's two moments
+        assert memory["optimizer_state_bytes"] == per_param * memory["param_bytes"]
+        if parallelism in ("fsdp", "hsdp"):  # the exact shard fraction, padding counted
+            fraction = predicted["full_state_bytes"] / predicted["shard_degree"]
+            assert measured == pytest.approx(fraction, rel=STATE_RTOL)
+            assert predicted["padding_bytes"] is not None
+    if parallelism in ("ddp", "fsdp", "hsdp"):
+        assert ranks[0]["memory"]["predicted"]["activation_bytes"] > 0  # rank 0 estimates
+        assert {r["memory"]["predicted"]["activation_bytes"] for r in ranks[1:]} == {None}
     facts = ranks[0]["execution"]
     assert facts["strategy"] == parallelism
+    training = ranks[0]["training"]
+    assert training["optimizer"]["name"] == optimizer
+    assert ("init_weights()" in training["init"]) == (model == "gpt2_tiny")
+    meta_after_shard = model == "gpt2_tiny" and parallelism in ("fsdp", "hsdp")
+    assert ("after fully_shard" in training["init"]) == meta_after_shard
     if parallelism != "ddp":
         assert facts["dims"]["world_size"] == nodes * rpn
         assert ("tensor_parallel" in facts) == (tp > 1 and parallelism != "pp")
@@ -317,8 +361,10 @@ def test_llama_trains_to_the_single_process_loss_under_each_strategy(tmp_path):
     same code), tp (degree 2: the KV heads split too) and fsdp+tp, one after another in the
     same 2 processes (one interpreter start for all: about the cost of one strategy), each to
     the single-process loss on the same global batch within RTOL after 3 steps."""
-    ranks = run_ranks(tmp_path, ",".join(LLAMA_STRATEGIES), 1, 2, tp=2, model="llama3_debug")
-    expected = reference("llama3_debug", 2)
+    ranks = run_ranks(
+        tmp_path, ",".join(LLAMA_STRATEGIES), 1, 2, tp=2, model="llama3_debug", optimizer="adamw"
+    )
+    expected = reference("llama3_debug", 2, "adamw")
     for parallelism in LLAMA_STRATEGIES:
         losses = {r[parallelism]["loss"] for r in ranks}
         assert len(losses) == 1, (parallelism, losses)  # every rank the same
@@ -335,6 +381,40 @@ def test_llama_trains_to_the_single_process_loss_under_each_strategy(tmp_path):
     assert ranks[0]["fsdp"]["execution"]["fully_shard"] == ["layers.0", "layers.1"]
     assert ranks[0]["hsdp"]["execution"]["dims"]["dp_shard"] == 2
     assert "(FSDP2, hybrid) over (dp_replicate, dp_shard)" in ranks[0]["hsdp"]["wrapper"]
+    # AdamW's state: each rank's measured bytes are the predicted ones, and fully_shard holds
+    # half of ddp's (2 shards, FSDP's padding counted)
+    for parallelism in LLAMA_STRATEGIES:
+        memory = ranks[0][parallelism]["memory"]
+        assert state_bytes(memory) == memory["predicted"]["state_bytes"], parallelism
+    full = state_bytes(ranks[0]["ddp"]["memory"])
+    for parallelism in ("fsdp", "hsdp"):
+        share = state_bytes(ranks[0][parallelism]["memory"]) / full
+        assert share == pytest.approx(0.5, rel=STATE_RTOL), (parallelism, share)
+
+
+def test_a_bf16_fsdp_cell_takes_its_precision_from_fsdps_policy(tmp_path):
+    """bf16 under fully_shard (issue 48): FSDP2's MixedPrecisionPolicy all-gathers the
+    parameters in bf16 for the forward, reduces the gradients in float32 into float32 shards,
+    and no autocast runs; the loss stays within bf16's precision of the float32 program's."""
+    ranks = run_ranks(tmp_path, "fsdp", 2, 1, 1, "gpt2_tiny", "adamw", "bf16")
+    expected = reference("gpt2_tiny", 2, "adamw")
+    for rank in ranks:
+        assert rank["forward_weight_dtype"] == "torch.bfloat16"
+        assert rank["execution"]["mixed_precision"] == {
+            "param_dtype": "bfloat16",
+            "reduce_dtype": "float32",
+        }
+        assert rank["training"]["precision"] == (
+            "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), no autocast"
+        )
+        # the sharded state stays float32: the predicted bytes hold
+        memory = rank["memory"]
+        assert state_bytes(memory) == memory["predicted"]["state_bytes"]
+        rel = abs(rank["loss"] - expected) / expected
+        print(
+            f"gpt2_tiny fsdp 2x1 adamw bf16: loss {rank['loss']:.6f}, ref {expected:.6f}, {rel:.1e}"
+        )
+        assert rel <= 2e-2  # bf16 keeps 8 bits of mantissa
 
 
 def test_fsdp_holds_a_world_size_share_of_ddps_state(tmp_path):
@@ -369,6 +449,28 @@ def test_cells_of_each_strategy_record_memory_per_rank(tmp_path):
     assert ratio <= 1 / 2 * 1.10
     assert cells["ddp"]["param_bytes_per_rank_max"] == 4 * 5_289_986  # fp32, full replica
     assert "fully_shard" in cells["fsdp"]["wrapper"]
+    # issue 48: the predicted parts beside the measured bytes, and the report's table of them
+    import pandas as pd
+
+    from dlscale.outputs.memory_table import write_memory_table
+
+    for p, row in cells.items():
+        assert row["optimizer"] == "sgd" and row["peak_scope"] is None  # a CPU cell
+        assert row["predicted_state_bytes_per_rank_max"] == pytest.approx(
+            row["state_bytes_per_rank_max"], rel=0.02
+        )
+        assert row["predicted_activation_bytes_per_rank_max"] > 0
+    fsdp = cells["fsdp"]
+    assert fsdp["shard_degree"] == 2 and cells["ddp"]["shard_degree"] is None
+    assert fsdp["state_bytes_per_rank_max"] == pytest.approx(
+        fsdp["full_state_bytes"] / fsdp["shard_degree"], rel=0.02
+    )
+    table = tmp_path / "memory_table.tex"
+    assert write_memory_table(pd.DataFrame(list(cells.values())), str(table)) == 2
+    text = table.read_text()
+    assert (
+        "transformer\\_small & weak & fp32 & ddp & 2 & sgd" in text and " & fsdp & 2 & sgd" in text
+    )
 
 
 # ---- out of memory: a result -----------------------------------------------------------------

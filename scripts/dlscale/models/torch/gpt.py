@@ -99,17 +99,28 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.token_embedding.weight  # tied, as in GPT-2
-        # GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L)
+        self.num_layers = num_layers
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation of every parameter, in the order of ``named_parameters()``
+        (the tied head once, as the token embedding), drawn from torch's default generator:
+        biases zero, LayerNorm weights one, matrices N(0, 0.02) with the residual projections
+        (``wo``, ``proj``) scaled by 1/sqrt(2 L). Every parameter is set here, so a model built
+        on the meta device and materialised after sharding is initialised by this alone
+        (:mod:`dlscale.models.torch.seeded_init`); the model has no buffers."""
         for name, p in self.named_parameters():
             if name.endswith(".bias"):
                 nn.init.zeros_(p)
             elif p.dim() >= 2:
                 std = (
-                    0.02 / (2 * num_layers) ** 0.5
+                    0.02 / (2 * self.num_layers) ** 0.5
                     if name.endswith(("wo.weight", "proj.weight"))
                     else 0.02
                 )
                 nn.init.normal_(p, std=std)
+            else:  # the LayerNorms' weights
+                nn.init.ones_(p)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Next-token logits ``(N*S, V)`` of token ids ``(N, S)``, ``S <= seq_len``."""
