@@ -7,7 +7,6 @@ a container keep their identity."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from dlscale.study.matrix import build_matrix
 
 from conftest import ROOT
 from helpers.cells import cell_dict
+from helpers.recording_srun import recorded, recording_srun
 
 DIGEST = "sha256:" + "ab" * 32
 HW_SCHEMA = load_schema(ROOT / "config" / "schemas" / "hardware.schema.json")
@@ -34,34 +34,15 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
-def _fake_srun(tmp_path, monkeypatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    record = tmp_path / "srun.json"
-    (bin_dir / "srun").write_text(
-        "#!/usr/bin/env python3\nimport json, os, sys\n"
-        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
-        f"open({str(record)!r}, 'w'))\n"
-    )
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho n1; echo n2\n")
-    for exe in bin_dir.iterdir():
-        exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
-    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
-    return record
-
-
 def _srun_of(tmp_path, monkeypatch, container: dict, **cell) -> dict:
-    record = _fake_srun(tmp_path, monkeypatch)
+    record = recording_srun(tmp_path, monkeypatch)
     c = Cell.from_dict(cell_dict(launcher="srun", container=container, **cell))
     rank_dir = tmp_path / "results" / "s" / "cell" / ".ranks"
     rank_dir.mkdir(parents=True)
     argv = ["/host/venv/bin/python", "-m", "dlscale.run.train", "--cell", "x"]
     procs = launch.start_srun(c, argv, rank_dir)
     assert procs[0][1].wait() == 0
-    return json.loads(record.read_text())
+    return recorded(record)
 
 
 def _covered(path: Path, binds: list[str]) -> bool:

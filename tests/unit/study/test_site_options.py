@@ -22,6 +22,7 @@ from dlscale.study.matrix import load_study
 from dlscale.study.resources import class_resources, preflight_sbatch_args, slurm_extra
 
 from helpers.cells import cell_dict, plugin_sbatch
+from helpers.recording_srun import recorded, recording_srun
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = load_schema(ROOT / "config" / "schemas" / "hardware.schema.json")
@@ -332,24 +333,11 @@ def test_srun_options_lead_the_ranks_srun_command():
 def test_start_srun_runs_the_srun_that_carries_them(tmp_path, monkeypatch):
     """The production start_srun, with a recording `srun` on PATH: the options are in the
     command it ran, before the launcher's own."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    record = tmp_path / "srun.json"
-    (bin_dir / "srun").write_text(
-        "#!/usr/bin/env python3\nimport json, sys\n"
-        f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
-    )
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho n1; echo n2\n")
-    for exe in bin_dir.iterdir():
-        exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path('/usr/bin')}:{Path('/bin')}")
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
-    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    record = recording_srun(tmp_path, monkeypatch)
     cell = Cell.from_dict(cell_dict(launcher="srun", srun_options=SRUN_TOKENS))
     ((_, proc),) = launch.start_srun(cell, ["true"], tmp_path)
     assert proc.wait() == 0
-    argv = json.loads(record.read_text())
+    argv = recorded(record)["argv"]
     assert argv[:3] == [*SRUN_TOKENS, "--nodes=2"] and argv[-1] == "true"
 
 
