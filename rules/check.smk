@@ -49,23 +49,16 @@ rule verdicts:
         published=RULE_OUT["published"],
     log:
         f"{RULE_OUT['logs']}/verdicts.log",
+    params:
+        # for the published figures (dlscale.decisions.published): what each entry's cells
+        # ran on, and the study's sequence length (None: each model's default)
+        devices={key: hw.get("device_model") for key, hw in STUDY.hardware.items()},
+        seq_len=STUDY.config.get("seq_len"),
     run:
-        from dlscale.decisions.regression_check import write_verdicts
+        from dlscale.decisions.regression_check import verdicts_job
 
-        devices = {k: hw.get("device_model") for k, hw in STUDY.hardware.items()}
-        write_verdicts(
-            input.scaling,
-            input.status,
-            input.references,
-            output.verdicts,
-            output.table,
-            schema=input.schema,
-            references_name=STUDY.config["references_file"],  # as the study names it
-            log=log[0],
-            published_csv=output.published,
-            devices=devices,
-            seq_len=STUDY.config.get("seq_len"),
-        )
+        # the references file as the study names it
+        verdicts_job(input, output, params, log[0], STUDY.config["references_file"])
 
 
 rule check:

@@ -268,6 +268,25 @@ def write_verdicts(
     return table
 
 
+def verdicts_job(input, output, params, log: str, references_name: str) -> pd.DataFrame:
+    """The verdicts rule (rules/check.smk): its named inputs, outputs and params, as Snakemake
+    gives them, to write_verdicts (the published figures with the params' devices and
+    seq_len)."""
+    return write_verdicts(
+        input.scaling,
+        input.status,
+        input.references,
+        output.verdicts,
+        output.table,
+        schema=input.schema,
+        references_name=references_name,
+        log=log,
+        published_csv=output.published,
+        devices=params.devices,
+        seq_len=params.seq_len,
+    )
+
+
 def check_table(table: pd.DataFrame, out=None, *, all_rows: bool = False, results=None) -> int:
     """Print the verdicts; 1 when any is FAIL, else 0."""
     out = out or sys.stdout
