@@ -28,6 +28,7 @@ from dlscale.store.preflight_results import read_result
 from dlscale.study.cell import Cell
 
 from conftest import DOWN, cluster_env
+from helpers.cells import cell_dict
 
 pytestmark = [pytest.mark.slurm]
 
@@ -77,29 +78,16 @@ def topology(cluster):
 
 
 def cuda_cell(binding) -> Cell:
-    return Cell(
-        hardware="gpu",
-        framework="pytorch",
-        model="cnn_small",
-        policy="weak",
-        precision="fp32",
-        mode="eager",
-        nodes=2,
-        rep=1,
-        device="cuda",
-        ranks_per_node=2,
-        per_rank_batch=4,
-        global_batch=16,
-        cpus_per_rank=1,
-        warmup_steps=1,
-        steps=2,
-        learning_rate=0.01,
-        momentum=0.9,
-        launcher="srun",
-        hardware_hash="h",
-        environment="e",
-        study="t",
-        gpu_binding=canonical(binding),
+    """A 2-node x 2-rank cuda cell (tests/helpers/cells.py) with `binding`."""
+    return Cell.from_dict(
+        cell_dict(
+            hardware="gpu",
+            device="cuda",
+            ranks_per_node=2,
+            global_batch=16,
+            launcher="srun",
+            gpu_binding=canonical(binding),
+        )
     )
 
 
