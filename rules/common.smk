@@ -282,7 +282,8 @@ def adopt_measurements():
 # The driver records itself and, under the project's executor plugin (`executor: dlscale`,
 # snakemake_executor_plugin_dlscale: the official Slurm executor subclassed), starts resume:
 # adopts the jobs an earlier driver of the study left queued or running, journals every
-# submission and handles SIGHUP/SIGINT/SIGTERM (dlscale.workflow.resume). The plugin itself has
+# submission and handles SIGHUP/SIGINT/SIGTERM (dlscale.workflow.resume), and packs the cells
+# into allocations with config `pack` (dlscale.workflow.packing). The plugin itself has
 # each cell's job run its launcher with no Snakemake inside the allocation
 # (dlscale.workflow.jobstep). The workflow's `onstart`, after the launcher check, before any job.
 def start_driver():
@@ -291,7 +292,7 @@ def start_driver():
     from dlscale.workflow import preflight
     from dlscale.workflow.resume import start
 
-    start(workflow, RESULTS, STUDY.config["restart"], metrics_files())
+    start(workflow, RESULTS, STUDY.config["restart"], metrics_files(), STUDY.config["pack"])
     # each (hardware entry, environment) checked by one short job that holds its cells
     # (dlscale.workflow.preflight; `--config preflight=False` skips it)
     preflight.start(workflow, RESULTS, STUDY.config, STUDY.cells, STUDY.hardware, _framework_python)

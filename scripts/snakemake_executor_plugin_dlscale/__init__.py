@@ -14,6 +14,11 @@ the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
 - `run_jobs` (first), `check_active_jobs`, `report_job_error`: each cell is held behind its
   hardware entry's preflight, refused after a failed one, and its error says why
   (dlscale.workflow.preflight, started at the workflow's onstart).
+- `run_jobs`, `format_job_exec`, `report_job_submission`, `report_job_error`,
+  `check_active_jobs`: with config `pack`, the ready cells of one hardware entry and
+  environment are submitted as packs, one allocation each, and each packed cell is reported
+  from its pack runner's state (dlscale.workflow.packing); the allocation itself is submitted
+  by the Slurm plugin's own `run_job`.
 - `run_jobs`, `report_job_submission`, `report_job_success`, `cancel_jobs`: a study survives its
   driver (dlscale.workflow.resume: adoption of an earlier driver's jobs, the submission journal,
   SIGHUP/SIGINT/SIGTERM). Resume starts at the workflow's onstart (`start_study`, called by
@@ -37,7 +42,7 @@ from snakemake_executor_plugin_slurm import common_settings
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
-from dlscale.workflow import jobstep, resume
+from dlscale.workflow import jobstep, packing, resume
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]
 
@@ -86,6 +91,7 @@ def misnamed_options(argv: list[str]) -> list[str]:
 
 class Executor(SlurmExecutor):
     preflight = None  # dlscale.workflow.preflight.Preflight, set at onstart (Slurm route)
+    pack = None  # cells per pack (config `pack`; 0: as many as fit; None: off), at onstart
 
     def __post_init__(self, test_mode: bool = False):
         misnamed = misnamed_options(sys.argv[1:])
@@ -98,11 +104,43 @@ class Executor(SlurmExecutor):
         super().__post_init__(test_mode=test_mode)
         self.thin, self.route = jobstep.route(self.workflow)
         self.resume: resume.Resume | None = None
+        self.packer: packing.Packer | None = None  # config `pack`, read at the first jobs
         resume.register(self)
 
     # -- the job path: no Snakemake inside a cell's allocation -------------------------------
     def format_job_exec(self, job) -> str:
+        if isinstance(job, packing.PackJob):
+            return job.command(sys.executable)
         return jobstep.command(job, self.thin, super().format_job_exec)
+
+    # -- packs (dlscale.workflow.packing) --------------------------------------------------
+    def submit_jobs(self, jobs):
+        """Submit jobs that no earlier driver's job covers: the packable cells as packs (config
+        `pack`), every other job as the Slurm plugin does."""
+        if self.pack is not None:
+            jobs = self.packer_of().submit(
+                list(jobs), lambda j: self.thin and jobstep.thin_eligible(j), self.submit_pack
+            )
+        if jobs:
+            super().run_jobs(jobs)
+
+    def submit_pack(self, pack: packing.PackJob) -> None:
+        res = pack.resources
+        self.logger.info(
+            f"dlscale: pack {pack.pack_id}: {len(pack.members)} cells in one allocation of "
+            f"{res['nodes']} node(s) and {res['runtime']} min ({pack.manifest})"
+        )
+        for _, job in pack.members:
+            self.run_job_pre(job)
+        self._job_submission_executor.submit(self.run_job, pack)  # the plugin's own sbatch
+
+    def _pack_members(self, job_info, external_jobid=None):
+        pack = job_info.job
+        study_dir = pack.manifest.parent.parent.parent.parent
+        logfile = job_info.aux.get("slurm_logfile") if job_info.aux else None
+        for slot, job in pack.members:
+            aux = packing.packed_aux(study_dir, pack.pack_id, slot, logfile)
+            yield SubmittedJobInfo(job, external_jobid=external_jobid, aux=aux)
 
     # -- status polling: the plugin's poll, its back-off grown by a factor and bounded ----
     async def check_active_jobs(self, active_jobs):
@@ -110,9 +148,22 @@ class Executor(SlurmExecutor):
         before = self.next_seconds_between_status_checks
         if self.preflight is not None:
             self.preflight.poll()  # each preflight's result said once, when it arrives
+        packed = [j for j in active_jobs if j.aux and j.aux.get("pack")]
+        if packed:
+            running, ended = self.packer_of().check(packed)
+            for job_info in running:
+                yield job_info
+            for job_info, why in ended:
+                if why is None:
+                    self.report_job_success(job_info)
+                else:
+                    self.report_job_error(job_info, msg=f"dlscale: packed cell {why}")
+            active_jobs = [j for j in active_jobs if not (j.aux and j.aux.get("pack"))]
         async for job_info in super().check_active_jobs(active_jobs):
             yield job_info
         after = self.next_seconds_between_status_checks
+        if packed and ended:  # a packed cell ended: poll again soon, as the plugin does
+            after = settings.init_seconds_before_status_checks
         # the plugin backed off (no job finished: before + 10 s) or reset (some finished)
         if settings.status_backoff_factor and after > before:
             after = round(max(before * settings.status_backoff_factor, before + 1), 1)
@@ -122,16 +173,18 @@ class Executor(SlurmExecutor):
         self.next_seconds_between_status_checks = after
 
     # -- resume ----------------------------------------------------------------------------
-    def start_study(self, study_dir: str, mode: str) -> resume.Resume:
+    def start_study(self, study_dir: str, mode: str, pack: bool | int = False) -> resume.Resume:
         """onstart, in the driver, before the first job: plan the adoption of earlier drivers'
-        jobs and handle the signals; from then on the methods below journal and adopt."""
+        jobs and handle the signals; from then on the methods below journal and adopt, and
+        pack the cells with the study's `pack` setting."""
+        self.pack = packing.pack_setting({"pack": pack})
         self.resume = resume.Resume(
             self.workflow,
             self,
             study_dir,
             mode,
             resume.PluginCalls(
-                run_jobs=super().run_jobs,
+                run_jobs=self.submit_jobs,
                 report_job_submission=super().report_job_submission,
                 report_job_success=super().report_job_success,
                 cancel_jobs=super().cancel_jobs,
@@ -141,11 +194,17 @@ class Executor(SlurmExecutor):
         self.resume.handle_signals()
         return self.resume
 
+    def packer_of(self) -> packing.Packer:
+        """The packer (an adopted packed cell needs one even where this run packs nothing)."""
+        if self.packer is None:
+            self.packer = packing.Packer(self, self.pack or 0)
+        return self.packer
+
     def run_jobs(self, jobs):
         if self.preflight is not None:  # cells held behind their entry's preflight
             jobs = self.preflight.hold(jobs, self._refuse)
         if self.resume is None:
-            return super().run_jobs(jobs)
+            return self.submit_jobs(jobs)
         return self.resume.run_jobs(jobs)
 
     # -- the preflight (dlscale.workflow.preflight) ----------------------------------------
@@ -154,12 +213,21 @@ class Executor(SlurmExecutor):
         self.report_job_error(SubmittedJobInfo(job), msg=f"dlscale: {text}")
 
     def report_job_error(self, job_info, msg=None, **kwargs):
+        if isinstance(job_info.job, packing.PackJob):  # the pack's sbatch failed: each cell
+            for member in self._pack_members(job_info):
+                self.report_job_error(member, msg=msg, **kwargs)
+            return None
         why = None if self.preflight is None else self.preflight.explain(job_info.job)
         if why and (msg is None or why not in msg):
             msg = f"{msg}\ndlscale: {why}" if msg else f"dlscale: {why}"
         return super().report_job_error(job_info, msg=msg, **kwargs)
 
     def report_job_submission(self, job_info, register_job: bool = True):
+        if isinstance(job_info.job, packing.PackJob):  # one allocation: each cell submitted
+            packing.record_allocation(job_info.job.manifest.parent, job_info.external_jobid)
+            for member in self._pack_members(job_info, job_info.external_jobid):
+                self.report_job_submission(member, register_job=register_job)
+            return None
         if self.resume is None:
             return super().report_job_submission(job_info, register_job=register_job)
         return self.resume.report_job_submission(job_info, register_job=register_job)

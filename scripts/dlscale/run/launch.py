@@ -150,11 +150,18 @@ def ports_per_host(ranks: int) -> int:
     return ranks + 2
 
 
+def pack_nodes(env=os.environ) -> list[str]:
+    """The nodes a packed cell's step runs on (DLSCALE_PACK_NODES, set by
+    dlscale.workflow.pack_runner inside the pack's allocation), or [] for a cell's own job."""
+    return [n for n in env.get("DLSCALE_PACK_NODES", "").split(",") if n]
+
+
 def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) -> int:
-    """The job's base port (port_block of its job id), with the ports of the `ranks_here`
-    ranks on this host (the allocation's first node, where the launcher runs) free; the next
-    blocks when not."""
-    job = int(env["SLURM_JOB_ID"])
+    """The job's base port (port_block of its job id; a packed cell's: of its job id and its
+    slot, so consecutive cells of a pack do not meet the last one's ports in TIME_WAIT), with
+    the ports of the `ranks_here` ranks on this host (the allocation's first node, where the
+    launcher runs) free; the next blocks when not."""
+    job = int(env["SLURM_JOB_ID"]) + PORT_PROBES * int(env.get("DLSCALE_PACK_SLOT", 0))
     seeds = (job + probe for probe in range(PORT_PROBES))
     return rendezvous_port(seeds, ports_per_host(ranks_here), f"Slurm job {job}", is_free)
 
@@ -390,7 +397,7 @@ def start_srun(
     job_gpus = None
     if cell.device == "cuda" and binding_of(cell.gpu_binding).needs_job_gpus:
         job_gpus = job_gpus_per_node(env)
-    hosts = allocation_nodes(env)
+    hosts = pack_nodes(env) or allocation_nodes(env)
     addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
     env.update(
         MASTER_ADDR=addr,
@@ -404,6 +411,8 @@ def start_srun(
     with_nccl_debug(env)
     container_options, argv = in_container(cell, argv, rank_dir, env)
     cmd = srun_command(cell, argv, rank_dir, overlap, container_options, job_gpus)
+    if pack_nodes(env):  # a packed cell's step: exactly the nodes its pack runner gave it
+        cmd[1:1] = [f"--nodelist={','.join(hosts)}"]
     log = (rank_dir / "srun.log").open("w")
     if removed:
         shown = " ".join(f"{k}={v}" for k, v in removed.items())
@@ -480,6 +489,14 @@ def record_slurm_job(output: Path) -> None:
         "host": socket.gethostname(),
         "time": time.time(),
         "allocation": job_allocation(os.environ["SLURM_JOB_ID"]),
+        # a packed cell (dlscale.workflow.packing): its pack, slot and the nodes of its step
+        "pack": {
+            "id": os.environ["DLSCALE_PACK"],
+            "slot": int(os.environ.get("DLSCALE_PACK_SLOT", 0)),
+            "nodes": pack_nodes(),
+        }
+        if os.environ.get("DLSCALE_PACK")
+        else None,
         "gpus": {
             k.lower(): os.environ[k]
             for k in ("SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")

@@ -140,6 +140,12 @@ def validate_hardware(hardware: dict, schema: dict, source: str = "hardware file
         options[key], found = site_options(key, entry)
         problems += found
         problems += container_problems(key, entry)
+        limit = entry.get("max_time_min")
+        if limit is not None and entry.get("runtime_min", 30) > limit:
+            problems.append(
+                f"{key}.runtime_min: {entry.get('runtime_min', 30)} minutes exceeds the "
+                f"partition's maximum time ({key}.max_time_min: {limit}); allowed: 1 to {limit}"
+            )
         if entry.get("gpus_allocated_only") is True and (device != "cpu" or not gpus):
             problems.append(
                 f"{key}.gpus_allocated_only: only for device 'cpu' with gpus_per_node >= 1"

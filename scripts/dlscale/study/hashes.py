@@ -30,9 +30,10 @@ PLANNING_KEYS = (
 CELL_HARDWARE_KEYS = ("stage_dir",)
 
 
-# Hardware keys that say who pays and where a job queues (account, QoS, reservation): the
-# Slurm plugin's resources of the cell's job (dlscale.study.resources), part of no hash.
-SCHEDULING_KEYS = ("account", "qos", "reservation")
+# Hardware keys that say who pays and where and how long a job queues (account, QoS,
+# reservation, the partition's maximum time): the Slurm plugin's resources of the cell's job
+# (dlscale.study.resources), part of no hash.
+SCHEDULING_KEYS = ("account", "qos", "reservation", "max_time_min")
 
 
 # Hardware keys that choose or check the cell's environment: the cell's environment identity
@@ -116,6 +117,7 @@ def config_hash(config: dict, hardware: dict) -> str:
             "first_step_timeout_s",  # a deadline, in no cell's identity either
             "preflight",  # a check before the cells, not what they measure
             "preflight_max_age_h",
+            "pack",  # how cells share allocations, not what they measure
         )
     }
     # keys added later count only where they ask for something (a study without convergence

@@ -32,7 +32,7 @@ def class_resources(
         "tasks": world,
         "cpus_per_task": hw["cpus_per_rank"],
         "mem_mb": per_node * hw["mem_mb_per_rank"],  # per node: the ranks of one node
-        "runtime": retried_runtime(hw["runtime_min"]),
+        "runtime": retried_runtime(hw["runtime_min"], hw.get("max_time_min")),
         "slurm_partition": hw["partition"] or "",
         **plugin_owned(hw, per_node),
         "slurm_extra": slurm_extra(hw, per_node),
@@ -43,6 +43,8 @@ def class_resources(
         # Every cell counts 1 against the profile's `resources: dlscale_cell=N` limit; the
         # local profile sets N=1 so no cell is measured while another one runs.
         "dlscale_cell": 1,
+        # the partition's maximum time, read by a packed study (dlscale.workflow.packing)
+        **({"dlscale_max_time_min": hw["max_time_min"]} if hw.get("max_time_min") else {}),
     }
 
 
@@ -85,11 +87,13 @@ def gpu_spec(hw: dict, per_node: int | None = None) -> str:
     return f"{gpu}{int(count)}"
 
 
-def retried_runtime(minutes: int):
-    """Minutes; a retried cell (profile `retries`) gets twice the time per attempt."""
+def retried_runtime(minutes: int, limit: int | None = None):
+    """Minutes; a retried cell (profile `retries`) gets twice the time per attempt, at most the
+    partition's maximum time (`max_time_min`, where the entry states it)."""
 
     def runtime(wildcards, attempt):
-        return minutes * 2 ** (attempt - 1)
+        doubled = minutes * 2 ** (attempt - 1)
+        return doubled if limit is None else min(doubled, limit)
 
     return runtime
 

@@ -71,15 +71,20 @@ def thin_eligible(job) -> bool:
     )
 
 
-def job_exec(job, python: str = sys.executable) -> str:
-    payload = {
+def payload_of(job) -> dict:
+    """What a cell's job runs: its rule's shell command as Snakemake formats it, its output and
+    log files (also a packed cell's entry in its pack's manifest: dlscale.workflow.packing)."""
+    return {
         "rule": job.rule.name,
         "jobid": job.jobid,
         "shell": job.shellcmd,
         "output": [str(f) for f in job.output],
         "log": [str(f) for f in job.log],
     }
-    return f"{shlex.quote(python)} -m {MODULE} {encode(payload)}"
+
+
+def job_exec(job, python: str = sys.executable) -> str:
+    return f"{shlex.quote(python)} -m {MODULE} {encode(payload_of(job))}"
 
 
 def route(workflow) -> tuple[bool, str]:

@@ -56,6 +56,7 @@ from dlscale.study.cell import (
     train_rule,
 )
 from dlscale.workflow.advice import Invocation, with_config
+from dlscale.workflow.packing import find_slot, packed_aux
 from dlscale.workflow.resume_journal import journal, say, write_driver_record
 
 RESTART_MODES = ("adopt", "cancel")
@@ -237,7 +238,8 @@ class Resume:
         self._cancel_jobs = plugin.cancel_jobs
         self.run_id = getattr(executor, "run_uuid", None)
         self.plans: dict[str, Earlier] = {}
-        self.adopted: dict[str, str] = {}  # Slurm job id -> cell path
+        # (Slurm job id, cell path) of the adopted jobs: a pack's allocation measures several
+        self.adopted: set[tuple[str, str]] = set()
         self.cancelled: set[str] = set()  # Slurm job ids this driver cancelled
         self.cells: dict[str, str] = {}  # Slurm job id -> cell path, of this run's jobs
         # what the SIGHUP message suggests instead of adopting: this command with restart=cancel
@@ -367,7 +369,11 @@ class Resume:
             / get_job_wildcards(job)
             / f"{earlier.job_id}.log"
         )
-        info = SubmittedJobInfo(job, external_jobid=earlier.job_id, aux={"slurm_logfile": logfile})
+        aux = {"slurm_logfile": logfile}
+        packed = find_slot(self.study_dir, path, earlier.job_id)
+        if packed:  # a cell of an earlier driver's pack: its runner's state says how it went
+            aux = packed_aux(self.study_dir, *packed, logfile)
+        info = SubmittedJobInfo(job, external_jobid=earlier.job_id, aux=aux)
         live = now.get("state") in LIVE_STATES
         if live and not rename(earlier.job_id, self.run_id):
             # the plugin could not poll it: cancel it, never leave a second job for the cell
@@ -383,7 +389,7 @@ class Resume:
             return False
         if live:
             ex.run_job_pre(job)
-            self.adopted[earlier.job_id] = path
+            self.adopted.add((earlier.job_id, path))
             self.cells[earlier.job_id] = path
             journal(
                 self.study_dir,
@@ -395,6 +401,7 @@ class Resume:
                 run_id=self.run_id,
                 submit_time=now.get("submit_time"),
                 earlier_run_id=now.get("name"),
+                **({"pack": packed[0]} if packed else {}),
             )
             self._report_submission(info)
             return True
@@ -427,17 +434,22 @@ class Resume:
         path = self.cell_path(info.job)
         if path and info.external_jobid:
             self.cells[str(info.external_jobid)] = path
+            pack = (info.aux or {}).get("pack")
             journal(
                 self.study_dir,
                 "submitted",
                 cell=path,
                 slurm_job_id=info.external_jobid,
                 run_id=self.run_id,
+                **({"pack": pack} if pack else {}),
             )
         self._report_submission(info, **kwargs)
 
     def report_job_success(self, info) -> None:
-        path = self.adopted.pop(str(info.external_jobid), None)
+        path = self.cell_path(info.job)
+        if (str(info.external_jobid), path) not in self.adopted:
+            path = None
+        self.adopted.discard((str(info.external_jobid), path))
         why = measured_by(path, info.external_jobid) if path else None
         if why is not None:  # an adopted job's measurement is accepted only if valid and its own
             journal(
@@ -531,8 +543,11 @@ def executor_of(workflow):
     return _EXECUTOR if _EXECUTOR is not None and _EXECUTOR.workflow is workflow else None
 
 
-def start(workflow, study_dir: str, mode: str, cells: list[str]) -> Resume | None:
-    """onstart, in the driver: record it, and start resume in the dlscale executor."""
+def start(
+    workflow, study_dir: str, mode: str, cells: list[str], pack: bool | int = False
+) -> Resume | None:
+    """onstart, in the driver: record it, and start resume in the dlscale executor (with the
+    study's `pack` setting: dlscale.workflow.packing)."""
     executor = executor_of(workflow)
     write_driver_record(study_dir, getattr(executor, "run_uuid", None), cells)
     if executor is None:
@@ -543,6 +558,8 @@ def start(workflow, study_dir: str, mode: str, cells: list[str]) -> Resume | Non
                 "and Snakemake runs inside every cell's job; profiles/slurm uses executor "
                 "'dlscale' (the same plugin with both)",
             )
+        if pack:
+            say(study_dir, "pack: ignored, cells share no allocation outside executor 'dlscale'")
         return None  # the local executor: no Slurm jobs to lose
     say(study_dir, executor.route)
-    return executor.start_study(study_dir, mode)
+    return executor.start_study(study_dir, mode, pack)

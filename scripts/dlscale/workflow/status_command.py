@@ -1,6 +1,7 @@
 """`dlscale status [RESULTS_DIR ...]`: a study's progress from any shell, while its driver runs
 or after it is gone: cells measured, running, pending, failed and not yet submitted, with the
-Slurm job of each, and whether the driver still runs (and where).
+Slurm job of each (a packed cell: its pack and slot, its own state in the pack and its step's
+nodes: dlscale.workflow.packing), and whether the driver still runs (and where).
 
 Reads what the driver leaves in the study's results folder (dlscale.workflow.resume:
 logs/driver.json,
@@ -16,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from dlscale.study.cell import FAILURE_FILE
+from dlscale.workflow.packing import cell_state, find_slot, pack_dir
 from dlscale.workflow.resume import LIVE_STATES, job_order, job_states
 from dlscale.workflow.resume_journal import (
     DRIVER_FILE,
@@ -62,13 +64,24 @@ def cell_states(study_dir: Path) -> list[dict]:
             status = "ended"  # its job ended and left no metrics (yet: shared FS latency)
         else:
             status = "not submitted"
+        nodes, pack = info.get("nodes", ""), ""
+        slot = find_slot(study_dir, cell, job) if event.get("pack") and job else None
+        if slot:  # a packed cell: its own state in its pack, not the allocation's
+            pack = f"{slot[0]}#{slot[1]}"
+            ran = cell_state(pack_dir(study_dir, slot[0]), slot[1]) or {}
+            nodes = ",".join(ran.get("nodes") or [])
+            if status in ("running", "pending"):
+                status = "running" if ran.get("state") == "running" else "pending"
+            if ran.get("state") in ("failed", "timeout") and status != "measured":
+                status = "failed"
         rows.append(
             {
                 "cell": cell,
                 "status": status,
                 "slurm_job_id": job or "",
                 "slurm_state": state or "",
-                "nodes": info.get("nodes", ""),
+                "nodes": nodes,
+                "pack": pack,
             }
         )
     return rows
@@ -95,7 +108,8 @@ def describe(study_dir: Path, show_all: bool = False) -> str:
             job = f"job {r['slurm_job_id']}" if r["slurm_job_id"] else "no job"
             state = f" {r['slurm_state']}" if r["slurm_state"] else ""
             nodes = f" on {r['nodes']}" if r["nodes"] else ""
-            lines.append(f"  {r['status']:13} {job}{state}{nodes}  {r['cell']}")
+            pack = f" pack {r['pack']}" if r["pack"] else ""
+            lines.append(f"  {r['status']:13} {job}{pack}{state}{nodes}  {r['cell']}")
     return "\n".join(lines)
 
 

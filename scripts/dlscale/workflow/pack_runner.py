@@ -1,0 +1,160 @@
+"""Inside a pack's allocation (dlscale.workflow.packing): its cells one after another, each as
+its own job step with exactly its nodes and ranks.
+
+    python -m dlscale.workflow.pack_runner <study>/logs/packs/<pack>/manifest.json
+
+For each cell, in the manifest's order: the first `nodes` healthy nodes of the allocation are
+its nodes (a node Slurm reports DOWN, DRAINED, FAILING or NOT_RESPONDING, or one whose cell
+failed while Slurm then reports it so, is left out for the remaining cells); the cell's own
+command (what its own job would run: dlscale.workflow.jobstep's payload, the launcher) runs
+with DLSCALE_PACK_NODES naming them, so the launcher's srun step takes exactly those nodes
+(dlscale.run.launch.start_srun: --nodelist); a cell past its own time limit (the `runtime_min`
+its own job would have) is stopped, SIGTERM then SIGKILL, and the next one runs. Its state
+(`<slot>.json` beside the manifest: running, done, failed or timeout, with nodes, start, end and
+exit status) is what the driver reports. A failing or timed-out cell never ends the pack: the
+runner itself exits 0 once every cell has a final state.
+
+A cell whose state is already final is not run again (a requeued allocation resumes where it
+stopped).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dlscale.workflow import jobstep
+from dlscale.workflow.packing import FINAL_STATES, cell_state, read_manifest, write_json
+
+BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "POWERED_DOWN")
+GRACE_S = 30  # after SIGTERM, before SIGKILL
+
+
+def allocation_nodes() -> list[str]:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    if not nodelist:
+        return [socket.gethostname()]
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
+    ).stdout.split()
+
+
+def bad_nodes(nodes: list[str]) -> dict[str, str]:
+    """The nodes among `nodes` that Slurm reports unusable, with their state."""
+    if not nodes:
+        return {}
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(nodes)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    bad = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        state = fields.get("State", "")
+        if any(s in state.upper() for s in BAD_NODE_STATES) or state.endswith("*"):
+            bad[fields.get("NodeName", "?")] = state
+    return bad
+
+
+def run_cell(cell: dict, nodes: list[str], pack: str, log) -> tuple[str, int | None]:
+    """The cell's own command on `nodes`; (state, exit status)."""
+    payload = cell["payload"]
+    jobstep.prepare(payload)
+    env = dict(
+        os.environ,
+        DLSCALE_PACK=pack,
+        DLSCALE_PACK_SLOT=str(cell["slot"]),
+        DLSCALE_PACK_NODES=",".join(nodes),
+    )
+    proc = subprocess.Popen(
+        ["bash", "-c", jobstep.SHELL_PREFIX + payload["shell"]],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        return ("done" if proc.wait(timeout=cell["limit_s"]) == 0 else "failed"), proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return "timeout", proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit(
+            f"usage: python -m {__spec__.name if __spec__ else 'pack_runner'} <manifest.json>"
+        )
+    folder = Path(argv[0]).parent
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise SystemExit(f"pack_runner: no readable manifest at {argv[0]}")
+    pack, allocation = manifest["pack"], os.environ.get("SLURM_JOB_ID")
+    nodes = allocation_nodes()
+    left_out: dict[str, str] = {}
+    log = sys.stdout
+    print(
+        f"pack {pack}: Slurm job {allocation}, nodes {','.join(nodes)}, "
+        f"{len(manifest['cells'])} cells",
+        flush=True,
+    )
+    for cell in manifest["cells"]:
+        slot = cell["slot"]
+        earlier = cell_state(folder, slot)
+        if earlier and earlier.get("state") in FINAL_STATES:
+            continue
+        left_out.update(bad_nodes([n for n in nodes if n not in left_out]))
+        healthy = [n for n in nodes if n not in left_out]
+        record = {"cell": cell["cell"], "slot": slot, "pack": pack, "slurm_job_id": allocation}
+        if len(healthy) < cell["nodes"]:
+            record.update(
+                state="failed",
+                exit=None,
+                end=time.time(),
+                left_out=left_out,
+                reason=f"pack {pack}: {len(healthy)} healthy node(s) left of {len(nodes)} "
+                f"({', '.join(f'{n} {s}' for n, s in left_out.items())} left out), the cell "
+                f"needs {cell['nodes']}",
+            )
+            write_json(folder / f"{slot}.json", record)
+            continue
+        use = healthy[: cell["nodes"]]
+        record.update(state="running", nodes=use, start=time.time(), left_out=dict(left_out))
+        write_json(folder / f"{slot}.json", record)
+        print(f"pack {pack}: cell {slot} {cell['cell']} on {','.join(use)}", flush=True)
+        state, code = run_cell(cell, use, pack, log)
+        record.update(state=state, exit=code, end=time.time())
+        if state != "done":
+            record["reason"] = (
+                f"stopped at its time limit ({cell['limit_s']} s) in pack {pack}"
+                if state == "timeout"
+                else f"exit status {code} in pack {pack} (its log names the cause)"
+            )
+            now_bad = bad_nodes(use)
+            if now_bad:
+                left_out.update(now_bad)
+                record["left_out"] = dict(left_out)
+                print(f"pack {pack}: left out for the remaining cells: {now_bad}", flush=True)
+        write_json(folder / f"{slot}.json", record)
+        print(f"pack {pack}: cell {slot} {state} (exit {code})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""A packed study (config `pack`, dlscale.workflow.packing) on the project's real local Slurm
+cluster, driven as a user drives it (`snakemake --profile profiles/slurm --config pack=10`).
+
+Four cells (1 and 2 nodes, two repetitions) go into one allocation; one of them fails (a rank
+exits 3: DLSCALE_FAULT); the driver is killed with -9 while the pack runs and started again.
+Slurm is the witness (`scontrol show job`: every job whose working directory is this test's):
+one allocation for the whole study, 0 cells measured twice, the failing cell reported failed
+while the cells after it in the pack are measured, each measured cell made by the pack's
+allocation on the nodes its step had, and `dlscale status` naming each cell's pack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlscale.store.metrics import read_metrics
+from dlscale.workflow.resume import LIVE_STATES
+
+from conftest import BIN, ROOT, copy_workflow
+
+pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
+
+CELLS = [
+    f"cpu/pytorch/cnn_small/weak/fp32/eager/n{n}/r{r}/metrics.jsonl" for n in (1, 2) for r in (1, 2)
+]
+FAILING = "n1/r2"  # slot 1 of 4 (cells in path order); DLSCALE_FAULT: rank 0 exits 3
+
+
+def jobs_of(work: Path) -> dict[str, dict]:
+    """Every job the controller knows that ran from this test's folder."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30
+    ).stdout
+    jobs = {}
+    for line in out.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if fields.get("WorkDir") == str(work):
+            jobs[fields["JobId"]] = fields
+    return jobs
+
+
+def start(work: Path) -> subprocess.Popen:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    env["DLSCALE_FAULT"] = f"{FAILING}:0:1:3"
+    return subprocess.Popen(
+        [str(BIN / "snakemake"), "--profile", "profiles/slurm", "--retries", "0"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def states(work: Path, study: str) -> list[dict]:
+    return [
+        json.loads(p.read_text())
+        for p in (work / "results" / study / "logs" / "packs").glob("*/[0-9]*.json")
+    ]
+
+
+def test_a_packed_study_survives_a_failing_cell_and_a_lost_driver(cluster, tmp_path):
+    study = f"pack{int(time.time() * 1000) % 10**8}"
+    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+    config.update(study=study, repetitions=2, workloads=["throughput"], pack=10, preflight=False)
+    work = copy_workflow(tmp_path, config)
+    first = start(work)
+    try:
+        # the pack runs its cells one after another: lose the driver after the first one ended
+        deadline = time.monotonic() + 180
+        while not any(s["state"] != "running" for s in states(work, study)):
+            assert first.poll() is None, first.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no packed cell ended"
+            time.sleep(0.5)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+        assert [j for j in jobs_of(work).values() if j["JobState"] in LIVE_STATES]
+        second = start(work)
+        out, _ = second.communicate(timeout=300)
+    finally:
+        for proc in (first,):
+            if proc.poll() is None:
+                proc.kill()
+    assert second.returncode != 0, out[-3000:]  # the failing cell fails the run, not the pack
+    runs = work / "results" / study / "runs"
+    jobs = jobs_of(work)
+    assert len(jobs) == 1, jobs  # one allocation for the study, none resubmitted by driver 2
+    [(allocation, job)] = jobs.items()
+    assert job["JobState"] == "COMPLETED" and job["NumNodes"] == "2", job
+    assert "adopting" in out and "Submitted batch job" not in out
+    final = {s["cell"]: s for s in states(work, study)}
+    assert len(final) == len(CELLS)
+    for cell in CELLS:
+        path = f"results/{study}/runs/{cell}"
+        if FAILING in cell:
+            assert final[path]["state"] == "failed" and final[path]["exit"] != 0
+            assert not (runs / cell).exists()
+            continue
+        assert final[path]["state"] == "done", final[path]
+        records = read_metrics(runs / cell)  # valid, or raises
+        assert records[0]["value"]["provenance"]["slurm_job_id"] == allocation
+        placed = json.loads((runs / cell).with_name("slurm_job.json").read_text())["pack"]
+        n = 2 if "/n2/" in cell else 1
+        assert len(placed["nodes"]) == n and placed["nodes"] == final[path]["nodes"]
+    # the failing cell did not end its pack: a cell after it ran
+    failing_slot = next(s["slot"] for s in final.values() if FAILING in s["cell"])
+    assert any(s["slot"] > failing_slot and s["state"] == "done" for s in final.values())
+    status = subprocess.run(
+        [str(BIN / "dlscale"), "status", "--all", f"results/{study}"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert status.count(f"job {allocation} pack ") == len(CELLS), status
+    assert "1 failed" in status, status
