@@ -148,7 +148,7 @@ class Executor(SlurmExecutor):
         before = self.next_seconds_between_status_checks
         if self.preflight is not None:
             self.preflight.poll()  # each preflight's result said once, when it arrives
-        packed = [j for j in active_jobs if j.aux and j.aux.get("pack")]
+        packed = [j for j in active_jobs if packing.is_packed(j)]
         if packed:
             running, ended = self.packer_of().check(packed)
             for job_info in running:
@@ -158,7 +158,7 @@ class Executor(SlurmExecutor):
                     self.report_job_success(job_info)
                 else:
                     self.report_job_error(job_info, msg=f"dlscale: packed cell {why}")
-            active_jobs = [j for j in active_jobs if not (j.aux and j.aux.get("pack"))]
+            active_jobs = [j for j in active_jobs if not packing.is_packed(j)]
         async for job_info in super().check_active_jobs(active_jobs):
             yield job_info
         after = self.next_seconds_between_status_checks

@@ -428,6 +428,11 @@ def _payload(job) -> dict:
     return payload_of(job)
 
 
+def is_packed(job_info) -> bool:
+    """Whether a submitted job (SubmittedJobInfo) is a cell of a pack."""
+    return bool((getattr(job_info, "aux", None) or {}).get("pack"))
+
+
 def packed_aux(study_dir: str | Path, pack_id: str, slot: int, logfile) -> dict:
     """The SubmittedJobInfo aux of a packed cell: where its state is read."""
     return {

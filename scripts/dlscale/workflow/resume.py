@@ -434,7 +434,7 @@ class Resume:
         path = self.cell_path(info.job)
         if path and info.external_jobid:
             self.cells[str(info.external_jobid)] = path
-            pack = (info.aux or {}).get("pack")
+            pack = (getattr(info, "aux", None) or {}).get("pack")
             journal(
                 self.study_dir,
                 "submitted",

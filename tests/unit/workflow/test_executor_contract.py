@@ -54,12 +54,23 @@ OVERRIDDEN = {
 }
 CALLED = {
     "run_job_pre": f"(self, job: {JOB})",  # an adopted or accepted job is announced
+    "run_job": f"(self, job: {JOB})",  # a pack's allocation (dlscale.workflow.packing.PackJob)
 }
 # Called on the interface's class itself: an accepted job is registered but never polled.
 REAL_REPORT_SUBMISSION = f"(self, job_info: {INFO}, register_job: bool = True)"
 # Where the Slurm executor calls what the dlscale one overrides: method -> code it contains.
 CALL_SITES = {
-    "run_job": ["self.format_job_exec(job)", "self._report_job_submission_threadsafe("],
+    "run_job": [
+        "self.format_job_exec(job)",
+        "self._report_job_submission_threadsafe(",
+        # what a pack's stand-in job (packing.PackJob) gives the plugin
+        "job.is_group()",
+        "get_job_wildcards(job)",
+        'job.resources.get("runtime")',
+        "set_gres_string(job)",
+    ],
+    # a pack is submitted on the plugin's own submission thread pool
+    "_submit_job": ["self._job_submission_executor.submit(self.run_job, job)"],
     "_report_job_submission_threadsafe": ["self.report_job_submission"],
     "check_active_jobs": [
         "self.report_job_success(",
@@ -87,7 +98,19 @@ SNAKEMAKE = {
         f"(job: {JOB}) -> str",
     ),
 }
-JOB_ATTRIBUTES = ["shellcmd", "benchmark", "is_group", "output", "log", "jobid", "rule"]
+JOB_ATTRIBUTES = [
+    "shellcmd",
+    "benchmark",
+    "is_group",
+    "output",
+    "log",
+    "jobid",
+    "rule",
+    # packing.pack_key
+    "resources",
+    "wildcards_dict",
+    "params",
+]
 WORKFLOW_ATTRIBUTES = [
     "is_main_process",
     "executor_plugin",

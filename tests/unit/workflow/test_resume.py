@@ -222,7 +222,7 @@ def test_the_executors_hooks_journal_then_hand_over_to_the_slurm_plugin(tmp_path
     r.report_job_success(SimpleNamespace(job=jobs[0], external_jobid="77"))
     assert calls[-1] == ("success", "77")
     # an adopted job whose measurement is not its own is reported failed, not successful
-    r.adopted["78"] = str(tmp_path / "none.jsonl")
+    r.adopted.add(("78", cell))  # (job, cell): a pack's allocation measures several cells
     r.report_job_success(SimpleNamespace(job=jobs[0], external_jobid="78"))
     assert calls[-1] == ("error", "dlscale: adopted job rejected: no metrics file")
     assert resume_journal.read_journal(r.study_dir)[-1]["event"] == "rejected"

@@ -1,0 +1,213 @@
+"""Packing cells into allocations (dlscale.workflow.packing, dlscale.workflow.pack_runner): how
+packs are sized and split, what the driver reports for a packed cell, and the pack runner itself
+run for real on a manifest whose cells are small shell commands (a cell that fails, one that
+passes its time limit, a node Slurm reports down): only `scontrol` is replaced, since no
+allocation surrounds a unit test (tests/slurm/test_packing.py runs packs on the real cluster).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dlscale.study.hashes import config_hash, hashed_hardware
+from dlscale.study.resources import retried_runtime
+from dlscale.workflow import pack_runner, packing
+from dlscale.workflow.packing import Pack, PackCell, cell_outcome, pack_minutes, plan_packs
+
+
+def cells(n: int, nodes: int = 1, runtime: int = 10, measured: float | None = None):
+    return [PackCell(f"c{i:02d}", nodes, runtime, measured) for i in range(n)]
+
+
+def test_twenty_one_node_cells_in_ten_cell_packs_take_two_allocations():
+    packs, alone = plan_packs(cells(20), per_pack=10, max_time_min=None)
+    assert [len(p.cells) for p in packs] == [10, 10] and not alone
+    assert all(p.nodes == 1 for p in packs)
+    # in order, none twice
+    assert [c.path for p in packs for c in p.cells] == [f"c{i:02d}" for i in range(20)]
+
+
+def test_a_pack_never_asks_for_more_than_the_partitions_maximum_time():
+    # 10-minute cells, 30 s per step and 60 s per pack on top: 3 fit 35 minutes, not 4
+    assert pack_minutes(cells(3)) == 33 and pack_minutes(cells(4)) == 43
+    packs, alone = plan_packs(cells(7), per_pack=0, max_time_min=35)
+    assert [len(p.cells) for p in packs] == [3, 3, 1] and not alone
+    assert max(p.time_min for p in packs) <= 35
+    # a cell that alone exceeds the limit is no pack's: it runs as its own job
+    packs, alone = plan_packs(cells(2, runtime=40), per_pack=0, max_time_min=35)
+    assert not packs and [c.path for c in alone] == ["c00", "c01"]
+
+
+def test_measured_durations_size_the_pack_below_runtime_min():
+    measured = cells(10, runtime=30, measured=20.0)  # 20 s measured, 1.5 x margin: 30 s each
+    assert pack_minutes(measured) == 11  # (60 + 10 x (30 + 30)) s
+    assert pack_minutes(cells(10, runtime=30)) == 306
+    # the step's own limit stays the cell's runtime_min
+    assert measured[0].limit_s == 1800
+
+
+def test_a_pack_has_the_nodes_of_its_largest_cell():
+    assert Pack([*cells(2), *cells(1, nodes=4)]).nodes == 4
+
+
+@pytest.mark.parametrize(
+    "text, minutes",
+    [("UNLIMITED", None), ("30", 30), ("1:00:00", 60), ("2-00:00:00", 2880), ("00:30:01", 31)],
+)
+def test_slurm_times_in_minutes(text, minutes):
+    assert packing.slurm_minutes(text) == minutes
+
+
+def test_the_setting_off_by_default():
+    assert packing.pack_setting({}) is None and packing.pack_setting({"pack": False}) is None
+    assert packing.pack_setting({"pack": True}) == 0 and packing.pack_setting({"pack": 10}) == 10
+
+
+def test_what_the_driver_reports_for_a_packed_cell():
+    assert cell_outcome({"state": "done"}, "COMPLETED", False) == ("done", "")
+    assert cell_outcome(None, "PENDING", True) == ("running", "")
+    assert cell_outcome({"state": "running"}, "RUNNING", True) == ("running", "")
+    state, why = cell_outcome({"state": "timeout", "reason": "stopped at its time limit"}, "", True)
+    assert state == "failed" and "time limit" in why
+    # the allocation ended (its time limit, a cancel) before the cell had a final state
+    state, why = cell_outcome({"state": "running"}, "TIMEOUT", False)
+    assert state == "failed" and "TIMEOUT" in why and "after it started" in why
+    assert "before it started" in cell_outcome(None, None, False)[1]
+
+
+def test_packing_is_part_of_no_hash():
+    config = {"axes": {"hardware": ["cpu"]}, "study": "s"}
+    hw = {"cpu": {"partition": "p", "runtime_min": 10}}
+    assert config_hash({**config, "pack": 10}, hw) == config_hash(config, hw)
+    assert hashed_hardware({**hw["cpu"], "max_time_min": 60}) == hashed_hardware(hw["cpu"])
+
+
+def test_a_retried_cell_gets_twice_the_time_up_to_the_partitions_maximum():
+    assert retried_runtime(40)(None, 2) == 80
+    assert retried_runtime(40, 60)(None, 2) == 60 and retried_runtime(40, 60)(None, 1) == 40
+
+
+# -- the pack runner, for real -----------------------------------------------------------------
+def manifest(tmp_path, entries) -> str:
+    folder = tmp_path / "results" / "s" / "logs" / "packs" / "p1"
+    folder.mkdir(parents=True)
+    out = []
+    for slot, (nodes, limit_s, shell) in enumerate(entries):
+        target = tmp_path / f"out{slot}"
+        payload = {
+            "rule": "train",
+            "jobid": slot,
+            "shell": shell.format(out=target),
+            "output": [str(target)],
+            "log": [],
+        }
+        out.append({"slot": slot, "cell": f"cell{slot}", "nodes": nodes, "limit_s": limit_s,
+                    "payload": payload})  # fmt: skip
+    packing.write_json(folder / packing.MANIFEST, {"pack": "p1", "cells": out})
+    return str(folder / packing.MANIFEST)
+
+
+def states(path: str) -> dict[int, dict]:
+    folder = packing.Path(path).parent
+    return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("[0-9]*.json")}
+
+
+def test_a_failing_and_a_timed_out_cell_do_not_end_the_pack(tmp_path, monkeypatch):
+    monkeypatch.setattr(pack_runner, "allocation_nodes", lambda: ["a", "b"])
+    monkeypatch.setattr(pack_runner, "bad_nodes", lambda nodes: {})
+    monkeypatch.setattr(pack_runner, "GRACE_S", 5)
+    path = manifest(
+        tmp_path,
+        [
+            (1, 60, "exit 3"),
+            (1, 1, "sleep 60"),
+            (2, 60, 'echo "$DLSCALE_PACK_NODES $DLSCALE_PACK_SLOT" > {out}'),
+        ],
+    )
+    assert pack_runner.main([path]) == 0
+    got = states(path)
+    assert got[0]["state"] == "failed" and got[0]["exit"] == 3
+    assert got[1]["state"] == "timeout" and "time limit (1 s)" in got[1]["reason"]
+    assert got[2]["state"] == "done" and got[2]["nodes"] == ["a", "b"]
+    assert (tmp_path / "out2").read_text().split() == ["a,b", "2"]
+    # a second run (a requeued allocation) runs no cell again
+    (tmp_path / "out2").unlink()
+    assert pack_runner.main([path]) == 0 and not (tmp_path / "out2").exists()
+
+
+def test_a_node_that_fails_mid_pack_is_left_out_for_the_remaining_cells(tmp_path, monkeypatch):
+    down = set()
+
+    def bad_nodes(nodes):
+        return {n: "DOWN*" for n in nodes if n in down}
+
+    monkeypatch.setattr(pack_runner, "allocation_nodes", lambda: ["a", "b"])
+    monkeypatch.setattr(pack_runner, "bad_nodes", bad_nodes)
+    # the first cell's node b goes down while it runs (the cell fails with it)
+    monkeypatch.setattr(pack_runner, "run_cell", _failing_on_b(down, pack_runner.run_cell))
+    path = manifest(
+        tmp_path,
+        [(2, 60, "exit 1"), (2, 60, "true"), (1, 60, 'echo "$DLSCALE_PACK_NODES" > {out}')],
+    )
+    assert pack_runner.main([path]) == 0
+    got = states(path)
+    assert got[0]["state"] == "failed" and got[0]["left_out"] == {"b": "DOWN*"}
+    assert got[1]["state"] == "failed" and "1 healthy node(s) left of 2" in got[1]["reason"]
+    assert got[2]["state"] == "done" and (tmp_path / "out2").read_text().strip() == "a"
+
+
+def _failing_on_b(down, run_cell):
+    def run(cell, nodes, pack, log):
+        result = run_cell(cell, nodes, pack, log)
+        if "b" in nodes and result[0] != "done":
+            down.add("b")
+        return result
+
+    return run
+
+
+def test_the_runner_reads_slurms_node_states(monkeypatch):
+    out = (
+        "NodeName=n1 Arch=x86_64 State=IDLE ThreadsPerCore=1\n"
+        "NodeName=n2 Arch=x86_64 State=ALLOCATED+DRAIN ThreadsPerCore=1\n"
+        "NodeName=n3 Arch=x86_64 State=DOWN* ThreadsPerCore=1\n"
+    )
+    monkeypatch.setattr(
+        pack_runner.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=out, returncode=0)
+    )
+    assert pack_runner.bad_nodes(["n1", "n2", "n3"]) == {"n2": "ALLOCATED+DRAIN", "n3": "DOWN*"}
+
+
+def test_runtime_min_above_the_partitions_maximum_time_is_refused():
+    from pathlib import Path
+
+    from dlscale.study.config import ConfigError, load_schema, load_yaml
+    from dlscale.study.hardware import validate_hardware
+
+    root = Path(__file__).resolve().parents[3]
+    schema = load_schema(root / "config" / "schemas" / "hardware.schema.json")
+    hw = load_yaml(root / "config" / "hardware.yaml")
+    hw["cpu"].update(runtime_min=90, max_time_min=60)
+    with pytest.raises(
+        ConfigError, match=r"cpu.runtime_min: 90 minutes exceeds .*allowed: 1 to 60"
+    ):
+        validate_hardware(hw, schema)
+    hw["cpu"]["runtime_min"] = 60
+    assert validate_hardware(hw, schema)["cpu"]["max_time_min"] == 60
+
+
+def test_a_series_measured_before_sizes_its_next_pack(tmp_path):
+    import os
+
+    series = tmp_path / "n1"
+    for rep, took in (("r1", 40.0), ("r2", 55.0)):
+        (series / rep).mkdir(parents=True)
+        (series / rep / "slurm_job.json").write_text(json.dumps({"time": 1000.0}))
+        metrics = series / rep / "metrics.jsonl"
+        metrics.write_text("{}")
+        os.utime(metrics, (1000.0 + took, 1000.0 + took))
+    assert packing.measured_seconds(str(series / "r3" / "metrics.jsonl")) == 55.0
+    assert packing.measured_seconds(str(tmp_path / "n2" / "r1" / "metrics.jsonl")) is None
