@@ -220,6 +220,7 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     columns = (
         SUMMARY_KEYS
         + ["n", "n_baseline", "interval", "speedup_interval", "competing_reps", "straggler_reps"]
+        + ["placements"]
         + [
             f"{m}_{s}"
             for m in ("throughput_samples_per_s", "speedup", "scaling_efficiency")
@@ -233,6 +234,9 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     data = cells.copy()
     for c in ("competing", "straggler"):
         data[c] = data[c].fillna(False).astype(bool) if c in data else False
+    # where the repetitions ran: their distinct node sets (1: every repetition on the same
+    # nodes, as a pack places them; more: node-to-node variance is part of the spread)
+    data["hosts"] = data["hosts"].fillna("") if "hosts" in data else ""
     for c in MEDIAN_ONLY:  # NaN where a measure is absent (None) or missing: medians skip them
         data[c] = pd.to_numeric(data[c], errors="coerce") if c in data else np.nan
     thr = "throughput_samples_per_s"
@@ -242,6 +246,7 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
             n=(thr, "size"),
             competing_reps=("competing", "sum"),
             straggler_reps=("straggler", "sum"),
+            placements=("hosts", "nunique"),
             **{f"{thr}_{f}": (thr, f) for f in ("median", "min", "max")},
             **{
                 f"{m}_{f}": (m, f)
@@ -282,7 +287,7 @@ def scaling_summary(cells: pd.DataFrame) -> pd.DataFrame:
     out["speedup_ci_low"], out["speedup_ci_high"] = ratio_low, ratio_high
     out["scaling_efficiency_ci_low"] = ratio_low.astype(float) / scale
     out["scaling_efficiency_ci_high"] = ratio_high.astype(float) / scale
-    out = out.astype({"competing_reps": int, "straggler_reps": int})
+    out = out.astype({"competing_reps": int, "straggler_reps": int, "placements": int})
     return out[columns]
 
 

@@ -47,11 +47,15 @@ MAX_SUMMARY_ROWS = 100  # about two pages of \footnotesize longtable rows
 
 
 # A group's measures at its largest measured node count.
-_AT_TOP = [
-    f"{m}_{s}"
-    for m in ("throughput_samples_per_s", "scaling_efficiency")
-    for s in ("median", "ci_low", "ci_high")
-] + list(_INTERVAL_KIND.values())
+_AT_TOP = (
+    [
+        f"{m}_{s}"
+        for m in ("throughput_samples_per_s", "scaling_efficiency")
+        for s in ("median", "ci_low", "ci_high")
+    ]
+    + list(_INTERVAL_KIND.values())
+    + ["placements"]
+)
 
 
 def group_summary(scaling: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
@@ -151,8 +155,10 @@ def _node_list(nodes) -> str:
 
 
 def _flags(r) -> str:
-    return ("$^\\dagger$" if r.competing_reps else "") + (
-        "$^\\ddagger$" if r.straggler_reps else ""
+    return (
+        ("$^\\dagger$" if r.competing_reps else "")
+        + ("$^\\ddagger$" if r.straggler_reps else "")
+        + ("$^\\S$" if getattr(r, "placements", 0) > 1 else "")
     )
 
 
@@ -251,7 +257,9 @@ def write_cell_summary(
         "\n"
         rf"\multicolumn{{{ncols}}}{{p{{0.9\linewidth}}}}"
         r"{$^\dagger$ a repetition was measured while other processes kept the host busy "
-        r"(idle probe); $^\ddagger$ a repetition had a straggler rank.}\\"
+        r"(idle probe); $^\ddagger$ a repetition had a straggler rank; $^\S$ the repetitions "
+        r"at the largest node count ran on different nodes (node-to-node variance is part of "
+        r"their spread; unmarked: all on the same nodes).}\\"
         "\n"
     )
     Path(out).write_text(

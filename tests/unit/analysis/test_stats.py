@@ -224,3 +224,17 @@ def test_straggler_flag():
     assert stragglers([100, 100, 100, 100], 0.1) == []
     assert stragglers([100, 100, 95, 80], 0.1) == [3]  # median 97.5 -> limit 87.75
     assert stragglers([100, 89], 0.1) == []  # median 94.5 -> limit 85.05
+
+
+def test_the_summary_counts_where_the_repetitions_ran():
+    """placements: the distinct node sets of a row's repetitions (cells.csv `hosts`): 1 where
+    every repetition ran on the same nodes (as a pack places them), more where node-to-node
+    variance is part of the spread; the report's cell table marks the latter."""
+    from dlscale.outputs.cell_table import _flags
+
+    data = cells([("weak", 1, 1, 1, 100.0), ("weak", 1, 2, 1, 101.0), ("weak", 2, 1, 2, 190.0)])
+    data["hosts"] = ["n1", "n2", "n1 n2"]
+    df = scaling_summary(add_speedup(data)).set_index("nodes")
+    assert df.loc[1, "placements"] == 2 and df.loc[2, "placements"] == 1
+    row = df.reset_index().iloc[0]
+    assert "$^\\S$" in _flags(row) and "$^\\S$" not in _flags(df.reset_index().iloc[1])
