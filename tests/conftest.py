@@ -81,7 +81,9 @@ LONG_GROUPS = ("slurm", "slurm-b")  # about 10 min each: handed out before every
 # (the faults, the lost driver and the preflight beside the frameworks, the workflow, GPU
 # binding and parallelism: about 10 min each under the test command's load)
 SLURM_B_MODULES = {"test_faults.py", "test_lost_driver.py", "test_slurm_preflight.py"}
-SLURM_BIND_MODULES = {"test_gpu_topology.py"}  # the cluster with a fake GPU/NUMA topology
+# the cluster with a fake GPU/NUMA topology, short: the packed study (about 70 s) runs there too,
+# beside the long groups
+SLURM_BIND_MODULES = {"test_gpu_topology.py", "test_packing.py"}
 
 
 def slurm_group(path: str) -> str:
