@@ -185,8 +185,21 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
         ):
             continue
         plan = plan_for(spec.arch)
+        able = [
+            m
+            for m in models_names()
+            if plan_for(get_spec(m).arch).pipeline
+            and not get_spec(m).arch_kwargs.get("tie_embeddings")
+        ]
+        if plan.pipeline and spec.arch_kwargs.get("tie_embeddings"):
+            problems.append(
+                f"axes.parallelism: {strategy!r} cannot cut model {model!r} into stages: its "
+                "head is tied to its token embedding, which two stages cannot share; allowed "
+                f"models: {', '.join(able)} (or exclude {{model: {model}, parallelism: "
+                f"{strategy}}})"
+            )
+            continue
         if not plan.pipeline:
-            able = [m for m in models_names() if plan_for(get_spec(m).arch).pipeline]
             why = f": {plan.why_not_pipeline}" if plan.why_not_pipeline else ""
             problems.append(
                 f"axes.parallelism: {strategy!r} needs a model the pipeline can split into "
