@@ -151,7 +151,10 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
             {"ranks_per_node": 4, "nodes": [2], "parallelism": ["pp"]},
             "8 stages .8 ranks x 1 under 1f1b. but the model has 4 layers",
         ),
-        ({"pp_degree": 3, "parallelism": ["pp"]}, "pp_degree: 3 does not divide the 2 ranks"),
+        (
+            {"pp_degree": 3, "parallelism": ["pp"]},
+            "pp_degree: 3 does not divide the 2 pipeline ranks",
+        ),
         ({"mode": ["eager", "compiled"], "parallelism": ["pp"]}, "allowed with pp: eager"),
         (
             {"microbatches": 3, "parallelism": ["pp"]},
@@ -537,6 +540,12 @@ def test_a_pipeline_cell_runs_through_the_launcher(tmp_path):
     held = sum(e["memory"]["param_bytes"] for e in ends)
     assert held == 4 * 5_289_986  # the stages together hold the model once
     assert all(e["memory"]["param_bytes"] < held for e in ends)
+    # cells.csv states the schedule, micro-batches and the bubble: (2-1)/(2+2-1)
+    from dlscale.analysis.collect import cell_rows
+
+    row = cell_rows(read_metrics(out, steps=False), str(out), 0.1)[0]
+    assert (row["pp_degree"], row["microbatches"], row["pp_schedule"]) == (2, 2, "gpipe")
+    assert row["bubble_fraction"] == pytest.approx(1 / 3)
 
 
 def test_tables_from_before_the_axis_read_as_ddp():
