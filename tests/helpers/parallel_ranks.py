@@ -10,7 +10,9 @@ sharded activation by construction, so it is off for a comparison of losses).
 
 (MODEL: transformer_small, made tiny as above, or a tiny decoder of the registry as it is,
 gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM may be comma-separated
-lists of the same length: the strategies then run one after another in the same processes;
+lists of the same length: the strategies then run one after another in the same processes; a
+strategy may carry its pipeline's options, NAME:OPTION:... (parse_token: `pp:interleaved_1f1b`,
+`pp+fsdp+tp:1f1b:pp2:mb4`);
 OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1; PRECISION: fp32, or bf16,
 under fully_shard with FSDP2's MixedPrecisionPolicy as a study gives it: the dtype the first
 Linear's weight has in the forward is written beside the loss)
@@ -55,7 +57,36 @@ def use_tiny_model() -> None:
     )
 
 
-MICROBATCHES = 2  # pp: GPipe over 2 micro-batches per step
+MICROBATCHES = 2  # a pipeline's micro-batches per step, unless its token names others
+
+
+def parse_token(token: str, tp_degree: int) -> dict:
+    """A strategy token of the command line: NAME[:OPTION...], options `ppN` (stages), `mbN`
+    (micro-batches) and a schedule name (gpipe, 1f1b, interleaved_1f1b; default gpipe). A
+    pipelined strategy without tensor parallel takes TP_DEGREE as its stages (`pp` with
+    TP_DEGREE 2: 2 stages); with tensor parallel, TP_DEGREE is tp and `ppN` the stages."""
+    from dlscale.registry.strategies import STRATEGIES
+
+    name, *options = token.split(":")
+    record = STRATEGIES[name]
+    out = {
+        "parallelism": name,
+        "tp_degree": tp_degree if record.splits_layers else 1,
+        "pp_degree": 1,
+        "microbatches": 1,
+        "pp_schedule": "gpipe",
+    }
+    if record.pipeline:
+        out["pp_degree"] = tp_degree if not record.splits_layers else 2
+        out["microbatches"] = MICROBATCHES
+    for option in options:
+        if option.startswith("pp"):
+            out["pp_degree"] = int(option[2:])
+        elif option.startswith("mb"):
+            out["microbatches"] = int(option[2:])
+        else:
+            out["pp_schedule"] = option
+    return out
 
 
 def train_spec(
@@ -65,11 +96,11 @@ def train_spec(
     optimizer: str = "sgd",
     precision: str = "fp32",
 ):
-    """The rank-side cell; `tp_degree` is the pipeline's stages for pp."""
-    pp = parallelism == "pp"
+    """The rank-side cell of a strategy token (parse_token)."""
     from dlscale.frameworks.base import TrainSpec
     from dlscale.study.matrix import fsdp_mixed_precision
 
+    parsed = parse_token(parallelism, tp_degree)
     adamw = optimizer == "adamw"
     return TrainSpec(
         framework="pytorch",
@@ -82,13 +113,10 @@ def train_spec(
         threads=1,
         learning_rate=ADAMW_LEARNING_RATE if adamw else LEARNING_RATE,
         momentum=MOMENTUM,
-        parallelism=parallelism,
-        tp_degree=1 if pp else tp_degree,
-        pp_degree=tp_degree if pp else 1,
-        microbatches=MICROBATCHES if pp else 1,
+        **parsed,
         optimizer=optimizer,
         **(ADAMW if adamw else {}),
-        fsdp_mixed_precision=fsdp_mixed_precision(parallelism, precision),
+        fsdp_mixed_precision=fsdp_mixed_precision(parsed["parallelism"], precision),
     )
 
 
@@ -123,15 +151,15 @@ def run_rank(
         # before the loss's forward: FSDP2 keeps the root's parameters unsharded after a
         # forward outside backward
         memory = adapter.memory_per_rank()
-        if parallelism == "pp":
+        if adapter.pipelined:
             # one more step: its forward's loss is the loss after STEPS updates (the last
-            # stage's micro-batch losses; their mean is the batch's loss)
+            # stage's micro-batch losses; their mean is its pipeline's batch's loss), averaged
+            # over the ranks that hold the last stage (its data-parallel and tp ranks)
             adapter.step()
-            last = adapter.pipe_stage.is_last
-            loss = torch.stack(adapter.pipeline_losses).mean().detach() if last else None
-            loss = loss if last else torch.zeros(())
+            pipe = adapter.pipe
+            loss = torch.stack(pipe.losses).mean().detach() if pipe.has_last else torch.zeros(())
             dist.all_reduce(loss)
-            loss /= adapter.dims.dp_replicate
+            loss /= world // adapter.dims.pp
         else:
             with torch.no_grad():
                 loss = adapter.loss_fn(adapter.forward(adapter.x), adapter.y).detach().clone()
@@ -221,7 +249,7 @@ def degree_of(parallelism: str, tp_degree: int) -> int:
     stages), 1 for the others: one command line runs several strategies."""
     from dlscale.registry.strategies import STRATEGIES
 
-    record = STRATEGIES[parallelism]
+    record = STRATEGIES[parallelism.split(":")[0]]
     return tp_degree if record.splits_layers or record.pipeline else 1
 
 

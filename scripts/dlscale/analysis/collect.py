@@ -48,6 +48,20 @@ CELL_FIELDS = [
 ]
 
 
+def pipeline_columns(cell: dict, rank_start: dict) -> dict:
+    """A cell's pipeline columns: pp_degree and microbatches (1 but for a pipelined cell),
+    pp_schedule (a pp cell measured before the key ran gpipe) and the bubble fraction its rank
+    recorded (None where none was: another strategy, or a cell measured before issue 49)."""
+    pipeline = (rank_start.get("parallelism") or {}).get("pipeline") or {}
+    pipelined = cell.get("pp_degree", 1) > 1
+    return {
+        "pp_degree": cell.get("pp_degree", 1),
+        "microbatches": cell.get("microbatches", 1),
+        "pp_schedule": cell.get("pp_schedule", "gpipe") if pipelined else None,
+        "bubble_fraction": pipeline.get("bubble_fraction"),
+    }
+
+
 def _largest(summary: dict, key: str):
     """A field of the allreduce probe's largest message size (None when not measured)."""
     probes = summary.get("allreduce") or []
@@ -254,6 +268,9 @@ def _measured_columns(records: list[dict], first: dict) -> dict:
         or None,
         **cell_memory([r["value"] for r in records if r["event"] == RANK_END]),
         "tp_degree": cell.get("tp_degree", 1),
+        # a pipeline's stages, micro-batches, schedule and idle share (rank 0's record;
+        # dlscale.frameworks.torch_pipeline); 1, 1, None, None for every other strategy
+        **pipeline_columns(cell, first),
         # the optimizer (absent: SGD, every cell before the choice) and FSDP2's mixed precision
         "optimizer": cell.get("optimizer", "sgd"),
         "fsdp_mixed_precision": bool(cell.get("fsdp_mixed_precision", False)),

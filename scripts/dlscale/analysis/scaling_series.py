@@ -203,7 +203,7 @@ def shard_degree(
             int(nodes),
             int(ranks_per_node),
             int(tp_degree),
-            cell_pp_degree(parallelism, world, pp_degree),
+            cell_pp_degree(parallelism, world, pp_degree, int(tp_degree)),
         )
     except ValueError:
         return np.nan

@@ -82,6 +82,7 @@ class TrainSpec:
     tp_degree: int = 1
     pp_degree: int = 1  # pipeline stages (pp) and micro-batches per step
     microbatches: int = 1
+    pp_schedule: str = "gpipe"  # the pipeline's schedule (dlscale.registry.parallel_dims)
     # a decoder model's sequence length (the cell's seq_len); None: the model's own input shape
     seq_len: int | None = None
     # the optimizer (dlscale.registry.optimizers) and AdamW's settings (None for SGD), the norm
@@ -117,6 +118,7 @@ class TrainSpec:
             tp_degree=cell.tp_degree,
             pp_degree=cell.pp_degree,
             microbatches=cell.microbatches,
+            pp_schedule=cell.pp_schedule,
             seq_len=cell.seq_len,
             optimizer=cell.optimizer,
             adam_beta1=cell.adam_beta1,

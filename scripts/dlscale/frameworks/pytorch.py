@@ -223,50 +223,46 @@ class Adapter(TorchModel, BaseAdapter):
             materialize(model, self.meta_twin(), self.device, spec.seed)
         return model
 
-    pipelined = False  # pp: the step runs a pipeline schedule
-    pipeline_losses: list = []  # pp: the last stage's micro-batch losses of the latest step
+    pipelined = False  # a pipelined strategy: the step runs a pipeline schedule
+    pipe = None  # its dlscale.frameworks.torch_pipeline.Pipeline
 
     def pipeline(self, model):
-        """pp (torch.distributed.pipelining): this rank's stage of the model, its pipeline's
-        ranks training on their batches together, GPipe over the cell's micro-batches."""
-        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        """A pipelined strategy (dlscale.frameworks.torch_pipeline): this rank's stages of the
+        model, tensor parallel and fully_shard on each, the cell's schedule over its
+        micro-batches; a pipeline's ranks (its stages and their tensor-parallel ranks) train on
+        their batches together."""
+        from dlscale.frameworks.torch_parallel import group_batch
+        from dlscale.frameworks.torch_pipeline import build_pipeline
 
-        from dlscale.frameworks.torch_parallel import group_batch, pipeline_stage
-
-        pp, mesh = self.dims.pp, self.mesh["pp"]
-        group, stage = mesh.get_group(), mesh.get_local_rank()
-        self.x = group_batch(self.x, group, pp)
-        self.y = group_batch(self.y, group, pp)
-        module = pipeline_stage(model, self.model_spec.arch, stage, pp)
-        self.pipe_stage = PipelineStage(module, stage, pp, self.device, group=group)
-        self.schedule = ScheduleGPipe(self.pipe_stage, self.spec.microbatches, loss_fn=self.loss_fn)
-        self.pipelined, self.pipeline_losses = True, []
-        self.parallel_facts = {
-            "dims": self.dims.as_dict(),
-            "mesh": list(self.mesh.mesh_dim_names),
-            "pipeline": {
-                "stage": stage,
-                "stages": pp,
-                "microbatches": self.spec.microbatches,
-                "schedule": "torch.distributed.pipelining.ScheduleGPipe",
-                "layers": len(module.layers),
-            },
-        }
-        return module
+        # the mesh's dimensions but the data-parallel ones: the pipeline's stages and their
+        # tensor-parallel ranks
+        for dim in (d for d in self.mesh.mesh_dim_names if not d.startswith("dp_")):
+            size = self.mesh[dim].size()
+            if size > 1:
+                group = self.mesh[dim].get_group()
+                self.x = group_batch(self.x, group, size)
+                self.y = group_batch(self.y, group, size)
+        self.pipe = build_pipeline(
+            model,
+            self.model_spec.arch,
+            self.dims,
+            self.mesh,
+            self.device,
+            self.spec.pp_schedule,
+            self.spec.microbatches,
+            self.loss_fn,
+            mp_policy=self.fsdp_policy(),
+        )
+        self.pipelined = True
+        self.parallel_facts = self.pipe.facts
+        return self.pipe.module
 
     def pipeline_step(self) -> None:
-        """One step of the pipeline: the first stage feeds the batch, the last computes the
-        loss against the labels (its micro-batch losses kept), then the optimizer update."""
+        """One step of the pipeline (its schedule over the micro-batches), then the optimizer
+        update."""
         self.optimizer.zero_grad(set_to_none=True)
-        stage = self.pipe_stage
-        self.pipeline_losses = []
         with self._autocast():
-            if stage.is_first:
-                self.schedule.step(self.x)
-            elif stage.is_last:
-                self.schedule.step(target=self.y, losses=self.pipeline_losses)
-            else:
-                self.schedule.step()
+            self.pipe.step(self.x, self.y)
         self.optimizer.step()
 
     def execution(self) -> dict:
@@ -319,7 +315,9 @@ class Adapter(TorchModel, BaseAdapter):
         spec = self.spec
         record = STRATEGIES[spec.parallelism]
         fsdp_shard = None
-        if self.materialize_later:  # fsdp, hsdp: dim 0 over dp_shard
+        if self.materialize_later or (  # fsdp, hsdp, pp+fsdp: dim 0 over dp_shard
+            self.pipelined and self.dims.dp_shard > 1 and self.dims.tp == 1
+        ):
             shard_mesh = self.mesh["dp_shard"]
             fsdp_shard = (shard_mesh.size(), shard_mesh.get_local_rank())
         if self.data_parallel and (record.splits_layers or record.pipeline):
@@ -372,6 +370,8 @@ class Adapter(TorchModel, BaseAdapter):
         return out
 
     def wrapper(self) -> str:
+        if self.pipelined:
+            return self.pipe.wrapper
         if self.sharded_or_split:
             from dlscale.frameworks.torch_parallel import wrapper_of
 

@@ -242,16 +242,3 @@ def parallelize(
                 "reduce_dtype": str(mp_policy.reduce_dtype).replace("torch.", ""),
             }
     return done
-
-
-def pipeline_stage(model: nn.Module, arch: str, stage: int, stages: int) -> nn.Module:
-    """Stage `stage` of `stages` of a model whose plan offers a pipeline
-    (dlscale.models.parallelize.<arch>.PLAN.pipeline): the split beside the model,
-    dlscale.models.torch.<arch>.pipeline_stage."""
-    import importlib
-
-    if not plan_for(arch).pipeline:
-        raise ValueError(f"no pipeline split for architecture {arch!r}")
-    return importlib.import_module(f"dlscale.models.torch.{arch}").pipeline_stage(
-        model, stage, stages
-    )

@@ -48,9 +48,11 @@ class ParallelPlan:
         if bad:
             raise RegistryError(f"ParallelPlan.tp: {bad}; allowed styles: colwise, rowwise")
 
-    def offers(self, need: str | None) -> bool:
-        """Whether this plan has what a strategy's `model_plan` needs."""
-        return need is None or bool(getattr(self, need))
+    def offers(self, need: str | tuple[str, ...] | None) -> bool:
+        """Whether this plan has what a strategy's `model_plan` needs (every fact of a tuple)."""
+        if need is None:
+            return True
+        return all(bool(getattr(self, n)) for n in ((need,) if isinstance(need, str) else need))
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class Strategy:
     - hybrid: sharded within a node and replicated across nodes (the shards' mesh is
       (dp_replicate, dp_shard));
     - pipeline: stages over `pp_degree` ranks, `microbatches` per step;
-    - model_plan: the ParallelPlan fact a model needs for it ("tp", "pipeline"), or None;
+    - model_plan: the ParallelPlan fact a model needs for it ("tp", "pipeline"), a tuple of
+      them (a pipeline of tensor-parallel stages needs both), or None;
     - frameworks: the frameworks whose adapters run it (None: every framework; the default
       strategy is every framework's). Checked against the framework records at import.
     """
@@ -79,7 +82,7 @@ class Strategy:
     sharded: bool = False
     hybrid: bool = False
     pipeline: bool = False
-    model_plan: str | None = None
+    model_plan: str | tuple[str, ...] | None = None
     frameworks: tuple[str, ...] | None = None
 
     @property
@@ -90,9 +93,11 @@ class Strategy:
 
     @property
     def replicas_average_gradients(self) -> bool:
-        """Replicas of a split or pipelined model that no sharding covers average their
-        gradients over dp_replicate themselves (ddp's are DistributedDataParallel's)."""
-        return (self.splits_layers or self.pipeline) and not self.sharded
+        """Replicas of a tensor-parallel model that no sharding covers average their
+        gradients over dp_replicate themselves (ddp's are DistributedDataParallel's; a
+        pipeline's replicas reduce theirs through fully_shard over (dp_replicate, dp_shard):
+        dlscale.frameworks.torch_pipeline)."""
+        return self.splits_layers and not self.sharded and not self.pipeline
 
     def __post_init__(self):
         where = f"strategy record {self.name!r} (dlscale.registry.strategies)"
@@ -100,7 +105,8 @@ class Strategy:
             if not getattr(self, f):
                 raise RegistryError(f"{where}: fact {f!r} is missing")
         plan_facts = ("tp", "fsdp_units", "pipeline")
-        if self.model_plan is not None and self.model_plan not in plan_facts:
+        needs = (self.model_plan,) if isinstance(self.model_plan, str) else self.model_plan
+        if needs is not None and (not needs or any(n not in plan_facts for n in needs)):
             raise RegistryError(
                 f"{where}: fact 'model_plan' is {self.model_plan!r}; allowed: "
                 f"{', '.join(plan_facts)} or None"
@@ -149,10 +155,41 @@ STRATEGIES = {
         ),
         Strategy(
             "pp",
-            "pipeline stages over pp_degree ranks (GPipe over microbatches), replicas across",
+            "pipeline stages over pp_degree ranks (pp_schedule over microbatches), replicas across",
             lambda nodes, rpn, tp, pp: (nodes * rpn // pp, 1),
             pipeline=True,
             model_plan="pipeline",
+            frameworks=("pytorch",),
+        ),
+        Strategy(
+            "pp+fsdp",
+            "pipeline stages over pp_degree ranks, each stage sharded over the other ranks "
+            "(fully_shard)",
+            lambda nodes, rpn, tp, pp: (1, nodes * rpn // pp),
+            sharded=True,
+            pipeline=True,
+            model_plan="pipeline",
+            frameworks=("pytorch",),
+        ),
+        Strategy(
+            "pp+tp",
+            "pipeline stages over pp_degree ranks, each stage tensor parallel over tp_degree "
+            "ranks of a node, replicas across",
+            lambda nodes, rpn, tp, pp: (nodes * rpn // (pp * tp), 1),
+            splits_layers=True,
+            pipeline=True,
+            model_plan=("tp", "pipeline"),
+            frameworks=("pytorch",),
+        ),
+        Strategy(
+            "pp+fsdp+tp",
+            "pipeline stages over pp_degree ranks, each stage tensor parallel inside a node and "
+            "sharded over the other ranks (3-D: pp x dp_shard x tp)",
+            lambda nodes, rpn, tp, pp: (1, nodes * rpn // (pp * tp)),
+            splits_layers=True,
+            sharded=True,
+            pipeline=True,
+            model_plan=("tp", "pipeline"),
             frameworks=("pytorch",),
         ),
     )

@@ -290,6 +290,10 @@ class Cell:
     # 1 for every other strategy)
     pp_degree: int = 1
     microbatches: int = 1
+    # a pipelined cell's schedule (config pp_schedule; dlscale.registry.parallel_dims
+    # PIPELINE_SCHEDULES): "gpipe", what every pp cell measured before the key existed (and
+    # every other strategy's value), "1f1b" (a new study's default) or "interleaved_1f1b"
+    pp_schedule: str = "gpipe"
     # A decoder model's sequence length in tokens (config seq_len, else the model's registry
     # default; dlscale.models.spec_for); None for every other model
     seq_len: int | None = None
@@ -444,11 +448,13 @@ LATER_FIELDS = {
     f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
 }
 # Later fields whose value changed for cells that existed before them (a changed default,
-# ../shared/ROUND.md): `auto` trains the decoders with AdamW, and bf16/fp16 cells under
-# fully_shard use FSDP2's mixed precision. A measured cell's file without them was measured at
-# their LATER_FIELDS value, so dlscale.store.measurements.changed_cells compares them as that
-# (the other later fields are not compared where the file lacks them).
-CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision")
+# ../shared/ROUND.md): `auto` trains the decoders with AdamW, bf16/fp16 cells under
+# fully_shard use FSDP2's mixed precision, and pp cells run 1F1B. A measured cell's file
+# without them was measured at their LATER_FIELDS value, so
+# dlscale.store.measurements.changed_cells compares them as that (the other later fields are
+# not compared where the file lacks them).
+# A pp cell's schedule: 1f1b by default since issue 49, GPipe before it.
+CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision", "pp_schedule")
 # The fields only a convergence cell sets.
 CONVERGENCE_FIELDS = tuple(
     k
@@ -466,6 +472,7 @@ CONVERGENCE_FIELDS = tuple(
         "tp_degree",
         "pp_degree",
         "microbatches",
+        "pp_schedule",
         "seq_len",
         "ranks_in_path",
         "optimizer",

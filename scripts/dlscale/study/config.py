@@ -275,7 +275,8 @@ REGISTRY_DEFAULT_KEYWORD = "x-dlscale-registry-default"
 
 def _registry_names(registry: str) -> list[str]:
     """The names a registry defines: `models` (dlscale.models), `frameworks`, `strategies`,
-    `gpu_bindings`, `formats`, `containers` or `optimizers` (dlscale.registry; with `auto`)."""
+    `gpu_bindings`, `formats`, `containers`, `pipeline_schedules` or `optimizers`
+    (dlscale.registry; with `auto`)."""
     if registry == "models":
         from dlscale.models import names
 
@@ -284,7 +285,9 @@ def _registry_names(registry: str) -> list[str]:
         from dlscale.registry.optimizers import names
 
         return names()
-    if registry == "frameworks":
+    if registry == "pipeline_schedules":  # config pp_schedule
+        from dlscale.registry.parallel_dims import PIPELINE_SCHEDULES as records
+    elif registry == "frameworks":
         from dlscale.registry.frameworks import FRAMEWORKS as records
     elif registry == "strategies":
         from dlscale.registry.strategies import STRATEGIES as records

@@ -9,6 +9,7 @@ import hashlib
 import json
 
 from dlscale.registry.gpu_bindings import DEFAULT_GPU_BINDING
+from dlscale.registry.parallel_dims import DEFAULT_PIPELINE_SCHEDULE
 from dlscale.study.cell import DEFAULT_PARALLELISM
 
 # Hardware keys only the planner reads (dlscale.decisions.planner): they change no measurement, so
@@ -128,6 +129,10 @@ def config_hash(config: dict, hardware: dict) -> str:
     for key in ("tp_degree", "pp_degree", "microbatches"):
         if key in measured and measured[key] is None:
             del measured[key]
+    # the pipeline's schedule at its default: a study hashes as before the key (a pp cell's
+    # schedule is in its own identity, Cell.pp_schedule)
+    if measured.get("pp_schedule") == DEFAULT_PIPELINE_SCHEDULE:
+        del measured["pp_schedule"]
     if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
         measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
     # the ranks-per-node axis unset: every cell its hardware's default, as before the axis

@@ -18,7 +18,14 @@ from dlscale.models import cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
 from dlscale.registry.gpu_bindings import canonical as canonical_binding
 from dlscale.registry.optimizers import optimizer_for
-from dlscale.registry.parallel_dims import cell_microbatches, cell_pp_degree, cell_tp_degree
+from dlscale.registry.parallel_dims import (
+    DEFAULT_PIPELINE_SCHEDULE,
+    PIPELINED,
+    cell_microbatches,
+    cell_pp_degree,
+    cell_tp_degree,
+    pipeline_batch,
+)
 from dlscale.registry.strategies import STRATEGIES
 from dlscale.study.cell import AXES, Cell
 from dlscale.study.config import (
@@ -203,6 +210,25 @@ def optimizer_fields(config: dict, model: str) -> dict:
     }
 
 
+def pipeline_fields(
+    config: dict, parallelism: str, world: int, rpn: int, per_rank_batch: int
+) -> dict:
+    """A cell's pipeline stages, micro-batches and schedule (1, 1 and GPipe, the fields'
+    defaults, unless its strategy pipelines: then the config's pp_degree, microbatches and
+    pp_schedule, the micro-batches by default the fewest of at least twice the stages)."""
+    if parallelism not in PIPELINED:
+        return {}
+    tp = cell_tp_degree(parallelism, rpn, config["tp_degree"])
+    pp = cell_pp_degree(parallelism, world, config["pp_degree"], tp)
+    schedule = config.get("pp_schedule", DEFAULT_PIPELINE_SCHEDULE)
+    batch = pipeline_batch(per_rank_batch, pp, tp)
+    return {
+        "pp_degree": pp,
+        "microbatches": cell_microbatches(parallelism, pp, config["microbatches"], batch, schedule),
+        "pp_schedule": schedule,
+    }
+
+
 def fsdp_mixed_precision(parallelism: str, precision: str) -> bool:
     """Whether a cell's bf16 or fp16 comes from FSDP2's MixedPrecisionPolicy (a strategy that
     wraps the model in fully_shard) rather than autocast (Cell.fsdp_mixed_precision)."""
@@ -261,12 +287,7 @@ def _combo_cells(
             env=hw.get("env", {}),
             srun_options=hw.get("srun_options", ()),
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
-            pp_degree=cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
-            microbatches=cell_microbatches(
-                combo["parallelism"],
-                cell_pp_degree(combo["parallelism"], world, config["pp_degree"]),
-                config["microbatches"],
-            ),
+            **pipeline_fields(config, combo["parallelism"], world, rpn, per_rank),
             seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
             fsdp_mixed_precision=fsdp_mixed_precision(combo["parallelism"], combo["precision"]),
             **optimizer_fields(config, combo["model"]),

@@ -120,7 +120,7 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
             continue
         for model in axes["model"]:
             arch = get_spec(model).arch if model in models_names() else None
-            if (arch and plan_for(arch).offers(record.model_plan)) or _excluded_pair(
+            if (arch and plan_for(arch).tp) or _excluded_pair(
                 {"model": model, "parallelism": strategy}, exclude
             ):
                 continue
@@ -166,7 +166,7 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
     batch."""
     from dlscale.models import get_spec
     from dlscale.models.parallelize import plan_for
-    from dlscale.registry.parallel_dims import pipeline_problems
+    from dlscale.registry.parallel_dims import DEFAULT_PIPELINE_SCHEDULE, pipeline_problems
 
     problems = []
     if "compiled" in axes["mode"] and not _excluded_pair(
@@ -177,6 +177,7 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
             "eagerly (torch.distributed.pipelining), so a compiled pp cell would not be one; "
             f"allowed with {strategy}: eager (exclude {{mode: compiled, parallelism: {strategy}}})"
         )
+    schedule = config.get("pp_schedule", DEFAULT_PIPELINE_SCHEDULE)
     for model in axes["model"]:
         spec = get_spec(model) if model in models_names() else None
         if spec is None or _excluded_pair(
@@ -184,8 +185,21 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
         ):
             continue
         plan = plan_for(spec.arch)
+        able = [
+            m
+            for m in models_names()
+            if plan_for(get_spec(m).arch).pipeline
+            and not get_spec(m).arch_kwargs.get("tie_embeddings")
+        ]
+        if plan.pipeline and spec.arch_kwargs.get("tie_embeddings"):
+            problems.append(
+                f"axes.parallelism: {strategy!r} cannot cut model {model!r} into stages: its "
+                "head is tied to its token embedding, which two stages cannot share; allowed "
+                f"models: {', '.join(able)} (or exclude {{model: {model}, parallelism: "
+                f"{strategy}}})"
+            )
+            continue
         if not plan.pipeline:
-            able = [m for m in models_names() if plan_for(get_spec(m).arch).pipeline]
             why = f": {plan.why_not_pipeline}" if plan.why_not_pipeline else ""
             problems.append(
                 f"axes.parallelism: {strategy!r} needs a model the pipeline can split into "
@@ -200,14 +214,20 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
                     per_rank = config["per_rank_batch"]
                     if policy == "strong":
                         per_rank = max(1, strong_global_batch(config, hardware[hw_key]) // world)
-                    problems += pipeline_problems(
-                        world,
-                        config["pp_degree"],
-                        config["microbatches"],
-                        per_rank,
-                        spec.arch_kwargs.get("num_layers"),
-                        f"hardware {hw_key!r} at {nodes} node(s)",
-                    )
+                    problems += [
+                        p
+                        for p in pipeline_problems(
+                            world,
+                            config["pp_degree"],
+                            config["microbatches"],
+                            per_rank,
+                            spec.arch_kwargs.get("num_layers"),
+                            f"hardware {hw_key!r} at {nodes} node(s)",
+                            schedule,
+                            cell_tp_degree(strategy, rpn, config["tp_degree"]),
+                        )
+                        if p not in problems
+                    ]
     return problems
 
 

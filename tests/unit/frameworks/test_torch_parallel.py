@@ -78,11 +78,16 @@ def test_impossible_degrees_are_refused_with_the_allowed_values():
 
 
 # ---- the study: refused before any job --------------------------------------------------------
+# every strategy a node of 2 ranks runs: a pipeline of tensor-parallel stages needs 4 ranks
+# (tests/unit/frameworks/test_torch_pipeline.py plans those)
+ONE_NODE_STRATEGIES = [n for n, s in STRATEGIES.items() if not (s.pipeline and s.splits_layers)]
+
+
 def parallel_config(base_config, **changes) -> dict:
     config = copy.deepcopy(base_config)
     config["workloads"] = ["throughput"]
     config["axes"]["model"] = ["transformer_small"]
-    config["axes"]["parallelism"] = list(STRATEGIES)
+    config["axes"]["parallelism"] = list(ONE_NODE_STRATEGIES)
     config["ranks_per_node"] = 2
     for key, value in changes.items():
         if key in config["axes"]:
@@ -97,8 +102,10 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
     by = {}
     for cell in study.cells:
         by.setdefault(cell.parallelism, []).append(cell)
-    assert sorted(by) == sorted(STRATEGIES)
-    assert {(c.world_size, c.pp_degree, c.microbatches) for c in by["pp"]} == {(2, 2, 2), (4, 4, 4)}
+    assert sorted(by) == sorted(ONE_NODE_STRATEGIES)
+    # micro-batches: at least twice the stages (issue 49), 1F1B by default
+    assert {(c.world_size, c.pp_degree, c.microbatches) for c in by["pp"]} == {(2, 2, 4), (4, 4, 8)}
+    assert {c.pp_schedule for c in by["pp"]} == {"1f1b"}
     assert {(c.pp_degree, c.microbatches) for c in by["ddp"] + by["tp"]} == {(1, 1)}
     assert {c.tp_degree for c in by["tp"] + by["fsdp+tp"]} == {2}  # null: the ranks per node
     assert {c.tp_degree for c in by["fsdp"] + by["hsdp"] + by["ddp"]} == {1}
@@ -142,9 +149,12 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
         ),
         (
             {"ranks_per_node": 4, "nodes": [2], "parallelism": ["pp"]},
-            "8 stages but the model has 4",
+            "8 stages .8 ranks x 1 under 1f1b. but the model has 4 layers",
         ),
-        ({"pp_degree": 3, "parallelism": ["pp"]}, "pp_degree: 3 does not divide the 2 ranks"),
+        (
+            {"pp_degree": 3, "parallelism": ["pp"]},
+            "pp_degree: 3 does not divide the 2 pipeline ranks",
+        ),
         ({"mode": ["eager", "compiled"], "parallelism": ["pp"]}, "allowed with pp: eager"),
         (
             {"microbatches": 3, "parallelism": ["pp"]},
@@ -349,6 +359,10 @@ def test_every_strategy_trains_to_the_single_process_loss(
         assert ("tensor_parallel" in facts) == (tp > 1 and parallelism != "pp")
     if parallelism == "pp":
         assert facts["dims"]["pp"] == tp and facts["pipeline"]["stages"] == tp
+        assert facts["pipeline"]["schedule"] == "gpipe"  # the helper's default
+        # replicas of the pipeline: FSDP2's own reduction over (dp_replicate, 1), no hook
+        replicas = facts["dims"]["dp_replicate"] > 1
+        assert ("dp_shard = 1: replicas" in (facts["pipeline"]["data_parallel"] or "")) == replicas
 
 
 LLAMA_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
@@ -526,6 +540,12 @@ def test_a_pipeline_cell_runs_through_the_launcher(tmp_path):
     held = sum(e["memory"]["param_bytes"] for e in ends)
     assert held == 4 * 5_289_986  # the stages together hold the model once
     assert all(e["memory"]["param_bytes"] < held for e in ends)
+    # cells.csv states the schedule, micro-batches and the bubble: (2-1)/(2+2-1)
+    from dlscale.analysis.collect import cell_rows
+
+    row = cell_rows(read_metrics(out, steps=False), str(out), 0.1)[0]
+    assert (row["pp_degree"], row["microbatches"], row["pp_schedule"]) == (2, 2, "gpipe")
+    assert row["bubble_fraction"] == pytest.approx(1 / 3)
 
 
 def test_tables_from_before_the_axis_read_as_ddp():

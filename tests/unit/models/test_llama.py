@@ -217,9 +217,16 @@ def _config(base_config, **axes) -> dict:
             "framework 'tensorflow' has no builder for model 'llama3_debug'",
         ),
         (
-            {"axes": {"parallelism": ["pp"]}, "ranks_per_node": 2},
-            "'pp' needs a model the pipeline can split .*'llama3_debug' \\(llama\\) is not one: "
-            "pipeline stages and schedules for the Llama family are issue 49's work",
+            # the Llama family runs as stages (issue 49): at most its pieces (2 layers, the
+            # embedding and the head), 2 per rank under interleaved_1f1b
+            {
+                "axes": {"parallelism": ["pp"]},
+                "ranks_per_node": 4,
+                "pp_degree": 4,
+                "pp_schedule": "interleaved_1f1b",
+            },
+            "pp_degree: 8 stages .4 ranks x 2 under interleaved_1f1b. but the model has 2 "
+            "layers .*allowed: at most 2",
         ),
         (
             {"axes": {"parallelism": ["tp"]}, "ranks_per_node": 4, "tp_degree": 4},

@@ -6,8 +6,10 @@ Megatron-LM does: attention by heads (wq, wk, wv by columns, wo by rows; its deg
 the query and the key/value heads) and the SwiGLU (w1, w3 by columns, w2 by rows). The token
 embedding, the norms and the output head stay whole on every rank of the group: torchtitan's
 complete plan (the embedding row-wise, sequence-parallel norms, the head column-wise under
-loss_parallel) is issue 49's work ("LLM training measured the way the field trains, II"), as
-are pipeline stages for this family.
+loss_parallel) is issue 49's work ("LLM training measured the way the field trains, II").
+A pipeline cuts it into stages of contiguous pieces (the embedding, the blocks, the final norm
+and head), balanced by forward FLOPs (dlscale.models.torch.llama.pipeline_stage); an entry whose
+head is tied to its embedding (llama3_1b) is refused (two stages cannot share it).
 """
 
 from dlscale.registry.strategies import ParallelPlan
@@ -24,8 +26,5 @@ PLAN = ParallelPlan(
     },
     fsdp_units=("layers.*",),
     splits_heads=True,
-    why_not_pipeline=(
-        "pipeline stages and schedules for the Llama family are issue 49's work (LLM training "
-        "measured the way the field trains, II)"
-    ),
+    pipeline=True,
 )

@@ -24,7 +24,16 @@ from torch.nn import functional as F
 
 from dlscale.models import ModelSpec, llama_ffn_dim
 
-__all__ = ["Attention", "FeedForward", "Llama", "TransformerBlock", "from_spec", "rope_cache"]
+__all__ = [
+    "Attention",
+    "FeedForward",
+    "Llama",
+    "LlamaStage",
+    "TransformerBlock",
+    "from_spec",
+    "pipeline_stage",
+    "rope_cache",
+]
 
 NORM_EPS = 1e-5  # Llama 3's RMSNorm epsilon
 BASE_STD = 0.02  # the projections' initial standard deviation (torchtitan)
@@ -262,6 +271,54 @@ class Llama(nn.Module):
             h = layer(h, self.rope)
         logits = self.output(self.norm(h))
         return logits.reshape(-1, logits.shape[-1])
+
+
+class LlamaStage(nn.Module):
+    """One pipeline stage of a Llama (pipeline_stage): the first stage embeds the tokens, every
+    stage runs its contiguous run of blocks (RoPE's rotations shared), the last normalises and
+    projects to the vocabulary: the model's forward, cut between pieces. The pieces keep their
+    names (tok_embeddings, layers.<i>, norm, output), so the model's plan applies to a stage
+    as it does to the whole (dlscale.models.parallelize.llama)."""
+
+    def __init__(self, model: Llama, start: int, stop: int, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        self.layer_ids = list(range(start, stop))
+        if first:
+            self.tok_embeddings = model.tok_embeddings
+        self.layers = nn.ModuleList(model.layers[start:stop])
+        if last:
+            self.norm, self.output = model.norm, model.output
+        self.register_buffer("rope", model.rope, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.tok_embeddings(x) if self.first else x
+        for layer in self.layers:
+            h = layer(h, self.rope)
+        if not self.last:
+            return h
+        logits = self.output(self.norm(h))
+        return logits.reshape(-1, logits.shape[-1])
+
+
+def pipeline_stage(model: Llama, stage: int, stages: int) -> LlamaStage:
+    """Stage `stage` of `stages` of the model (dlscale.models.parallelize.llama.PLAN.pipeline):
+    the embedding, the blocks and the head (final norm and output) cut by forward FLOPs per
+    token (dlscale.models.torch.pipeline_split: a block's matrices and attention, the head's
+    2·d·V, the embedding a lookup). A head tied to the token embedding cannot be split from it
+    (two stages would hold one parameter): refused."""
+    from dlscale.models.torch.pipeline_split import forward_flops, stage_pieces
+
+    if model.tie_embeddings:
+        raise ValueError(
+            "a Llama whose head is tied to its token embedding cannot be cut into pipeline "
+            "stages (two stages would share one parameter)"
+        )
+    attention = 4.0 * model.d_model * model.seq_len
+    costs = [forward_flops(layer, attention) for layer in model.layers]
+    head = forward_flops(model.norm) + forward_flops(model.output)
+    first, last, start, stop = stage_pieces(costs, 0.0, head, stage, stages)
+    return LlamaStage(model, start, stop, first, last)
 
 
 def _fill(param: Tensor, init: Callable[[Tensor], object]) -> None:

@@ -113,10 +113,17 @@ class TransformerStage(nn.Module):
 
 def pipeline_stage(model: nn.Module, stage: int, stages: int) -> nn.Module:
     """Stage `stage` of `stages` of the classifier, for a pipeline
-    (dlscale.frameworks.torch_parallel; dlscale.models.parallelize.transformer.PLAN.pipeline):
-    its layers split as evenly as they go, earlier stages taking the remainder."""
+    (dlscale.frameworks.torch_pipeline; dlscale.models.parallelize.transformer.PLAN.pipeline):
+    the embeddings, the encoder layers and the head (final norm, pooling, classifier) cut by
+    forward FLOPs per token (dlscale.models.torch.pipeline_split). The embeddings are lookups
+    and the head is tiny, so its layers split as evenly as they go, earlier stages taking the
+    remainder, as before the split counted them."""
+    from dlscale.models.torch.pipeline_split import forward_flops, stage_pieces
+
     layers = list(model.encoder.layers)
-    base, extra = divmod(len(layers), stages)
-    start = stage * base + min(stage, extra)
-    stop = start + base + (stage < extra)
-    return TransformerStage(model, layers[start:stop], stage == 0, stage == stages - 1)
+    d = model.token_embedding.embedding_dim
+    seq_len = model.position_embedding.num_embeddings
+    costs = [forward_flops(layer, 4.0 * d * seq_len) for layer in layers]
+    head = forward_flops(model.encoder.norm) + forward_flops(model.head)
+    first, last, start, stop = stage_pieces(costs, 0.0, head, stage, stages)
+    return TransformerStage(model, layers[start:stop], first, last)
