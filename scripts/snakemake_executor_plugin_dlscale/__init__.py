@@ -117,10 +117,10 @@ class Executor(SlurmExecutor):
     def submit_jobs(self, jobs):
         """Submit jobs that no earlier driver's job covers: the packable cells as packs (config
         `pack`), every other job as the Slurm plugin does."""
-        if self.pack is not None:
-            jobs = self.packer_of().submit(
-                list(jobs), lambda j: self.thin and jobstep.thin_eligible(j), self.submit_pack
-            )
+        if self.pack is not None and not self.thin:
+            self.logger.warning(f"dlscale: pack is ignored: {self.route}")
+        elif self.pack is not None:
+            jobs = self.packer_of().submit(list(jobs), jobstep.thin_eligible, self.submit_pack)
         if jobs:
             super().run_jobs(jobs)
 

@@ -242,6 +242,7 @@ class Resume:
         self.adopted: set[tuple[str, str]] = set()
         self.cancelled: set[str] = set()  # Slurm job ids this driver cancelled
         self.cells: dict[str, str] = {}  # Slurm job id -> cell path, of this run's jobs
+        self.pack_cells: dict[str, list[str]] = {}  # a pack's allocation -> its cells
         # what the SIGHUP message suggests instead of adopting: this command with restart=cancel
         self.cancel_command = with_config(Invocation.current(), restart="cancel")
 
@@ -434,6 +435,8 @@ class Resume:
         path = self.cell_path(info.job)
         if path and info.external_jobid:
             self.cells[str(info.external_jobid)] = path
+            if (getattr(info, "aux", None) or {}).get("pack"):
+                self.pack_cells.setdefault(str(info.external_jobid), []).append(path)
             pack = (getattr(info, "aux", None) or {}).get("pack")
             journal(
                 self.study_dir,
@@ -477,13 +480,14 @@ class Resume:
         todo = [jid for jid in self.live_ids(active_jobs) if jid not in self.cancelled]
         for jid in todo:
             self.cancelled.add(jid)
-            journal(
-                self.study_dir,
-                "cancelled",
-                cell=self.cells.get(jid),
-                slurm_job_id=jid,
-                reason="driver interrupted (SIGINT) or failed",
-            )
+            for cell in self.pack_cells.get(jid) or [self.cells.get(jid)]:
+                journal(
+                    self.study_dir,
+                    "cancelled",
+                    cell=cell,
+                    slurm_job_id=jid,
+                    reason="driver interrupted (SIGINT) or failed",
+                )
         if todo:
             say(self.study_dir, f"cancelling this run's Slurm jobs: {', '.join(todo)}")
             known = [j for j in active_jobs if str(j.external_jobid) in todo]
