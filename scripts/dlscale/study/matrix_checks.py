@@ -210,6 +210,15 @@ def _pipeline_problems(strategy: str, config: dict, axes: dict, hardware: dict) 
         for hw_key, rpn in _hardware_ranks(config, axes, hardware):
             for nodes in axes["nodes"]:
                 for policy in axes["policy"]:
+                    where = {
+                        "model": model,
+                        "parallelism": strategy,
+                        "hardware": hw_key,
+                        "nodes": nodes,
+                        "policy": policy,
+                    }
+                    if _excluded_pair(where, config["exclude"]):
+                        continue  # exclude leaves these cells out
                     world = nodes * rpn
                     per_rank = config["per_rank_batch"]
                     if policy == "strong":

@@ -182,6 +182,16 @@ def test_an_excluded_combination_is_not_refused(root, base_config):
     assert not [c for c in study.cells if c.framework == "tensorflow" and c.parallelism == "fsdp"]
 
 
+def test_a_pipeline_excluded_at_a_node_count_is_checked_only_where_it_runs(root, base_config):
+    """pp+tp on 2 ranks per node leaves 1 stage at 1 node: refused there unless exclude leaves
+    those cells out, while the 2-node cells (2 stages of tp 2) stay."""
+    changes = {"nodes": [1, 2], "parallelism": ["pp+tp"], "pp_degree": 2, "tp_degree": 2}
+    with pytest.raises(ConfigError, match="a pipeline needs at least 2 stages"):
+        load_study(parallel_config(base_config, **changes), root)
+    config = parallel_config(base_config, exclude=[{"nodes": 1, "parallelism": "pp+tp"}], **changes)
+    assert {c.nodes for c in load_study(config, root).cells} == {2}
+
+
 def test_adapters_read_their_strategies_from_their_records():
     """An adapter's strategies are its framework record's (issue 43): no adapter module restates
     them, and the record says which frameworks offer each strategy."""
