@@ -47,9 +47,9 @@ def jobs_of(work: Path) -> dict[str, dict]:
     return jobs
 
 
-def start(work: Path) -> subprocess.Popen:
+def start(work: Path, fault: str = f"{FAILING}:0:1:3") -> subprocess.Popen:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    env["DLSCALE_FAULT"] = f"{FAILING}:0:1:3"
+    env["DLSCALE_FAULT"] = fault
     return subprocess.Popen(
         [str(BIN / "snakemake"), "--profile", "profiles/slurm", "--retries", "0"],
         cwd=work,
@@ -123,3 +123,43 @@ def test_a_packed_study_survives_a_failing_cell_and_a_lost_driver(cluster, tmp_p
     ).stdout
     assert status.count(f"job {allocation} pack ") == len(CELLS), status
     assert "1 failed" in status, status
+
+
+def test_a_node_that_fails_mid_pack_is_left_out_for_the_remaining_cells(cluster, tmp_path):
+    """Node n2 goes DOWN while a 2-node cell of the pack runs on it (a rank hangs there until
+    then): that cell fails, the allocation (sbatch --no-kill) goes on without n2 (the test
+    cluster's ReturnToService=2 makes n2 idle again at once, outside the job), the next
+    2-node cell is reported failed for want of a healthy node, and the study's other cells
+    were measured on n1."""
+    study = f"packdown{int(time.time() * 1000) % 10**8}"
+    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
+    config.update(study=study, repetitions=2, workloads=["throughput"], pack=10, preflight=False)
+    work = copy_workflow(tmp_path, config)
+    proc = start(work, fault="n2/r1:1:1:hang")  # slot 2 of 4: n1/r1, n1/r2, n2/r1, n2/r2
+    ranks = work / "results" / study / "runs" / CELLS[2].replace("metrics.jsonl", ".ranks")
+    try:
+        deadline = time.monotonic() + 180
+        while not any("hangs before step" in p.read_text() for p in ranks.glob("rank*.log")):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the injected hang never started"
+            time.sleep(0.5)
+        subprocess.run(
+            ["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=dlscale-pack-test"],
+            check=True,
+        )
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["scontrol", "update", "NodeName=n2", "State=RESUME"], check=False)
+    assert proc.returncode != 0, out[-3000:]
+    [(allocation, job)] = jobs_of(work).items()  # one allocation, it ended normally
+    assert job["JobState"] == "COMPLETED", job
+    final = {s["slot"]: s for s in states(work, study)}
+    assert [final[i]["state"] for i in range(4)] == ["done", "done", "failed", "failed"], final
+    # Slurm took n2 out of the allocation (--no-kill) or reports it down: left out either way
+    assert "n2" in final[2]["left_out"], final[2]
+    assert "1 healthy node(s) left of 2" in final[3]["reason"], final[3]
+    runs = work / "results" / study / "runs"
+    for cell in CELLS[:2]:
+        assert read_metrics(runs / cell)[0]["value"]["provenance"]["slurm_job_id"] == allocation

@@ -4,8 +4,9 @@ its own job step with exactly its nodes and ranks.
     python -m dlscale.workflow.pack_runner <study>/logs/packs/<pack>/manifest.json
 
 For each cell, in the manifest's order: the first `nodes` healthy nodes of the allocation are
-its nodes (a node Slurm reports DOWN, DRAINED, FAILING or NOT_RESPONDING, or one whose cell
-failed while Slurm then reports it so, is left out for the remaining cells); the cell's own
+its nodes (a node that left the allocation — sbatch --no-kill keeps the job going without a
+failed node — or one Slurm reports DOWN, DRAINED, FAILING or NOT_RESPONDING is left out for
+the remaining cells); the cell's own
 command (what its own job would run: dlscale.workflow.jobstep's payload, the launcher) runs
 with DLSCALE_PACK_NODES naming them, so the launcher's srun step takes exactly those nodes
 (dlscale.run.launch.start_srun: --nodelist); a cell past its own time limit (the `runtime_min`
@@ -42,6 +43,40 @@ def allocation_nodes() -> list[str]:
     return subprocess.run(
         ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
     ).stdout.split()
+
+
+def job_nodes(job_id: str | None) -> list[str] | None:
+    """The allocation's nodes now (`scontrol show job`: a node that failed under sbatch
+    --no-kill leaves the job's NodeList), or None where Slurm does not answer."""
+    if not job_id:
+        return None
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        nodelist = fields.get("NodeList")
+        if not nodelist or nodelist == "(null)":
+            return None
+        return (
+            subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def unusable(nodes: list[str], job_id: str | None) -> dict[str, str]:
+    """The nodes among `nodes` a cell may not use: gone from the allocation, or in a state
+    Slurm reports unusable (bad_nodes)."""
+    now = job_nodes(job_id)
+    gone = {n: "left the allocation" for n in nodes if now is not None and n not in now}
+    return {**gone, **bad_nodes([n for n in nodes if n not in gone])}
 
 
 def bad_nodes(nodes: list[str]) -> dict[str, str]:
@@ -119,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         earlier = cell_state(folder, slot)
         if earlier and earlier.get("state") in FINAL_STATES:
             continue
-        left_out.update(bad_nodes([n for n in nodes if n not in left_out]))
+        left_out.update(unusable([n for n in nodes if n not in left_out], allocation))
         healthy = [n for n in nodes if n not in left_out]
         record = {"cell": cell["cell"], "slot": slot, "pack": pack, "slurm_job_id": allocation}
         if len(healthy) < cell["nodes"]:
@@ -146,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 if state == "timeout"
                 else f"exit status {code} in pack {pack} (its log names the cause)"
             )
-            now_bad = bad_nodes(use)
+            now_bad = unusable(use, allocation)
             if now_bad:
                 left_out.update(now_bad)
                 record["left_out"] = dict(left_out)

@@ -118,6 +118,7 @@ def states(path: str) -> dict[int, dict]:
 def test_a_failing_and_a_timed_out_cell_do_not_end_the_pack(tmp_path, monkeypatch):
     monkeypatch.setattr(pack_runner, "allocation_nodes", lambda: ["a", "b"])
     monkeypatch.setattr(pack_runner, "bad_nodes", lambda nodes: {})
+    monkeypatch.setattr(pack_runner, "job_nodes", lambda job: None)
     monkeypatch.setattr(pack_runner, "GRACE_S", 5)
     path = manifest(
         tmp_path,
@@ -146,6 +147,7 @@ def test_a_node_that_fails_mid_pack_is_left_out_for_the_remaining_cells(tmp_path
 
     monkeypatch.setattr(pack_runner, "allocation_nodes", lambda: ["a", "b"])
     monkeypatch.setattr(pack_runner, "bad_nodes", bad_nodes)
+    monkeypatch.setattr(pack_runner, "job_nodes", lambda job: None)
     # the first cell's node b goes down while it runs (the cell fails with it)
     monkeypatch.setattr(pack_runner, "run_cell", _failing_on_b(down, pack_runner.run_cell))
     path = manifest(
@@ -211,3 +213,13 @@ def test_a_series_measured_before_sizes_its_next_pack(tmp_path):
         os.utime(metrics, (1000.0 + took, 1000.0 + took))
     assert packing.measured_seconds(str(series / "r3" / "metrics.jsonl")) == 55.0
     assert packing.measured_seconds(str(tmp_path / "n2" / "r1" / "metrics.jsonl")) is None
+
+
+def test_a_node_gone_from_the_allocation_is_left_out(monkeypatch):
+    """sbatch --no-kill: Slurm takes a failed node out of the job's NodeList and the job goes
+    on; the runner reads the NodeList (`scontrol show job`) before each cell."""
+    monkeypatch.setattr(pack_runner, "job_nodes", lambda job: ["a"])
+    monkeypatch.setattr(pack_runner, "bad_nodes", lambda nodes: {})
+    assert pack_runner.unusable(["a", "b"], "7") == {"b": "left the allocation"}
+    monkeypatch.setattr(pack_runner, "job_nodes", lambda job: None)  # Slurm does not answer
+    assert pack_runner.unusable(["a", "b"], "7") == {}
