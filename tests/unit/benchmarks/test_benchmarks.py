@@ -55,6 +55,8 @@ SMALLEST = {
     "noop_rerun.py": (["--help"], "--cells"),
     "slurm_overhead.py": (["--help"], "--cells"),
     "submission.py": (["--help"], "--cells"),
+    # 8 ranks (a minute): its 4-rank combination is tests/unit/frameworks/test_torch_pipeline.py
+    "pipeline_combinations.py": (["--help"], "--strategies"),
 }
 # a generous bound per script (the slowest smallest case takes ~15 s on an idle 2-core VM):
 # it catches a benchmark that hangs, not one that is slow
