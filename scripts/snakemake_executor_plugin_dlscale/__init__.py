@@ -150,7 +150,7 @@ class Executor(SlurmExecutor):
             self.preflight.poll()  # each preflight's result said once, when it arrives
         packed = [j for j in active_jobs if packing.is_packed(j)]
         if packed:
-            running, ended = self.packer_of().check(packed)
+            running, ended = self.packer_of().check(packed, resume.job_states, resume.LIVE_STATES)
             for job_info in running:
                 yield job_info
             for job_info, why in ended:

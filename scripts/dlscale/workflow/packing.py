@@ -403,17 +403,17 @@ class Packer:
         members = [(i, by_path[c.path]) for i, c in enumerate(pack.cells)]
         return PackJob(pack_id, by_path[largest.path], members, manifest.resolve(), pack.time_min)
 
-    def check(self, packed: list) -> tuple[list, list]:
-        """The packed cells' outcomes: (still running, [(job_info, None | why failed)] ended)."""
-        from dlscale.workflow.resume import LIVE_STATES, job_states
-
+    def check(self, packed: list, job_states, live_states) -> tuple[list, list]:
+        """The packed cells' outcomes: (still running, [(job_info, None | why failed)] ended).
+        `job_states(ids)`: the allocations' Slurm states (dlscale.workflow.resume.job_states),
+        `live_states`: those of an allocation that holds or waits for its nodes."""
         allocations = job_states(sorted({str(j.external_jobid) for j in packed}))
         running, ended = [], []
         for info in packed:
             alloc = allocations.get(str(info.external_jobid), {})
             state = cell_state(Path(info.aux["pack_dir"]), info.aux["slot"])
             outcome, why = cell_outcome(
-                state, alloc.get("state"), alloc.get("state") in LIVE_STATES
+                state, alloc.get("state"), alloc.get("state") in live_states
             )
             if outcome == "running":
                 running.append(info)
