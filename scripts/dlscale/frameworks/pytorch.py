@@ -153,6 +153,15 @@ class Adapter(TorchModel, BaseAdapter):
         model = self.prepare_model()
         if self.sharded_or_split:
             model = self.parallelize(model)
+        else:  # ddp and one device: the blocks wrapped before DistributedDataParallel
+            from dlscale.frameworks.torch_parallel import wrap_blocks
+
+            self.block_facts = wrap_blocks(
+                model,
+                self.model_spec.arch,
+                spec.activation_checkpointing,
+                self.compiles_blocks,
+            )
         if self.ddp:
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if spec.device == "cuda" else None
@@ -216,12 +225,26 @@ class Adapter(TorchModel, BaseAdapter):
             self.dims,
             self.mesh,
             mp_policy=self.fsdp_policy(),
+            tp_plan=spec.tp_plan,
+            checkpointing=spec.activation_checkpointing,
+            per_block_compile=self.compiles_blocks,
         )
+        self.loss_parallel = bool(self.parallel_facts.get("loss_parallel"))
         if self.meta_init and self.materialize_later:
             from dlscale.models.torch.seeded_init import materialize
 
             materialize(model, self.meta_twin(), self.device, spec.seed)
         return model
+
+    block_facts: dict = {}  # ddp and one device: the blocks' checkpointing and compilation
+    loss_parallel = False  # the logits vocabulary-sharded: loss_parallel around the loss
+
+    def loss_scope(self):
+        """loss_parallel() where the tensor-parallel plan leaves the logits
+        vocabulary-sharded (torch_parallel.loss_parallel_if), else nothing."""
+        from dlscale.frameworks.torch_parallel import loss_parallel_if
+
+        return loss_parallel_if(self.loss_parallel)
 
     pipelined = False  # pp: the step runs a pipeline schedule
     pipeline_losses: list = []  # pp: the last stage's micro-batch losses of the latest step
@@ -274,6 +297,7 @@ class Adapter(TorchModel, BaseAdapter):
         out["parallelism"] = {
             "strategy": self.spec.parallelism,
             "tp_degree": self.spec.tp_degree,
+            **self.block_facts,
             **(self.parallel_facts or {}),
         }
         out["training"] = self.training_facts()
@@ -304,7 +328,13 @@ class Adapter(TorchModel, BaseAdapter):
             )
         else:
             precision = f"torch.autocast({spec.precision}) around the forward"
-        return {"optimizer": optimizer, "precision": precision, "init": self.init_method}
+        return {
+            "optimizer": optimizer,
+            "precision": precision,
+            "init": self.init_method,
+            "activation_checkpointing": spec.activation_checkpointing,
+            "compile_scope": spec.compile_scope if self.compiled else None,
+        }
 
     predicted_memory: dict | None = None
 
@@ -338,7 +368,9 @@ class Adapter(TorchModel, BaseAdapter):
             }
         else:
             dtype = None if spec.precision == "fp32" else self.precision_dtype
-            activation = activation_bytes(spec.model, spec.seq_len, spec.per_rank_batch, dtype)
+            activation = activation_bytes(
+                spec.model, spec.seq_len, spec.per_rank_batch, dtype, spec.activation_checkpointing
+            )
         params = list(self.module.parameters())
         return predicted_parts(params, spec.optimizer, spec.momentum, fsdp_shard, activation)
 
@@ -375,7 +407,7 @@ class Adapter(TorchModel, BaseAdapter):
         if self.sharded_or_split:
             from dlscale.frameworks.torch_parallel import wrapper_of
 
-            return wrapper_of(self.spec.parallelism)
+            return wrapper_of(self.spec.parallelism, self.dims.dp_replicate)
         if self.data_parallel:
             return "torch.nn.parallel.DistributedDataParallel"
         return super().wrapper()
