@@ -9,9 +9,10 @@ sharded activation by construction, so it is off for a comparison of losses).
         [MODEL [OPTIMIZER [PRECISION [CHECKPOINTING]]]]
 
 (PARALLELISM@CHECKPOINTING, e.g. ddp@full: that strategy with that activation checkpointing,
-its result under that name; MODEL: transformer_small, made tiny as above, or a tiny decoder of the registry as it is,
-gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM may be comma-separated
-lists of the same length: the strategies then run one after another in the same processes;
+its result under that name; MODEL: transformer_small, made tiny as above, or a tiny decoder of
+the registry as it is, gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM
+may be comma-separated lists of the same length: the strategies then run one after another in
+the same processes;
 OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1; PRECISION: fp32, or bf16,
 under fully_shard with FSDP2's MixedPrecisionPolicy as a study gives it: the dtype the first
 Linear's weight has in the forward is written beside the loss; CHECKPOINTING: none,
