@@ -15,7 +15,11 @@ predicted parts beside them (dlscale.frameworks.torch_memory).
 
 At world size 1 the step is the plain model (no process group, no DDP wrapper, no gradient
 hooks): the best single-device program. Mode "compiled" runs the forward through
-torch.compile (inductor); the first warm-up step pays the compilation (compile_seconds). On
+torch.compile (inductor): each block's, before any wrapper, where the cell's compile_scope is
+"block" (torchtitan's per-block compile), else the whole model's; the first warm-up step pays
+the compilation (compile_seconds). The blocks' activation checkpointing (the cell's
+activation_checkpointing) and, under tensor parallel with a vocabulary-sharded head, the loss
+and its backward inside loss_parallel(): dlscale.frameworks.torch_parallel. On
 CUDA: cuDNN autotuning on (fixed shapes), TF32 as PyTorch's defaults, channels_last for vision
 models, the optimizer's foreach implementation (PyTorch's default on CUDA; fp16: the fused one,
 with which GradScaler reads no inf check on the host); each is recorded (fast_paths). Steps are
