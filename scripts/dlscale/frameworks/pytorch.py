@@ -217,6 +217,12 @@ class Adapter(TorchModel, BaseAdapter):
             broadcast_from_rank0(model)
         self.mesh = build_mesh(self.dims, self.device.type)
         if STRATEGIES[spec.parallelism].pipeline:
+            if spec.activation_checkpointing != "none" or self.compiles_blocks:
+                raise ValueError(
+                    f"activation_checkpointing {spec.activation_checkpointing!r}, compile_scope "
+                    f"{spec.compile_scope!r}: a pp cell runs its stages eagerly without "
+                    "checkpointing; allowed: none, model"
+                )
             return self.pipeline(model)
         if self.dims.tp > 1:
             group = self.mesh["tp"].get_group()

@@ -363,6 +363,13 @@ def _checkpointing_problems(config: dict, axes: dict) -> list[str]:
                 f"{', '.join(CHECKPOINTING_FRAMEWORKS)}, not {framework!r}; allowed values "
                 f"for a study with {framework}: none"
             )
+    for strategy in axes.get("parallelism", [DEFAULT_PARALLELISM]):
+        if STRATEGIES[strategy].pipeline and not _excluded_pair({"parallelism": strategy}, exclude):
+            problems.append(
+                f"activation_checkpointing: {mode!r} with parallelism {strategy!r}: the pipeline "
+                "runs its stages without checkpointing; allowed values for a study with "
+                f"{strategy}: none (or exclude {{parallelism: {strategy}}})"
+            )
     for model in axes["model"]:
         if model not in models_names() or _excluded_pair({"model": model}, exclude):
             continue

@@ -107,6 +107,11 @@ def test_activation_checkpointing_is_a_study_key_in_its_cells_identity(root, bas
             "'tensorflow'; allowed values for a study with tensorflow: none",
         ),
         (
+            {"activation_checkpointing": "full", "parallelism": ["ddp", "pp"]},
+            "activation_checkpointing: 'full' with parallelism 'pp': the pipeline runs its "
+            "stages without checkpointing; allowed values for a study with pp: none",
+        ),
+        (
             {"model": ["gpt2_tiny"], "seq_len": 31, "parallelism": ["tp"]},
             "splits the sequence \\(31 tokens\\) over tensor-parallel degree 2 .*allowed "
             "tp_degree: a divisor of 31, or seq_len: a multiple of 2",
