@@ -6,16 +6,19 @@ registry's transformer_small architecture at a smaller size: dropout draws diffe
 sharded activation by construction, so it is off for a comparison of losses).
 
     python parallel_ranks.py RANK WORLD RANKS_PER_NODE PORT PARALLELISM TP_DEGREE OUT.json \
-        [MODEL [OPTIMIZER [PRECISION]]]
+        [MODEL [OPTIMIZER [PRECISION [CHECKPOINTING]]]]
 
-(MODEL: transformer_small, made tiny as above, or a tiny decoder of the registry as it is,
-gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM may be comma-separated
-lists of the same length: the strategies then run one after another in the same processes; a
-strategy may carry its pipeline's options, NAME:OPTION:... (parse_token: `pp:interleaved_1f1b`,
-`pp+fsdp+tp:1f1b:pp2:mb4`);
+(PARALLELISM@CHECKPOINTING, e.g. ddp@full: that strategy with that activation checkpointing,
+its result under that name; MODEL: transformer_small, made tiny as above, or a tiny decoder of
+the registry as it is, gpt2_tiny or llama3_debug: they have no dropout; PORT and PARALLELISM
+may be comma-separated lists of the same length: the strategies then run one after another in
+the same processes; a strategy may carry its pipeline's options, NAME:OPTION:... (parse_token:
+`pp:interleaved_1f1b`, `pp+fsdp+tp:1f1b:pp2:mb4`);
 OPTIMIZER: sgd, or adamw with its gradients clipped to norm 1; PRECISION: fp32, or bf16,
 under fully_shard with FSDP2's MixedPrecisionPolicy as a study gives it: the dtype the first
-Linear's weight has in the forward is written beside the loss)
+Linear's weight has in the forward is written beside the loss; CHECKPOINTING: none,
+selective or full activation checkpointing of the blocks; a tensor-parallel strategy runs the
+plan a study gives it: the complete plan where the model has one)
 
 writes this rank's loss on its batch after the steps (averaged over the ranks: the loss on the
 global batch) and its memory record (measured and predicted state bytes) right after the
@@ -95,10 +98,11 @@ def train_spec(
     model: str = "transformer_small",
     optimizer: str = "sgd",
     precision: str = "fp32",
+    checkpointing: str = "none",
 ):
     """The rank-side cell of a strategy token (parse_token)."""
     from dlscale.frameworks.base import TrainSpec
-    from dlscale.study.matrix import fsdp_mixed_precision
+    from dlscale.study.matrix import cell_tp_plan, fsdp_mixed_precision
 
     parsed = parse_token(parallelism, tp_degree)
     adamw = optimizer == "adamw"
@@ -117,6 +121,8 @@ def train_spec(
         optimizer=optimizer,
         **(ADAMW if adamw else {}),
         fsdp_mixed_precision=fsdp_mixed_precision(parsed["parallelism"], precision),
+        tp_plan=cell_tp_plan(parsed["parallelism"], model),
+        activation_checkpointing=checkpointing,
     )
 
 
@@ -130,6 +136,7 @@ def run_rank(
     model="transformer_small",
     optimizer="sgd",
     precision="fp32",
+    checkpointing="none",
 ) -> dict:
     import torch
     import torch.distributed as dist
@@ -139,13 +146,27 @@ def run_rank(
 
     use_tiny_model()
     ctx = RankContext(rank, world, rank % rpn, rpn, rank // rpn, "n", "127.0.0.1", port, "test")
-    adapter = Adapter(train_spec(parallelism, tp_degree, model, optimizer, precision), ctx)
+    spec = train_spec(parallelism, tp_degree, model, optimizer, precision, checkpointing)
+    adapter = Adapter(spec, ctx)
     adapter.setup()
     try:
         linear = next(m for m in adapter.model.modules() if isinstance(m, torch.nn.Linear))
         dtypes = []
         hook = linear.register_forward_pre_hook(lambda m, a: dtypes.append(str(m.weight.dtype)))
-        for _ in range(STEPS):
+        for _ in range(STEPS - 1):
+            adapter.step()
+        # the last step's saved-for-backward bytes (each storage once, parameters left out):
+        # what the forward keeps outside activation checkpointing's own hooks
+        params = {_storage(p) for p in adapter.module.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t):
+            key = _storage(t)
+            if key not in params:
+                saved[key] = _local(t).untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             adapter.step()
         hook.remove()
         # before the loss's forward: FSDP2 keeps the root's parameters unsharded after a
@@ -161,13 +182,13 @@ def run_rank(
             dist.all_reduce(loss)
             loss /= world // adapter.dims.pp
         else:
-            with torch.no_grad():
-                loss = adapter.loss_fn(adapter.forward(adapter.x), adapter.y).detach().clone()
+            loss = adapter.loss_value(adapter.x, adapter.y)
             if world > 1:
                 dist.all_reduce(loss)
                 loss /= world
         return {
             "loss": float(loss),
+            "saved_activation_bytes": sum(saved.values()),
             "forward_weight_dtype": dtypes[-1] if dtypes else None,
             "memory": memory,
             "wrapper": adapter.wrapper(),
@@ -176,6 +197,14 @@ def run_rank(
         }
     finally:
         adapter.teardown()
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _storage(t) -> int:
+    return _local(t).untyped_storage()._cdata
 
 
 def reference_loss(world: int, name: str = "transformer_small", optimizer: str = "sgd") -> float:
@@ -260,11 +289,21 @@ if __name__ == "__main__":
     model = sys.argv[8] if len(sys.argv) > 8 else "transformer_small"
     optimizer = sys.argv[9] if len(sys.argv) > 9 else "sgd"
     precision = sys.argv[10] if len(sys.argv) > 10 else "fp32"
+    checkpointing = sys.argv[11] if len(sys.argv) > 11 else "none"
     # several strategies, comma-separated (each with its own port), run one after another in
     # the same processes: one interpreter start and torch import for all of them
     results = {
         p: run_rank(
-            rank, world, rpn, int(port), p, degree_of(p, tp_degree), model, optimizer, precision
+            rank,
+            world,
+            rpn,
+            int(port),
+            p.partition("@")[0],
+            degree_of(p.partition("@")[0], tp_degree),
+            model,
+            optimizer,
+            precision,
+            p.partition("@")[2] or checkpointing,
         )
         for port, p in zip(ports, parallelisms, strict=True)
     }

@@ -95,6 +95,12 @@ class TrainSpec:
     weight_decay: float | None = None
     grad_clip_norm: float | None = None
     fsdp_mixed_precision: bool = False
+    # the tensor-parallel plan (dlscale.registry.strategies.TP_PLANS), the blocks' activation
+    # checkpointing (none, selective, full) and what mode "compiled" compiles (model, block):
+    # the cell's (dlscale.study.cell.Cell)
+    tp_plan: str = "blocks"
+    activation_checkpointing: str = "none"
+    compile_scope: str = "model"
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -127,6 +133,9 @@ class TrainSpec:
             weight_decay=cell.weight_decay,
             grad_clip_norm=cell.grad_clip_norm,
             fsdp_mixed_precision=cell.fsdp_mixed_precision,
+            tp_plan=cell.tp_plan,
+            activation_checkpointing=cell.activation_checkpointing,
+            compile_scope=cell.compile_scope,
         )
 
 

@@ -15,7 +15,11 @@ predicted parts beside them (dlscale.frameworks.torch_memory).
 
 At world size 1 the step is the plain model (no process group, no DDP wrapper, no gradient
 hooks): the best single-device program. Mode "compiled" runs the forward through
-torch.compile (inductor); the first warm-up step pays the compilation (compile_seconds). On
+torch.compile (inductor): each block's, before any wrapper, where the cell's compile_scope is
+"block" (torchtitan's per-block compile), else the whole model's; the first warm-up step pays
+the compilation (compile_seconds). The blocks' activation checkpointing (the cell's
+activation_checkpointing) and, under tensor parallel with a vocabulary-sharded head, the loss
+and its backward inside loss_parallel(): dlscale.frameworks.torch_parallel. On
 CUDA: cuDNN autotuning on (fixed shapes), TF32 as PyTorch's defaults, channels_last for vision
 models, the optimizer's foreach implementation (PyTorch's default on CUDA; fp16: the fused one,
 with which GradScaler reads no inf check on the host); each is recorded (fast_paths). Steps are
@@ -153,6 +157,15 @@ class Adapter(TorchModel, BaseAdapter):
         model = self.prepare_model()
         if self.sharded_or_split:
             model = self.parallelize(model)
+        else:  # ddp and one device: the blocks wrapped before DistributedDataParallel
+            from dlscale.frameworks.torch_parallel import wrap_blocks
+
+            self.block_facts = wrap_blocks(
+                model,
+                self.model_spec.arch,
+                spec.activation_checkpointing,
+                self.compiles_blocks,
+            )
         if self.ddp:
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if spec.device == "cuda" else None
@@ -162,15 +175,7 @@ class Adapter(TorchModel, BaseAdapter):
         self.module = model
         self.forward = self.compile_forward(model)
         self.optimizer = self.make_optimizer(model.parameters())
-        replicated = STRATEGIES[spec.parallelism].replicas_average_gradients
-        if self.sharded_or_split and replicated and self.dims.dp_replicate > 1:
-            from dlscale.frameworks.torch_parallel import gradient_averager
-
-            group = self.mesh["dp_replicate"].get_group()
-            self.optimizer.register_step_pre_hook(
-                gradient_averager(model, group, self.dims.dp_replicate)
-            )
-        if self.clips_gradients:  # after the replicas' averaging: the averaged gradients' norm
+        if self.clips_gradients:  # the replicas' gradients are reduced by then (FSDP2, DDP)
             from dlscale.frameworks.torch_parallel import gradient_clipper
 
             stages = self.mesh["pp"].get_group() if self.pipelined else None
@@ -204,6 +209,12 @@ class Adapter(TorchModel, BaseAdapter):
             broadcast_from_rank0(model)
         self.mesh = build_mesh(self.dims, self.device.type)
         if STRATEGIES[spec.parallelism].pipeline:
+            if spec.activation_checkpointing != "none" or self.compiles_blocks:
+                raise ValueError(
+                    f"activation_checkpointing {spec.activation_checkpointing!r}, compile_scope "
+                    f"{spec.compile_scope!r}: a pp cell runs its stages eagerly without "
+                    "checkpointing; allowed: none, model"
+                )
             return self.pipeline(model)
         if self.dims.tp > 1:
             group = self.mesh["tp"].get_group()
@@ -216,12 +227,26 @@ class Adapter(TorchModel, BaseAdapter):
             self.dims,
             self.mesh,
             mp_policy=self.fsdp_policy(),
+            tp_plan=spec.tp_plan,
+            checkpointing=spec.activation_checkpointing,
+            per_block_compile=self.compiles_blocks,
         )
+        self.loss_parallel = bool(self.parallel_facts.get("loss_parallel"))
         if self.meta_init and self.materialize_later:
             from dlscale.models.torch.seeded_init import materialize
 
             materialize(model, self.meta_twin(), self.device, spec.seed)
         return model
+
+    block_facts: dict = {}  # ddp and one device: the blocks' checkpointing and compilation
+    loss_parallel = False  # the logits vocabulary-sharded: loss_parallel around the loss
+
+    def loss_scope(self):
+        """loss_parallel() where the tensor-parallel plan leaves the logits
+        vocabulary-sharded (torch_parallel.loss_parallel_if), else nothing."""
+        from dlscale.frameworks.torch_parallel import loss_parallel_if
+
+        return loss_parallel_if(self.loss_parallel)
 
     pipelined = False  # a pipelined strategy: the step runs a pipeline schedule
     pipe = None  # its dlscale.frameworks.torch_pipeline.Pipeline
@@ -270,6 +295,7 @@ class Adapter(TorchModel, BaseAdapter):
         out["parallelism"] = {
             "strategy": self.spec.parallelism,
             "tp_degree": self.spec.tp_degree,
+            **self.block_facts,
             **(self.parallel_facts or {}),
         }
         out["training"] = self.training_facts()
@@ -300,7 +326,13 @@ class Adapter(TorchModel, BaseAdapter):
             )
         else:
             precision = f"torch.autocast({spec.precision}) around the forward"
-        return {"optimizer": optimizer, "precision": precision, "init": self.init_method}
+        return {
+            "optimizer": optimizer,
+            "precision": precision,
+            "init": self.init_method,
+            "activation_checkpointing": spec.activation_checkpointing,
+            "compile_scope": spec.compile_scope if self.compiled else None,
+        }
 
     predicted_memory: dict | None = None
 
@@ -336,7 +368,9 @@ class Adapter(TorchModel, BaseAdapter):
             }
         else:
             dtype = None if spec.precision == "fp32" else self.precision_dtype
-            activation = activation_bytes(spec.model, spec.seq_len, spec.per_rank_batch, dtype)
+            activation = activation_bytes(
+                spec.model, spec.seq_len, spec.per_rank_batch, dtype, spec.activation_checkpointing
+            )
         params = list(self.module.parameters())
         return predicted_parts(params, spec.optimizer, spec.momentum, fsdp_shard, activation)
 
@@ -375,7 +409,7 @@ class Adapter(TorchModel, BaseAdapter):
         if self.sharded_or_split:
             from dlscale.frameworks.torch_parallel import wrapper_of
 
-            return wrapper_of(self.spec.parallelism)
+            return wrapper_of(self.spec.parallelism, self.dims.dp_replicate)
         if self.data_parallel:
             return "torch.nn.parallel.DistributedDataParallel"
         return super().wrapper()

@@ -28,7 +28,9 @@ strategy's layout, never from the tensors' storage:
   float32: norms, softmax, the loss). Estimated by rank 0 for one device, ddp, fsdp and hsdp
   (every rank's whole batch through the whole model: the same on every rank; a meta-device
   forward imports torch._dynamo, seconds, which rank 0 pays for its FLOP count anyway); not
-  under tensor parallel or a pipeline.
+  under tensor parallel or a pipeline. Under activation checkpointing (none, selective: every
+  second block, full: every block) a checkpointed block keeps only its input: the storages its
+  operations save are left out, its input counted (`bytes_without_checkpointing` beside).
 What no part counts: temporaries freed within the forward or backward (the logits' gradient,
 an FSDP unit's all-gathered parameters, the fp16 gradient scaler), the allocator's caching
 (reserved minus allocated), the CUDA context and the communication buffers (the hardware
@@ -189,10 +191,17 @@ def _fused_attention():
         functional.scaled_dot_product_attention = original
 
 
-def activation_bytes(model: str, seq_len: int | None, batch: int, dtype=None) -> dict:
+def activation_bytes(
+    model: str, seq_len: int | None, batch: int, dtype=None, checkpointing: str = "none"
+) -> dict:
     """The activation estimate (module docstring) of `batch` samples of a registered model in
-    `dtype` (None: float32): {"available", "bytes", "method"} or why not (a failed count is a
-    missing number, never a failed cell)."""
+    `dtype` (None: float32) under activation checkpointing `checkpointing` (none, selective,
+    full: dlscale.frameworks.torch_parallel.checkpointed_blocks): {"available", "bytes",
+    "method", "checkpointing", "bytes_without_checkpointing"} or why not (a failed count is a
+    missing number, never a failed cell). A checkpointed block keeps its input (the
+    checkpoint's) instead of what its operations save: each storage is attributed to the block
+    whose forward saved it (module hooks on the plan's blocks)."""
+    from dlscale.frameworks.torch_parallel import block_units, checkpointed_blocks
     from dlscale.models import spec_for
     from dlscale.models.torch import build, example_batch
 
@@ -206,22 +215,61 @@ def activation_bytes(model: str, seq_len: int | None, batch: int, dtype=None) ->
         x, y = example_batch(spec, batch, device="meta")
         if dtype is not None and x.is_floating_point():
             x = x.to(dtype)
+        blocks = block_units(net, spec.arch) if checkpointing != "none" else []
+        recomputed = set(checkpointed_blocks(len(blocks), checkpointing))
         params = {p.untyped_storage()._cdata for p in net.parameters()}
-        saved: dict[int, int] = {}
+        saved: dict[int, int] = {}  # storage -> bytes
+        owner: dict[int, int | None] = {}  # storage -> the block that saved it (None: none)
+        inputs: dict[int, int] = {}  # a checkpointed block's input storage -> bytes
+        current: list[int | None] = [None]
+
+        def enter(i):
+            def hook(module, args):
+                current[0] = i
+                if i in recomputed and args and torch.is_tensor(args[0]):
+                    storage = args[0].untyped_storage()
+                    inputs[storage._cdata] = storage.nbytes()
+
+            return hook
+
+        def leave(module, args, output):
+            current[0] = None
+
+        handles = []
+        for i, (_, block) in enumerate(blocks):
+            handles.append(block.register_forward_pre_hook(enter(i)))
+            handles.append(block.register_forward_hook(leave))
 
         def pack(t):
             storage = t.untyped_storage()
             if storage._cdata not in params:
                 saved[storage._cdata] = storage.nbytes()
+                if owner.get(storage._cdata, "unset") is not None:  # outside a block wins
+                    owner[storage._cdata] = current[0]
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _fused_attention():
-            torch.nn.functional.cross_entropy(net(x), y)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _fused_attention():
+                torch.nn.functional.cross_entropy(net(x), y)
+        finally:
+            for handle in handles:
+                handle.remove()
     except Exception as exc:  # noqa: BLE001 - an estimate that fails is reported, not raised
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    kept = {k: v for k, v in saved.items() if owner.get(k) not in recomputed}
+    kept.update(inputs)
     return {
         "available": True,
-        "bytes": sum(saved.values()),
+        "bytes": sum(kept.values()),
+        "bytes_without_checkpointing": sum(saved.values()),
+        "checkpointing": checkpointing,
+        "checkpointed_blocks": sorted(recomputed),
         "dtype": str(dtype or torch.float32).replace("torch.", ""),
-        "method": ACTIVATION_METHOD,
+        "method": ACTIVATION_METHOD
+        + (
+            "; a checkpointed block counted by its input alone (what its operations save is "
+            "recomputed in the backward)"
+            if checkpointing != "none"
+            else ""
+        ),
     }

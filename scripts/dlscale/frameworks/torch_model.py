@@ -7,6 +7,8 @@ and what CUDA tells of a device (torch_gpu_identity). Imported only in environme
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy
 import torch
 import torch.distributed as dist
@@ -115,6 +117,35 @@ class TorchModel:
         return "SGD, foreach (multi-tensor)" if cuda else "SGD, for-loop (CPU)"
 
     compile_method = "torch.compile (inductor, default mode) of the model's forward"
+    block_compile_method = (
+        "torch.compile (inductor, default mode) of each block (nn.Module.compile, in place, "
+        "before any wrapper: torchtitan's per-block compile)"
+    )
+
+    def execution(self) -> dict:
+        out = super().execution()
+        if self.compiles_blocks:
+            out["compile_method"] = self.block_compile_method
+        return out
+
+    @property
+    def compiles_blocks(self) -> bool:
+        """Mode "compiled" with compile_scope "block": each block compiled (torchtitan's
+        per-TransformerBlock compile), the model's forward not."""
+        return self.compiled and self.spec.compile_scope == "block"
+
+    def loss_scope(self):
+        """What the loss and its backward run inside (the pytorch adapter's loss_parallel under
+        a vocabulary-sharded head); nothing here."""
+        return contextlib.nullcontext()
+
+    def loss_value(self, x, y) -> torch.Tensor:
+        """The loss of the model on (x, y) without gradients, as a plain tensor (a
+        loss_parallel loss is a replicated DTensor: its full value)."""
+        with torch.no_grad(), self.loss_scope(), self._autocast():
+            loss = self.loss_fn(self.forward(x), y)
+        full = getattr(loss, "full_tensor", None)
+        return (full() if full is not None else loss).detach().clone()
 
     def step_timer(self) -> StepTimer:
         if self.device.type == "cuda":
@@ -135,8 +166,9 @@ class TorchModel:
 
     def compile_forward(self, module: torch.nn.Module):
         """The callable a step runs the model through: the module itself, or torch.compile of
-        it in mode "compiled" (compiled lazily, in the first warm-up step)."""
-        if not self.compiled:
+        it in mode "compiled" (compiled lazily, in the first warm-up step); with compile_scope
+        "block" the module itself (its blocks were compiled before wrapping)."""
+        if not self.compiled or self.compiles_blocks:
             return module
         try:
             return torch.compile(module)
@@ -148,12 +180,15 @@ class TorchModel:
     def train_step(self, forward, optimizer) -> None:
         """One step of the plain training loop: forward under autocast, loss, backward (scaled
         for fp16), optimizer update."""
-        with torch.autocast(
-            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-        ):
-            loss = self.loss_fn(forward(self.x), self.y)
-        optimizer.zero_grad(set_to_none=True)
-        self.optimizer_step(optimizer, loss)
+        with self.loss_scope():
+            with torch.autocast(
+                self.device.type,
+                dtype=self.autocast_dtype,
+                enabled=self.autocast_dtype is not None,
+            ):
+                loss = self.loss_fn(forward(self.x), self.y)
+            optimizer.zero_grad(set_to_none=True)
+            self.optimizer_step(optimizer, loss)
 
     def fast_paths(self) -> dict:
         cuda = self.device.type == "cuda"

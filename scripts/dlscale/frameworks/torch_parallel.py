@@ -1,19 +1,34 @@
 """PyTorch's own parallel APIs for a cell's parallelism (dlscale.registry.parallel_dims): one
 ParallelDims in, one device mesh out (torch.distributed.device_mesh.init_device_mesh, dimensions
-dp_replicate, dp_shard, tp), then tensor parallel per block (torch.distributed.tensor.parallel
-.parallelize_module with ColwiseParallel/RowwiseParallel, the model's plan in
-dlscale.models.parallelize), then fully_shard (FSDP2) per block and on the root over the
-data-parallel dimensions: dp_shard alone (fsdp, fsdp+tp) or (dp_replicate, dp_shard) for hsdp.
-Replicas of a tensor-parallel model (tp at more than one node) average their gradients over
-dp_replicate before each optimizer step. ddp keeps DistributedDataParallel
-(dlscale.frameworks.pytorch).
+dp_replicate, dp_shard, tp), then tensor parallel (torch.distributed.tensor.parallel
+.parallelize_module with the styles of the model's plan in dlscale.models.parallelize: the
+cell's tp_plan, "complete" as torchtitan's llama3 plan splits the model, embedding, sequence
+parallel norms and a vocabulary-sharded head under loss_parallel, or "blocks", the blocks'
+Linear layers only), then activation checkpointing and torch.compile per block (the plan's
+fsdp_units; torchtitan's order), then fully_shard (FSDP2) per block and on the root over the
+data-parallel dimensions: dp_shard alone (fsdp, fsdp+tp) or (dp_replicate, dp_shard) for hsdp,
+and for the replicas of a tensor-parallel model (tp at more than one node) over
+(dp_replicate, dp_shard = 1): HSDP with shards of one rank, i.e. replication whose gradients
+FSDP2 all-reduces in its bucketed reduction; a pipeline's replicas likewise
+(dlscale.frameworks.torch_pipeline). ddp keeps
+DistributedDataParallel (dlscale.frameworks.pytorch).
+
+Activation checkpointing (Cell.activation_checkpointing): "full" recomputes every block in the
+backward, "selective" every second block (torchtitan's per-layer selective checkpointing,
+selective_ac_option 2: the 2nd, 4th, ... block), by torch.distributed._composable.checkpoint
+(non-reentrant torch.utils.checkpoint on the block's forward; the module keeps its names, so a
+model materialised after fully_shard finds its parameters by name). Per-block compilation
+(Cell.compile_scope "block"): nn.Module.compile() of each block in place (torch.compile of its
+forward, names kept), before fully_shard, as torchtitan compiles each TransformerBlock.
 
 Works on CPUs with gloo (every collective these APIs use) and on GPUs with NCCL."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -25,9 +40,10 @@ from dlscale.registry.parallel_dims import SHARDED, TENSOR_PARALLEL, ParallelDim
 from dlscale.registry.strategies import STRATEGIES
 
 
-def wrapper_of(parallelism: str) -> str:
+def wrapper_of(parallelism: str, replicas: int = 1) -> str:
     """What wraps the model under a strategy beyond ddp, as the rank records it (metrics
-    `wrapper`), from the strategy's record: tensor parallel, then fully_shard, or a pipeline."""
+    `wrapper`), from the strategy's record and its replicas (dp_replicate): tensor parallel,
+    then fully_shard, or a pipeline."""
     record = STRATEGIES[parallelism]
     tensor_parallel = "torch.distributed.tensor.parallel"
     hybrid = "(FSDP2, hybrid) over (dp_replicate, dp_shard)"
@@ -36,13 +52,16 @@ def wrapper_of(parallelism: str) -> str:
     if record.splits_layers and record.sharded:
         parts.append(f"{tensor_parallel} over tp, then fully_shard {shard_over}")
     elif record.splits_layers:
-        parts.append(f"{tensor_parallel} (ColwiseParallel/RowwiseParallel) over tp")
+        parts.append(f"{tensor_parallel} over tp")
     elif record.sharded:
         parts.append(f"torch.distributed.fsdp.fully_shard {shard_over}")
     if record.pipeline:
-        parts.append("torch.distributed.pipelining (PipelineStage, ScheduleGPipe) over pp")
-    if record.replicas_average_gradients:
-        parts.append("gradients averaged over dp_replicate")
+        parts.append("torch.distributed.pipelining (PipelineStage, the cell's schedule) over pp")
+    if record.replicas_fully_shard and replicas > 1:
+        parts.append(
+            "replicas by torch.distributed.fsdp.fully_shard (FSDP2, hybrid, shards of one "
+            "rank) over (dp_replicate, dp_shard): gradients all-reduced by FSDP2"
+        )
     return ", ".join(parts) or f"torch.distributed device mesh ({parallelism})"
 
 
@@ -89,27 +108,199 @@ def _matching(model: nn.Module, patterns) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def apply_tensor_parallel(model: nn.Module, arch: str, tp_mesh) -> list[str]:
-    """Split the Linear layers of the model's tensor-parallel plan
-    (dlscale.models.parallelize.<arch>.PLAN.tp) over the tensor-parallel mesh; returns the names
-    of the modules split."""
+LINEAR_STYLES = ("colwise", "rowwise", "rowwise_to_sequence", "output_loss_parallel")
+EMBEDDING_STYLES = ("embedding", "embedding_to_sequence")
+
+
+def tp_style(style: str, module: nn.Module):
+    """The torch.distributed.tensor.parallel style of a plan's style name
+    (dlscale.registry.strategies.TP_STYLES) for `module`."""
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
-        parallelize_module,
+        SequenceParallel,
     )
 
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "rowwise":
+        return RowwiseParallel()
+    if style == "rowwise_to_sequence":
+        return RowwiseParallel(output_layouts=Shard(1))
+    if style == "embedding":
+        return RowwiseParallel(input_layouts=Replicate())
+    if style == "embedding_to_sequence":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if style == "sequence_parallel":
+        return SequenceParallel()
+    if style == "output_loss_parallel":
+        return ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+        )
+    if style in ("gather_sequence", "scatter_sequence"):
+        given, wanted = (Shard(1), Replicate())
+        if style == "scatter_sequence":
+            given, wanted = wanted, given
+        rest = (None,) * (_positional_inputs(module) - 1)
+        # the scattered input is the block's residual stream: a plain local tensor, as the
+        # rowwise_to_sequence outputs added to it
+        return PrepareModuleInput(
+            input_layouts=(given, *rest),
+            desired_input_layouts=(wanted, *rest),
+            use_local_output=style == "scatter_sequence",
+        )
+    raise ValueError(f"unknown tensor-parallel style {style!r}")
+
+
+def _positional_inputs(module: nn.Module) -> int:
+    """How many positional arguments the module's forward takes (a PrepareModuleInput names a
+    layout for each: the first is the activation, the others, e.g. RoPE's rotations, pass as
+    they are)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(module.forward).parameters.values()
+    return max(1, sum(p.kind in kinds for p in params))
+
+
+def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Each parameter held by more than one module (a head tied to the token embedding), as
+    its (module, attribute) owners."""
+    owners: dict[int, list] = {}
+    for module in model.modules():
+        for attr, p in module._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((module, attr))
+    return [group for group in owners.values() if len(group) > 1]
+
+
+def apply_tensor_parallel(
+    model: nn.Module, arch: str, tp_mesh, tp_plan: str = "blocks"
+) -> list[str]:
+    """Split the model over the tensor-parallel mesh by its plan `tp_plan`
+    (dlscale.models.parallelize.<arch>.PLAN: "blocks" or "complete"); returns the names of the
+    modules given a style. A parameter tied between two modules (GPT-2's head and token
+    embedding) is split by both styles the same way (Shard(0) of the same [vocab, d] weight)
+    and tied again afterwards: parallelize_module gives each module its own DTensor."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    styles = plan_for(arch).tp_plan(tp_plan)
+    tied = _tied_groups(model)
     plan = {}
-    for pattern, style in plan_for(arch).tp.items():
+    for pattern, style in styles.items():
         for name, module in _matching(model, [pattern]):
-            if not isinstance(module, nn.Linear):
+            if style in LINEAR_STYLES and not isinstance(module, nn.Linear):
                 raise TypeError(f"tensor-parallel plan of {arch}: {name} is not an nn.Linear")
-            plan[name] = styles[style]()
+            if style in EMBEDDING_STYLES and not isinstance(module, nn.Embedding):
+                raise TypeError(f"tensor-parallel plan of {arch}: {name} is not an nn.Embedding")
+            plan[name] = tp_style(style, module)
     if not plan:
         raise ValueError(f"tensor-parallel plan of {arch} matched no module")
     parallelize_module(model, tp_mesh, plan)
+    for group in tied:
+        (first, attr), rest = group[0], group[1:]
+        shared = first._parameters[attr]
+        for module, other in rest:
+            param = module._parameters[other]
+            if getattr(param, "placements", None) != getattr(shared, "placements", None):
+                raise ValueError(
+                    f"tensor-parallel plan {tp_plan!r} of {arch} splits a tied parameter two "
+                    f"ways ({getattr(shared, 'placements', 'whole')} and "
+                    f"{getattr(param, 'placements', 'whole')}): the tie cannot be kept"
+                )
+            module._parameters[other] = shared
     return sorted(plan)
+
+
+def gradients_as_parameters(model: nn.Module) -> list[str]:
+    """Make each DTensor parameter's gradient take its parameter's placements once it is
+    accumulated (a post-accumulate-grad hook; tensor parallel without fully_shard, which does
+    the same for its parameters): an embedding split by rows gets a replicated gradient from
+    DTensor's embedding backward (the whole [vocab, d], cut to its rows: no communication), a
+    replicated norm weight a partial one (all-reduced once here, not in every optimizer
+    operation that reads it). Returns the names of the parameters hooked."""
+    from torch.distributed.tensor import DTensor
+
+    def hook(param):
+        grad = param.grad
+        if isinstance(grad, DTensor) and grad.placements != param.placements:
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+    names = []
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor):
+            param.register_post_accumulate_grad_hook(hook)
+            names.append(name)
+    return names
+
+
+@contextlib.contextmanager
+def loss_parallel_if(enabled: bool):
+    """torch.distributed.tensor.parallel.loss_parallel() around the loss and its backward where
+    the logits are vocabulary-sharded (a plan with an output_loss_parallel head), else
+    nothing."""
+    if not enabled:
+        yield
+        return
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    with loss_parallel():
+        yield
+
+
+CHECKPOINTING = ("none", "selective", "full")
+
+
+def checkpointed_blocks(count: int, mode: str) -> list[int]:
+    """The indices of the blocks activation checkpointing recomputes of `count` blocks: none,
+    every second (selective: the 2nd, 4th, ..., torchtitan's per-layer selective_ac_option 2)
+    or all (full)."""
+    if mode not in CHECKPOINTING:
+        raise ValueError(
+            f"unknown activation_checkpointing {mode!r}; allowed values: {', '.join(CHECKPOINTING)}"
+        )
+    if mode == "full":
+        return list(range(count))
+    if mode == "selective":
+        return [i for i in range(count) if (i + 1) % 2 == 0]
+    return []
+
+
+def block_units(model: nn.Module, arch: str) -> list[tuple[str, nn.Module]]:
+    """The model's blocks (its plan's fsdp_units), in order; refused where the plan names
+    none (activation checkpointing and per-block compilation need blocks)."""
+    units = plan_for(arch).fsdp_units
+    if not units:
+        raise ValueError(
+            f"architecture {arch!r} names no blocks (dlscale.models.parallelize.<arch>.PLAN "
+            "fsdp_units): no activation checkpointing or per-block compilation"
+        )
+    return _matching(model, units)
+
+
+def apply_activation_checkpointing(model: nn.Module, arch: str, mode: str) -> list[str]:
+    """Activation checkpointing of the model's blocks (checkpointed_blocks) by
+    torch.distributed._composable.checkpoint (non-reentrant torch.utils.checkpoint around the
+    block's forward, the module's names kept); returns the names of the blocks checkpointed."""
+    from torch.distributed._composable import checkpoint
+
+    if mode == "none":
+        return []
+    blocks = block_units(model, arch)
+    chosen = [blocks[i] for i in checkpointed_blocks(len(blocks), mode)]
+    for _, module in chosen:
+        checkpoint(module)
+    return [name for name, _ in chosen]
+
+
+def compile_blocks(model: nn.Module, arch: str) -> list[str]:
+    """torch.compile of each block, in place (nn.Module.compile: the module's call compiled,
+    its names kept), as torchtitan compiles each TransformerBlock before fully_shard; returns
+    the blocks' names."""
+    blocks = block_units(model, arch)
+    for _, module in blocks:
+        module.compile()
+    return [name for name, _ in blocks]
 
 
 def shard_units(model: nn.Module, arch: str) -> list[tuple[str, nn.Module]]:
@@ -133,23 +324,6 @@ def apply_fully_shard(model: nn.Module, arch: str, dp_mesh, mp_policy=None) -> l
         fully_shard(module, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     return [name for name, _ in units]
-
-
-def gradient_averager(model: nn.Module, group, size: int):
-    """An optimizer step pre-hook that averages the gradients (their local shards) over a
-    process group: the replicas of a tensor-parallel model. One flat all-reduce per step."""
-
-    def hook(optimizer, args, kwargs):
-        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=group)
-        flat.div_(size)
-        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(synced)
-
-    return hook
 
 
 def total_grad_norm(params, stage_group=None) -> torch.Tensor:
@@ -223,22 +397,57 @@ def group_batch(x: torch.Tensor, group, size: int) -> torch.Tensor:
 
 
 def parallelize(
-    model: nn.Module, arch: str, parallelism: str, dims: ParallelDims, mesh, mp_policy=None
+    model: nn.Module,
+    arch: str,
+    parallelism: str,
+    dims: ParallelDims,
+    mesh,
+    mp_policy=None,
+    tp_plan: str = "blocks",
+    checkpointing: str = "none",
+    per_block_compile: bool = False,
 ) -> dict:
     """Apply a strategy other than ddp to a model whose weights agree on every rank (or that is
     still on the meta device: fsdp and hsdp materialise it afterwards); `mp_policy`: FSDP2's
-    MixedPrecisionPolicy for fully_shard. Returns what was done (recorded in the rank's
-    metrics)."""
+    MixedPrecisionPolicy for fully_shard; `tp_plan`: the model's tensor-parallel plan;
+    `checkpointing` and `per_block_compile`: the blocks' activation checkpointing and
+    compilation, after tensor parallel and before fully_shard (wrap_blocks). Returns what was
+    done (recorded in the rank's metrics)."""
+    record = STRATEGIES[parallelism]
     done = {"dims": dims.as_dict(), "mesh": list(mesh.mesh_dim_names)}
     if parallelism in TENSOR_PARALLEL:
-        done["tensor_parallel"] = apply_tensor_parallel(model, arch, mesh["tp"])
+        done["tensor_parallel"] = apply_tensor_parallel(model, arch, mesh["tp"], tp_plan)
+        done["tp_plan"] = tp_plan
+        done["loss_parallel"] = tp_plan == "complete" and plan_for(arch).loss_parallel
+    done.update(wrap_blocks(model, arch, checkpointing, per_block_compile))
+    dp_mesh = None
     if parallelism in SHARDED:
-        hybrid = STRATEGIES[parallelism].hybrid
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if hybrid else mesh["dp_shard"]
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if record.hybrid else mesh["dp_shard"]
+    elif record.replicas_fully_shard and dims.dp_replicate > 1:
+        dp_mesh = mesh["dp_replicate", "dp_shard"]  # HSDP with shards of one rank
+        done["replicas"] = "fully_shard over (dp_replicate, dp_shard = 1)"
+    if dp_mesh is None and parallelism in TENSOR_PARALLEL:
+        done["gradients_as_parameters"] = len(gradients_as_parameters(model))
+    if dp_mesh is not None:
         done["fully_shard"] = apply_fully_shard(model, arch, dp_mesh, mp_policy)
         if mp_policy is not None:
             done["mixed_precision"] = {
                 "param_dtype": str(mp_policy.param_dtype).replace("torch.", ""),
                 "reduce_dtype": str(mp_policy.reduce_dtype).replace("torch.", ""),
             }
+    return done
+
+
+def wrap_blocks(model: nn.Module, arch: str, checkpointing: str, per_block_compile: bool) -> dict:
+    """Activation checkpointing, then torch.compile, of the model's blocks (torchtitan's
+    order: after tensor parallel, before fully_shard or the data-parallel wrapper); returns
+    what was done."""
+    done = {}
+    if checkpointing != "none":
+        done["activation_checkpointing"] = {
+            "mode": checkpointing,
+            "blocks": apply_activation_checkpointing(model, arch, checkpointing),
+        }
+    if per_block_compile:
+        done["compiled_blocks"] = compile_blocks(model, arch)
     return done

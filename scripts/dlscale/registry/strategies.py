@@ -21,15 +21,60 @@ class RegistryError(ValueError):
     """A registry record is missing a fact or names an unknown one: raised at import."""
 
 
+# The tensor-parallel styles a plan may name (torch.distributed.tensor.parallel; built by
+# dlscale.frameworks.torch_parallel.tp_style): style -> what it does. "Sequence" is dim 1 of a
+# (batch, sequence, features) activation: sequence parallel keeps the residual stream split
+# over it between the blocks' parallel regions (Korthikanti et al. 2022; torchtitan's plan).
+TP_STYLES = {
+    "colwise": "ColwiseParallel(): a Linear's output features split, its input replicated",
+    "rowwise": "RowwiseParallel(): a Linear's input features split, its output all-reduced",
+    "rowwise_to_sequence": "RowwiseParallel(output_layouts=Shard(1)): a Linear's input "
+    "features split, its output reduce-scattered over the sequence",
+    "embedding": "RowwiseParallel(input_layouts=Replicate()) of an nn.Embedding: the "
+    "vocabulary's rows split, the output all-reduced (replicated)",
+    "embedding_to_sequence": "RowwiseParallel(input_layouts=Replicate(), "
+    "output_layouts=Shard(1)) of an nn.Embedding: the vocabulary's rows split, the output "
+    "reduce-scattered over the sequence",
+    "sequence_parallel": "SequenceParallel(): a norm on this rank's part of the sequence, its "
+    "weights replicated",
+    "gather_sequence": "PrepareModuleInput: the module's first input all-gathered from "
+    "Shard(1) to Replicate() (its other inputs as they are)",
+    "scatter_sequence": "PrepareModuleInput: the module's first input, replicated, cut to "
+    "this rank's part of the sequence (Shard(1))",
+    "output_loss_parallel": "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), "
+    "use_local_output=False): the output head's vocabulary split, the logits left "
+    "vocabulary-sharded for loss_parallel's cross-entropy",
+}
+# The styles that leave or take the residual stream split over the sequence
+SEQUENCE_STYLES = (
+    "rowwise_to_sequence",
+    "embedding_to_sequence",
+    "sequence_parallel",
+    "gather_sequence",
+    "scatter_sequence",
+    "output_loss_parallel",
+)
+# The tensor-parallel plans a cell may run (Cell.tp_plan): "blocks" splits the blocks' Linear
+# layers only (every tp cell measured before issue 49), "complete" the whole model as
+# torchtitan's llama3 plan does (embedding, sequence-parallel norms, output head with loss
+# parallel).
+TP_PLANS = ("blocks", "complete")
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """A model architecture's plan for the strategies beyond ddp (torchtitan's per-model
     `parallelize`), as data: fnmatch patterns over the PyTorch model's named_modules.
 
-    - tp: module -> "colwise" (output features split, ColwiseParallel) or "rowwise" (input
-      features split, RowwiseParallel); empty: the model has no tensor-parallel plan;
-    - fsdp_units: the blocks fully_shard wraps one by one before the root; empty: the model's
-      top-level children;
+    - tp: module -> a style of TP_STYLES, the "blocks" plan: the blocks' Linear layers only,
+      "colwise" or "rowwise" (every tp cell measured before issue 49); empty: the model has
+      no tensor-parallel plan;
+    - tp_complete: module -> a style of TP_STYLES, the "complete" plan (embedding, norms,
+      attention and MLP, output head); empty: the model offers only its `tp` plan. Applied in
+      the order given (a module's input preparation before its Linear layers' styles);
+    - fsdp_units: the blocks fully_shard wraps one by one before the root, and the blocks
+      activation checkpointing and per-block compilation wrap; empty: the model's top-level
+      children (fully_shard), no blocks (checkpointing and per-block compile refused);
     - pipeline: whether a pipeline can split the model into stages of contiguous layers (a
       head tied to the token embedding cannot be split: two stages would share it);
     - why_not_pipeline: the reason where it cannot, for the refusal's message;
@@ -38,6 +83,7 @@ class ParallelPlan:
     """
 
     tp: dict[str, str] = field(default_factory=dict)
+    tp_complete: dict[str, str] = field(default_factory=dict)
     fsdp_units: tuple[str, ...] = ()
     pipeline: bool = False
     why_not_pipeline: str = ""
@@ -46,13 +92,53 @@ class ParallelPlan:
     def __post_init__(self):
         bad = {m: s for m, s in self.tp.items() if s not in ("colwise", "rowwise")}
         if bad:
-            raise RegistryError(f"ParallelPlan.tp: {bad}; allowed styles: colwise, rowwise")
+            raise RegistryError(
+                f"ParallelPlan.tp: {bad}; allowed styles of the blocks plan: colwise, rowwise"
+            )
+        bad = {m: s for m, s in self.tp_complete.items() if s not in TP_STYLES}
+        if bad:
+            raise RegistryError(
+                f"ParallelPlan.tp_complete: {bad}; allowed styles: {', '.join(TP_STYLES)}"
+            )
+        heads = [m for m, s in self.tp_complete.items() if s == "output_loss_parallel"]
+        if len(heads) > 1:
+            raise RegistryError(
+                f"ParallelPlan.tp_complete: {heads} are all output_loss_parallel; a model has "
+                "one output head (loss_parallel reads its logits)"
+            )
 
     def offers(self, need: str | tuple[str, ...] | None) -> bool:
         """Whether this plan has what a strategy's `model_plan` needs (every fact of a tuple)."""
         if need is None:
             return True
         return all(bool(getattr(self, n)) for n in ((need,) if isinstance(need, str) else need))
+
+    def tp_plan(self, name: str) -> dict[str, str]:
+        """The tensor-parallel plan `name` (TP_PLANS) as module -> style."""
+        if name not in TP_PLANS:
+            raise ValueError(f"unknown tp_plan {name!r}; allowed values: {', '.join(TP_PLANS)}")
+        if name == "complete":
+            if not self.tp_complete:
+                raise ValueError("this model offers no complete tensor-parallel plan")
+            return self.tp_complete
+        return self.tp
+
+    @property
+    def best_tp_plan(self) -> str:
+        """The plan a new tensor-parallel cell runs: "complete" where the model offers it."""
+        return "complete" if self.tp_complete else "blocks"
+
+    @property
+    def loss_parallel(self) -> bool:
+        """Whether the complete plan leaves the logits vocabulary-sharded (an
+        output_loss_parallel head): the loss is then loss_parallel's cross-entropy."""
+        return "output_loss_parallel" in self.tp_complete.values()
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether the complete plan splits activations over the sequence (its length must
+        divide by the tensor-parallel degree)."""
+        return any(s in SEQUENCE_STYLES for s in self.tp_complete.values())
 
 
 @dataclass(frozen=True)
@@ -92,11 +178,11 @@ class Strategy:
         return not (self.splits_layers or self.sharded or self.pipeline)
 
     @property
-    def replicas_average_gradients(self) -> bool:
-        """Replicas of a tensor-parallel model that no sharding covers average their
-        gradients over dp_replicate themselves (ddp's are DistributedDataParallel's; a
-        pipeline's replicas reduce theirs through fully_shard over (dp_replicate, dp_shard):
-        dlscale.frameworks.torch_pipeline)."""
+    def replicas_fully_shard(self) -> bool:
+        """Replicas of a split model that no sharding covers: a tensor-parallel model's (tp
+        across nodes) are fully_shard over the (dp_replicate, dp_shard = 1) mesh, HSDP with
+        shards of one rank, i.e. replication whose gradients FSDP2 all-reduces in its bucketed
+        reduction (a pipeline's replicas likewise: dlscale.frameworks.torch_pipeline)."""
         return self.splits_layers and not self.sharded and not self.pipeline
 
     def __post_init__(self):

@@ -312,6 +312,18 @@ class Cell:
     # gradients reduced in float32) and no autocast. False: autocast around the forward, the
     # float32 parameters communicated as they are, as every cell measured before it.
     fsdp_mixed_precision: bool = False
+    # The tensor-parallel plan of a tp or fsdp+tp cell (dlscale.registry.strategies.TP_PLANS):
+    # "complete" where the model's plan offers it (the embedding, sequence-parallel norms and
+    # the output head under loss_parallel split too: torchtitan's), else "blocks", the blocks'
+    # Linear layers only, which every cell measured before had (every other strategy keeps it).
+    tp_plan: str = "blocks"
+    # The blocks' activation checkpointing (config activation_checkpointing): none, selective
+    # (every second block recomputed) or full (every block).
+    activation_checkpointing: str = "none"
+    # What mode "compiled" compiles (dlscale.frameworks.torch_model): "model", the wrapped
+    # model's forward, as every cell measured before; "block", each block before fully_shard
+    # (torchtitan's), in a compiled pytorch cell whose model names its blocks.
+    compile_scope: str = "model"
     # How long the first warm-up step (compilation) may wait for its peers (config
     # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
@@ -449,12 +461,13 @@ LATER_FIELDS = {
 }
 # Later fields whose value changed for cells that existed before them (a changed default,
 # ../shared/ROUND.md): `auto` trains the decoders with AdamW, bf16/fp16 cells under
-# fully_shard use FSDP2's mixed precision, and pp cells run 1F1B. A measured cell's file
-# without them was measured at their LATER_FIELDS value, so
+# fully_shard use FSDP2's mixed precision, and, since issue 49, pp cells run 1F1B (GPipe
+# before), tp and fsdp+tp cells of a model with a complete plan run it (tp_plan), and compiled
+# pytorch cells of a model with blocks compile each block (compile_scope). A measured cell's
+# file without them was measured at their LATER_FIELDS value, so
 # dlscale.store.measurements.changed_cells compares them as that (the other later fields are
 # not compared where the file lacks them).
-# A pp cell's schedule: 1f1b by default since issue 49, GPipe before it.
-CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision", "pp_schedule")
+CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision", "pp_schedule", "tp_plan", "compile_scope")
 # The fields only a convergence cell sets.
 CONVERGENCE_FIELDS = tuple(
     k
@@ -482,6 +495,9 @@ CONVERGENCE_FIELDS = tuple(
         "weight_decay",
         "grad_clip_norm",
         "fsdp_mixed_precision",
+        "tp_plan",
+        "activation_checkpointing",
+        "compile_scope",
     )
 )
 

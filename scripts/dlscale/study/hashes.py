@@ -144,6 +144,8 @@ def config_hash(config: dict, hardware: dict) -> str:
             for k, v in measured["optimizer"].items()
             if not (k in LATER_OPTIMIZER_DEFAULTS and v == LATER_OPTIMIZER_DEFAULTS[k])
         }
+    if measured.get("activation_checkpointing") == "none":  # every cell before the key
+        del measured["activation_checkpointing"]
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
         measured.pop("seq_len", None)
     if "convergence" not in config.get("workloads", ["throughput"]):

@@ -235,6 +235,38 @@ def fsdp_mixed_precision(parallelism: str, precision: str) -> bool:
     return STRATEGIES[parallelism].sharded and precision != "fp32"
 
 
+def cell_tp_plan(parallelism: str, model: str) -> str:
+    """A cell's tensor-parallel plan (Cell.tp_plan): a tp or fsdp+tp cell runs the complete
+    plan where its model offers one (dlscale.models.parallelize), every other cell "blocks"
+    (the value of every cell measured before; no tensor parallel at all but under tp). A
+    pipeline's stages (pp+tp, pp+fsdp+tp) are split by the blocks plan: the complete plan's
+    sequence-sharded activations and vocabulary-sharded loss across stages are not built yet."""
+    from dlscale.models import get_spec, names
+    from dlscale.models.parallelize import plan_for
+
+    record = STRATEGIES[parallelism]
+    if not record.splits_layers or record.pipeline or model not in names():
+        return "blocks"
+    return plan_for(get_spec(model).arch).best_tp_plan
+
+
+def cell_compile_scope(framework: str, mode: str, model: str) -> str:
+    """What a cell's mode "compiled" compiles (Cell.compile_scope): each block in a pytorch
+    cell whose model names its blocks (torchtitan's per-block compile), else the model as
+    every cell measured before."""
+    from dlscale.models import get_spec, names
+    from dlscale.models.parallelize import plan_for
+
+    if (
+        framework == "pytorch"
+        and mode == "compiled"
+        and model in names()
+        and plan_for(get_spec(model).arch).fsdp_units
+    ):
+        return "block"
+    return "model"
+
+
 def _combo_cells(
     config: dict,
     hardware: dict,
@@ -290,6 +322,9 @@ def _combo_cells(
             **pipeline_fields(config, combo["parallelism"], world, rpn, per_rank),
             seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
             fsdp_mixed_precision=fsdp_mixed_precision(combo["parallelism"], combo["precision"]),
+            tp_plan=cell_tp_plan(combo["parallelism"], combo["model"]),
+            compile_scope=cell_compile_scope(combo["framework"], combo["mode"], combo["model"]),
+            activation_checkpointing=config.get("activation_checkpointing", "none"),
             **optimizer_fields(config, combo["model"]),
             **shared["common"],
             **extra,

@@ -9,7 +9,7 @@ import itertools
 import math
 from math import lcm
 
-from dlscale.models import builds
+from dlscale.models import builds, cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, offering
 from dlscale.registry.parallel_dims import cell_tp_degree
 from dlscale.registry.strategies import STRATEGIES
@@ -140,6 +140,17 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
                 splits_heads = (
                     model in models_names() and plan_for(get_spec(model).arch).splits_heads
                 )
+                seq_len = (
+                    cell_seq_len(model, config.get("seq_len")) if model in models_names() else None
+                )
+                plan = plan_for(get_spec(model).arch) if model in models_names() else None
+                if plan and plan.sequence_parallel and seq_len and seq_len % tp:
+                    problems.append(
+                        f"axes.parallelism: {strategy!r} runs model {model!r}'s complete "
+                        f"tensor-parallel plan, which splits the sequence ({seq_len} tokens) "
+                        f"over tensor-parallel degree {tp} (hardware {hw_key!r}); allowed "
+                        f"tp_degree: a divisor of {seq_len}, or seq_len: a multiple of {tp}"
+                    )
                 if heads and splits_heads and (heads % tp or (kv_heads and kv_heads % tp)):
                     counts = f"{heads} heads" + (f", {kv_heads} KV heads" if kv_heads else "")
                     divisible = f"{heads}, {kv_heads}" if kv_heads else f"both {heads}"
@@ -359,6 +370,48 @@ def _optimizer_problems(config: dict, axes: dict) -> list[str]:
     return problems
 
 
+CHECKPOINTING_FRAMEWORKS = ("pytorch",)  # the adapters that checkpoint blocks
+
+
+def _checkpointing_problems(config: dict, axes: dict) -> list[str]:
+    """activation_checkpointing other than none: every framework of the study checkpoints
+    (the pytorch adapter), and every model names its blocks (its plan's fsdp_units)."""
+    from dlscale.models import get_spec
+    from dlscale.models.parallelize import plan_for
+
+    mode = config.get("activation_checkpointing", "none")
+    if mode == "none":
+        return []
+    problems = []
+    exclude = config["exclude"]
+    able = [m for m in models_names() if plan_for(get_spec(m).arch).fsdp_units]
+    for framework in axes["framework"]:
+        if framework not in CHECKPOINTING_FRAMEWORKS:
+            problems.append(
+                f"activation_checkpointing: {mode!r} is run by framework(s) "
+                f"{', '.join(CHECKPOINTING_FRAMEWORKS)}, not {framework!r}; allowed values "
+                f"for a study with {framework}: none"
+            )
+    for strategy in axes.get("parallelism", [DEFAULT_PARALLELISM]):
+        if STRATEGIES[strategy].pipeline and not _excluded_pair({"parallelism": strategy}, exclude):
+            problems.append(
+                f"activation_checkpointing: {mode!r} with parallelism {strategy!r}: the pipeline "
+                "runs its stages without checkpointing; allowed values for a study with "
+                f"{strategy}: none (or exclude {{parallelism: {strategy}}})"
+            )
+    for model in axes["model"]:
+        if model not in models_names() or _excluded_pair({"model": model}, exclude):
+            continue
+        if not plan_for(get_spec(model).arch).fsdp_units:
+            problems.append(
+                f"activation_checkpointing: {mode!r} checkpoints a model's blocks, and model "
+                f"{model!r} names none (dlscale.models.parallelize.<arch>.PLAN fsdp_units); "
+                f"models with blocks: {', '.join(able)}; allowed values for a study with "
+                f"{model}: none"
+            )
+    return problems
+
+
 def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> list[str]:
     problems = []
     by_workload = workload_axes(config)
@@ -366,6 +419,7 @@ def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> lis
         problems += _axes_problems(config, workload, axes, hardware, hardware_source)
         problems += _builder_problems(config, workload, axes)
         problems += [p for p in _optimizer_problems(config, axes) if p not in problems]
+        problems += [p for p in _checkpointing_problems(config, axes) if p not in problems]
     if "convergence" in by_workload:
         problems += _convergence_problems(config, by_workload["convergence"])
     for i, entry in enumerate(config["exclude"]):

@@ -354,6 +354,8 @@ def test_every_strategy_trains_to_the_single_process_loss(
             fraction = predicted["full_state_bytes"] / predicted["shard_degree"]
             assert measured == pytest.approx(fraction, rel=STATE_RTOL)
             assert predicted["padding_bytes"] is not None
+        if parallelism == "tp" and model == "gpt2_tiny":  # issue 49: the complete plan, 1/t
+            assert measured == pytest.approx(predicted["full_state_bytes"] / tp, rel=STATE_RTOL)
     if parallelism in ("ddp", "fsdp", "hsdp"):
         assert ranks[0]["memory"]["predicted"]["activation_bytes"] > 0  # rank 0 estimates
         assert {r["memory"]["predicted"]["activation_bytes"] for r in ranks[1:]} == {None}
@@ -373,9 +375,21 @@ def test_every_strategy_trains_to_the_single_process_loss(
         # replicas of the pipeline: FSDP2's own reduction over (dp_replicate, 1), no hook
         replicas = facts["dims"]["dp_replicate"] > 1
         assert ("dp_shard = 1: replicas" in (facts["pipeline"]["data_parallel"] or "")) == replicas
+    if parallelism in ("tp", "fsdp+tp"):  # issue 49: the decoders' complete plan
+        complete = model == "gpt2_tiny"
+        assert facts["tp_plan"] == ("complete" if complete else "blocks")
+        assert facts["loss_parallel"] is complete
+        assert ("head" in facts["tensor_parallel"]) is complete  # tied: the embedding's split
+        assert ("token_embedding" in facts["tensor_parallel"]) is complete
+    if parallelism == "tp" and nodes > 1:  # replicas: FSDP2 over (dp_replicate, dp_shard = 1)
+        assert facts["fully_shard"] and "gradients all-reduced by FSDP2" in ranks[0]["wrapper"]
+        assert facts["dims"]["dp_replicate"] == nodes and facts["dims"]["dp_shard"] == 1
 
 
 LLAMA_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+# issue 49: activation checkpointing, selective (the second block) and full (both), in the same
+# processes (STRATEGY@MODE)
+LLAMA_CHECKPOINTED = ("ddp@selective", "ddp@full", "fsdp+tp@full")
 
 
 def test_llama_trains_to_the_single_process_loss_under_each_strategy(tmp_path):
@@ -384,11 +398,38 @@ def test_llama_trains_to_the_single_process_loss_under_each_strategy(tmp_path):
     replica of 2 shards: the hybrid path across nodes is gpt2_tiny's 2 x 2 case above, the
     same code), tp (degree 2: the KV heads split too) and fsdp+tp, one after another in the
     same 2 processes (one interpreter start for all: about the cost of one strategy), each to
-    the single-process loss on the same global batch within RTOL after 3 steps."""
+    the single-process loss on the same global batch within RTOL after 3 steps; then ddp and
+    fsdp+tp with activation checkpointing (issue 49), to the same loss, the bytes the last
+    step's forward saves for backward (outside checkpointing's own hooks) the predicted
+    activations of each mode within 1 %."""
+    entries = LLAMA_STRATEGIES + LLAMA_CHECKPOINTED
     ranks = run_ranks(
-        tmp_path, ",".join(LLAMA_STRATEGIES), 1, 2, tp=2, model="llama3_debug", optimizer="adamw"
+        tmp_path, ",".join(entries), 1, 2, tp=2, model="llama3_debug", optimizer="adamw"
     )
     expected = reference("llama3_debug", 2, "adamw")
+    for entry in LLAMA_CHECKPOINTED:
+        losses = {r[entry]["loss"] for r in ranks}
+        assert len(losses) == 1, (entry, losses)
+        loss = losses.pop()
+        rel = abs(loss - expected) / abs(expected)
+        print(f"llama3_debug {entry} 1x2: loss {loss:.8f}, ref {expected:.8f}, {rel:.2e}")
+        assert rel <= RTOL
+        mode = entry.partition("@")[2]
+        assert ranks[0][entry]["training"]["activation_checkpointing"] == mode
+        done = ranks[0][entry]["execution"]["activation_checkpointing"]
+        assert done["blocks"] == {"selective": ["layers.1"], "full": ["layers.0", "layers.1"]}[mode]
+    saved = {}
+    for entry in ("ddp", "ddp@selective", "ddp@full"):
+        measured = ranks[0][entry]["saved_activation_bytes"]
+        predicted = ranks[0][entry]["memory"]["predicted"]["activation"]
+        print(
+            f"  {entry}: saved for backward {measured} bytes, predicted {predicted['bytes']} "
+            f"(without checkpointing {predicted['bytes_without_checkpointing']})"
+        )
+        assert predicted["checkpointing"] == (entry.partition("@")[2] or "none")
+        assert measured == pytest.approx(predicted["bytes"], rel=0.01)
+        saved[entry] = measured
+    assert saved["ddp@full"] < saved["ddp@selective"] < saved["ddp"]
     for parallelism in LLAMA_STRATEGIES:
         losses = {r[parallelism]["loss"] for r in ranks}
         assert len(losses) == 1, (parallelism, losses)  # every rank the same
@@ -402,6 +443,16 @@ def test_llama_trains_to_the_single_process_loss_under_each_strategy(tmp_path):
             assert facts["dims"]["world_size"] == 2
         assert ("tensor_parallel" in facts) == ("tp" in parallelism)
     assert "layers.1.attention.wk" in ranks[0]["tp"]["execution"]["tensor_parallel"]
+    # issue 49: the complete plan (torchtitan's): embedding, sequence-parallel norms, the
+    # output head under loss_parallel; each rank holds 1/t of ddp's state
+    for parallelism in ("tp", "fsdp+tp"):
+        facts = ranks[0][parallelism]["execution"]
+        assert facts["tp_plan"] == "complete" and facts["loss_parallel"] is True
+        for name in ("tok_embeddings", "layers.0.attention_norm", "norm", "output"):
+            assert name in facts["tensor_parallel"], (parallelism, name)
+    tp_share = state_bytes(ranks[0]["tp"]["memory"]) / state_bytes(ranks[0]["ddp"]["memory"])
+    print(f"llama3_debug tp=2 / ddp state bytes per rank: {tp_share:.5f}")
+    assert tp_share == pytest.approx(0.5, rel=STATE_RTOL)
     assert ranks[0]["fsdp"]["execution"]["fully_shard"] == ["layers.0", "layers.1"]
     assert ranks[0]["hsdp"]["execution"]["dims"]["dp_shard"] == 2
     assert "(FSDP2, hybrid) over (dp_replicate, dp_shard)" in ranks[0]["hsdp"]["wrapper"]

@@ -36,6 +36,22 @@ ADAMW_FIELDS = {
     "weight_decay": 0.1,
     "grad_clip_norm": 1.0,
 }
+# Issue 49's changed default: a tp or fsdp+tp cell of a model with a complete tensor-parallel
+# plan (the decoders) runs it, a new identity; the shipped ones are the parallelism study's
+# gpt2_tiny cells (already re-measured for AdamW) and its llama3_debug cells (gained after the
+# fixture) of tp and fsdp+tp at 1 and 2 nodes.
+COMPLETE_TP = {"tp_plan": "complete"}
+COMPLETE_TP_STRATEGIES = ("tp", "fsdp+tp")
+
+
+def without_complete_tp(cell: Cell, fields: dict) -> dict:
+    """A cell's JSON fields without issue 49's tp_plan, which only its tp and fsdp+tp cells of
+    a model with a complete plan have."""
+    has = {k: fields[k] for k in COMPLETE_TP if k in fields}
+    assert has == (COMPLETE_TP if cell.parallelism in COMPLETE_TP_STRATEGIES else {}), cell.path
+    return {k: v for k, v in fields.items() if k not in COMPLETE_TP}
+
+
 # The shipped cells `auto` re-measures (AdamW, a new identity): the demo's gpt2_tiny throughput
 # cells (2 node counts x 2 policies x 2 repetitions) and the parallelism study's (5 strategies
 # x 2 node counts; pp excludes the decoder).
@@ -94,9 +110,10 @@ def test_shipped_cells_keep_their_identity_but_the_decoders_optimizer(root, befo
             assert hashlib.sha256(text.encode()).hexdigest() == was["to_json_sha256"], path
             assert cell.config_hash == was["config_hash"], path
             continue
-        # a decoder cell: AdamW (with its settings) is all that differs, and so its hash
+        # a decoder cell: AdamW (with its settings) is all that differs (and, under tp and
+        # fsdp+tp, the complete plan: issue 49), and so its hash
         remeasured.append(path)
-        now, then = json.loads(text), json.loads(was["to_json"])
+        now, then = without_complete_tp(cell, json.loads(text)), json.loads(was["to_json"])
         assert {k: now[k] for k in ADAMW_FIELDS} == ADAMW_FIELDS
         for d in (now, then):
             d.pop("config_hash")
@@ -118,9 +135,18 @@ def test_optimizer_sgd_keeps_every_shipped_cell(root, before):
         study = shipped(root, name, optimizer={"name": "sgd"})
         old = before["studies"][name]["cells"]
         for cell in study.cells:
-            if cell.path in old and cell.pp_degree == 1:
-                assert cell.to_json() == old[cell.path].get("to_json", cell.to_json())
-                assert cell.config_hash == old[cell.path]["config_hash"]
+            if cell.path not in old or cell.pp_degree > 1:
+                continue
+            if cell.tp_plan == "complete":  # issue 49: the complete plan, a new identity
+                then = json.loads(old[cell.path]["to_json"])
+                now = without_complete_tp(cell, json.loads(cell.to_json()))
+                assert {k: v for k, v in now.items() if k != "config_hash"} == {
+                    k: v for k, v in then.items() if k != "config_hash"
+                }
+                assert cell.config_hash != old[cell.path]["config_hash"]
+                continue
+            assert cell.to_json() == old[cell.path].get("to_json", cell.to_json())
+            assert cell.config_hash == old[cell.path]["config_hash"]
 
 
 def test_the_optimizer_settings_enter_only_adamw_cells(root, base_config):
