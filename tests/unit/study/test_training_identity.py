@@ -96,9 +96,13 @@ def test_shipped_cells_keep_their_identity_but_the_decoders_optimizer(root, befo
         if cell.pp_degree > 1:  # a pp cell: its schedule and micro-batches, a new identity
             pipelines.append(path)
             assert (cell.pp_schedule, cell.microbatches) == ("1f1b", 2 * cell.pp_degree)
-            # at the old values (GPipe, as many micro-batches as stages) it is the cell
+            # at the old values (GPipe, as many micro-batches as stages, as many stages as
+            # ranks: the study's pp_degree was null, 2 since the combinations) it is the cell
             # measured before, byte for byte
-            then = dataclasses.replace(cell, pp_schedule="gpipe", microbatches=cell.pp_degree)
+            stages = cell.world_size
+            then = dataclasses.replace(
+                cell, pp_schedule="gpipe", microbatches=stages, pp_degree=stages
+            )
             assert hashlib.sha256(then.to_json().encode()).hexdigest() == was["to_json_sha256"]
             assert then.config_hash == was["config_hash"]
             assert cell.config_hash != was["config_hash"] and cell.path == path
