@@ -17,8 +17,11 @@ benchmark therefore needs the cluster started with `--fairshare` (priority/multi
 share the only weight, usage recalculated every minute, Slurm's smallest period, and halved every
 5 minutes) and gives the two users equal shares (accounts `dlscale-study` for the study's user,
 its default account, and `dlscale-others` for `dlscale-bg`, Fairshare=1 each); before every run
-both users' recorded usage is reset to 0 (`sacctmgr ... set RawUsage=0`), so every run starts
-from the same priorities. `--fifo` runs on a FIFO cluster anyway (to show what FIFO does).
+both users' recorded usage is reset to 0 (`sacctmgr ... set RawUsage=0`), and under the
+competitor the study starts at slurmctld's next fair-share recalculation after the competitor
+has filled the cluster, so every run starts from the same priorities: the competitor has used
+the cluster for up to a minute, the study not at all. `--fifo` runs on a FIFO cluster anyway
+(to show what FIFO does).
 
 The competing workload (`--competitor`, started by the benchmark as its own process): the Linux
 user `dlscale-bg` (created with useradd when missing; the cluster's nodes are this host) keeps
@@ -146,10 +149,25 @@ def ensure_users() -> None:
 
 
 def reset_usage() -> None:
-    """Both users' recorded usage to 0: every run starts from the same fair-share priorities."""
+    """Both users' recorded usage to 0: every run starts from the same fair-share priorities
+    (named with the account: root also has the `root` account's association)."""
     me = pwd.getpwuid(os.geteuid()).pw_name
-    for user in (me, BG_USER):
-        sh(["sacctmgr", "-i", "modify", "user", user, "set", "RawUsage=0"], check=False)
+    for user, account in ((me, STUDY_ACCOUNT), (BG_USER, BG_ACCOUNT)):
+        where = ["where", f"name={user}", f"account={account}"]
+        sh(["sacctmgr", "-i", "modify", "user", *where, "set", "RawUsage=0"])
+
+
+def wait_decay_tick(state_dir: str, timeout: float = 90) -> float:
+    """Until slurmctld's next fair-share recalculation (PriorityCalcPeriod: it rewrites
+    priority_last_decay_ran each time), so the priorities reflect the reset usage; its time."""
+    mark = Path(state_dir) / "priority_last_decay_ran"
+    before = mark.stat().st_mtime if mark.exists() else None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if mark.exists() and mark.stat().st_mtime != before:
+            return mark.stat().st_mtime
+        time.sleep(0.5)
+    raise SystemExit(f"slurmctld did not recalculate fair share within {timeout:.0f} s ({mark})")
 
 
 def queue(user: str | None = None) -> list[dict]:
@@ -323,9 +341,8 @@ def spread(values: list[float]) -> dict:
     }
 
 
-def measure(
-    root: Path, name: str, pack: int | None, cells: int, ctld_log: Path, competitor
-) -> dict:
+def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, competitor) -> dict:
+    ctld_log = Path(config["SlurmctldLogFile"])
     work = root / name
     shutil.rmtree(work, ignore_errors=True)
     copy_workflow(REPO, work, default_venvs(REPO))
@@ -338,6 +355,8 @@ def measure(
     try:
         if bg is not None:
             bg.wait_full(competitor["nodes"])
+            if config.get("PriorityType") == "priority/multifactor":
+                wait_decay_tick(config["StateSaveLocation"])
         offset = ctld_log.stat().st_size
         targets = [f"results/{STUDY}/tables/cells.csv", f"results/{STUDY}/tables/scaling.csv"]
         args = [str(SNAKEMAKE), "--profile", "profiles/slurm", *targets]
@@ -472,10 +491,12 @@ def main() -> None:
         raise SystemExit(f"--pack: 2 to --cells ({a.cells})")
     if a.backlog < 2:
         raise SystemExit("--backlog: at least 2 (the issue: at least 2 always waiting)")
+    # SIGTERM ends the benchmark through its `finally`s (the competitor stopped, its jobs
+    # cancelled); a background start ignores SIGINT
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     config = cluster_ready(a.fifo)
     ensure_users()
     nodes = len(set(sh(["sinfo", "-h", "-N", "-o", "%N"]).split()))
-    ctld_log = Path(config["SlurmctldLogFile"])
     root = a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-packing-", dir="/var/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     print(
@@ -496,7 +517,7 @@ def main() -> None:
                 for name in order:
                     wait_empty()
                     r = measure(
-                        root, f"{phase}-{name}-{k + 1}", variants[name], a.cells, ctld_log, comp
+                        root, f"{phase}-{name}-{k + 1}", variants[name], a.cells, config, comp
                     )
                     runs[name].append(r)
                     with (root / "runs.jsonl").open("a") as fh:
