@@ -18,9 +18,11 @@ share the only weight, usage recalculated every minute, Slurm's smallest period,
 5 minutes) and gives the two users equal shares (accounts `dlscale-study` for the study's user,
 its default account, and `dlscale-others` for `dlscale-bg`, Fairshare=1 each); before every run
 both users' recorded usage is reset to 0 (`sacctmgr ... set RawUsage=0`), and under the
-competitor the study starts at slurmctld's next fair-share recalculation after the competitor
-has filled the cluster, so every run starts from the same priorities: the competitor has used
-the cluster for up to a minute, the study not at all. `--fifo` runs on a FIFO cluster anyway
+competitor the study starts once slurmctld has charged the competitor's first use to its fair
+share (sshare RawUsage > 0, at the next recalculation, within a minute of filling the cluster),
+so every run starts from the same priorities: the competitor has used the cluster, the study
+not at all (at 0 against 0, Slurm's fair tree ranks the accounts in their own order, which
+would decide the first minute by name). `--fifo` runs on a FIFO cluster anyway
 (to show what FIFO does).
 
 The competing workload (`--competitor`, started by the benchmark as its own process): the Linux
@@ -155,19 +157,35 @@ def reset_usage() -> None:
     for user, account in ((me, STUDY_ACCOUNT), (BG_USER, BG_ACCOUNT)):
         where = ["where", f"name={user}", f"account={account}"]
         sh(["sacctmgr", "-i", "modify", "user", *where, "set", "RawUsage=0"])
-
-
-def wait_decay_tick(state_dir: str, timeout: float = 90) -> float:
-    """Until slurmctld's next fair-share recalculation (PriorityCalcPeriod: it rewrites
-    priority_last_decay_ran each time), so the priorities reflect the reset usage; its time."""
-    mark = Path(state_dir) / "priority_last_decay_ran"
-    before = mark.stat().st_mtime if mark.exists() else None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if mark.exists() and mark.stat().st_mtime != before:
-            return mark.stat().st_mtime
+    deadline = time.monotonic() + 30
+    while any(raw_usage().values()):  # slurmdbd passes the reset on to slurmctld
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the usage reset did not reach slurmctld: {raw_usage()}")
         time.sleep(0.5)
-    raise SystemExit(f"slurmctld did not recalculate fair share within {timeout:.0f} s ({mark})")
+
+
+def raw_usage() -> dict[str, float]:
+    """Each user's recorded fair-share usage (sshare RawUsage) in the benchmark's accounts."""
+    out = sh(["sshare", "-h", "-P", "-a", "-o", "Account,User,RawUsage,FairShare"], check=False)
+    usage = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) == 4 and parts[0] in (STUDY_ACCOUNT, BG_ACCOUNT) and parts[1]:
+            usage[parts[1]] = float(parts[2] or 0)
+    return usage
+
+
+def wait_charged(timeout: float = 150) -> float:
+    """Until slurmctld's fair share has recorded the competitor's use since the reset (its
+    RawUsage > 0: the next PriorityCalcPeriod charges running jobs). Before that both users
+    stand at 0, and Slurm's fair tree breaks that tie by the order of the accounts, not by
+    anything either user did. Returns the seconds waited."""
+    t0 = time.monotonic()
+    while raw_usage().get(BG_USER, 0.0) <= 0:
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"sshare recorded no usage of {BG_USER} within {timeout:.0f} s")
+        time.sleep(1)
+    return time.monotonic() - t0
 
 
 def queue(user: str | None = None) -> list[dict]:
@@ -349,14 +367,15 @@ def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, c
     config = study_config(cells) | ({} if pack is None else {"pack": pack})
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     reset_usage()
-    bg = None
+    bg, usage = None, {}
     if competitor is not None:
         bg = Competitor(competitor["backlog"], root / f"{name}.competitor.jsonl")
     try:
         if bg is not None:
             bg.wait_full(competitor["nodes"])
             if config.get("PriorityType") == "priority/multifactor":
-                wait_decay_tick(config["StateSaveLocation"])
+                wait_charged()
+            usage = raw_usage()
         offset = ctld_log.stat().st_size
         targets = [f"results/{STUDY}/tables/cells.csv", f"results/{STUDY}/tables/scaling.csv"]
         args = [str(SNAKEMAKE), "--profile", "profiles/slurm", *targets]
@@ -403,6 +422,7 @@ def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, c
         "placements": scaling["placements"].tolist() if "placements" in scaling else None,
         "nodes": sorted({j["NodeList"] for j in ours.values()}),
         "end_s": end - start,
+        "usage_at_start": usage,
     }
     if bg is not None:
         record["competitor_min_pending"] = bg.min_pending(first_submit, last)
