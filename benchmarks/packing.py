@@ -364,8 +364,8 @@ def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, c
     work = root / name
     shutil.rmtree(work, ignore_errors=True)
     copy_workflow(REPO, work, default_venvs(REPO))
-    config = study_config(cells) | ({} if pack is None else {"pack": pack})
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    study = study_config(cells) | ({} if pack is None else {"pack": pack})
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(study))
     reset_usage()
     bg, usage = None, {}
     if competitor is not None:
