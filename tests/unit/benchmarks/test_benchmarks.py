@@ -7,8 +7,9 @@ machine (benchmarks/README.md).
 
 Four scripts cannot run their smallest case in seconds here, and run `--help` instead (their
 imports and argument parser): slurm_overhead.py, submission.py and packing.py need a running
-local Slurm cluster (packing.py one with fair share and a second user), noop_rerun.py builds a study's whole downstream (collect, figures, the PDF) once before
-it measures (5.6 min for 8 cells on this 2-core VM). rank0_lag.py is a reproduction aid, not a
+local Slurm cluster (packing.py one with fair share and a second user), noop_rerun.py builds a
+study's whole downstream (collect, figures, the PDF) once before it measures (5.6 min for 8
+cells on this 2-core VM). rank0_lag.py is a reproduction aid, not a
 benchmark: its process lookup is called once.
 """
 
