@@ -3,7 +3,7 @@
 # tests and demos (Debian 12, slurm-wlm 22.05, no systemd required).
 #
 # Usage: cluster-up.sh [--nodes N] [--cpus-per-node C] [--mem-per-node MB]
-#                      [--gpus-per-node G] [--accounting] [--oversubscribe]
+#                      [--gpus-per-node G] [--accounting] [--fairshare] [--oversubscribe]
 #                      [--no-node-hostnames] [--no-system-conf] [--task-affinity]
 #
 # All state (config, spool, logs, pid files, munge key, MariaDB data) lives in
@@ -21,6 +21,7 @@ MEM=4000
 GPUS=2                     # fake GPUs per node (GRES gpu:fake:G, device files that are /dev/null)
 GPU_TYPE=fake
 ACCOUNTING=0
+FAIRSHARE=0                # 1: priority/multifactor by fair share (implies accounting)
 OVERSUBSCRIBE=0
 NODE_HOSTNAMES=auto        # auto | no
 SYSTEM_CONF=1
@@ -48,6 +49,13 @@ Options:
                        CUDA_VISIBLE_DEVICES); their device files are /dev/null
                        clones, so nothing can compute on them
   --accounting         also run MariaDB + slurmdbd (sacct works)
+  --fairshare          order pending jobs by fair share, as a shared cluster does
+                       (implies --accounting): PriorityType=priority/multifactor,
+                       PriorityWeightFairshare=10000 and no other weight, usage
+                       recalculated every minute (PriorityCalcPeriod=1, Slurm's
+                       smallest) and halved every 5 minutes (PriorityDecayHalfLife).
+                       Give users shares with sacctmgr (benchmarks/packing.py does);
+                       the default is FIFO (priority/basic)
   --oversubscribe      allow N*C to exceed nproc ($(nproc 2>/dev/null || echo '?') here)
   --no-node-hostnames  do not give each node its own UTS hostname (nX);
                        all ranks then report this host's name
@@ -82,6 +90,7 @@ while [[ $# -gt 0 ]]; do
         --gpus-per-node) need_arg "$@"; GPUS=$2; shift 2 ;;
         --gpus-per-node=*) GPUS=${1#*=}; shift ;;
         --accounting) ACCOUNTING=1; shift ;;
+        --fairshare) FAIRSHARE=1; ACCOUNTING=1; shift ;;
         --oversubscribe) OVERSUBSCRIBE=1; shift ;;
         --no-node-hostnames) NODE_HOSTNAMES=no; shift ;;
         --no-system-conf) SYSTEM_CONF=0; shift ;;
@@ -225,7 +234,7 @@ fi
 gen_slurm_conf() {
     cat <<EOF
 $MARKER
-# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES$( ((TASK_AFFINITY)) && echo ' task-affinity=1')
+# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES$( ((TASK_AFFINITY)) && echo ' task-affinity=1')$( ((FAIRSHARE)) && echo ' fairshare=1')
 # state dir: $STATE_DIR
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST(127.0.0.1)
@@ -281,6 +290,20 @@ AccountingStoragePort=$DBD_PORT
 EOF
     else
         echo "AccountingStorageType=accounting_storage/none"
+    fi
+    if (( FAIRSHARE )); then
+        # a shared cluster's order: the user who used less of their share goes first (fair
+        # tree); no age, size or partition weight, so the order is fair share, then submit time
+        cat <<EOF
+PriorityType=priority/multifactor
+PriorityWeightFairshare=10000
+PriorityWeightAge=0
+PriorityWeightJobSize=0
+PriorityWeightPartition=0
+PriorityWeightQOS=0
+PriorityCalcPeriod=1
+PriorityDecayHalfLife=00:05:00
+EOF
     fi
     local gres=""
     if (( GPUS )); then

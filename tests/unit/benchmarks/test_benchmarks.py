@@ -5,10 +5,11 @@ missing 1 required positional argument: 'mode'`). Each case asserts its exit sta
 line that carries its result; the numbers themselves are the benchmarks' to judge on an idle
 machine (benchmarks/README.md).
 
-Three scripts cannot run their smallest case in seconds here, and run `--help` instead (their
-imports and argument parser): slurm_overhead.py and submission.py need a running local Slurm
-cluster, noop_rerun.py builds a study's whole downstream (collect, figures, the PDF) once before
-it measures (5.6 min for 8 cells on this 2-core VM). rank0_lag.py is a reproduction aid, not a
+Four scripts cannot run their smallest case in seconds here, and run `--help` instead (their
+imports and argument parser): slurm_overhead.py, submission.py and packing.py need a running
+local Slurm cluster (packing.py one with fair share and a second user), noop_rerun.py builds a
+study's whole downstream (collect, figures, the PDF) once before it measures (5.6 min for 8
+cells on this 2-core VM). rank0_lag.py is a reproduction aid, not a
 benchmark: its process lookup is called once.
 """
 
@@ -53,6 +54,7 @@ SMALLEST = {
     "probe_cost.py": (["--repeat", "1"], '"framework": "pytorch", "n": 1'),
     # --help only (see the module docstring)
     "noop_rerun.py": (["--help"], "--cells"),
+    "packing.py": (["--help"], "--pack"),
     "slurm_overhead.py": (["--help"], "--cells"),
     "submission.py": (["--help"], "--cells"),
     # 8 ranks (a minute): its 4-rank combination is tests/unit/frameworks/test_torch_pipeline.py
