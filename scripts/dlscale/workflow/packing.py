@@ -123,6 +123,11 @@ def plan_packs(
     return packs, alone
 
 
+def natural(path: str) -> tuple:
+    """Sort key of a cell path with its numbers as numbers (n2 before n10, r2 before r10)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path))
+
+
 def pack_key(job) -> tuple:
     """Cells that may share an allocation: the same rule family's hardware entry, environment
     (the python their launcher runs) and Slurm resources but for nodes, tasks and time."""
@@ -378,8 +383,8 @@ class Packer:
                     measured_seconds(path),
                     payload=_payload(job),
                 )
-                for path, job in sorted(by_path.items())  # a series' repetitions together
-            ]
+                for path, job in sorted(by_path.items(), key=lambda kv: natural(kv[0]))
+            ]  # a series' repetitions together, r2 before r10
             packs, alone = plan_packs(cells, self.per_pack, self.max_time(members[0]))
             rest += [by_path[c.path] for c in alone]
             for pack in packs:
