@@ -65,6 +65,8 @@ def _pieces(module: nn.Module) -> list[str]:
     for name, child in module.named_children():
         if isinstance(child, nn.ModuleList):
             out += [f"{name}.{i}" for i in (ids if ids is not None else range(len(child)))]
+        elif type(child) is nn.Module:  # a container keeping the model's names (encoder.layers)
+            out += [f"{name}.{piece}" for piece in _pieces(child)]
         else:
             out.append(name)
     return out
@@ -152,6 +154,11 @@ def build_pipeline(
         # the blocks alone) stays whole on its tensor-parallel ranks
         if dims.tp > 1 and _matching(module, list(plan_for(arch).tp)):
             tensor_parallel += apply_tensor_parallel(module, arch, mesh["tp"])
+        elif dims.tp > 1 and any("layers." in p for p in pieces):  # blocks left whole
+            raise ValueError(
+                f"tensor-parallel plan of {arch} splits nothing of pipeline stage {i} (pieces "
+                f"{', '.join(pieces)}): its ranks would repeat one another's work"
+            )
         if dp_mesh is not None:
             sharded += apply_fully_shard(module, arch, dp_mesh, mp_policy)
         modules.append(module)

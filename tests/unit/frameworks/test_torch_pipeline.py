@@ -86,6 +86,26 @@ def test_llama_stages_count_the_head_and_hold_the_model_once():
         pipeline_stage(model, 0, 2)
 
 
+@pytest.mark.parametrize("model", ["transformer_small", "llama3_debug"])
+def test_every_stage_with_blocks_is_one_the_tensor_parallel_plan_splits(model):
+    """A stage keeps the whole model's module names, so the model's tensor-parallel plan
+    (dlscale.models.parallelize) finds its blocks: pp+tp splits them, never runs a stage whole
+    on ranks that would repeat one another's work (the pipeline refuses such a stage)."""
+    pytest.importorskip("torch")
+    from dlscale.frameworks.torch_parallel import _matching
+    from dlscale.frameworks.torch_pipeline import _pieces, pipeline_stage
+    from dlscale.models import get_spec
+    from dlscale.models.parallelize import plan_for
+    from dlscale.models.torch import build
+
+    arch = get_spec(model).arch
+    whole = build(model)
+    for stage in range(2):
+        part = pipeline_stage(whole, arch, stage, 2)
+        if any("layers." in piece for piece in _pieces(part)):
+            assert _matching(part, list(plan_for(arch).tp)), (model, stage, _pieces(part))
+
+
 @pytest.mark.parametrize(
     "strategy, nodes, rpn, tp, pp, dims",
     [

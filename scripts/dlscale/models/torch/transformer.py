@@ -96,7 +96,10 @@ class TransformerStage(nn.Module):
         if first:
             self.token_embedding = model.token_embedding
             self.position_embedding = model.position_embedding
-        self.layers = nn.ModuleList(layers)
+        # under the whole model's names (encoder.layers.<i>), so its tensor-parallel and FSDP
+        # plans (dlscale.models.parallelize.transformer) apply to the stage unchanged
+        self.encoder = nn.Module()
+        self.encoder.layers = nn.ModuleList(layers)
         if last:
             self.norm, self.head = model.encoder.norm, model.head
 
@@ -104,7 +107,7 @@ class TransformerStage(nn.Module):
         if self.first:
             positions = torch.arange(x.shape[1], device=x.device)
             x = self.token_embedding(x) + self.position_embedding(positions)
-        for layer in self.layers:
+        for layer in self.encoder.layers:
             x = layer(x)
         if self.last:
             x = self.head(self.norm(x).mean(dim=1))
