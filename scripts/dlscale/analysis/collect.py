@@ -274,6 +274,13 @@ def _measured_columns(records: list[dict], first: dict) -> dict:
         # the optimizer (absent: SGD, every cell before the choice) and FSDP2's mixed precision
         "optimizer": cell.get("optimizer", "sgd"),
         "fsdp_mixed_precision": bool(cell.get("fsdp_mixed_precision", False)),
+        # issue 49: the tensor-parallel plan, activation checkpointing and what "compiled"
+        # compiles (absent: what every cell before ran: blocks, none, model)
+        "tp_plan": cell.get("tp_plan", "blocks") if cell.get("tp_degree", 1) > 1 else None,
+        "activation_checkpointing": cell.get("activation_checkpointing", "none"),
+        "compile_scope": cell.get("compile_scope", "model")
+        if cell.get("mode") == "compiled"
+        else None,
         "competing": summary["competing"],
         # ranks of one node that used one GPU board (dlscale.store.metrics_summary.shared_gpus):
         # "n1:0,1"
