@@ -76,3 +76,16 @@ def plugin_sbatch(res: dict, threads: int) -> str:
         run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=""
     )
     return get_submit_command(job, params) + set_gres_string(job)
+
+
+def measured_before(root: Path, cell: Cell) -> Path:
+    """The metrics file of `cell` as a measurement made before a later field existed leaves it:
+    its run_start line, the cell as it was (dlscale.store.measurements.changed_cells reads it)."""
+    path = Path(root) / cell.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = {
+        "event": "run_start",
+        "value": {"cell": cell.as_dict(), "provenance": {"launcher": "local"}},
+    }
+    path.write_text(json.dumps(start) + "\n")
+    return path

@@ -28,6 +28,7 @@ from dlscale.workflow.resume import LIVE_STATES, plugin_comment
 from dlscale.workflow.resume_journal import JOURNAL_FILE
 
 from conftest import BIN, ROOT, copy_workflow
+from helpers.slurm_jobs import controller_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -76,14 +77,8 @@ def start(work: Path, *args: str) -> subprocess.Popen:
 
 def study_jobs(study: str) -> dict[str, dict]:
     """Every job of the study the controller knows: id -> {cell (the plugin's comment), state}."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30
-    ).stdout
     jobs = {}
-    for line in out.splitlines():
-        fields = dict(
-            tok.split("=", 1) for tok in line.split() if "=" in tok and not tok.startswith("=")
-        )
+    for fields in controller_jobs():
         if f"_wildcards_{study}_" in fields.get("Comment", ""):
             jobs[fields["JobId"]] = {"comment": fields["Comment"], "state": fields["JobState"]}
     return jobs

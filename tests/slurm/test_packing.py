@@ -25,6 +25,7 @@ from dlscale.store.metrics import read_metrics
 from dlscale.workflow.resume import LIVE_STATES
 
 from conftest import BIN, ROOT, copy_workflow
+from helpers.slurm_jobs import controller_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -36,15 +37,7 @@ FAILING = "n1/r2"  # slot 1 of 4 (cells in path order); DLSCALE_FAULT: rank 0 ex
 
 def jobs_of(work: Path) -> dict[str, dict]:
     """Every job the controller knows that ran from this test's folder."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30
-    ).stdout
-    jobs = {}
-    for line in out.splitlines():
-        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        if fields.get("WorkDir") == str(work):
-            jobs[fields["JobId"]] = fields
-    return jobs
+    return {f["JobId"]: f for f in controller_jobs() if f.get("WorkDir") == str(work)}
 
 
 def start(work: Path, fault: str = f"{FAILING}:0:1:3") -> subprocess.Popen:

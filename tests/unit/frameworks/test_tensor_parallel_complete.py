@@ -194,23 +194,16 @@ def test_a_tp_cell_measured_with_the_blocks_plan_is_flagged_when_the_complete_pl
     """A tp cell's metrics written before issue 49 have no tp_plan: it ran the blocks plan, so
     the planned complete-plan cell differs (dlscale.store.measurements.changed_cells) and is
     never taken for measured; a compiled cell likewise for compile_scope."""
-    import json
 
     from dlscale.store.measurements import changed_cells
 
-    from helpers.cells import cell_dict
+    from helpers.cells import cell_dict, measured_before
 
     monkeypatch.chdir(tmp_path)
     old = Cell.from_dict(
         cell_dict(model="llama3_debug", seq_len=64, parallelism="tp", tp_degree=2, mode="compiled")
     )
-    path = tmp_path / old.path
-    path.parent.mkdir(parents=True)
-    start = {
-        "event": "run_start",
-        "value": {"cell": old.as_dict(), "provenance": {"launcher": "local"}},
-    }
-    path.write_text(json.dumps(start) + "\n")
+    measured_before(tmp_path, old)
     assert "tp_plan" not in old.as_dict() and "compile_scope" not in old.as_dict()
     assert changed_cells([old]) == []
     planned = Cell.from_dict({**old.as_dict(), "tp_plan": "complete", "compile_scope": "block"})

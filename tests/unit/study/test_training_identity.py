@@ -228,17 +228,11 @@ def test_a_decoder_cell_measured_with_sgd_is_flagged_when_auto_plans_adamw(tmp_p
     is still not compared."""
     from dlscale.store.measurements import changed_cells
 
-    from helpers.cells import cell_dict
+    from helpers.cells import cell_dict, measured_before
 
     monkeypatch.chdir(tmp_path)
     old = Cell.from_dict(cell_dict(model="gpt2_tiny", seq_len=32))
-    path = tmp_path / old.path
-    path.parent.mkdir(parents=True)
-    start = {
-        "event": "run_start",
-        "value": {"cell": old.as_dict(), "provenance": {"launcher": "local"}},
-    }
-    path.write_text(json.dumps(start) + "\n")
+    measured_before(tmp_path, old)
     assert "optimizer" not in old.as_dict()
     assert changed_cells([old]) == []
     # a later field that is no changed default: not compared where the file lacks it
@@ -246,6 +240,6 @@ def test_a_decoder_cell_measured_with_sgd_is_flagged_when_auto_plans_adamw(tmp_p
     planned = Cell.from_dict({**old.as_dict(), **ADAMW_FIELDS})
     ((cell, diff),) = changed_cells([planned])
     assert cell == planned and diff["optimizer"] == ("sgd", "adamw")
-    path.write_text(json.dumps({**start, "value": {**start["value"], "cell": planned.as_dict()}}))
+    measured_before(tmp_path, planned)  # the other way round
     ((_, diff),) = changed_cells([old])
     assert diff == {"optimizer": ("adamw", "sgd")}
