@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from dlscale.workflow import jobstep
-from dlscale.workflow.packing import FINAL_STATES, cell_state, read_manifest, write_json
+from dlscale.workflow.packing import FINAL_STATES, RUNNER, cell_state, read_manifest, write_json
 
 BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "POWERED_DOWN")
 GRACE_S = 30  # after SIGTERM, before SIGKILL
@@ -133,9 +133,7 @@ def run_cell(cell: dict, nodes: list[str], pack: str, log) -> tuple[str, int | N
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit(
-            f"usage: python -m {__spec__.name if __spec__ else 'pack_runner'} <manifest.json>"
-        )
+        raise SystemExit(f"usage: python -m {RUNNER} <manifest.json>")
     folder = Path(argv[0]).parent
     manifest = read_manifest(folder)
     if manifest is None:

@@ -26,10 +26,14 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dlscale.study.cell import study_dir_of
+from dlscale.workflow.jobstep import payload_of
 
 PACKS_DIR = Path("logs") / "packs"  # under the study folder
 MANIFEST = "manifest.json"
@@ -338,8 +342,6 @@ class PackJob:
         return getattr(self._largest, name)
 
     def command(self, python: str) -> str:
-        import shlex
-
         return f"{shlex.quote(python)} -m {RUNNER} {shlex.quote(str(self.manifest))}"
 
 
@@ -365,8 +367,6 @@ class Packer:
     def submit(self, jobs: list, is_cell, submit_one) -> list:
         """Submit the packable cell jobs among `jobs` as packs (`submit_one(PackJob)`); returns
         the jobs left to submit one by one (other rules, and cells no pack can hold)."""
-        from dlscale.study.cell import study_dir_of
-
         rest, groups = [], {}
         for job in jobs:
             if is_cell(job) and study_dir_of(str(job.output[0])) is not None:
@@ -381,7 +381,7 @@ class Packer:
                     int(job.resources.get("nodes") or 1),
                     int(job.resources.get("runtime") or 30),
                     measured_seconds(path),
-                    payload=_payload(job),
+                    payload=payload_of(job),
                 )
                 for path, job in sorted(by_path.items(), key=lambda kv: natural(kv[0]))
             ]  # a series' repetitions together, r2 before r10
@@ -395,8 +395,6 @@ class Packer:
         return rest
 
     def pack_job(self, pack: Pack, by_path: dict) -> PackJob:
-        from dlscale.study.cell import study_dir_of
-
         self.count += 1
         run = (getattr(self.executor, "run_uuid", None) or "run")[:8]
         pack_id = f"{run}-{self.count:03d}"
@@ -425,12 +423,6 @@ class Packer:
             else:
                 ended.append((info, None if outcome == "done" else why))
         return running, ended
-
-
-def _payload(job) -> dict:
-    from dlscale.workflow.jobstep import payload_of
-
-    return payload_of(job)
 
 
 def is_packed(job_info) -> bool:
