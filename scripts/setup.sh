@@ -29,9 +29,11 @@
 # everything but its PDF and says so at the start of each run.
 # The interpreter: --python PATH, else $DLSCALE_PYTHON, else python3; Python >= 3.11 (pyproject's
 # requires-python), with venv and ensurepip.
-# Usage: setup.sh [--system-packages] [--python PATH] [ENV ...]   (default: every CPU framework
+# Usage: setup.sh [--system-packages] [--check] [--python PATH] [ENV ...]   (default: every CPU framework
 # environment; `setup.sh none` builds only the driver; e.g.
 # `setup.sh pytorch-cuda tensorflow-cuda horovod-cuda` on a GPU site).
+# --check builds and installs nothing: it says what a set-up would build, and exits 0 when
+# everything asked for is up to date, 1 otherwise.
 # A venv is rebuilt only when its inputs or its interpreter change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,16 +43,18 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 usage() { sed -n '2,/^# A venv is rebuilt/s/^# \{0,1\}//p' "$0" >&2; }
 
 SYSTEM_PACKAGES=0
+CHECK=0
 PYTHON=${DLSCALE_PYTHON:-python3}
 ENVS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --system-packages) SYSTEM_PACKAGES=1 ;;
+    --check) CHECK=1 ;;
     --python) [ $# -ge 2 ] || { log "--python needs an interpreter (a path or a name on PATH)"; exit 2; }
               PYTHON=$2; shift ;;
     --python=*) PYTHON=${1#--python=} ;;
     -h|--help) usage; exit 0 ;;
-    -*) log "unknown option '$1'; allowed: --system-packages, --python PATH, -h"; exit 2 ;;
+    -*) log "unknown option '$1'; allowed: --system-packages, --check, --python PATH, -h"; exit 2 ;;
     *) ENVS+=("$1") ;;
   esac
   shift
@@ -72,11 +76,31 @@ PYTHON_PATH=$(command -v "$PYTHON" || true)
 [ -n "$PYTHON_PATH" ] || {
   log "no Python interpreter '$PYTHON' (--python / DLSCALE_PYTHON, default python3); pick one with --python PATH, e.g. after \`module load python/$MIN_PYTHON\`"
   exit 2; }
-PYTHON_VERSION=$("$PYTHON_PATH" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-"$PYTHON_PATH" -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$MIN_PYTHON'.split('.'))))" || {
+# One look at the interpreter, as it says itself: its version, the binary it runs
+# (sys._base_executable resolved: the base interpreter behind a venv; a pyenv shim, conda,
+# uv-managed or module Python names its real binary, so a venv built from it compares equal and
+# is rebuilt only when the interpreter really changes: a shim is a script, and resolving its path
+# would never match the venv's link) and whether it has venv and ensurepip. Everything after
+# runs that binary, not the shim (a shim costs ~0.1 s a call).
+PROBE='import os, sys
+print("%d.%d" % sys.version_info[:2])
+print(int(sys.version_info >= tuple(map(int, "'"$MIN_PYTHON"'".split(".")))))
+print(os.path.realpath(sys._base_executable))
+try:
+    import ensurepip, venv
+    print(1)
+except ImportError:
+    print(0)'
+mapfile -t probe < <("$PYTHON_PATH" -c "$PROBE" 2>/dev/null || true)
+[ ${#probe[@]} -eq 4 ] || {
+  log "$PYTHON_PATH did not run as a Python interpreter (--python / DLSCALE_PYTHON, default python3); pick one with --python PATH"
+  exit 2; }
+PYTHON_VERSION=${probe[0]}
+INTERPRETER=${probe[2]}
+[ "${probe[1]}" = 1 ] || {
   log "$PYTHON_PATH is Python $PYTHON_VERSION; dlscale needs Python >= $MIN_PYTHON (Snakemake 9, pandas 3). Pick another with --python PATH or DLSCALE_PYTHON=PATH, e.g. after \`module load python/$MIN_PYTHON\`: --python python$MIN_PYTHON"
   exit 2; }
-if ! "$PYTHON_PATH" -c 'import venv, ensurepip' 2>/dev/null; then
+if [ "${probe[3]}" != 1 ]; then
   if [ "$SYSTEM_PACKAGES" = 1 ]; then
     log "installing Debian package python3-venv"
     apt_install python3-venv
@@ -85,19 +109,21 @@ if ! "$PYTHON_PATH" -c 'import venv, ensurepip' 2>/dev/null; then
     exit 2
   fi
 fi
-# the interpreter a venv was built from (its bin/python links to it), to rebuild on a change
-interpreter_of() { readlink -f "$1/bin/python" 2>/dev/null || true; }
-INTERPRETER=$(readlink -f "$PYTHON_PATH")
+# the base interpreter a venv was built from, as its own python says (empty: no venv there)
+interpreter_of() {
+  if [ -x "$1/bin/python" ]; then
+    "$1/bin/python" -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null || true
+  fi; }
 
 # The environments asked for, checked before anything is installed (pytorch's CPU build is part
 # of .venv; workflow.txt is .venv's own list).
 # The frameworks' records (dlscale.registry.frameworks) name them: read with the chosen Python's
 # standard library alone, before any venv exists.
-registry() { PYTHONPATH=scripts "$PYTHON_PATH" -m dlscale.registry "$@"; }
+registry() { PYTHONPATH=scripts "$INTERPRETER" -m dlscale.registry "$@"; }
 mapfile -t CPU_ENVS < <(registry environments cpu)
 mapfile -t CUDA_ENVS < <(registry environments cuda)
 [ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
-  log "could not read the environments from dlscale.registry ($PYTHON_PATH -m dlscale.registry)"; exit 2; }
+  log "could not read the environments from dlscale.registry ($INTERPRETER -m dlscale.registry)"; exit 2; }
 [ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}")
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
@@ -117,12 +143,19 @@ APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts
 mkdir -p "$ROOT/.cache"
 APT_LOG=$ROOT/.cache/setup-apt.log
 apt_pid=""
+stale=()   # what --check found out of date
 if [ "$SYSTEM_PACKAGES" = 1 ]; then
   missing=()
+  # one dpkg-query for all of them (a package it does not know is not listed: missing too)
+  installed=" $(dpkg-query -W -f='${Package} ${Status}\n' "${APT_PACKAGES[@]}" 2>/dev/null \
+               | awk '/ install ok installed$/ {printf "%s ", $1}')"
   for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    [[ $installed == *" $pkg "* ]] || missing+=("$pkg")
   done
-  if [ ${#missing[@]} -gt 0 ]; then
+  if [ ${#missing[@]} -gt 0 ] && [ "$CHECK" = 1 ]; then
+    log "would install Debian packages: ${missing[*]}"
+    stale+=("${missing[@]}")
+  elif [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages in the background: ${missing[*]} (log: $APT_LOG)"
     apt_install "${missing[@]}" >"$APT_LOG" 2>&1 &
     apt_pid=$!
@@ -157,6 +190,9 @@ want=$( { cat envs/workflow.txt envs/pytorch.txt pyproject.toml
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
    && [ "$(interpreter_of "$VENV")" = "$INTERPRETER" ]; then
   log ".venv is up to date"
+elif [ "$CHECK" = 1 ]; then
+  log "would build .venv with $PYTHON_PATH ($INTERPRETER, Python $PYTHON_VERSION; now: $(interpreter_of "$VENV" | grep . || echo none), inputs $( [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && echo unchanged || echo changed))"
+  stale+=(.venv)
 else
   log "building .venv with $PYTHON_PATH (Python $PYTHON_VERSION): Snakemake, analysis stack, $TORCH_PIN CPU, dlscale"
   clear=()
@@ -183,7 +219,7 @@ else
 fi
 # (versions from the installed metadata: importing snakemake or torch here would cost seconds
 # on every run of the demo and the tests)
-log "driver ready: $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print("snakemake", v("snakemake") + ", torch", v("torch"))')"
+[ "$CHECK" = 1 ] || log "driver ready: $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print("snakemake", v("snakemake") + ", torch", v("torch"))')"
 
 # One venv per framework environment (keras runs in the tensorflow one), built side by side
 # (each pip install waits on downloads and the disk; Horovod's build is the one that computes),
@@ -222,6 +258,10 @@ build_env() {
     log "$target is up to date"
     return 0
   fi
+  if [ "$CHECK" = 1 ]; then
+    log "would build $target from $req with $INTERPRETER"
+    return 3
+  fi
   log "building $target from $req"
   start=$(date +%s)
   rm -rf "$target"
@@ -258,8 +298,11 @@ done
 failed=()
 for i in "${!pids[@]}"; do
   env=${names[$i]}
-  if wait "${pids[$i]}"; then
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  if [ "$rc" = 0 ] || { [ "$rc" = 3 ] && [ "$CHECK" = 1 ]; }; then
     cat "$ROOT/.cache/setup-$env.log" >&2
+    [ "$rc" = 0 ] || stale+=("$env")
   else
     tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
     log "$ENVS_DIR/$env failed (log above, whole: .cache/setup-$env.log)"
@@ -268,3 +311,7 @@ for i in "${!pids[@]}"; do
 done
 wait_for_apt
 [ ${#failed[@]} -eq 0 ] || { log "set-up failed for: ${failed[*]}"; exit 1; }
+if [ "$CHECK" = 1 ]; then
+  [ ${#stale[@]} -eq 0 ] || { log "not up to date: ${stale[*]} (bash scripts/setup.sh builds them)"; exit 1; }
+  log "everything asked for is up to date"
+fi

@@ -1,12 +1,15 @@
-"""scripts/setup.sh's checks before it builds anything (issue 44): the interpreter it is given
+"""scripts/setup.sh's checks before it builds anything: the interpreter it is given
 (--python / DLSCALE_PYTHON) must be Python >= pyproject's requires-python, and a wrong option
-or interpreter stops it with exit 2 and a message naming the way out. Each case exits before any
+or interpreter stops it with exit 2 and a message naming the way out; the interpreter is
+compared with the one each venv was built from as the interpreter says itself (a shim over a
+private home included), which `--check` reports without building. Each case exits before any
 venv is touched."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,3 +50,63 @@ def test_a_missing_interpreter_or_a_wrong_option_is_named():
     proc = setup("--sytem-packages")
     assert proc.returncode == 2
     assert "unknown option '--sytem-packages'; allowed: --system-packages" in proc.stderr
+
+
+# ---- the interpreter as it says itself: shims, private homes, another interpreter ----------
+
+
+def _base(python: str) -> str:
+    return subprocess.run(
+        [python, "-c", "import os, sys; print(os.path.realpath(sys._base_executable))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def _pyenv_like(tmp_path: Path, interpreter: str) -> Path:
+    """A PATH folder whose `python3` is a shim script, as pyenv's is, that execs `interpreter`
+    through a home of mode 700 (~/.pyenv/versions/X/bin/python3 there)."""
+    home = tmp_path / "home"
+    versions = home / ".pyenv" / "versions" / "3.x" / "bin"
+    versions.mkdir(parents=True)
+    (versions / "python3").symlink_to(interpreter)
+    home.chmod(0o700)
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "python3"
+    shim.write_text(f'#!/usr/bin/env bash\nexec "{versions / "python3"}" "$@"\n')
+    shim.chmod(0o755)
+    return shims
+
+
+def test_a_pyenv_style_shim_finds_the_set_up_environments_up_to_date(tmp_path):
+    """python3 on PATH is a shim script over an interpreter under a private home: set-up asks
+    the interpreter which binary it runs, so the environments built from that binary are up to
+    date (`--check`: nothing is built, exit 0), not rebuilt on every call."""
+    shims = _pyenv_like(tmp_path, _base(str(ROOT / ".venv" / "bin" / "python")))
+    path = f"{shims}{os.pathsep}{os.environ['PATH']}"
+    proc = setup("--check", "none", PATH=path, DLSCALE_PYTHON="python3")
+    assert proc.returncode == 0, proc.stderr
+    assert ".venv is up to date" in proc.stderr
+    assert "everything asked for is up to date" in proc.stderr
+    assert "would build" not in proc.stderr
+
+
+def test_another_interpreter_is_a_change_that_check_names_without_building(tmp_path):
+    """A venv built from one interpreter is out of date for another: `--check` says what it
+    would build, with both interpreters, exits 1 and touches nothing."""
+    base = _base(str(ROOT / ".venv" / "bin" / "python"))
+    other = next(
+        (p for p in ("/usr/bin/python3", "/usr/local/bin/python3")
+         if Path(p).exists() and _base(p) != base),
+        None,
+    )  # fmt: skip
+    if other is None:  # only one interpreter here: a copy of it is another binary
+        other = str(tmp_path / "python3")
+        shutil.copy2(base, other)
+    stamp = (ROOT / ".venv" / ".dlscale-setup").stat().st_mtime_ns
+    proc = setup("--check", "--python", other, "none")
+    assert proc.returncode == 1, proc.stderr
+    assert f"would build .venv with {other} ({_base(other)}" in proc.stderr
+    assert f"now: {base}" in proc.stderr
+    assert "not up to date: .venv" in proc.stderr
+    assert (ROOT / ".venv" / ".dlscale-setup").stat().st_mtime_ns == stamp
