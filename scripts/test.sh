@@ -18,4 +18,4 @@ system=()
 bash scripts/setup.sh "${system[@]}"
 workers=${DLSCALE_TEST_WORKERS:-$(( $(nproc) + 2 ))}
 [ "$workers" -le 8 ] || workers=8
-exec .venv/bin/python -m pytest -n "$workers" "$@"
+exec .venv/bin/python -m pytest -n "$workers" --durations=25 "$@"

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import run_names
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKFLOW_PARTS = ["Snakefile", "rules", "config", "profiles", "scripts", "envs", "report"]
@@ -45,27 +47,19 @@ TESTS = Path(__file__).resolve().parent
 SLURM_TESTS = "tests/slurm/"
 _SHARED_FIXTURE = re.compile(r"fixture\(\s*scope=[\"'](module|package|session)[\"']")
 
-# The two local clusters (scripts/slurm/cluster-up.sh reads these variables; "slurm" is the
-# default cluster a user starts, with /etc/slurm/slurm.conf) and the modules on the second one,
-# chosen so the two groups take about as long (`.ci/run` prints the slowest tests).
+# The run's local clusters (scripts/slurm/cluster-up.sh reads the variables cluster_env gives):
+# each its own state folder and ports, named after the run (tests/helpers/run_names.py), so a
+# second run of the suite on the machine never adopts or stops them; none writes the machine's
+# /etc/slurm/slurm.conf (every command reaches its cluster through SLURM_CONF). The modules on
+# the second one are chosen so the two long groups take about as long (the run prints each
+# group's time).
 SLURM_CLUSTERS = {
-    "slurm": {"DLSCALE_SLURM_DIR": "/var/tmp/dlscale-slurm", "up_args": []},
-    "slurm-b": {
-        "DLSCALE_SLURM_DIR": "/var/tmp/dlscale-slurm-b",
-        "DLSCALE_SLURM_CTLD_PORT": "6827",
-        "DLSCALE_SLURM_DBD_PORT": "6829",
-        "DLSCALE_SLURM_DB_PORT": "3308",
-        "DLSCALE_SLURM_NODE_PORT_BASE": "17100",
-        "up_args": ["--no-system-conf"],
-    },
+    "slurm": {"index": 0, "up_args": ["--no-system-conf"]},
+    "slurm-b": {"index": 1, "up_args": ["--no-system-conf"]},
     # GPU binding over a fake topology (tests/slurm/test_gpu_topology.py, seconds): task/affinity,
     # 2 CPUs per node that are 2 NUMA nodes, 4 fake GPUs per node 2 next to each
     "slurm-bind": {
-        "DLSCALE_SLURM_DIR": "/var/tmp/dlscale-slurm-bind",
-        "DLSCALE_SLURM_CTLD_PORT": "6847",
-        "DLSCALE_SLURM_DBD_PORT": "6849",
-        "DLSCALE_SLURM_DB_PORT": "3310",
-        "DLSCALE_SLURM_NODE_PORT_BASE": "17400",
+        "index": 2,
         "up_args": [
             "--no-system-conf",
             "--task-affinity",
@@ -236,9 +230,24 @@ def tiny_study(dest: Path, profile: str, hardware: dict | None = None, **changes
 # tests talk to its cluster through SLURM_CONF and DLSCALE_SLURM_DIR in this process's
 # environment, which every command they start inherits. Under CI=true these tests never skip.
 def cluster_env(group: str) -> dict[str, str]:
-    env = {k: v for k, v in SLURM_CLUSTERS[group].items() if k != "up_args"}
-    env["SLURM_CONF"] = f"{env['DLSCALE_SLURM_DIR']}/etc/slurm.conf"
-    return env
+    """The variables that name a group's cluster of this run: its state folder, its ports and
+    its slurm.conf."""
+    state = run_names.run_path(group)
+    return {
+        "DLSCALE_SLURM_DIR": str(state),
+        **run_names.cluster_ports(SLURM_CLUSTERS[group]["index"]),
+        "SLURM_CONF": f"{state}/etc/slurm.conf",
+    }
+
+
+def stop_cluster(state_dir: Path | str) -> None:
+    """Stop the cluster whose state is in `state_dir` and remove the folder (cluster-down.sh
+    --purge)."""
+    env = dict(os.environ, DLSCALE_SLURM_DIR=str(state_dir))
+    env["SLURM_CONF"] = f"{state_dir}/etc/slurm.conf"
+    subprocess.run(
+        ["bash", str(DOWN), "--purge", "--quiet"], capture_output=True, timeout=300, env=env
+    )
 
 
 def _cluster_running() -> bool:
@@ -258,17 +267,19 @@ _STARTED: list[str] = []  # the groups whose cluster this process started
 def _clusters_stopped_at_the_end():
     yield
     for group in _STARTED:
-        env = dict(os.environ, **cluster_env(group))
-        subprocess.run(["bash", str(DOWN)], capture_output=True, text=True, timeout=300, env=env)
+        stop_cluster(cluster_env(group)["DLSCALE_SLURM_DIR"])
 
 
 @pytest.fixture(scope="module")
 def cluster(request, _clusters_stopped_at_the_end):
+    """The module's group's cluster of this run, started by the first module of the group and
+    stopped when the run's session ends (a module never stops it: the next module of the group
+    would start it again)."""
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("the local Slurm cluster needs root (apt, daemons); CI runs these tests")
     group = slurm_group(request.module.__file__)
     os.environ.update(cluster_env(group))
-    if not _cluster_running():
+    if group not in _STARTED or not _cluster_running():
         up = subprocess.run(
             ["bash", str(UP), "--nodes", "2", *SLURM_CLUSTERS[group]["up_args"]],
             capture_output=True,
@@ -280,3 +291,83 @@ def cluster(request, _clusters_stopped_at_the_end):
             _STARTED.append(group)
     assert _cluster_running()
     yield group
+
+
+# ---- the run as a whole: its own names, each group's time, what it leaves behind ------------
+# The controller (or the one process under DLSCALE_TEST_WORKERS=0) claims the run's slot before
+# any worker starts (tests/helpers/run_names.py); an earlier run that died in the same slot left
+# its clusters and folders, which are stopped and removed first. At the end it prints each
+# group's time (the sum of its tests' durations, and from its first test's start to its last
+# test's end) and lists anything the run left behind, which fails the run.
+GROUP_TIMES_SHOWN = 12
+
+
+def _is_controller(config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if not _is_controller(config):
+        return
+    name = run_names.claim()
+    for stale in run_names.run_folders(name):
+        folder = stale.split(" ", 1)[1]
+        if Path(folder, "etc", "slurm.conf").exists():
+            stop_cluster(folder)
+    run_names.remove_run_folders(name)
+    global _GROUP_TIME_LOG
+    _GROUP_TIME_LOG = {}
+
+
+_GROUP_TIME_LOG: dict | None = None  # the controller's: group -> seconds, first start, last end
+_LEFT_BEHIND = pytest.StashKey[list]()
+
+
+def _group_label(nodeid: str) -> str:
+    """A test's group as the summary names it: a cluster group or a shared-fixture module by
+    its name, every other test under its module's folder."""
+    scope = xdist_scope(nodeid)
+    if scope != nodeid:
+        return scope
+    return str(Path(nodeid.split("::", 1)[0]).parent) + "/ (ungrouped)"
+
+
+def pytest_runtest_logreport(report):
+    if _GROUP_TIME_LOG is None:  # a worker: its reports reach the controller
+        return
+    times = _GROUP_TIME_LOG.setdefault(
+        _group_label(report.nodeid), {"seconds": 0.0, "start": report.start, "stop": report.stop}
+    )
+    times["seconds"] += report.duration
+    times["start"] = min(times["start"], report.start)
+    times["stop"] = max(times["stop"], report.stop)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    config = session.config
+    if not _is_controller(config):
+        return
+    left = run_names.leftovers(run_names.run_name())
+    config.stash[_LEFT_BEHIND] = left
+    if left and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not _is_controller(config):
+        return
+    write = terminalreporter.write_line
+    times = _GROUP_TIME_LOG or {}
+    if times:
+        terminalreporter.section("each group's time (tests' durations; first start to last end)")
+        ranked = sorted(times.items(), key=lambda kv: kv[1]["seconds"], reverse=True)
+        for label, t in ranked[:GROUP_TIMES_SHOWN]:
+            write(f"{t['seconds']:8.1f} s  {t['stop'] - t['start']:8.1f} s wall  {label}")
+    left = config.stash.get(_LEFT_BEHIND, [])
+    name = os.environ.get(run_names.RUN_VARIABLE, "?")
+    terminalreporter.section(f"left behind by run {name}")
+    for line in left:
+        write(line, red=True)
+    if not left:
+        write("nothing: no process, folder, network namespace or bridge of the run remains")

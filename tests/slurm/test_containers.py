@@ -19,12 +19,14 @@ import yaml
 from dlscale.store.preflight_results import read_result
 from dlscale.study.container_image import local_digest
 
-from conftest import BIN, ROOT, copy_workflow
+from conftest import ROOT, copy_workflow
+from helpers import run_names
+from helpers.plain_user import driver_for, plain_user, remove_home
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
-USER = "dlscale-ch"
-IMAGES = Path("/var/tmp/dlscale-images")  # shared by every run on this machine
+USER = "dlscale-ch"  # the run's own user is dlscale-ch-<run> (helpers.plain_user)
+IMAGES = Path("/var/tmp/dlscale-images")  # shared by every run on this machine, keyed, locked
 IMAGE_PYTHON = "/opt/dlscale/pytorch/bin/python"
 
 
@@ -63,17 +65,13 @@ def found(record, key: str):
     return None
 
 
-def _plain_user() -> Path:
-    if subprocess.run(["id", "-u", USER], capture_output=True).returncode:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
-    return Path(os.path.expanduser(f"~{USER}"))
-
-
 def test_a_plain_user_runs_cells_in_a_charliecloud_image_with_the_venv_cells_columns(
     cluster, image
 ):
-    home = _plain_user()
-    work = Path("/var/tmp") / f"dlscale-ch-test-{os.getpid()}"
+    user = plain_user(USER)
+    driver = driver_for(user)
+    print(f"driver environment: {driver.why}")
+    work = run_names.run_path("containers")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
@@ -94,25 +92,17 @@ def test_a_plain_user_runs_cells_in_a_charliecloud_image_with_the_venv_cells_col
         },
     }
     site.write_text(yaml.safe_dump(entries))
-    subprocess.run(["chown", "-R", f"{USER}:{USER}", str(work)], check=True)
-    env = {
-        "HOME": str(home),
-        "USER": USER,
-        "LOGNAME": USER,
-        "LANG": "C.UTF-8",
-        "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
-        "SLURM_CONF": os.environ["SLURM_CONF"],
-    }
+    subprocess.run(["chown", "-R", f"{user.name}:{user.name}", str(work)], check=True)
+    env = {**driver.env(), "SLURM_CONF": os.environ["SLURM_CONF"]}
     # the cells only (their preflights included): the report's rules are the venv route's
     cell = "pytorch/cnn_small/weak/fp32/eager/n{}/r1/metrics.jsonl"
     runs = work / "results" / "tiny" / "runs"
     cells = {hw: [runs / hw / cell.format(n) for n in (1, 2)] for hw in ("cpu", "boxed")}
     targets = [str(p.relative_to(work)) for paths in cells.values() for p in paths]
     try:
-        proc = subprocess.run(
-            ["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-             str(BIN / "snakemake"), "--profile", "profiles/slurm", *targets],
-            cwd=work, capture_output=True, text=True, timeout=600,
+        proc = user.run(
+            work, env, str(driver.python), "-m", "snakemake", "--profile", "profiles/slurm",
+            *targets, timeout=600,
         )  # fmt: skip
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
@@ -156,6 +146,6 @@ def test_a_plain_user_runs_cells_in_a_charliecloud_image_with_the_venv_cells_col
         }
         plain = next(r for r in results if r["hardware"] == "cpu")
         assert plain["passed"] and "container" not in plain
-        shutil.rmtree(work, ignore_errors=True)  # kept where the test fails, to read
-    finally:
-        pass
+    finally:  # nothing of the run's is left behind, on success or failure
+        shutil.rmtree(work, ignore_errors=True)
+        remove_home(user)

@@ -28,15 +28,17 @@ import pytest
 import yaml
 
 from conftest import ROOT, copy_workflow, path_without_tex
+from helpers import run_names
+from helpers.plain_user import PlainUser, plain_user, remove_home
 
 pytestmark = pytest.mark.workflow
 
-USER = "dlscale-login"
+USER = "dlscale-login"  # the run's own user is dlscale-login-<run> (helpers.plain_user)
 # world-writable places a plain user can write to, besides its home
 WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # the site's indexes, built once per machine where the plain user can read them without any of
 # root's own folders being opened to it
-INDEXES = Path("/var/tmp/dlscale-login-indexes")
+INDEXES = run_names.SHARED / "login-indexes"
 
 
 def _simple_index(wheels: Path, index: Path, only: set[str] | None, leave_out: set[str]) -> None:
@@ -60,6 +62,15 @@ def site_indexes() -> tuple[Path, Path]:
     reqs = [ROOT / "envs/workflow.txt", ROOT / "envs/pytorch.txt", ROOT / "pyproject.toml"]
     key = hashlib.sha256(b"".join(p.read_bytes() for p in reqs)).hexdigest()[:12]
     folder = INDEXES / key
+    with run_names.shared_lock(f"login-indexes-{key}"):  # two runs at once build it once
+        _build_indexes(folder)
+    for part in [INDEXES, *INDEXES.rglob("*")]:  # readable by the plain user, nothing else
+        part.chmod(part.stat().st_mode | (0o055 if part.is_dir() else 0o044))
+    return folder / "mirror", folder / "torch-cpu"
+
+
+def _build_indexes(folder: Path) -> None:
+    reqs = [ROOT / "envs/workflow.txt", ROOT / "envs/pytorch.txt"]
     if not (folder / "ready").exists():
         shutil.rmtree(folder, ignore_errors=True)
         wheels = folder / "wheels"
@@ -71,28 +82,10 @@ def site_indexes() -> tuple[Path, Path]:
         _simple_index(wheels, folder / "mirror", None, {"torch"})
         _simple_index(wheels, folder / "torch-cpu", {"torch"}, set())
         (folder / "ready").touch()
-    for part in [INDEXES, *INDEXES.rglob("*")]:  # readable by the plain user, nothing else
-        part.chmod(part.stat().st_mode | (0o055 if part.is_dir() else 0o044))
-    return folder / "mirror", folder / "torch-cpu"
 
 
-def _plain_user() -> tuple[int, Path]:
-    if subprocess.run(["id", "-u", USER], capture_output=True).returncode:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
-    home = Path(os.path.expanduser(f"~{USER}"))
-    for entry in home.iterdir():  # a fresh home: no caches from an earlier run
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    uid = int(subprocess.run(["id", "-u", USER], capture_output=True, text=True).stdout)
-    return uid, home
-
-
-def _as_user(home: Path, cwd: Path, env: dict[str, str], *command: str) -> str:
-    base = {"HOME": str(home), "USER": USER, "LOGNAME": USER, "LANG": "C.UTF-8"}
-    proc = subprocess.run(
-        ["runuser", "-u", USER, "--", "env", "-i",
-         *(f"{k}={v}" for k, v in {**base, **env}.items()), *command],
-        cwd=cwd, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+def _as_user(user: PlainUser, cwd: Path, env: dict[str, str], *command: str) -> str:
+    proc = user.run(cwd, env, *command)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(command)}: exit {proc.returncode}\n{out[-4000:]}"
     return proc.stderr
@@ -103,64 +96,68 @@ def _as_user(home: Path, cwd: Path, env: dict[str, str], *command: str) -> str:
 )
 def test_a_plain_user_sets_up_and_runs_a_study_without_tex(site_indexes):
     mirror, torch_cpu = site_indexes
-    uid, home = _plain_user()
-    run = Path("/var/tmp/dlscale-login")  # the user's project space (an earlier run's removed)
+    user = plain_user(USER)
+    uid, home = user.uid, user.home
+    run = run_names.run_path("login")  # the user's project space, the run's own
     shutil.rmtree(run, ignore_errors=True)
-    tiny = yaml.safe_load((ROOT / "tests/fixtures/tiny.yaml").read_text())
-    (run / "dlscale").mkdir(parents=True)
-    checkout = copy_workflow(run / "dlscale", {**tiny, "workloads": ["throughput"]})
-    (checkout / ".venvs").unlink(missing_ok=True)  # the environments go where the user says
-    # a clone's files: the package itself (copy_workflow leaves it to the tests' PYTHONPATH)
-    shutil.copytree(
-        ROOT / "scripts/dlscale",
-        checkout / "scripts/dlscale",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, checkout / name)
-    envs = run / "envs"
-    subprocess.run(["chown", "-R", f"{USER}:", str(run)], check=True)
-    bin_dir = Path(path_without_tex(run / "bin"))  # the PATH, where the user can read it
-    assert shutil.which("pdflatex", path=str(bin_dir)) is None
-    env = {
-        "PATH": str(bin_dir),
-        "PIP_INDEX_URL": mirror.as_uri(),  # the site's mirror
-        "PIP_FIND_LINKS": "",  # no wheel folder of root's
-        "DLSCALE_DRIVER_TORCH_INDEX": torch_cpu.as_uri(),
-        "DLSCALE_ENVS_DIR": str(envs),
-    }
-    stamp = time.time() - 1
+    try:
+        tiny = yaml.safe_load((ROOT / "tests/fixtures/tiny.yaml").read_text())
+        (run / "dlscale").mkdir(parents=True)
+        checkout = copy_workflow(run / "dlscale", {**tiny, "workloads": ["throughput"]})
+        (checkout / ".venvs").unlink(missing_ok=True)  # the environments go where the user says
+        # a clone's files: the package itself (copy_workflow leaves it to the tests' PYTHONPATH)
+        shutil.copytree(
+            ROOT / "scripts/dlscale",
+            checkout / "scripts/dlscale",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(ROOT / name, checkout / name)
+        envs = run / "envs"
+        subprocess.run(["chown", "-R", f"{user.name}:", str(run)], check=True)
+        bin_dir = Path(path_without_tex(run / "bin"))  # the PATH, where the user can read it
+        assert shutil.which("pdflatex", path=str(bin_dir)) is None
+        env = {
+            "PATH": str(bin_dir),
+            "PIP_INDEX_URL": mirror.as_uri(),  # the site's mirror
+            "PIP_FIND_LINKS": "",  # no wheel folder of root's
+            "DLSCALE_DRIVER_TORCH_INDEX": torch_cpu.as_uri(),
+            "DLSCALE_ENVS_DIR": str(envs),
+        }
+        stamp = time.time() - 1
 
-    start = time.monotonic()
-    said = _as_user(home, checkout, env, "bash", "scripts/setup.sh", "none")
-    setup_s = time.monotonic() - start
-    assert "no TeX on PATH (latexmk pdflatex)" in said and "apt" not in said.lower(), said
-    assert "the driver's torch from" in said and "driver ready" in said, said
+        start = time.monotonic()
+        said = _as_user(user, checkout, env, "bash", "scripts/setup.sh", "none")
+        setup_s = time.monotonic() - start
+        assert "no TeX on PATH (latexmk pdflatex)" in said and "apt" not in said.lower(), said
+        assert "the driver's torch from" in said and "driver ready" in said, said
 
-    venv_path = {**env, "PATH": f"{checkout / '.venv/bin'}:{bin_dir}"}
-    said = _as_user(home, checkout, venv_path, "snakemake", "--profile", "profiles/local")
-    notice = said.index("dlscale: TeX not found on PATH")
-    assert notice < re.search(r"^(local)?rule \w+:", said, re.M).start(), said[-3000:]
-    _as_user(home, checkout, venv_path, "snakemake", "--profile", "profiles/local",
-             "--report", "results/report.zip")  # fmt: skip
-    study = checkout / "results/tiny"
-    for built in ("tables/cells.csv", "tables/scaling.csv", "figures/cpu/throughput.pdf",
-                  "report/report.tex", "report/macros.tex"):  # fmt: skip
-        assert (study / built).is_file(), built
-    assert not (study / "report/report.pdf").exists()
-    assert (checkout / "results/report.zip").stat().st_size > 0
+        venv_path = {**env, "PATH": f"{checkout / '.venv/bin'}:{bin_dir}"}
+        said = _as_user(user, checkout, venv_path, "snakemake", "--profile", "profiles/local")
+        notice = said.index("dlscale: TeX not found on PATH")
+        assert notice < re.search(r"^(local)?rule \w+:", said, re.M).start(), said[-3000:]
+        _as_user(user, checkout, venv_path, "snakemake", "--profile", "profiles/local",
+                 "--report", "results/report.zip")  # fmt: skip
+        study = checkout / "results/tiny"
+        for built in ("tables/cells.csv", "tables/scaling.csv", "figures/cpu/throughput.pdf",
+                      "report/report.tex", "report/macros.tex"):  # fmt: skip
+            assert (study / built).is_file(), built
+        assert not (study / "report/report.pdf").exists()
+        assert (checkout / "results/report.zip").stat().st_size > 0
 
-    # every file the user wrote lies in the checkout, the environments folder or its caches
-    allowed = [checkout, envs, home / ".cache"]
-    written = subprocess.run(
-        ["find", *WRITABLE, str(home), "-xdev", "-user", str(uid), "-newermt", f"@{stamp}",
-         "-not", "-type", "d", "-print0"],
-        capture_output=True, text=True,
-    ).stdout.split("\0")[:-1]  # fmt: skip
-    outside = [f for f in written if not any(Path(f).is_relative_to(a) for a in allowed)]
-    assert outside == [], outside
-    caches = sorted({Path(f).relative_to(home / ".cache").parts[0] for f in written
-                     if Path(f).is_relative_to(home / ".cache")})  # fmt: skip
-    assert set(caches) <= {"pip", "snakemake", "matplotlib"}, caches
-    print(f"setup.sh none as a plain user: {setup_s:.0f} s; caches written: {caches}")
-    shutil.rmtree(run)
+        # every file the user wrote lies in the checkout, the environments folder or its caches
+        allowed = [checkout, envs, home / ".cache"]
+        written = subprocess.run(
+            ["find", *WRITABLE, str(home), "-xdev", "-user", str(uid), "-newermt", f"@{stamp}",
+             "-not", "-type", "d", "-print0"],
+            capture_output=True, text=True,
+        ).stdout.split("\0")[:-1]  # fmt: skip
+        outside = [f for f in written if not any(Path(f).is_relative_to(a) for a in allowed)]
+        assert outside == [], outside
+        caches = sorted({Path(f).relative_to(home / ".cache").parts[0] for f in written
+                         if Path(f).is_relative_to(home / ".cache")})  # fmt: skip
+        assert set(caches) <= {"pip", "snakemake", "matplotlib"}, caches
+        print(f"setup.sh none as a plain user: {setup_s:.0f} s; caches written: {caches}")
+    finally:  # nothing of the run's is left behind, on success or failure
+        shutil.rmtree(run, ignore_errors=True)
+        remove_home(user)
