@@ -121,8 +121,8 @@ print(json.dumps(out))
 
 
 def test_outputs_equal_the_torch_models_given_the_same_weights(tmp_path):
-    torch = pytest.importorskip("torch")
     import numpy as np
+    import torch
 
     from dlscale.models import get_spec
     from dlscale.models.torch import build, example_batch

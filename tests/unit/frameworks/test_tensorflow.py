@@ -101,7 +101,8 @@ def test_parameter_counts_equal_the_torch_models(tf_python, legacy):
 
 
 def test_torch_reference_counts_are_the_constants():
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dlscale.models.torch import build
 
     assert {n: sum(p.numel() for p in build(n).parameters()) for n in BUILT} == TORCH_PARAMS
@@ -181,7 +182,8 @@ COMPARE = """
 @pytest.fixture(scope="module")
 def torch_reference(tmp_path_factory) -> Path:
     """Each PyTorch model (eval mode, random BN statistics), its input and its output."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dlscale.models.torch import build, example_batch
 
     out = tmp_path_factory.mktemp("torch_reference")

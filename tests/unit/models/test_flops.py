@@ -21,8 +21,6 @@ from dlscale.study.hashes import hashed_hardware
 ROOT = Path(__file__).resolve().parents[3]
 DECODERS = [n for n, s in SPECS.items() if s.family == DECODER]
 
-pytest.importorskip("torch")
-
 
 def hand_count_per_token(vocab, seq_len, d, layers, ffn) -> int:
     """FLOPs per token of one training step (forward + backward = 3 x forward) of the GPT-2

@@ -9,12 +9,11 @@ import copy
 import math
 
 import pytest
+import torch
 
 from dlscale.models import get_spec, llama_ffn_dim, llama_param_count, spec_for
+from dlscale.models.torch import build, example_batch, llama
 from dlscale.study.config import ConfigError
-
-torch = pytest.importorskip("torch")
-from dlscale.models.torch import build, example_batch, llama  # noqa: E402
 
 # name: (d_model, layers, heads, KV heads, SwiGLU width, vocab, seq_len, tied, parameters)
 SHAPES = {

@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import dlscale.models as models
+import dlscale.models.torch as torch_models
 from dlscale.models import ModelSpec, get_spec, names
+from dlscale.models.torch import build, example_batch
 from dlscale.registry.frameworks import FRAMEWORKS
-
-torch = pytest.importorskip("torch")
-import dlscale.models.torch as torch_models  # noqa: E402
-from dlscale.models.torch import build, example_batch  # noqa: E402
 
 
 def _num_params(model: torch.nn.Module) -> int:

@@ -80,7 +80,8 @@ def test_what_a_framework_offers_and_a_model_needs_come_from_the_records():
 
 
 def test_a_pipeline_plan_has_its_split_beside_the_model_and_tp_plans_name_linears():
-    torch = pytest.importorskip("torch")
+    import torch
+
     from dlscale.models.torch import build
 
     for model in model_names():
