@@ -1,15 +1,19 @@
-"""A figure checked by machine, not by eye (issue 42): what a reader would catch, read from the
+"""A figure checked by machine, not by eye: what a reader would catch, read from the
 drawn matplotlib artists of a figure as it is saved, after a draw with the figure's renderer.
 
 `figure_problems(fig, caption)` lists, as sentences:
 
-- a measured or predicted point, or an error bar's end, outside its panel's axis limits (data
-  coordinates against the drawn limits; NaN ends, which draw nothing, are not points);
-- a visible panel's x or y axis without a tick label inside its limits;
+- a measured or predicted point (a line's vertex or a scatter marker), or an error bar's end,
+  outside its panel's axis limits (data coordinates against the drawn limits; NaN ends, which
+  draw nothing, are not points);
+- a visible panel's x or y axis without a tick label inside its limits (an axis hidden, or a
+  panel that draws data with its axes switched off, shows none);
 - two text labels (titles, axis labels, tick labels inside the limits, legend entries, panel
   texts) whose rendered bounding boxes overlap (the renderer's window extents);
 - an element the caption names (CAPTION_ELEMENTS: "shaded by its interval", "error bars",
-  "dashed: ideal", "dashed: the target", "dotted", "hatched") that no visible panel draws.
+  "dashed: ideal", "dashed: the target", "dotted", "hatched") that no visible panel draws
+  (an element is drawn when its artist is in the panel and visible: a band hidden or fully
+  transparent, an error-bar call without an interval, a reference line hidden, draw nothing).
 
 This is the tests' own inspection: it reads the artists, it does not call the plotting
 module's helpers.
@@ -18,7 +22,7 @@ module's helpers.
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.collections import LineCollection, PathCollection, PolyCollection
 from matplotlib.container import ErrorbarContainer
 from matplotlib.lines import Line2D
 
@@ -37,7 +41,7 @@ def _inside(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def _points(ax) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(what, x, y) of every data point the panel draws: lines' vertices (markers and line
-    ends) and error bars' segment ends."""
+    ends), scatter markers and error bars' segment ends."""
     out = []
     for line in ax.get_lines():
         if not line.get_visible() or not isinstance(line, Line2D):
@@ -55,6 +59,13 @@ def _points(ax) -> list[tuple[str, np.ndarray, np.ndarray]]:
             if segs:
                 xy = np.concatenate(segs)
                 out.append(("error bar", xy[:, 0], xy[:, 1]))
+        elif isinstance(coll, PathCollection) and coll.get_visible():  # ax.scatter
+            if coll.get_offset_transform() != ax.transData:
+                continue
+            xy = np.ma.filled(np.ma.asarray(coll.get_offsets(), dtype=float), np.nan)
+            if xy.size:
+                xy = xy.reshape(-1, 2)
+                out.append((f"markers {coll.get_label()!r}", xy[:, 0], xy[:, 1]))
     return out
 
 
@@ -74,8 +85,12 @@ def points_outside(ax) -> list[str]:
 
 
 def tick_labels(ax, which: str) -> list:
-    """The axis' visible, non-empty tick labels (major and minor) inside its limits."""
+    """The axis' visible, non-empty tick labels (major and minor) inside its limits; none where
+    the axis is hidden or the panel's axes are switched off (neither is drawn, whatever text
+    its ticks kept from an earlier draw)."""
     axis = ax.xaxis if which == "x" else ax.yaxis
+    if not ax.axison or not axis.get_visible():
+        return []
     lo, hi = sorted(axis.get_view_interval())
     slack = 1e-9 * max(abs(lo), abs(hi), 1e-300)
     shown = []
@@ -100,7 +115,8 @@ def _texts(fig) -> list:
     for ax in fig.axes:
         if not ax.get_visible() or not ax.axison and not ax.texts:
             continue
-        texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+        texts += [ax.title, ax._left_title, ax._right_title]
+        texts += [a.label for a in (ax.xaxis, ax.yaxis) if ax.axison and a.get_visible()]
         texts += list(ax.texts)
         if ax.axison:
             texts += tick_labels(ax, "x") + tick_labels(ax, "y")
@@ -131,9 +147,13 @@ def overlapping_labels(fig) -> list[str]:
 
 
 def _shaded(ax) -> bool:
-    """A filled band (fill_between) with an area in the panel."""
+    """A filled band (fill_between) with an area in the panel, visible and not fully
+    transparent."""
     for coll in ax.collections:
         if isinstance(coll, PolyCollection) and not isinstance(coll, LineCollection):
+            face = np.asarray(coll.get_facecolor(), dtype=float).reshape(-1, 4)
+            if not coll.get_visible() or not (face[:, 3] > 0).any():
+                continue
             for path in coll.get_paths():
                 v = path.vertices
                 v = v[np.isfinite(v).all(axis=1)]
@@ -146,12 +166,26 @@ def _shaded(ax) -> bool:
 
 
 def _error_bars(ax) -> bool:
-    return any(isinstance(c, ErrorbarContainer) for c in ax.containers)
+    """An error bar drawn: a segment with finite ends in a bar collection of an errorbar call
+    that is still in the panel and visible. An errorbar call without an interval (no yerr or
+    xerr) draws no bar, though it leaves its container; a zero-length bar (no interval, n = 1)
+    counts as drawn."""
+    drawn = [c for c in ax.collections if isinstance(c, LineCollection) and c.get_visible()]
+    for container in ax.containers:
+        if not isinstance(container, ErrorbarContainer):
+            continue
+        for bars in container.lines[2]:
+            if not any(bars is c for c in drawn):
+                continue
+            for seg in bars.get_segments():
+                if len(seg) and np.isfinite(np.asarray(seg, dtype=float)).all():
+                    return True
+    return False
 
 
 def _line_styled(ax, style: str, label: str | None = None) -> bool:
     for line in ax.get_lines():
-        if label is not None and line.get_label() != label:
+        if not line.get_visible() or label is not None and line.get_label() != label:
             continue
         if line.get_linestyle() == style:
             return True
@@ -159,7 +193,7 @@ def _line_styled(ax, style: str, label: str | None = None) -> bool:
 
 
 def _hatched(ax) -> bool:
-    return any(p.get_hatch() for p in ax.patches)
+    return any(p.get_hatch() and p.get_visible() for p in ax.patches)
 
 
 # phrase in a caption -> does a panel draw it (any visible panel; `predicted_panels_only`: the
@@ -203,12 +237,18 @@ def missing_caption_elements(fig, caption: str, shaded_expected: bool = True) ->
     return bad
 
 
+def _draws_data(ax) -> bool:
+    """A panel that draws lines, markers, bands or bars (not only texts, as a panel that says
+    "no plan" in words)."""
+    return any(a.get_visible() for a in [*ax.get_lines(), *ax.collections, *ax.patches])
+
+
 def figure_problems(fig, caption: str = "", shaded_expected: bool = True) -> list[str]:
     """Every problem a reader would catch in `fig` (drawn with its canvas' renderer first)."""
     fig.canvas.draw()
     problems = []
     for ax in fig.axes:
-        if not ax.get_visible() or not ax.axison:
+        if not ax.get_visible() or not (ax.axison or _draws_data(ax)):
             continue
         title = ax.get_title() or "untitled panel"
         problems += [f"{title}: {p}" for p in points_outside(ax)]
