@@ -1,0 +1,78 @@
+"""A run of the suite keeps to its own names and sees what it leaves behind
+(tests/helpers/run_names.py): a process that carries a run's name, or names one of its folders,
+and a folder named after it are listed at the end of that run, and only that run's; two claims
+at once get two slots; the ports of two slots' clusters never meet."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import run_names
+
+OTHER_RUN = "r99"  # a run name no claim gives (slots are r0..r7): this test's own
+
+
+@pytest.fixture
+def other_run():
+    yield OTHER_RUN
+    run_names.remove_run_folders(OTHER_RUN)
+
+
+def test_a_process_and_a_folder_of_a_run_are_listed_as_left_behind(other_run):
+    folder = run_names.RUN_PREFIX + f"{other_run}-work"
+    os.makedirs(folder, exist_ok=True)
+    env = {**os.environ, run_names.RUN_VARIABLE: other_run}
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        left = run_names.leftovers(other_run, settle_s=0)
+        assert any(line.startswith(f"process {sleeper.pid}:") for line in left), left
+        assert f"folder {folder}" in left
+        # this run's own listing does not name another run's process or folder
+        mine = run_names.run_processes(run_names.run_name())
+        assert not any(f"process {sleeper.pid}:" in line for line in mine)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    run_names.remove_run_folders(other_run)
+    assert run_names.leftovers(other_run, settle_s=5) == []
+
+
+def test_a_process_that_names_a_run_folder_is_listed(other_run):
+    folder = run_names.RUN_PREFIX + f"{other_run}-slurm"
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time, sys; time.sleep(60)", folder],
+        env={k: v for k, v in os.environ.items() if k != run_names.RUN_VARIABLE},
+    )
+    try:
+        assert any(f"process {sleeper.pid}:" in line for line in run_names.run_processes(other_run))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_two_claims_at_once_get_two_slots():
+    """A second run on the machine (a fresh process with no run name) claims another slot
+    while this run holds its own."""
+    env = {k: v for k, v in os.environ.items() if k != run_names.RUN_VARIABLE}
+    code = "from helpers import run_names; print(run_names.claim())"
+    tests = os.path.dirname(__file__)
+    other = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "PYTHONPATH": tests},
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert other.startswith("r") and other != run_names.run_name()
+
+
+def test_the_clusters_of_every_slot_have_ports_of_their_own(monkeypatch):
+    seen: dict[str, tuple] = {}
+    for slot, index in itertools.product(range(run_names.SLOTS), range(10)):
+        monkeypatch.setenv(run_names.RUN_VARIABLE, f"r{slot}")
+        for port in run_names.cluster_ports(index).values():
+            assert port not in seen, (port, seen[port], (slot, index))
+            assert not 32768 <= int(port) <= 60999  # Linux's default ephemeral range
+            seen[port] = (slot, index)
