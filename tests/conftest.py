@@ -3,7 +3,9 @@ groups the test command runs in parallel (pytest-xdist, see pytest_collection_mo
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import inspect
 import os
 import re
@@ -34,9 +36,10 @@ DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
 #     starts that cluster once and stops it once; the groups run at once, the two long ones
 #     (LONG_GROUPS) handed out first ("slurm-bind" is a short one, GPU binding over a fake
 #     GPU/NUMA topology, whose module stops its cluster as soon as it is done);
-#   - a test module that defines a module- or session-scoped fixture (the tiny study run to the
-#     PDF and read by many tests, a model built once): the whole module, so the fixture is built
-#     on one worker only and never twice at the same time;
+#   - the tests of a module that use a module- or session-scoped fixture it defines (the tiny
+#     study run to the PDF and read by many tests, a model built once), directly or through
+#     another of its fixtures: together, so the fixture is built on one worker only and never
+#     twice at the same time (the module's other tests are free);
 #   - every other test on its own, wherever a worker is free.
 # (pytest-xdist's own `--dist loadgroup` marks do not group under pytest 9.2: xdist 3.8.0 renames
 # `item._nodeid`, which pytest 9 no longer reads, so the groups are given by the scheduler.)
@@ -93,12 +96,49 @@ def xdist_scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith(SLURM_TESTS):
         return slurm_group(path)
-    try:
-        if _SHARED_FIXTURE.search((ROOT / path).read_text()):
-            return path
-    except OSError:
-        pass
+    function = nodeid.split("::")[-1].split("[", 1)[0]
+    if function in _tests_sharing_a_fixture(path):
+        return path
     return nodeid
+
+
+@functools.cache
+def _tests_sharing_a_fixture(path: str) -> frozenset[str]:
+    """The test functions of a module that use one of its shared fixtures (module-, package-
+    or session-scoped, declared in the module), directly or through another of its fixtures,
+    read from the module's source: they run on one worker, the module's other tests
+    anywhere. An autouse shared fixture holds every test of the module."""
+    try:
+        text = (ROOT / path).read_text()
+    except OSError:
+        return frozenset()
+    if not _SHARED_FIXTURE.search(text):
+        return frozenset()
+    fixtures: dict[str, set[str]] = {}  # fixture -> the fixtures it takes
+    shared, tests, autouse = set(), {}, False
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        params = {a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+        fixture = next((d for d in node.decorator_list if "fixture" in ast.unparse(d)), None)
+        if fixture is not None:
+            fixtures[node.name] = params
+            source = ast.unparse(fixture)
+            if _SHARED_FIXTURE.search(source.replace("'", '"')):
+                shared.add(node.name)
+                autouse = autouse or "autouse=True" in source
+        elif node.name.startswith("test"):
+            tests[node.name] = params
+    if autouse:
+        return frozenset(tests)
+    grew = True
+    while grew:  # a fixture that takes a shared one is shared too
+        grew = False
+        for name, params in fixtures.items():
+            if name not in shared and params & shared:
+                shared.add(name)
+                grew = True
+    return frozenset(name for name, params in tests.items() if params & shared)
 
 
 def _own_fixture(fixturedef) -> bool:
@@ -129,7 +169,8 @@ def pytest_collection_modifyitems(config, items):
                 f"{item.nodeid} needs the parallel group {needed!r} (a Slurm test belongs "
                 f"under {SLURM_TESTS}, its cluster by SLURM_B_MODULES and SLURM_BIND_MODULES; "
                 "a shared fixture is "
-                "declared `@pytest.fixture(scope=...)` in the test's own module): see "
+                "declared `@pytest.fixture(scope=...)` in the test's own module and taken as a "
+                "parameter by the test or by a fixture it takes): see "
                 "tests/conftest.py"
             )
 
@@ -142,7 +183,11 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            for group in LONG_GROUPS:  # the longest groups start first
+            # the longest groups start first, then every other group of several tests (a
+            # cluster's, a module's shared fixture's: one worker each, minutes), then single
+            # tests, which fill the workers' gaps
+            groups = [g for g in self.workqueue if "::" not in g and g not in LONG_GROUPS]
+            for group in [*reversed(groups), *reversed(LONG_GROUPS)]:
                 if group in self.workqueue:
                     self.workqueue.move_to_end(group, last=False)
             super()._assign_work_unit(node)
