@@ -15,6 +15,7 @@ import pytest
 from dlscale.run import launch
 from dlscale.store.metrics import read_metrics
 
+from helpers import ranks
 from helpers.cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -122,7 +123,7 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
     from dlscale.models.torch import build
 
     procs = start_ranks(tmp_path)
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    outputs = ranks.outputs(procs, timeout=600)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert not torch.equal(r0["x"], r1["x"])  # different data per rank

@@ -21,6 +21,7 @@ from dlscale.models import builds, get_spec, names
 from dlscale.run import launch
 from dlscale.store.metrics import read_metrics
 
+from helpers import ranks
 from helpers.cells import cell_dict, launch_cell
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -301,8 +302,7 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
                 cwd=ROOT,
             )
         )
-    for p in procs:
-        output, _ = p.communicate(timeout=600)
+    for p, output in zip(procs, ranks.outputs(procs, timeout=600), strict=True):
         assert p.returncode == 0, output[-5000:]
         assert json.loads(output.strip().splitlines()[-1]) == {
             "backend": "dist_sync",

@@ -15,6 +15,8 @@ from dlscale.models import get_spec, llama_ffn_dim, llama_param_count, spec_for
 from dlscale.models.torch import build, example_batch, llama
 from dlscale.study.config import ConfigError
 
+from helpers import ranks
+
 # name: (d_model, layers, heads, KV heads, SwiGLU width, vocab, seq_len, tied, parameters)
 SHAPES = {
     "llama3_debug": (64, 2, 4, 2, 192, 2048, 64, False, 360_768),
@@ -277,7 +279,7 @@ def test_init_weights_after_sharding_gives_the_single_processs_values(tmp_path) 
         )
         for r in range(2)
     ]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    logs = ranks.outputs(procs, timeout=300)
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
     results = [json.loads(o.read_text()) for o in outs]
