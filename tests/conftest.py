@@ -355,6 +355,8 @@ def pytest_configure(config):
     if not _is_controller(config):
         return
     name = run_names.claim()
+    for stale in run_names.stop_processes(name):
+        print(f"stopped, left by an earlier run in slot {name}: {stale}", file=sys.stderr)
     for stale in run_names.run_folders(name):
         folder = stale.split(" ", 1)[1]
         if Path(folder, "etc", "slurm.conf").exists():

@@ -72,7 +72,24 @@ def test_the_clusters_of_every_slot_have_ports_of_their_own(monkeypatch):
     seen: dict[str, tuple] = {}
     for slot, index in itertools.product(range(run_names.SLOTS), range(10)):
         monkeypatch.setenv(run_names.RUN_VARIABLE, f"r{slot}")
-        for port in run_names.cluster_ports(index).values():
+        ports = run_names.cluster_ports(index)
+        ports.pop("DLSCALE_SLURM_FIRST_JOB_ID")
+        for port in ports.values():
             assert port not in seen, (port, seen[port], (slot, index))
             assert not 32768 <= int(port) <= 60999  # Linux's default ephemeral range
             seen[port] = (slot, index)
+
+
+def test_two_runs_clusters_start_their_job_ids_in_different_rendezvous_port_blocks(monkeypatch):
+    """The rendezvous port is seeded by the job id: the clusters of two runs at once seed
+    different port blocks for their first jobs (dlscale.run.launch.port_block)."""
+    from dlscale.run.launch import port_block
+
+    blocks = {}
+    for slot, index in itertools.product(range(2), range(run_names.CLUSTERS_PER_RUN)):
+        monkeypatch.setenv(run_names.RUN_VARIABLE, f"r{slot}")
+        first = int(run_names.cluster_ports(index)["DLSCALE_SLURM_FIRST_JOB_ID"])
+        for job in range(first, first + run_names.JOB_IDS_APART):
+            block = port_block(job, (32768, 60999))
+            assert block not in blocks, (job, blocks[block], (slot, index))
+            blocks[block] = (slot, index)

@@ -31,6 +31,9 @@ DB_PORT=${DLSCALE_SLURM_DB_PORT:-3307}
 CTLD_PORT=${DLSCALE_SLURM_CTLD_PORT:-6817}
 DBD_PORT=${DLSCALE_SLURM_DBD_PORT:-6819}
 NODE_PORT_BASE=${DLSCALE_SLURM_NODE_PORT_BASE:-17000}
+# the first job id (Slurm's FirstJobId): clusters on one host that start at different ids give
+# their concurrent cells different rendezvous ports (dlscale.run.launch seeds them by job id)
+FIRST_JOB_ID=${DLSCALE_SLURM_FIRST_JOB_ID:-1}
 CLUSTER=dlscale
 
 usage() {
@@ -239,6 +242,7 @@ $MARKER
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
+FirstJobId=$FIRST_JOB_ID
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

@@ -5,13 +5,43 @@ until its timeout, minutes, and would outlive the test: the run lists it as left
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 
 
 def outputs(procs: list[subprocess.Popen], timeout: float) -> list[str]:
     """Each rank's output (stdout, with stderr where the test merged it), in rank order, once
-    all have ended; any rank still running when one fails or times out is killed."""
+    all have ended. Where one is still running after `timeout` s, or as soon as one has failed
+    while others still run (they would wait on it), every rank still running is killed and the
+    test fails with each rank's exit status and the end of its output."""
+    logs = [""] * len(procs)
+
+    def read(r: int) -> None:  # each rank's pipe drained as it writes (a full pipe blocks it)
+        logs[r] = (procs[r].communicate()[0] or "") if procs[r].stdout else ""
+
+    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
     try:
-        return [p.communicate(timeout=timeout)[0] or "" for p in procs]
+        while any(p.poll() is None for p in procs):
+            failed = any(p.poll() not in (None, 0) for p in procs)
+            if failed or time.monotonic() > deadline:
+                stop(procs)
+                for reader in readers:
+                    reader.join(30)
+                why = "a rank failed" if failed else f"still running after {timeout:.0f} s"
+                raise AssertionError(
+                    f"{why}; every rank stopped:\n"
+                    + "\n".join(
+                        f"--- rank {r}: exit {p.returncode}\n{log[-2000:]}"
+                        for r, (p, log) in enumerate(zip(procs, logs))
+                    )
+                )
+            time.sleep(0.2)
+        for reader in readers:
+            reader.join(30)
+        return logs
     finally:
         stop(procs)
 
@@ -22,7 +52,4 @@ def stop(procs: list[subprocess.Popen]) -> None:
         if p.poll() is None:
             p.kill()
     for p in procs:
-        try:
-            p.communicate(timeout=30)
-        except (subprocess.TimeoutExpired, ValueError):
-            p.wait()
+        p.wait()

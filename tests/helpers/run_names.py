@@ -73,12 +73,22 @@ def run_path(part: str) -> Path:
     return Path(f"{RUN_PREFIX}{run_name()}-{part}")
 
 
+# A cell's rendezvous port is seeded by its Slurm job id (dlscale.run.launch.port_block: 355
+# blocks at Linux's default ephemeral range): each cluster's job ids start JOB_IDS_APART from
+# the next one's, so the clusters of two runs at once (CLUSTERS_PER_RUN each) seed different
+# blocks for their first JOB_IDS_APART jobs, whatever they run at the same moment.
+CLUSTERS_PER_RUN = 4
+JOB_IDS_APART = 44  # 2 runs x 4 clusters x 44 = 352 <= 355 blocks
+
+
 def cluster_ports(index: int) -> dict[str, str]:
     """The ports of the run's `index`-th local cluster (slurmctld, slurmdbd, MariaDB, the
-    slurmds' first), apart from every other run's and cluster's and from the ephemeral range."""
+    slurmds' first), apart from every other run's and cluster's and from the ephemeral range,
+    and its first job id."""
     k = slot()
     ctld = 7000 + 100 * k + 10 * index
     return {
+        "DLSCALE_SLURM_FIRST_JOB_ID": str(1 + (CLUSTERS_PER_RUN * k + index) * JOB_IDS_APART),
         "DLSCALE_SLURM_CTLD_PORT": str(ctld),
         "DLSCALE_SLURM_DBD_PORT": str(ctld + 2),
         "DLSCALE_SLURM_DB_PORT": str(3400 + 10 * k + index),
@@ -197,3 +207,13 @@ def remove_run_folders(name: str) -> None:
     prefix = Path(f"{RUN_PREFIX}{name}-")
     for path in prefix.parent.glob(prefix.name + "*"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def stop_processes(name: str) -> list[str]:
+    """Kill the processes of run `name` (a run that ended in this slot and left them: the slot's
+    lock says no live run holds the name) and say which."""
+    found = run_processes(name)
+    for line in found:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split()[1].rstrip(":")), 9)
+    return found

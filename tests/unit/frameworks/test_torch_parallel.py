@@ -35,6 +35,7 @@ from dlscale.study.hashes import config_hash
 from dlscale.study.matrix import load_study
 
 from helpers.cells import cell_dict, launch_cell
+from helpers.ranks import outputs as rank_outputs
 
 HELPERS = Path(__file__).resolve().parents[2] / "helpers"
 RTOL = 1e-4  # the target: relative loss difference after 3 steps, fp32
@@ -276,7 +277,7 @@ def run_ranks(
         )
         for r in range(world)
     ]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    logs = rank_outputs(procs, timeout=600)  # every rank stopped if one fails
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
     return [json.loads(o.read_text()) for o in outs]
