@@ -355,6 +355,10 @@ def pytest_configure(config):
     if not _is_controller(config):
         return
     name = run_names.claim()
+    global _GROUP_TIME_LOG
+    _GROUP_TIME_LOG = {}
+    if not run_names.owns_slot():  # a pytest inside a test: its parent's run
+        return
     for stale in run_names.stop_processes(name):
         print(f"stopped, left by an earlier run in slot {name}: {stale}", file=sys.stderr)
     for stale in run_names.run_folders(name):
@@ -362,8 +366,6 @@ def pytest_configure(config):
         if Path(folder, "etc", "slurm.conf").exists():
             stop_cluster(folder)
     run_names.remove_run_folders(name)
-    global _GROUP_TIME_LOG
-    _GROUP_TIME_LOG = {}
 
 
 _GROUP_TIME_LOG: dict | None = None  # the controller's: group -> seconds, first start, last end
@@ -393,7 +395,7 @@ def pytest_runtest_logreport(report):
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session):
     config = session.config
-    if not _is_controller(config):
+    if not _is_controller(config) or not run_names.owns_slot():
         return
     left = run_names.leftovers(run_names.run_name())
     config.stash[_LEFT_BEHIND] = left
@@ -411,6 +413,8 @@ def pytest_terminal_summary(terminalreporter, config):
         ranked = sorted(times.items(), key=lambda kv: kv[1]["seconds"], reverse=True)
         for label, t in ranked[:GROUP_TIMES_SHOWN]:
             write(f"{t['seconds']:8.1f} s  {t['stop'] - t['start']:8.1f} s wall  {label}")
+    if not run_names.owns_slot():
+        return
     left = config.stash.get(_LEFT_BEHIND, [])
     name = os.environ.get(run_names.RUN_VARIABLE, "?")
     terminalreporter.section(f"left behind by run {name}")

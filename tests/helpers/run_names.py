@@ -58,6 +58,13 @@ def claim() -> str:
     )
 
 
+def owns_slot() -> bool:
+    """Whether this process claimed the run's slot (the run's first process), not inherited
+    the name (a pytest a test starts runs inside its parent's run: it neither cleans the slot
+    nor judges what is left behind, which is its parent's)."""
+    return bool(_held)
+
+
 def run_name() -> str:
     """The run's name (claimed by the controller; a process started outside a run claims)."""
     return os.environ.get(RUN_VARIABLE) or claim()
