@@ -67,7 +67,8 @@ HANG_SECONDS = 300
 
 # benchmarks whose smallest case a test module of their own runs
 OWN_TEST = {
-    "gpu_suite.py": "tests/unit/benchmarks/test_gpu_suite.py (its CPU path, every row it can run)"
+    "gpu_suite.py": "tests/unit/benchmarks/test_gpu_suite.py (its CPU path, every row it can run)",
+    "loss_breaks.py": "tests/unit/benchmarks/test_loss_breaks.py (one break on one real check)",
 }
 
 

@@ -1,10 +1,12 @@
-"""Issue 49, part A: the complete tensor-parallel plan as data (embedding, sequence-parallel
-norms, output head under loss_parallel), activation checkpointing (none, selective, full) and
-per-block compilation as cell fields with their identity, refused early where they cannot run.
-On real gloo ranks, in test_torch_parallel (one run of llama3_debug's ranks for every strategy,
-to save interpreter starts): the complete plan's losses and 1/t state (llama3_debug under tp
-and fsdp+tp, gpt2_tiny's tied head), and activation checkpointing's losses and the activations
-it keeps against the predicted ones."""
+"""The complete tensor-parallel plan as data (embedding, sequence-parallel norms, output head
+under loss_parallel), activation checkpointing (none, selective, full) and per-block
+compilation as cell fields with their identity, refused early where they cannot run. On real
+gloo ranks, in test_torch_parallel (one run of llama3_debug's ranks for every strategy, to save
+interpreter starts): the complete plan's losses and 1/t state (llama3_debug under tp and
+fsdp+tp, gpt2_tiny's tied head), under AdamW and, in the same processes, plain SGD (no
+momentum, no clipping: a check that sees a wrong gradient scale, such as the replicated norm
+weights' partial gradients averaged instead of summed), and activation checkpointing's losses
+and the activations it keeps against the predicted ones."""
 
 from __future__ import annotations
 
