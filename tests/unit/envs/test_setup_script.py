@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from helpers.plain_user import base_interpreter
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -55,13 +57,6 @@ def test_a_missing_interpreter_or_a_wrong_option_is_named():
 # ---- the interpreter as it says itself: shims, private homes, another interpreter ----------
 
 
-def _base(python: str) -> str:
-    return subprocess.run(
-        [python, "-c", "import os, sys; print(os.path.realpath(sys._base_executable))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-
-
 def _pyenv_like(tmp_path: Path, interpreter: str) -> Path:
     """A PATH folder whose `python3` is a shim script, as pyenv's is, that execs `interpreter`
     through a home of mode 700 (~/.pyenv/versions/X/bin/python3 there)."""
@@ -82,7 +77,7 @@ def test_a_pyenv_style_shim_finds_the_set_up_environments_up_to_date(tmp_path):
     """python3 on PATH is a shim script over an interpreter under a private home: set-up asks
     the interpreter which binary it runs, so the environments built from that binary are up to
     date (`--check`: nothing is built, exit 0), not rebuilt on every call."""
-    shims = _pyenv_like(tmp_path, _base(str(ROOT / ".venv" / "bin" / "python")))
+    shims = _pyenv_like(tmp_path, base_interpreter(str(ROOT / ".venv" / "bin" / "python")))
     path = f"{shims}{os.pathsep}{os.environ['PATH']}"
     proc = setup("--check", "none", PATH=path, DLSCALE_PYTHON="python3")
     assert proc.returncode == 0, proc.stderr
@@ -94,10 +89,10 @@ def test_a_pyenv_style_shim_finds_the_set_up_environments_up_to_date(tmp_path):
 def test_another_interpreter_is_a_change_that_check_names_without_building(tmp_path):
     """A venv built from one interpreter is out of date for another: `--check` says what it
     would build, with both interpreters, exits 1 and touches nothing."""
-    base = _base(str(ROOT / ".venv" / "bin" / "python"))
+    base = base_interpreter(str(ROOT / ".venv" / "bin" / "python"))
     other = next(
         (p for p in ("/usr/bin/python3", "/usr/local/bin/python3")
-         if Path(p).exists() and _base(p) != base),
+         if Path(p).exists() and base_interpreter(p) != base),
         None,
     )  # fmt: skip
     if other is None:  # only one interpreter here: a copy of it is another binary
@@ -106,7 +101,7 @@ def test_another_interpreter_is_a_change_that_check_names_without_building(tmp_p
     stamp = (ROOT / ".venv" / ".dlscale-setup").stat().st_mtime_ns
     proc = setup("--check", "--python", other, "none")
     assert proc.returncode == 1, proc.stderr
-    assert f"would build .venv with {other} ({_base(other)}" in proc.stderr
+    assert f"would build .venv with {other} ({base_interpreter(other)}" in proc.stderr
     assert f"now: {base}" in proc.stderr
     assert "not up to date: .venv" in proc.stderr
     assert (ROOT / ".venv" / ".dlscale-setup").stat().st_mtime_ns == stamp
