@@ -7,6 +7,7 @@ import ast
 import copy
 import functools
 import inspect
+import json
 import os
 import re
 import shutil
@@ -381,9 +382,49 @@ def _group_label(nodeid: str) -> str:
     return str(Path(nodeid.split("::", 1)[0]).parent) + "/ (ungrouped)"
 
 
+_CPU_MARK = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's CPU seconds (the worker and the children it waited for), for the timeline."""
+    outcome = yield
+    now = _cpu_seconds()
+    report = outcome.get_result()
+    report.user_properties.append(("cpu_s", round(now - item.stash.get(_CPU_MARK, now), 2)))
+    item.stash[_CPU_MARK] = now
+
+
+def pytest_runtest_setup(item):
+    item.stash[_CPU_MARK] = _cpu_seconds()
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_TIMELINE: list[dict] = []  # the controller's: one entry per test phase, written at the end
+
+
 def pytest_runtest_logreport(report):
     if _GROUP_TIME_LOG is None:  # a worker: its reports reach the controller
         return
+    _TIMELINE.append(
+        {
+            "test": report.nodeid,
+            "when": report.when,
+            "worker": getattr(getattr(report, "node", None), "gateway", None)
+            and report.node.gateway.id,
+            "start": report.start,
+            "stop": report.stop,
+            "cpu_s": dict(report.user_properties).get("cpu_s"),
+        }
+    )
     times = _GROUP_TIME_LOG.setdefault(
         _group_label(report.nodeid), {"seconds": 0.0, "start": report.start, "stop": report.stop}
     )
@@ -397,6 +438,8 @@ def pytest_sessionfinish(session):
     config = session.config
     if not _is_controller(config) or not run_names.owns_slot():
         return
+    if os.environ.get("DLSCALE_TEST_TIMELINE"):  # where each test ran, when, and its CPU
+        Path(os.environ["DLSCALE_TEST_TIMELINE"]).write_text(json.dumps(_TIMELINE, indent=0))
     left = run_names.leftovers(run_names.run_name())
     config.stash[_LEFT_BEHIND] = left
     if left and session.exitstatus == 0:
