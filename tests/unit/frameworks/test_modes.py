@@ -74,9 +74,10 @@ def test_compiled_mode_compiles_outside_the_timed_window(tmp_path, framework, no
     assert all(s["mode"] == "compiled" and s["compile_method"] for s in starts)
     assert all(s["fast_paths"][flag] is True for s in starts)
     # how much longer than a timed step the first one is at least: torch.compile and XLA take
-    # seconds; MXNet's hybridize traces cnn_small in tens of ms (measured: a 0.082 s first step
-    # against a 0.028 s median step under load, 2.9x), so only twice a step is asserted there
-    factor = 2 if framework == "mxnet" else 3
+    # seconds, three steps and more; MXNet's hybridize traces cnn_small in tens of ms, about
+    # one step's time (0.178 s against a 0.116 s median under the test command's load, 2.9x on
+    # a quiet machine), so there the first step is only asserted to be the longer one
+    factor = 1 if framework == "mxnet" else 3
     for end in ends:
         # the first warm-up step paid the compilation: longer than a timed step, and reported
         # as compile_seconds, not in throughput
