@@ -174,20 +174,21 @@ _MAXTIME = re.compile(r"MaxTime=(\S+)")
 
 
 def slurm_minutes(text: str) -> int | None:
-    """Minutes of a Slurm time ([days-]hours:minutes:seconds, minutes, UNLIMITED: None)."""
+    """Minutes of a Slurm time, seconds rounded up (UNLIMITED: None). Slurm's forms (sbatch
+    --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+    days-hours:minutes:seconds: after a day count the first field is hours."""
     text = text.strip()
     if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE"):
         return None
-    days = 0
-    if "-" in text:
+    days, with_days = 0, "-" in text
+    if with_days:
         d, text = text.split("-", 1)
         days = int(d)
     parts = [int(p) for p in text.split(":")]
-    if len(parts) == 1:
-        return days * 1440 + parts[0]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, s = parts
+    if with_days or len(parts) == 3:  # [days-]hours[:minutes[:seconds]]
+        h, m, s = parts + [0] * (3 - len(parts))
+    else:  # minutes[:seconds]
+        h, (m, s) = 0, (parts + [0])[:2]
     return days * 1440 + h * 60 + m + (1 if s else 0)
 
 

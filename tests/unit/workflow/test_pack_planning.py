@@ -55,7 +55,18 @@ def test_a_pack_has_the_nodes_of_its_largest_cell():
 
 @pytest.mark.parametrize(
     "text, minutes",
-    [("UNLIMITED", None), ("30", 30), ("1:00:00", 60), ("2-00:00:00", 2880), ("00:30:01", 31)],
+    [
+        ("UNLIMITED", None),
+        ("30", 30),  # minutes
+        ("5:30", 6),  # minutes:seconds (seconds rounded up)
+        ("1:00:00", 60),  # hours:minutes:seconds
+        ("00:30:01", 31),
+        ("1-12", 2160),  # days-hours
+        ("0-12", 720),
+        ("1-12:30", 2190),  # days-hours:minutes
+        ("2-00:00:00", 2880),  # days-hours:minutes:seconds
+        ("1-00:00:01", 1441),
+    ],
 )
 def test_slurm_times_in_minutes(text, minutes):
     assert packing.slurm_minutes(text) == minutes
