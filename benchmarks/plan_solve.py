@@ -1,19 +1,18 @@
-"""The planner at the issue's size: 5 jobs x 4 partitions x 1..64 nodes (dlscale.decisions.planner,
-CBC).
+"""The planner at its target size: 5 jobs x 4 partitions x 1..64 nodes
+(dlscale.decisions.planner, CBC).
 
     PYTHONPATH=scripts .venv/bin/python benchmarks/plan_solve.py [--repeats 5] [--frameworks 2]
 
-The predictions come from scaling models fitted (dlscale.analysis.scaling_model) to synthetic cells
-of
-known parameters measured at 1..8 nodes (2 repetitions, 2 % noise) on each partition, extended
-to 64 nodes (max_extrapolation 8): 5 models x 4 partitions x --frameworks series. Each repeat
-plans three cases: min_time without limits, min_time within a charged node-hour budget (half of
-the unconstrained plan's), min_node_hours within a deadline (twice the unconstrained makespan).
-Prints per case the median and range over the repeats of the solve (the lexicographic integer
-programs) and of the whole make_plan (with the alternatives and the binding test, one more solve
-per constraint), the options the program holds and the plan.
+The predictions come from scaling models fitted (dlscale.analysis.scaling_model) to synthetic
+cells of known parameters measured at 1..8 nodes (2 repetitions, 2 % noise) on each partition,
+extended to 64 nodes (max_extrapolation 8): 5 models x 4 partitions x --frameworks series. Each
+repeat plans three cases: min_time without limits, min_time within a charged node-hour budget
+(half of the unconstrained plan's), min_node_hours within a deadline (twice the unconstrained
+makespan). Prints per case the median and range over the repeats of the solve (the
+lexicographic integer programs) and of the whole make_plan (with the alternatives and the
+binding test, one more solve per constraint), the options the program holds and the plan.
 
-Goal (issue 16): the solve <= 2 s on this machine.
+Goal: the solve <= 2 s on a 2-core machine.
 """
 
 from __future__ import annotations

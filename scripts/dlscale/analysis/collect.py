@@ -50,8 +50,8 @@ CELL_FIELDS = [
 
 def pipeline_columns(cell: dict, rank_start: dict) -> dict:
     """A cell's pipeline columns: pp_degree and microbatches (1 but for a pipelined cell),
-    pp_schedule (a pp cell measured before the key ran gpipe) and the bubble fraction its rank
-    recorded (None where none was: another strategy, or a cell measured before issue 49)."""
+    pp_schedule (gpipe where the cell's JSON names none) and the bubble fraction its rank
+    recorded (None where none was: another strategy, or a file without the bubble record)."""
     pipeline = (rank_start.get("parallelism") or {}).get("pipeline") or {}
     pipelined = cell.get("pp_degree", 1) > 1
     return {
@@ -175,7 +175,7 @@ def cell_memory(ends: list[dict]) -> dict:
         **{f"{k}_per_rank_max": largest(k) for k in MEMORY_BYTES},
         "state_bytes_per_rank_max": max(state) if state else None,
         **{f"{k}_max": largest(k) for k in MEMORY_PEAKS},
-        # files before issue 48 read the device's peak at the rank's end: the whole process
+        # a file without peak_scope read the device's peak at the rank's end: the whole process
         "peak_scope": ", ".join(sorted(scopes))
         or ("process" if largest("peak_allocated_mb") is not None else None),
         **{f"predicted_{k}_per_rank_max": largest(k, predicted) for k in PREDICTED_BYTES},
@@ -274,8 +274,8 @@ def _measured_columns(records: list[dict], first: dict) -> dict:
         # the optimizer (absent: SGD, every cell before the choice) and FSDP2's mixed precision
         "optimizer": cell.get("optimizer", "sgd"),
         "fsdp_mixed_precision": bool(cell.get("fsdp_mixed_precision", False)),
-        # issue 49: the tensor-parallel plan, activation checkpointing and what "compiled"
-        # compiles (absent: what every cell before ran: blocks, none, model)
+        # the tensor-parallel plan, activation checkpointing and what "compiled" compiles
+        # (absent: their cell.LATER_FIELDS values, blocks, none, model)
         "tp_plan": cell.get("tp_plan", "blocks") if cell.get("tp_degree", 1) > 1 else None,
         "activation_checkpointing": cell.get("activation_checkpointing", "none"),
         "compile_scope": cell.get("compile_scope", "model")

@@ -184,7 +184,7 @@ _PARAM_COUNTS = {"gpt": decoder_param_count, "llama": llama_param_count}
 #: Why the Llama family is refused outside the pytorch framework (ModelSpec.frameworks_why).
 LLAMA_FRAMEWORKS_WHY = (
     "the Llama family trains as the field trains it, with the pytorch adapter's strategies "
-    "(FSDP2, tensor parallel: issue 48); Horovod's adapter, which builds the same PyTorch "
+    "(FSDP2, tensor parallel); Horovod's adapter, which builds the same PyTorch "
     "modules, runs ddp only"
 )
 

@@ -1,7 +1,7 @@
 """The report's memory table (dlscale.outputs.report): memory per rank, predicted beside
 measured, one row per series (hardware, framework, model, policy, precision, mode, parallelism)
 and node count, for the cells whose ranks recorded the predicted parts
-(dlscale.frameworks.torch_memory; PyTorch cells measured since issue 48).
+(dlscale.frameworks.torch_memory: PyTorch cells).
 
 Columns: the optimizer; the state bytes per rank (parameters + gradients + optimizer state)
 predicted and as allocated, and their difference; under fsdp and hsdp the exact shard fraction

@@ -83,7 +83,7 @@ def _grid(n_panels: int, ncols: int, width: float, aspect: float = 0.8):
     """A grid of panels `width` wide; a panel is `aspect` times as high as wide (at most
     2.75 in wide for the height, so one-column grids of wide figures stay short). Every panel
     has its own y range: a shared one hides the points of a panel whose values lie far from
-    the others' (issue 42), or squeezes them flat."""
+    the others', or squeezes them flat."""
     ncols = max(1, min(ncols, n_panels))
     nrows = max(1, -(-n_panels // ncols))
     panel_w = width / ncols

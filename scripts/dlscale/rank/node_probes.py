@@ -1,4 +1,4 @@
-"""The system a cell ran on, described by rank-local probes (issue 21).
+"""The system a cell ran on, described by rank-local probes.
 
 `node_description()` is called once per node of a cell (by its local rank 0, after the
 framework's setup and before the timed window) and returns one JSON-able dict, written into that

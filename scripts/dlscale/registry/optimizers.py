@@ -7,10 +7,10 @@ and Megatron-LM train them with), SGD with momentum for every other model (the v
 and the encoder, as every cell was trained before the choice existed). A study may name one
 optimizer for all of its cells instead (`optimizer.name: sgd` or `adamw`).
 
-Identity (../shared/ROUND.md): the cell field `optimizer` defaults to "sgd", the optimizer of
-every cell measured before the choice existed, so a cell that still trains with SGD keeps its
-path, identity and hash. `auto` changed the default of the decoder models only: their cells now
-train with AdamW, a new identity, and a study measured before re-measures them only when asked
+Identity (docs/pages/decisions/changed-defaults.md): the cell field `optimizer` defaults to
+"sgd", the optimizer of every cell measured before the choice existed, so a cell that trains
+with SGD keeps its path, identity and hash. Under `auto` the decoder models' cells train with
+AdamW, a new identity, and a study measured with SGD re-measures them only when asked
 (dlscale.store.measurements.changed_cells flags them). Of the shipped studies these are the
 gpt2_tiny throughput cells of the demo (config/config.yaml: 8 cells) and of the parallelism
 study (config/studies/parallelism.yaml: 10 cells); every other shipped cell is unchanged.

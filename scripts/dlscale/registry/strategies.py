@@ -55,9 +55,9 @@ SEQUENCE_STYLES = (
     "output_loss_parallel",
 )
 # The tensor-parallel plans a cell may run (Cell.tp_plan): "blocks" splits the blocks' Linear
-# layers only (every tp cell measured before issue 49), "complete" the whole model as
-# torchtitan's llama3 plan does (embedding, sequence-parallel norms, output head with loss
-# parallel).
+# layers only (the field's default: docs/pages/decisions/changed-defaults.md), "complete" the
+# whole model as torchtitan's llama3 plan does (embedding, sequence-parallel norms, output head
+# with loss parallel).
 TP_PLANS = ("blocks", "complete")
 
 
@@ -67,7 +67,7 @@ class ParallelPlan:
     `parallelize`), as data: fnmatch patterns over the PyTorch model's named_modules.
 
     - tp: module -> a style of TP_STYLES, the "blocks" plan: the blocks' Linear layers only,
-      "colwise" or "rowwise" (every tp cell measured before issue 49); empty: the model has
+      "colwise" or "rowwise" (the plan of a cell with `tp_plan: blocks`); empty: the model has
       no tensor-parallel plan;
     - tp_complete: module -> a style of TP_STYLES, the "complete" plan (embedding, norms,
       attention and MLP, output head); empty: the model offers only its `tp` plan. Applied in

@@ -4,20 +4,17 @@
 `dlscale.study.cell.Cell.to_json()`):
   1. loads the hardware entry's modules and sets its env (dlscale.run.site_env, once: the ranks
      start with that environment), writes the cell for its ranks (.ranks/cell.json) and starts
-     nodes x ranks_per_node ranks of
-     `python -m dlscale.run.train --cell .ranks/cell.json`, either as local processes
-     (launcher `local`: the embedded default, one simulated node per group of ranks) or with
-     `srun` inside the cell's Slurm allocation (launcher `srun`);
+     nodes x ranks_per_node ranks of `python -m dlscale.run.train --cell .ranks/cell.json`,
+     either as local processes (launcher `local`: the embedded default, one simulated node per
+     group of ranks) or with `srun` inside the cell's Slurm allocation (launcher `srun`);
   2. waits for all of them; if one fails, the others are stopped and the cell fails with the
      rank, its exit code and the last lines of its log; communicator set-up and the first step
      are bounded from outside the ranks (dlscale.run.first_contact), and a failed cell's record
      and log end with the communication libraries' diagnosis (dlscale.run.diagnosis);
-  3. merges the ranks' part files into the cell's metrics file (dlscale.store.metrics), validated
-  and
-     renamed into place only when complete, in a folder of its own that keeps this measurement
-     with its logs (measurements/<time>-<job>/, dlscale.store.measurements); the cell's
-     metrics.jsonl is a
-     hard link to it.
+  3. merges the ranks' part files into the cell's metrics file (dlscale.store.metrics),
+     validated and renamed into place only when complete, in a folder of its own that keeps
+     this measurement with its logs (measurements/<time>-<job>/, dlscale.store.measurements);
+     the cell's metrics.jsonl is a hard link to it.
 
 The other half, inside a rank, is dlscale.rank.rank_context (`discover()` reads who-am-I from the
 launcher's environment: dlscale's local launcher, srun, or torchrun).

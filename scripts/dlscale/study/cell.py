@@ -459,14 +459,13 @@ DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 LATER_FIELDS = {
     f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING
 }
-# Later fields whose value changed for cells that existed before them (a changed default,
-# ../shared/ROUND.md): `auto` trains the decoders with AdamW, bf16/fp16 cells under
-# fully_shard use FSDP2's mixed precision, and, since issue 49, pp cells run 1F1B (GPipe
-# before), tp and fsdp+tp cells of a model with a complete plan run it (tp_plan), and compiled
-# pytorch cells of a model with blocks compile each block (compile_scope). A measured cell's
-# file without them was measured at their LATER_FIELDS value, so
-# dlscale.store.measurements.changed_cells compares them as that (the other later fields are
-# not compared where the file lacks them).
+# Later fields that a study's default now sets away from their LATER_FIELDS value for some
+# cells (docs/pages/decisions/changed-defaults.md): `auto` trains the decoders with AdamW,
+# bf16/fp16 cells under fully_shard use FSDP2's mixed precision, pp cells run 1F1B, tp and
+# fsdp+tp cells of a model with a complete plan run it (tp_plan), and compiled pytorch cells of
+# a model with blocks compile each block (compile_scope). A measured cell's file without them
+# was measured at their LATER_FIELDS value, so dlscale.store.measurements.changed_cells
+# compares them as that (the other later fields are not compared where the file lacks them).
 CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision", "pp_schedule", "tp_plan", "compile_scope")
 # The fields only a convergence cell sets.
 CONVERGENCE_FIELDS = tuple(

@@ -57,9 +57,10 @@ def plugin_owned(hw: dict, per_node: int | None = None) -> dict:
       class's ranks per node on GPU hardware, `per_node`, else every GPU of the node). A GRES
       job makes the plugin add `--ntasks-per-gpu=<tasks>` (the job's total task count per
       GPU, which would multiply the ranks) unless `tasks_per_gpu` is 0 (plugin 2.8's
-      submit_string adds the flag only for values >= 1; plugin issue #316). The task geometry
-      is then `--ntasks-per-node` (slurm_extra), as for every other class, one rank per GPU on
-      GPU hardware. The plugin's GRES pattern has no `-` in a type: dlscale.study.config refuses
+      submit_string adds the flag only for values >= 1;
+      snakemake/snakemake-executor-plugin-slurm#316). The task geometry is then
+      `--ntasks-per-node` (slurm_extra), as for every other class, one rank per GPU on GPU
+      hardware. The plugin's GRES pattern has no `-` in a type: dlscale.study.config refuses
       such a gpu_type for `gres` requests before any job.
     `gpu_request: gpus` has no plugin resource: the plugin's `gpu` is `--gpus`, a count for the
     whole job that Slurm may split unevenly across nodes; `--gpus-per-node` (which the plugin

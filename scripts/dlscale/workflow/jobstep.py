@@ -4,7 +4,7 @@ The official Slurm executor plugin submits every job as `sbatch --wrap "<python>
 ...(slurm-jobstep executor)"`; that Snakemake parses the whole workflow and then starts a job
 step, `srun -n1 <python> -m snakemake ...`, which parses it again and only then runs the rule's
 shell command. Two Snakemake start-ups per cell: about 3 of the 4.2 s each trivial cell cost on
-the local cluster (benchmarks/slurm_overhead.py, issue 14).
+the local cluster (benchmarks/slurm_overhead.py).
 
 Here the project's executor plugin (snakemake_executor_plugin_dlscale, `executor: dlscale` in
 profiles/slurm: the official Slurm executor, subclassed) overrides, for cell jobs only, the one

@@ -1,5 +1,5 @@
 """The preflight in the driver: one short job per (hardware entry, environment) that holds that
-entry's cells (issue 46; the job's side is dlscale.run.preflight_job).
+entry's cells (the job's side is dlscale.run.preflight_job).
 
 Under the dlscale executor (profiles/slurm), when the first cell of an (entry, environment)
 reaches the executor, the driver submits the preflight (`sbatch --parsable`, the cells' own

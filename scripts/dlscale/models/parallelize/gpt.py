@@ -10,8 +10,9 @@ reduce-scattered back to it; the head split by vocabulary columns under loss_par
 head is tied to the token embedding: both are Shard(0) of the same [vocab, d] weight, so the
 split keeps them one parameter. Its heads and the sequence length must divide by the degree.
 
-The "blocks" plan, every tp cell's before issue 49: the blocks' Linear layers only, the
-embeddings, LayerNorms and the tied head whole on every rank of the group.
+The "blocks" plan (a cell with `tp_plan: blocks`; docs/pages/decisions/changed-defaults.md):
+the blocks' Linear layers only, the embeddings, LayerNorms and the tied head whole on every
+rank of the group.
 
 fully_shard wraps each block, then the root; activation checkpointing and per-block
 compilation wrap the same blocks. No pipeline: the head is tied to the token embedding, which

@@ -14,8 +14,9 @@ head tied to the token embedding (Llama 3.2 1B) is split as the embedding is (bo
 the same [vocab, d] weight) and stays tied. Its degree must divide the query and the key/value
 heads, and the sequence length.
 
-The "blocks" plan, every tp cell's before issue 49: the blocks' Linear layers only, the
-embedding, the norms and the head whole on every rank of the group.
+The "blocks" plan (a cell with `tp_plan: blocks`; docs/pages/decisions/changed-defaults.md):
+the blocks' Linear layers only, the embedding, the norms and the head whole on every rank of
+the group.
 
 A pipeline cuts it into stages of contiguous pieces (the embedding, the blocks, the final norm
 and head), balanced by forward FLOPs (dlscale.models.torch.llama.pipeline_stage); an entry whose
