@@ -1,7 +1,7 @@
 # Every cell's metrics -> one tidy table per granularity (rank, cell, scaling point).
 # A `run:` block, not `script:`: it runs inside Snakemake's process, where a `script:` job would
 # first serialise all of the study's inputs for the script, which grows quadratically with the
-# number of cells (10,000 cells: tens of seconds before the first file is read; issue 7).
+# number of cells (10,000 cells: tens of seconds before the first file is read).
 # It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
 # dlscale.analysis.collect (pandas, scipy) is imported in the job, not at parse time: every Slurm job's
 # snakemake parses the workflow again (benchmarks/planning.py, parse only).

@@ -1,4 +1,4 @@
-# The shipped real data (issue 15): scikit-learn's bundled handwritten digits (1,797 real 8x8
+# The shipped real data: scikit-learn's bundled handwritten digits (1,797 real 8x8
 # scans, in the scikit-learn wheel: nothing is downloaded) written by dlscale.data.shipped into
 # each dataset format, so the readers that read CIFAR-10 or ImageNet on a cluster read them here.
 # One copy per format under results/data/, shared by every study (not under results/<study>/).

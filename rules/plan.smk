@@ -1,4 +1,4 @@
-# The scaling model and the planner (issue 16): per series a fitted model of throughput against
+# The scaling model and the planner: per series a fitted model of throughput against
 # node count (dlscale.analysis.scaling_model: predictions with intervals, leave-one-node-count-out errors),
 # then the plan for the `plan:` jobs on the hardware file's partitions (dlscale.decisions.planner, PuLP/CBC).
 # Both read only the cell table: `snakemake --forcerun scaling_model` replans without any cell;

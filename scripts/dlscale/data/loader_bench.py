@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import Iterable, Iterator
 
-# the loader / train ratio below which a cell is input-bound (the target: 3)
+# the loader / train ratio below which a cell is input-bound (3)
 from dlscale.study.protocol import INPUT_BOUND_MARGIN
 
 __all__ = ["measure_loader", "input_bound", "INPUT_BOUND_MARGIN"]
