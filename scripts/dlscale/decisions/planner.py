@@ -61,7 +61,7 @@ from pathlib import Path
 import pandas as pd
 
 from dlscale.analysis.stats import GROUP
-from dlscale.decisions.plan_jobs import no_series_refusal, objective_refusal
+from dlscale.decisions.plan_jobs import NOTHING_TO_PLAN, no_series_refusal, objective_refusal
 from dlscale.decisions.plan_options import (
     DOES_NOT_FIT,
     PlanError,
@@ -265,9 +265,12 @@ def plan_from_config(
     models: list[str],
     does_not_fit: pd.DataFrame | None = None,
 ) -> Plan:
+    jobs = jobs_from_config(plan_config, models)
+    if not jobs:
+        raise PlanError(NOTHING_TO_PLAN)
     return make_plan(
         predictions,
-        jobs_from_config(plan_config, models),
+        jobs,
         partitions_from_hardware(hardware),
         objective=plan_config.get("objective", MIN_TIME),
         budget_node_hours=plan_config.get("budget_node_hours"),
@@ -376,6 +379,12 @@ def _plan_config(args, config: dict, parser: argparse.ArgumentParser) -> dict:
     return plan_config
 
 
+def _table_or(table: pd.DataFrame, sentence: str) -> str:
+    """`table` as text, or `sentence` where it has no rows (pandas would print "Empty
+    DataFrame" and its columns)."""
+    return table.to_string(index=False) if len(table) else sentence
+
+
 def _print_plan(result: Plan) -> None:
     with pd.option_context("display.width", 160, "display.max_columns", 30):
         print(
@@ -399,8 +408,15 @@ def _print_plan(result: Plan) -> None:
                 ]
             ].to_string(index=False)
         )
-        print("\nconstraints:\n" + result.constraints.to_string(index=False))
-        print("\nalternatives:\n" + result.alternatives.to_string(index=False))
+        print("\nconstraints:\n" + _table_or(result.constraints, "none."))
+        print(
+            "\nalternatives:\n"
+            + _table_or(
+                result.alternatives,
+                "none: each job had one measured series (framework, hardware, policy, "
+                "precision, ...) to run on, so no other series lost to the plan's choice.",
+            )
+        )
     print(f"\nsolved in {result.solve_seconds:.3f} s ({len(result.options)} options)")
 
 

@@ -515,3 +515,15 @@ def test_a_series_without_memory_is_held_against_its_models_state_with_its_optim
         "does not fit: at least 5.29 GiB per rank (lower bound: the model's state with adamw / "
         "1, no memory measured) over 5 GiB (h100 device_memory_gib)"
     )
+
+
+def test_a_plan_without_alternatives_says_so_in_a_sentence(capsys):
+    """One series on one partition: no alternative; the printed plan says so in words where
+    pandas would print "Empty DataFrame" and its columns."""
+    alone = predictions({("fast", "pt"): lambda n: 100 * n}, max_nodes=1)
+    result = pl.make_plan(alone, JOB, [pl.Partition("fast", 2, 4.0, 500.0)])
+    assert result.alternatives.empty
+    pl._print_plan(result)
+    out = capsys.readouterr().out
+    assert "Empty DataFrame" not in out and "Columns:" not in out
+    assert "alternatives:\nnone: each job had one measured series" in out
