@@ -147,7 +147,7 @@ def write_study(workdir: Path, n_cells: int, max_nodes: int = 128) -> tuple[Path
     hardware = yaml.safe_load((workdir / "config" / "hardware.yaml").read_text())
     for hw in HARDWARE:
         hardware[hw]["max_nodes"] = max(hardware[hw].get("max_nodes", 1), max(shape.nodes))
-        # every framework on every hardware, as before issue 29: MXNet's CUDA build cannot
+        # every framework on every hardware, no compute-capability check: MXNet's CUDA build cannot
         # drive compute capability 9.0, and the study would be refused on h100
         hardware[hw].pop("compute_capability", None)
     (workdir / HARDWARE_FILE).write_text(
@@ -356,11 +356,11 @@ def _bare_files(
     return dest / "Snakefile", cfg
 
 
-# The bare baseline with the project's own jobs (planning.py; issue 33: "a bare Snakefile with
-# the same number of jobs"): the N cells made by one wildcard rule, as in BARE_SNAKEFILE, and
-# every other job the project's dry run planned (jobs.json: its rule and its input and output
-# files, read from Snakemake's own per-job listing) as a rule of its own with those literal
-# files, so the same files link the same jobs; no params, resources, logs or conda.
+# The bare baseline with the project's own jobs (planning.py; "a bare Snakefile with the same number
+# of jobs", docs/pages/decisions/dry-run-baseline.md): the N cells made by one wildcard rule, as in
+# BARE_SNAKEFILE, and every other job the project's dry run planned (jobs.json: its rule and its
+# input and output files, read from Snakemake's own per-job listing) as a rule of its own with those
+# literal files, so the same files link the same jobs; no params, resources, logs or conda.
 SAME_JOBS_SNAKEFILE = """\
 # The bare baseline of dlscale's planning benchmark with the same jobs as the project's dry run:
 # the cells (cells.txt) by one wildcard rule, every other planned job (jobs.json) by a rule of its

@@ -3,10 +3,9 @@ dlscale.store.metrics.assemble and written with write_atomic) collected into the
 
     .venv/bin/python benchmarks/aggregate.py [--cells 10000] [--repeats 3] [--workdir DIR]
 
-Prints the median wall time of dlscale.analysis.collect.collect over the repeats (files already on
-disk,
-page cache warm after the first repeat) and its split into reading+validation and statistics.
-Goal (issue 7): <= 2 s median for 10,000 cells.
+Prints the median wall time of dlscale.analysis.collect.collect over the repeats (files already
+on disk, page cache warm after the first repeat) and its split into reading+validation and
+statistics. Goal: <= 2 s median for 10,000 cells.
 """
 
 from __future__ import annotations

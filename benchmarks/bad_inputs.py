@@ -1,4 +1,4 @@
-"""Worst rejection time and peak memory over the bad-input corpus (issue 17 targets: < 2 s and
+"""Worst rejection time and peak memory over the bad-input corpus (targets: < 2 s and
 < 200 MB per bad input).
 
 Each case of tests/helpers/bad_input_corpus.py runs in a fresh Python process (so one case's peak

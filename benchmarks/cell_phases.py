@@ -25,7 +25,7 @@ here around the child process:
 
 Prints per framework the median (min-max) of each phase and of the wall time, n each, and the
 overhead that is not the framework's own work: wall - (framework import + setup + warm-up +
-timed window + breakdown) (issue 33's target: <= 1.5 s for 1-node CPU cells of PyTorch). Setup
+timed window + breakdown) (target: <= 1.5 s for 1-node CPU cells of PyTorch). Setup
 counts as the framework's own: it is the framework building its process group, model and
 optimizer (PyTorch's first optimizer imports torch._dynamo, ~2 s here).
 """

@@ -26,7 +26,7 @@ first in odd repetitions, the plain loop first in even ones), `--repeats` times 
     synchronisations around the timed steps. No DDP (one rank), no per-step host sync.
 Both sides: the same model construction, warm-up and timed window. Prints per case and mode
 the medians, min-max ranges and the harness/plain ratio of medians (with the ratio range from
-the min and max of the two sides), n each. Targets (issues 13 and 30, one H100): ratio >= 0.99
+the min and max of the two sides), n each. Targets (one H100): ratio >= 0.99
 for ResNet-50 bf16 b256 and >= 0.97 for fp32 b32, eager and compiled; ResNet-50 bf16 b256
 compiled >= 5,600 img/s. The plain loop uses the optimizer the harness uses (fused SGD for fp16
 on CUDA, so GradScaler reads nothing on the host; foreach otherwise).

@@ -1,4 +1,4 @@
-"""Every GPU check of the project in one call that fits a few minutes on one GPU (issue 50).
+"""Every GPU check of the project in one call that fits a few minutes on one GPU.
 
     python benchmarks/gpu_suite.py OUT [--budget 300] [--device cuda|cpu] [--wheels DIR]
         [--steps a,b,c,d,e,f] [--rows compiled,...] [--estimates OLD/rows.jsonl ...]
@@ -93,8 +93,8 @@ SAFETY_S = 2.0  # the budget's end, less this: time to write the last row and st
 BREAK_ENV = "DLSCALE_GPU_SUITE_BREAK"  # "<kind>": that row's code raises (tests)
 INDUCTOR_CACHE = "inductor-cache"
 
-# What each device runs. CUDA: the issue's cases; CPU: tiny models, fp32, eager (the CPU path
-# of the test command).
+# What each device runs. CUDA: the targets' cases (TARGETS); CPU: tiny models, fp32, eager (the
+# CPU path of the test command).
 PLANS = {
     "cuda": {
         "fidelity_cases": [("resnet50", "bf16", 256), ("resnet50", "fp32", 32)],
@@ -132,8 +132,8 @@ PLANS = {
 MODES = ("eager", "compiled")
 CPU_COMPILED = (
     "the CPU path runs eager only: inductor's C++ compile of even a tiny model takes tens of "
-    "seconds on a 2-core host (benchmarks/README.md, issue 13: 38.8 s); compiled rows run on "
-    "CUDA"
+    "seconds on a 2-core host (benchmarks/README.md, measurement fidelity: 38.8 s); compiled "
+    "rows run on CUDA"
 )
 GPU_ONLY_ENERGY = (
     "GPU only: NVML's board energy counter against NVML power sampled over the same window"
@@ -170,7 +170,7 @@ PRIOR_S = {
         "memory": 2,
     },
 }
-# The targets (issue 50), reported beside each row, never gated on
+# The targets, reported beside each row, never gated on
 TARGETS = {
     ("resnet50", "bf16", 256): 0.99,
     ("resnet50", "fp32", 32): 0.97,
@@ -321,7 +321,7 @@ def child_rows(device: str, plan: dict) -> list[dict]:
 
 
 def row_target(kind: str, model: str) -> str | None:
-    """The issue's target of a row of steps c-f, as the table shows it (reported, not gated)."""
+    """The target of a row of steps c-f, as the table shows it (reported, not gated)."""
     if kind.startswith("sync"):
         return "0 host syncs in the window"
     if kind == "energy":
@@ -893,7 +893,7 @@ def memory_row(device, plan, model, precision, batch) -> dict:
     allocated over the timed window (peak statistics reset as it opens) and the state bytes
     the adapter reports, against the predicted parts: parameters and gradients (fp32, 4 bytes
     each per parameter) and SGD's momentum (4 bytes per parameter); activations are not
-    predicted (issue 48 brings their prediction and the production reset)."""
+    predicted in this row."""
     import torch
 
     from dlscale.rank.timing import run_timed

@@ -16,7 +16,7 @@ Per repeat, in an order that alternates between repeats:
 * fed (``--fed``): the same training step fed by the loader (the real pipeline end to end).
 
 Prints per variant the median and range over the repeats and the ratio loader / step of the
-medians (with the range of per-repeat ratios). Target (issue 15): >= 3 for the shipped data.
+medians (with the range of per-repeat ratios). Target: >= 3 for the shipped data.
 The digits are written by the production writer into a temporary folder first (not timed).
 """
 

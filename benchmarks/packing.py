@@ -1,4 +1,4 @@
-"""Packing's real benefit (issue 51): the same 20-cell study unpacked (one Slurm job per cell)
+"""Packing's real benefit: the same 20-cell study unpacked (one Slurm job per cell)
 and packed (config `pack`: cells in allocations, dlscale.workflow.packing), side by side on the
 project's local cluster, against a competing workload of a second Slurm user and on an idle
 cluster.
@@ -49,7 +49,7 @@ submission and its last cell, and the order of both users' starts (slurmctld's l
 b = competitor); the spread of the repeated cells' throughput (cells.csv
 throughput_samples_per_s: median, min, max, (max - min) / median) and scaling.csv's
 `placements` (distinct node sets the repetitions ran on). Then medians over the rounds and the
-packed / unpacked ratios, against the issue's targets: allocations <= ceil(cells / pack), wall
+packed / unpacked ratios, against the targets: allocations <= ceil(cells / pack), wall
 packed <= 0.5x unpacked under the competitor, <= 1.1x on an idle cluster. Every run's record
 goes to <workdir>/runs.jsonl, the logs beside it.
 """
@@ -84,7 +84,7 @@ STUDY_ACCOUNT, BG_ACCOUNT = "dlscale-study", "dlscale-others"
 STUDY = "packbench"
 BG_SECONDS = 15  # each competing job's sleep
 BG_MAX_JOBS, BG_MAX_S = 200, 900  # the competitor's hard caps (it stops by itself)
-TARGET_CONTENDED, TARGET_IDLE = 0.5, 1.1  # packed / unpacked wall, issue 51
+TARGET_CONTENDED, TARGET_IDLE = 0.5, 1.1  # packed / unpacked wall
 
 
 # ---------------------------------------------------------------------------- Slurm helpers
@@ -510,7 +510,7 @@ def main() -> None:
     if not 2 <= a.pack <= a.cells:
         raise SystemExit(f"--pack: 2 to --cells ({a.cells})")
     if a.backlog < 2:
-        raise SystemExit("--backlog: at least 2 (the issue: at least 2 always waiting)")
+        raise SystemExit("--backlog: at least 2 (the benchmark: at least 2 always waiting)")
     # SIGTERM ends the benchmark through its `finally`s (the competitor stopped, its jobs
     # cancelled); a background start ignores SIGINT
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,4 +1,4 @@
-"""The 8-rank pipeline combinations (issue 49): llama3_debug on 8 gloo ranks, one process each
+"""The 8-rank pipeline combinations: llama3_debug on 8 gloo ranks, one process each
 (tests/helpers/parallel_ranks.py: the production PyTorch adapter, 3 AdamW steps), against the
 single-process loss on the same global batch, with each rank's state bytes beside its stage's
 share. Too slow for the test command on a 2-core machine; the test command keeps the 2- and

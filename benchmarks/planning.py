@@ -11,23 +11,23 @@ and two bare Snakefiles. `bare`, the baseline of the goal ("a bare Snakefile wit
 jobs"): the project's own jobs, read from its dry-run listing (its untimed warm-up, `snakemake -n`
 without --quiet): the N cells made by one wildcard rule, every other job (collect, each figure, the
 report, ...) by a rule of its own naming the same input and output files, so the same files link the
-same jobs; no params, resources, logs or conda. `bare-min`, the baseline before issue 33's second
-look: the N cells, one rule aggregating all N like collect, rule all (N + 2 jobs; the project's
-other jobs each read collect's tables, and Snakemake scans collect's N inputs at each such read,
-which only `bare` pays too). All run `snakemake -n --cores 1 --quiet` with the same flags
-(--configfile included), once untimed (the project's is the listing run above; each checks that N
-train jobs, and for `bare` as many jobs as the project, are planned), then --rounds times,
-alternating which goes first. Prints median/min/max/n of the wall time, the CPU time (user + system,
-the less noisy figure on a shared machine) and the peak RSS of the snakemake process (os.wait4
-rusage of the child), the project/bare ratios and project/bare-min; and, timed inside this process,
-dlscale's own parse step (dlscale.study.matrix.load_study of the generated config), its share of the
-project's dry run; then the parse alone (`snakemake --list-rules`, alternating), which every Slurm
-job's snakemake repeats before it runs its one cell.
+same jobs; no params, resources, logs or conda (docs/pages/decisions/dry-run-baseline.md).
+`bare-min`, the earlier baseline: the N cells, one rule aggregating all N like collect, rule all
+(N + 2 jobs; the project's other jobs each read collect's tables, and Snakemake scans collect's N
+inputs at each such read, which only `bare` pays too). All run `snakemake -n --cores 1 --quiet` with
+the same flags (--configfile included), once untimed (the project's is the listing run above; each
+checks that N train jobs, and for `bare` as many jobs as the project, are planned), then --rounds
+times, alternating which goes first. Prints median/min/max/n of the wall time, the CPU time (user +
+system, the less noisy figure on a shared machine) and the peak RSS of the snakemake process
+(os.wait4 rusage of the child), the project/bare ratios and project/bare-min; and, timed inside this
+process, dlscale's own parse step (dlscale.study.matrix.load_study of the generated config), its
+share of the project's dry run; then the parse alone (`snakemake --list-rules`, alternating), which
+every Slurm job's snakemake repeats before it runs its one cell.
 
-Goal (issue 7; issue 33 names the baseline): wall-time ratio project/bare <= 1.2 at 10,000 cells.
+Goal: wall-time ratio project/bare <= 1.2 at 10,000 cells.
 
 --ablate adds two copies of the project that are not usable workflows, measured in the same
-rounds, to show where the excess over bare lies (issue 33): `no-log`, the train rules without
+rounds, to show where the excess over bare lies: `no-log`, the train rules without
 their `log:` (and its redirection), and `no-log-params`, also with literal strings for the two
 params functions (the cell's JSON, the framework's interpreter). Every removed line is matched
 exactly, so a change to rules/train.smk stops the ablation instead of measuring nothing.
@@ -211,7 +211,7 @@ def main() -> None:
         for line in common.report(parsed):
             print(line)
         print(
-            f"  goal (issues 7, 33) at 10,000 cells: wall ratio project/bare <= 1.20; here "
+            f"  goal at 10,000 cells: wall ratio project/bare <= 1.20; here "
             f"{project_med / bare_med:.2f} at {len(study.cells)} cells"
             f"{'' if a.slurm_probe else ' (Slurm plugin probe skipped in both)'}",
             flush=True,

@@ -1,4 +1,4 @@
-"""Cost of the system probes per node, as a rank pays it (issue 21; goal <= 1 s).
+"""Cost of the system probes per node, as a rank pays it (goal <= 1 s).
 
     PYTHONPATH=scripts .venv/bin/python benchmarks/probe_cost.py [--repeat 20]
     PYTHONPATH=scripts .venvs/tensorflow/bin/python benchmarks/probe_cost.py --framework tensorflow

@@ -13,12 +13,12 @@ request (1 node, 1 task, 1 CPU, the cell's memory and time limit):
 
   dlscale   `snakemake --profile profiles/slurm` to the finished report (as a user runs it);
             `--train-only` variant: the cells' metrics files only (no tables, figures, report)
-  poll10    (--old-polling) dlscale with the status polling intervals before issue 14
+  poll10    (--old-polling) dlscale with the earlier status polling intervals (10 s, 10 s)
   sbatch    one `sbatch --wrap` per cell, all submitted at once, then `squeue` every second
             until none is left (what a user would write by hand)
 
 Per run: wall time, and the wall to the last cell (the command's start to the last metrics
-file written: issue 33's measure); the cells' own work (their launchers' wall_seconds, from
+file written: the target's measure); the cells' own work (their launchers' wall_seconds, from
 the metrics); the overhead per cell, (wall - work / 2) / N, since the 2-node cluster runs two
 1-node cells at once; the tail, from the last metrics file written to the command's exit; the
 in-job extra, the median of each cell's Slurm job length minus its launcher's wall_seconds
@@ -141,8 +141,8 @@ def summarize(
 
 
 def polling_profile(work: Path, init_s: int, between_s: int) -> str:
-    """profiles/slurm with other status polling intervals (the profile's before issue 14:
-    10 s and Snakemake's default 10 s)."""
+    """profiles/slurm with other status polling intervals (the profile's earlier ones: 10 s
+    and Snakemake's default 10 s)."""
     profile = yaml.safe_load((work / "profiles" / "slurm" / "config.yaml").read_text())
     profile["dlscale-init-seconds-before-status-checks"] = init_s
     profile["seconds-between-status-checks"] = between_s
@@ -251,7 +251,7 @@ def main() -> None:
     p.add_argument(
         "--old-polling",
         action="store_true",
-        help="also run dlscale with the polling intervals before issue 14 (10 s, 10 s)",
+        help="also run dlscale with the earlier polling intervals (10 s, 10 s)",
     )
     p.add_argument(
         "--snakemake-in-job",
@@ -326,7 +326,7 @@ def main() -> None:
             f"ratio {name} / sbatch: overhead per cell "
             f"{d['overhead_per_cell_s'] / s['overhead_per_cell_s']:.2f}, wall "
             f"{d['wall_s'] / s['wall_s']:.2f}, wall to the last cell "
-            f"{d['to_last_cell_s'] / s['to_last_cell_s']:.2f} (issue 33: <= 1.1)"
+            f"{d['to_last_cell_s'] / s['to_last_cell_s']:.2f} (target: <= 1.1)"
         )
 
 

@@ -5,8 +5,8 @@ local cluster, one Slurm job per cell against job arrays, side by side in one ru
     .venv/bin/python benchmarks/submission.py [--cells 200] [--rounds 1]
 
 Variants (the same workflow copy and study, fresh results each run):
-  per-cell  one sbatch per cell, `jobs: 100`, the default ILP scheduler: profiles/slurm as it
-            was before issue 7 (the greedy scheduler removed)
+  per-cell  one sbatch per cell, `jobs: 100`, the default ILP scheduler: the earlier
+            profiles/slurm (the greedy scheduler removed)
   arrays    profiles/slurm with the opt-in job arrays (ARRAYS): the ready cells of each train
             rule (resource class) as arrays of 40, greedy scheduler
 
@@ -69,7 +69,7 @@ ARRAYS = ["--dlscale-array-jobs", "all", "--dlscale-array-limit", "40", "--jobs"
 
 
 def per_cell_profile(work: Path) -> str:
-    """profiles/slurm without the greedy scheduler and with jobs: 100: as before issue 7."""
+    """profiles/slurm without the greedy scheduler and with jobs: 100: the earlier profile."""
     profile = yaml.safe_load((work / "profiles" / "slurm" / "config.yaml").read_text())
     for key in ("dlscale-array-jobs", "dlscale-array-limit", "scheduler", "scheduler-subsample"):
         profile.pop(key, None)
