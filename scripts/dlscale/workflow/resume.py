@@ -547,13 +547,25 @@ def executor_of(workflow):
     return _EXECUTOR if _EXECUTOR is not None and _EXECUTOR.workflow is workflow else None
 
 
+def runs_cells(workflow, cells: list[str]) -> bool:
+    """Whether this run's jobs measure one of `cells` (their metrics files); True where the
+    workflow has no jobs to ask about (outside a run)."""
+    dag = getattr(workflow, "dag", None)
+    if dag is None:
+        return True
+    wanted = {os.path.normpath(c) for c in cells}
+    return any(os.path.normpath(f) in wanted for job in dag.needrun_jobs() for f in job.output)
+
+
 def start(
     workflow, study_dir: str, mode: str, cells: list[str], pack: bool | int = False
 ) -> Resume | None:
     """onstart, in the driver: record it, and start resume in the dlscale executor (with the
     study's `pack` setting: dlscale.workflow.packing)."""
     executor = executor_of(workflow)
-    write_driver_record(study_dir, getattr(executor, "run_uuid", None), cells)
+    write_driver_record(
+        study_dir, getattr(executor, "run_uuid", None), cells, runs_cells(workflow, cells)
+    )
     if executor is None:
         if getattr(workflow.executor_plugin, "name", None) == "slurm":
             say(

@@ -76,7 +76,13 @@ def process_start(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def write_driver_record(study_dir: str | Path, run_id: str | None, cells: list[str]) -> dict:
+def write_driver_record(
+    study_dir: str | Path, run_id: str | None, cells: list[str], runs_cells: bool = True
+) -> dict:
+    """This Snakemake run's record: the study's latest run, whose locks these are
+    (`previous_driver`). A run that runs none of the study's cells (an archive, a redrawn
+    figure, `check`) keeps, as `study_driver`, the earlier run that ran them: the driver
+    `dlscale status` names (`study_driver`)."""
     rec = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -86,7 +92,13 @@ def write_driver_record(study_dir: str | Path, run_id: str | None, cells: list[s
         "cwd": os.getcwd(),
         "run_id": run_id,
         "cells": cells,
+        "runs_cells": runs_cells,
     }
+    if not runs_cells:
+        earlier = study_driver(read_driver_record(study_dir) or {})
+        rec["study_driver"] = earlier and {
+            k: v for k, v in earlier.items() if k not in ("cells", "study_driver")
+        }
     path = Path(study_dir) / DRIVER_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -100,6 +112,15 @@ def read_driver_record(study_dir: str | Path) -> dict | None:
         return json.loads((Path(study_dir) / DRIVER_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def study_driver(rec: dict) -> dict | None:
+    """The record of the driver that ran the study's cells last: `rec` itself, or the one a run
+    of no cell kept (None: no run has run a cell yet). Records from before `runs_cells` ran
+    cells."""
+    if not rec:
+        return None
+    return rec if rec.get("runs_cells", True) else rec.get("study_driver")
 
 
 def driver_alive(rec: dict) -> bool | None:

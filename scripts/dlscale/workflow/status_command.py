@@ -1,12 +1,14 @@
 """`dlscale status [RESULTS_DIR ...]`: a study's progress from any shell, while its driver runs
 or after it is gone: cells measured, running, pending, failed and not yet submitted, with the
 Slurm job of each (a packed cell: its pack and slot, its own state in the pack and its step's
-nodes: dlscale.workflow.packing), and whether the driver still runs (and where).
+nodes: dlscale.workflow.packing), and whether the driver still runs (and where). The driver
+named is the run that measures (or measured) the study's cells; a later run of none of them
+(an archive, redrawn figures, `check`) is listed below it as the last run.
 
 Reads what the driver leaves in the study's results folder (dlscale.workflow.resume:
-logs/driver.json,
-the job journal logs/slurm_jobs.jsonl), the cells' metrics and failure files, and asks squeue
-for the jobs' current states. Without an argument: every results/<study>/ with a driver record.
+logs/driver.json, the job journal logs/slurm_jobs.jsonl), the cells' metrics and failure
+files, and asks squeue for the jobs' current states. Without an argument: every
+results/<study>/ with a driver record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dlscale.workflow.resume_journal import (
     driver_alive,
     read_driver_record,
     read_journal,
+    study_driver,
 )
 
 # The journal events that name the job now (or last) responsible for a cell.
@@ -87,18 +90,26 @@ def cell_states(study_dir: Path) -> list[dict]:
     return rows
 
 
+def _process(rec: dict) -> str:
+    alive = driver_alive(rec)
+    what = {True: "running", False: "gone", None: "on another host, state unknown"}[alive]
+    return f"pid {rec['pid']} on {rec['host']} ({what}), started {rec['started']}"
+
+
 def describe(study_dir: Path, show_all: bool = False) -> str:
     rec = read_driver_record(study_dir)
     lines = []
-    if rec:
-        alive = driver_alive(rec)
-        what = {True: "running", False: "gone", None: "on another host, state unknown"}[alive]
+    driver = study_driver(rec or {})
+    if driver:  # the run that measures (or measured) the study's cells
         lines.append(
-            f"{study_dir}: driver pid {rec['pid']} on {rec['host']} ({what}), "
-            f"started {rec['started']}, run id {rec.get('run_id') or '-'}"
+            f"{study_dir}: driver {_process(driver)}, run id {driver.get('run_id') or '-'}"
         )
+    elif rec:
+        lines.append(f"{study_dir}: no driver has run a cell of this study yet")
     else:
         lines.append(f"{study_dir}: no driver record ({DRIVER_FILE})")
+    if rec and driver is not rec:  # a later run that ran no cell (an archive, a figure)
+        lines.append(f"  last run, of no cell: {_process(rec)}: {rec.get('command', '')}")
     rows = cell_states(study_dir)
     counts = Counter(r["status"] for r in rows)
     order = ("measured", "running", "pending", "failed", "cancelled", "ended", "not submitted")

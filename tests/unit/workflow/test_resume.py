@@ -157,6 +157,35 @@ def test_status_counts_cells_from_the_record_and_the_journal(workdir, capsys):
     assert progress.main(["results/nope"]) == 2
 
 
+def test_status_names_the_driver_that_ran_the_cells_not_a_later_archive_run(workdir, capsys):
+    """The driver that measured the study (pid 1, gone), then `snakemake study_archive` (this
+    process): its jobs run no cell, so status still names pid 1 as the driver and lists the
+    archive run below as the last run; a later run that measures a cell is the driver again."""
+    cells = ["results/s1/runs/c0/metrics.jsonl"]
+    record(workdir, "s1", cells=cells, run_id="measuring")
+    archive = SimpleNamespace(output=["results/s1/archive/s1.tar.gz"])
+    local = SimpleNamespace(executor_plugin=SimpleNamespace(name="local"))
+    archive_run = SimpleNamespace(
+        **vars(local), dag=SimpleNamespace(needrun_jobs=lambda: [archive])
+    )
+    assert resume.start(archive_run, "results/s1", "adopt", cells) is None
+    assert progress.main(["results/s1"]) == 0
+    head, last = capsys.readouterr().out.splitlines()[:2]
+    assert "driver pid 1 on" in head and "run id measuring" in head
+    assert last.startswith(f"  last run, of no cell: pid {os.getpid()} on") and "(running)" in last
+    # a second run of no cell keeps the same driver
+    assert resume.start(archive_run, "results/s1", "adopt", cells) is None
+    assert progress.main(["results/s1"]) == 0
+    assert "driver pid 1 on" in capsys.readouterr().out
+    # a run that measures a cell is the study's driver
+    cell = SimpleNamespace(output=[f"./{cells[0]}"])
+    measure = SimpleNamespace(**vars(local), dag=SimpleNamespace(needrun_jobs=lambda: [cell]))
+    assert resume.start(measure, "results/s1", "adopt", cells) is None
+    assert progress.main(["results/s1"]) == 0
+    out = capsys.readouterr().out
+    assert f"driver pid {os.getpid()} on" in out and "last run" not in out
+
+
 def test_a_driver_stopped_by_sigterm_does_not_blame_the_report_steps():
     from dlscale.workflow.finalize import status_message
 
