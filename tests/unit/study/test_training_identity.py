@@ -1,13 +1,14 @@
-"""Issue 48's changed defaults and the identity rule (../shared/ROUND.md): the optimizer is a
-study choice whose default (`auto`) trains the decoders with AdamW, and bf16/fp16 cells under
-fully_shard take FSDP2's mixed precision. Every shipped cell that still trains as before keeps
-its path, config hash and Cell.to_json byte for byte; the decoder cells get a new identity (and
-only the optimizer fields differ); a framework without AdamW is refused before any job.
+"""The changed defaults and the identity rule (docs/pages/decisions/changed-defaults.md): the
+optimizer is a study choice whose default (`auto`) trains the decoders with AdamW, bf16/fp16
+cells under fully_shard take FSDP2's mixed precision, pp cells run 1F1B and tp cells of a model
+with a complete plan run it. Every shipped cell that still trains as before keeps its path,
+config hash and Cell.to_json byte for byte; a changed cell differs in exactly the changed
+default's fields; a framework without AdamW is refused before any job.
 
-tests/fixtures/shipped_identities.json holds the shipped studies' cells as they were before
-issue 48 (commit a795eb5; written by loading each study with dlscale.study.matrix
-.load_workflow_study there: per path the config hash and the SHA-256 of Cell.to_json, the
-decoder cells' JSON in full)."""
+tests/fixtures/shipped_identities.json holds the shipped studies' cells as they were before the
+first changed default, the optimizer (commit a795eb5; written by loading each study with
+dlscale.study.matrix.load_workflow_study there: per path the config hash and the SHA-256 of
+Cell.to_json, the decoder cells' JSON in full)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ ADAMW_FIELDS = {
     "weight_decay": 0.1,
     "grad_clip_norm": 1.0,
 }
-# Issue 49's changed default: a tp or fsdp+tp cell of a model with a complete tensor-parallel
+# The changed default tp_plan: a tp or fsdp+tp cell of a model with a complete tensor-parallel
 # plan (the decoders) runs it, a new identity; the shipped ones are the parallelism study's
 # gpt2_tiny cells (already re-measured for AdamW) and its llama3_debug cells (gained after the
 # fixture) of tp and fsdp+tp at 1 and 2 nodes.
@@ -45,8 +46,8 @@ COMPLETE_TP_STRATEGIES = ("tp", "fsdp+tp")
 
 
 def without_complete_tp(cell: Cell, fields: dict) -> dict:
-    """A cell's JSON fields without issue 49's tp_plan, which only its tp and fsdp+tp cells of
-    a model with a complete plan have."""
+    """A cell's JSON fields without tp_plan, which only its tp and fsdp+tp cells of a model
+    with a complete plan have."""
     has = {k: fields[k] for k in COMPLETE_TP if k in fields}
     assert has == (COMPLETE_TP if cell.parallelism in COMPLETE_TP_STRATEGIES else {}), cell.path
     return {k: v for k, v in fields.items() if k not in COMPLETE_TP}
@@ -56,9 +57,10 @@ def without_complete_tp(cell: Cell, fields: dict) -> dict:
 # cells (2 node counts x 2 policies x 2 repetitions) and the parallelism study's (5 strategies
 # x 2 node counts; pp excludes the decoder).
 REMEASURED = {"config/config.yaml": 8, "config/studies/parallelism.yaml": 10}
-# Issue 49's changed defaults: a pp cell runs 1F1B over at least twice its stages'
-# micro-batches (GPipe over as many as stages before). The parallelism study's transformer_small
-# pp cells (1 and 2 nodes) re-measure; only these two fields differ.
+# The changed defaults pp_schedule and microbatches: a pp cell runs 1F1B over at least twice
+# its stages' micro-batches (GPipe over as many as stages at the fields' defaults). The
+# parallelism study's transformer_small pp cells (1 and 2 nodes) re-measure; only these two
+# fields differ.
 REMEASURED_PIPELINES = {"config/studies/parallelism.yaml": 2}
 
 
@@ -72,7 +74,7 @@ def shipped(root, name: str, **cli):
     return load_workflow_study({**({"study_file": study_file} if study_file else {}), **cli}, root)
 
 
-# the parallelism study gained the llama3_debug cells (issue 48's Llama family): new cells, the
+# the parallelism study gained the llama3_debug cells (the Llama family): new cells, the
 # measured ones planned as they were
 GAINED_CELLS = {"config/studies/parallelism.yaml": "llama3_debug"}
 
@@ -115,7 +117,7 @@ def test_shipped_cells_keep_their_identity_but_the_decoders_optimizer(root, befo
             assert cell.config_hash == was["config_hash"], path
             continue
         # a decoder cell: AdamW (with its settings) is all that differs (and, under tp and
-        # fsdp+tp, the complete plan: issue 49), and so its hash
+        # fsdp+tp, the complete plan), and so its hash
         remeasured.append(path)
         now, then = without_complete_tp(cell, json.loads(text)), json.loads(was["to_json"])
         assert {k: now[k] for k in ADAMW_FIELDS} == ADAMW_FIELDS
@@ -134,14 +136,14 @@ def test_shipped_cells_keep_their_identity_but_the_decoders_optimizer(root, befo
 
 def test_optimizer_sgd_keeps_every_shipped_cell(root, before):
     """A study that names SGD trains its decoders as before: every cell, decoders included,
-    byte-identical (but the pp cells, whose schedule and micro-batches changed: issue 49)."""
+    byte-identical (but the pp cells, whose schedule and micro-batches changed)."""
     for name in ("config/config.yaml", "config/studies/parallelism.yaml"):
         study = shipped(root, name, optimizer={"name": "sgd"})
         old = before["studies"][name]["cells"]
         for cell in study.cells:
             if cell.path not in old or cell.pp_degree > 1:
                 continue
-            if cell.tp_plan == "complete":  # issue 49: the complete plan, a new identity
+            if cell.tp_plan == "complete":  # the complete plan: a new identity
                 then = json.loads(old[cell.path]["to_json"])
                 now = without_complete_tp(cell, json.loads(cell.to_json()))
                 assert {k: v for k, v in now.items() if k != "config_hash"} == {
