@@ -1,4 +1,4 @@
-"""On a CUDA GPU: the PyTorch timed window holds no host synchronisation (issue 30).
+"""On a CUDA GPU: the PyTorch timed window holds no host synchronisation.
 
 Skipped where torch.cuda.is_available() is false (the CPU variant, counting synchronisations
 through the adapter's hooks, is tests/unit/rank/test_timing.py). One rank runs in this

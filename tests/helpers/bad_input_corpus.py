@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue 17): study files, hardware files and command-line settings that
+"""The bad-input corpus: study files, hardware files and command-line settings that
 must each be refused before any job, with a precise message, in bounded time and memory,
 without touching an existing results/ folder.
 

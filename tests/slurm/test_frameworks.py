@@ -50,8 +50,8 @@ def test_framework_cell(mixed_study, framework, nodes):
     assert {r["param_count"] for r in ranks} == {391_466}  # the same model everywhere
     assert {r["per_rank_batch"] for r in ranks} == {8}
     assert records[-1]["value"]["throughput_samples_per_s"] > 0
-    # issue 21: every rank records its CPU binding; each node's first rank describes its node,
-    # every section present or explained, the job's allocation from scontrol
+    # the system probes: every rank records its CPU binding; each node's first rank describes its
+    # node, every section present or explained, the job's allocation from scontrol
     assert all(r["cpu_affinity"] for r in ranks)
     systems = [r["system"] for r in ranks if "system" in r]
     assert len(systems) == nodes
@@ -65,7 +65,7 @@ def test_framework_cell(mixed_study, framework, nodes):
 
 
 def test_every_environment_passed_its_preflight_on_two_nodes(mixed_study):
-    """Issue 46: one preflight per environment of the study (keras shares tensorflow's), each run
+    """The preflight: one per environment of the study (keras shares tensorflow's), each run
     on the cluster before its cells: the framework imported on 2 nodes; the environments with
     torch formed a gloo communicator and measured its all-reduce."""
     found = map(read_result, (mixed_study / "results/frameworks/preflight").glob("*.json"))

@@ -1,4 +1,4 @@
-"""Ranks bound next to their GPU (issue 47), on a local cluster with a fake GPU/NUMA topology
+"""Ranks bound next to their GPU, on a local cluster with a fake GPU/NUMA topology
 (scripts/slurm/cluster-up.sh --task-affinity: TaskPlugin=task/affinity; 2 nodes of 2 CPUs, each
 CPU a NUMA node of its own, seen by Slurm and by the ranks; 4 fake GPUs per node, gres.conf
 `Cores=`: GPUs 0 and 1 next to CPU 0 / NUMA node 0, GPUs 2 and 3 next to CPU 1 / NUMA node 1).

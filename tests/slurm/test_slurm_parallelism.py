@@ -1,8 +1,8 @@
-"""Sharded data parallel on the local Slurm cluster (issue 31): a 2-node fsdp cell and a 2-node
+"""Sharded data parallel on the local Slurm cluster: a 2-node fsdp cell and a 2-node
 hsdp cell of the tiny decoder through `snakemake --profile profiles/slurm`, their ranks started
 by srun on the two nodes, ending in the report; each rank holds half of the model's parameter,
 gradient and optimizer-state bytes under fsdp, all of them under hsdp (one rank per node:
-sharded within the node, replicated across), as predicted, with AdamW's state (issue 48), and
+sharded within the node, replicated across), as predicted, with AdamW's state, and
 the report's memory table shows both."""
 
 from __future__ import annotations

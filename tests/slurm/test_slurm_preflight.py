@@ -1,4 +1,4 @@
-"""The preflight on the project's real local Slurm cluster (issue 46): a study of two hardware
+"""The preflight on the project's real local Slurm cluster: a study of two hardware
 entries, run with `snakemake --profile profiles/slurm` as a user runs it.
 
 - `gpu`: the cluster's fake GPUs (GRES gpu:fake:2), a `nvidia-smi` on PATH that reports two H100

@@ -35,9 +35,8 @@ def slurm_study(cluster, tmp_path_factory):
     waits for that copy, under the same lock as on separate nodes), and loading a module of
     the test's own (site/modulefiles/testmod, on MODULEPATH as a login node's environment names
     a site's tree; the jobs inherit it) with an env variable for its ranks, through the
-    cluster's Lmod (issue 44; without Lmod, outside CI, neither); with an sbatch and an srun
-    option of the site's own (issue 47: harmless on two free nodes, visible in what the ranks
-    record)."""
+    cluster's Lmod (without Lmod, outside CI, neither); with an sbatch and an srun option of
+    the site's own (harmless on two free nodes, visible in what the ranks record)."""
     dest = tmp_path_factory.mktemp("slurm-study")
     cpu = {
         "stage_dir": str(dest / "node-local"),
@@ -69,9 +68,9 @@ def test_two_node_cell_runs_on_two_distinct_nodes(slurm_study):
 
 
 def test_every_rank_runs_with_its_entrys_modules_and_env(slurm_study):
-    """Issue 44, item 2: the cpu entry's `modules: [testmod]` and `env:` reach every rank of
-    every cell, on both nodes: each records the module's marker first on PATH, the module's
-    variable and the env variable; the report's Systems table shows them."""
+    """A hardware entry's modules and env: the cpu entry's `modules: [testmod]` and `env:` reach
+    every rank of every cell, on both nodes: each records the module's marker first on PATH, the
+    module's variable and the env variable; the report's Systems table shows them."""
     needs_lmod()
     marker = str(slurm_study / "site" / "testmod-bin")
     cells = [c.replace("/runs/", f"/{w}/") for c in (CELL_N1, CELL_N2) for w in WORKLOADS]
@@ -90,12 +89,12 @@ def test_every_rank_runs_with_its_entrys_modules_and_env(slurm_study):
 
 
 def test_the_entrys_sbatch_and_srun_options_reach_the_job_and_the_ranks_step(slurm_study):
-    """Issue 47: the cpu entry's `sbatch_options: --contiguous` reach every cell job (rank 0
-    records its job as Slurm has it: Contiguous=1), and `srun_options: --distribution
-    block:block` every cell's ranks' step: srun exports SLURM_DISTRIBUTION=block:block to each
-    rank (a step of one task per node is `cyclic` by default inside a job). The 1-node cell too:
-    the project's executor runs the launcher in the job itself (dlscale.workflow.jobstep), so
-    its one rank starts through srun as well."""
+    """The site's own options: the cpu entry's `sbatch_options: --contiguous` reach every cell job
+    (rank 0 records its job as Slurm has it: Contiguous=1), and `srun_options: --distribution
+    block:block` every cell's ranks' step: srun exports SLURM_DISTRIBUTION=block:block to each rank
+    (a step of one task per node is `cyclic` by default inside a job). The 1-node cell too: the
+    project's executor runs the launcher in the job itself (dlscale.workflow.jobstep), so its one
+    rank starts through srun as well."""
     for cell in (CELL_N1, CELL_N2):
         starts = [r["value"] for r in records(slurm_study / cell) if r["event"] == "rank_start"]
         first = next(s for s in starts if s["node_index"] == 0 and s["local_rank"] == 0)
@@ -106,7 +105,7 @@ def test_the_entrys_sbatch_and_srun_options_reach_the_job_and_the_ranks_step(slu
 
 
 def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_study):
-    """Issue 15: the tiny study's convergence cells on the cluster: the 2-node cell's ranks on
+    """Real data on the cluster: the tiny study's convergence cells: the 2-node cell's ranks on
     2 distinct nodes under srun, every epoch's accuracy agreed by both, the target reached."""
     path = slurm_study / CELL_N2.replace("/runs/", "/convergence/")
     recs = records(path)

@@ -1,4 +1,4 @@
-"""The `dlscale` command outside Slurm (issue 42, item 4): its dispatcher (dlscale.__main__)
+"""The `dlscale` command outside Slurm: its dispatcher (dlscale.__main__)
 hands `check`, `bless`, `compare` and `status --all` to their modules with the right
 arguments, on a study's results folder on a machine without squeue; the console script is
 installed and answers an unknown command with its usage."""

@@ -1,4 +1,4 @@
-"""The package's floors hold (issues 28 and 43): every subpackage sits on one floor, a module
+"""The package's floors hold: every subpackage sits on one floor, a module
 imports only its own floor and the floors below it, analysis and outputs never import the run
 side, a framework or a framework's model builders, and no import cycle exists, counting imports
 inside functions too (a lazy import is still a dependency a reader must follow).
@@ -28,7 +28,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "scripts" / "dlscale"
 # - frameworks: the adapters, which call down into rank;
 # - run: what drives the adapters (launcher, the rank's main, the convergence loop);
 # - analysis, outputs, decisions, workflow: the stages after the run, in order.
-# No arrow runs back up a floor (issue 43's target allowed one; none is left).
+# No arrow runs back up a floor.
 FLOORS = (
     "registry",
     "models",
@@ -141,8 +141,8 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_every_module_sits_on_a_floor():
-    """No flat modules beside the floors (issue 28): only the package's entry points; and every
-    subpackage is on exactly one floor (issue 43), so the check below covers all of them."""
+    """No flat modules beside the floors: only the package's entry points; and every
+    subpackage is on exactly one floor, so the check below covers all of them."""
     flat = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert flat == ["__init__.py", "__main__.py"]
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}

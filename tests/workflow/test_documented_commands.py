@@ -1,4 +1,4 @@
-"""Issue 41: every command README.md and the quickstart show, run as printed against a tiny study,
+"""Every command README.md and the quickstart show, run as printed against a tiny study,
 does what the page says and loses no measurement, whatever the folders beside the study are
 called; every command a message suggests, pasted as printed, acts on the same study.
 

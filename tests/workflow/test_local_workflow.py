@@ -136,7 +136,7 @@ def test_tiny_study_reaches_the_pdf(finished_study):
     assert list(conv["global_batch"]) == [16, 32] and list(conv["lr_rule"]) == ["linear"] * 2
     assert conv.loc[2, "effective_learning_rate"] == pytest.approx(0.1)  # 0.05 x 32 / 16
     # every rank's loader alone measured after training: the shipped digits feed cnn_small
-    # with room to spare (issue 15's target: >= 3x), so no cell is input-bound
+    # with room to spare (the target: >= 3x), so no cell is input-bound
     assert (conv["loader_train_ratio"] >= 3).all() and not conv["input_bound"].any()
     assert conv["stage_dir"].isna().all()  # the local hardware entry stages nothing
     status = pd.read_csv(work / "results/tiny/tables/status.csv")
@@ -296,7 +296,7 @@ NO_TEX = "dlscale: TeX not found on PATH"
 
 
 def test_without_tex_all_but_the_pdf_is_built_and_said_first(finished_study, tmp_path):
-    """Without latexmk/pdflatex on PATH (a login node, issue 44) the run succeeds: tables,
+    """Without latexmk/pdflatex on PATH (a login node) the run succeeds: tables,
     figures and the report's sources are built, no PDF job runs, and one notice before the
     first job names the command that builds the PDF, which does so where TeX is."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{path_without_tex(tmp_path / 'bin')}")
@@ -352,7 +352,7 @@ def test_missing_framework_environment_is_an_early_error(tmp_path, tiny_config):
     assert "of mxnet run in .venvs/mxnet, which does not exist" in out
     assert "build it with: bash scripts/setup.sh mxnet" in out
     assert "No job was started." in out
-    # the environments where DLSCALE_ENVS_DIR says (issue 44; a login node without TeX): found
+    # the environments where DLSCALE_ENVS_DIR says (a login node without TeX): found
     # there, and the plan has every job but the PDF's
     env = {
         **os.environ,
@@ -386,7 +386,7 @@ def kept(checksums: dict[str, str]) -> set[tuple[str, str]]:
 
 
 def test_studies_side_by_side_and_nothing_measured_is_lost(tmp_path, tiny_config):
-    """Issue 20: two studies with the same cells in one checkout, a changed launcher and step
+    """Two studies with the same cells in one checkout, a changed launcher and step
     count that stop the run, an explicit re-measure and a --forcerun that keep the old files."""
     import pandas as pd
 
@@ -468,7 +468,7 @@ HOSTILE_RUNS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_RUNS))
 def test_hostile_input_stops_the_workflow_and_touches_nothing(tmp_path, tiny_config, case):
-    """Issue 17, through Snakemake: a clear error, no traceback, no code run, results/ intact."""
+    """Hostile input through Snakemake: a clear error, no traceback, no code run, results/ kept."""
     import hashlib
     import os
 
@@ -505,7 +505,7 @@ def test_title_with_braces_and_specials_plans(tmp_path, tiny_config):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
-# ---- issue 18: Snakemake's report, regression verdicts, study comparison -----------------------
+# ---- Snakemake's report, regression verdicts, study comparison ---------------------------------
 
 
 def test_snakemake_report_holds_every_figure_and_table_of_the_pdf(finished_study):

@@ -1,4 +1,4 @@
-"""A login node (issue 44): a plain user, no root, no apt, no TeX on PATH, sets up the driver
+"""A login node: a plain user, no root, no apt, no TeX on PATH, sets up the driver
 and runs a small study.
 
 As root the test creates an unprivileged user (`dlscale-login`, kept for the next run) and gives
@@ -11,7 +11,7 @@ and checks that the set-up exits 0; that tables, figures, the report's sources a
 report are built and the PDF is not; that the no-TeX notice comes before the first job; and
 that the user wrote nothing outside the checkout, the environments folder and its own cache
 folders (~/.cache: pip's, Snakemake's, matplotlib's). The full set-up of every framework as a
-plain user is a benchmark (benchmarks/README.md, "Issue 44")."""
+plain user is a benchmark (benchmarks/README.md, "Set-up as a plain user")."""
 
 from __future__ import annotations
 

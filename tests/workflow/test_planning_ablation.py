@@ -70,9 +70,10 @@ def _jobs_by_shape(jobs, cells: set) -> tuple[set, set]:
 
 
 def test_the_bare_baseline_plans_the_projects_jobs_with_the_same_files(tmp_path):
-    """planning.py's baseline (issue 33: "a bare Snakefile with the same number of jobs"): built
-    from the project's own dry-run listing, it plans as many jobs as the project, the same cells,
-    and every other job with the same input and output files, so the same files link them."""
+    """planning.py's baseline ("a bare Snakefile with the same number of jobs",
+    docs/pages/decisions/dry-run-baseline.md): built from the project's own dry-run listing, it
+    plans as many jobs as the project, the same cells, and every other job with the same input and
+    output files, so the same files link them."""
     planning = _planning()
     common = planning.common
     work = common.copy_workflow(ROOT, tmp_path / "project", common.default_venvs(ROOT))

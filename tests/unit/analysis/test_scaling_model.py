@@ -287,7 +287,7 @@ def test_memory_per_rank_is_measured_or_predicted_from_the_sharding():
     memory, source = ss.memory_per_rank(series, [1, 2, 8])
     assert memory == pytest.approx([(500 - 100) * 2 + 100, 500, 500])
     assert source == ["predicted from n=2", ss.MEASURED, "predicted from n=4"]
-    # no memory recorded (issue 48): a lower bound, the model's state with its optimizer
+    # no memory recorded: a lower bound, the model's state with its optimizer
     # (float32 parameters and gradients, SGD's momentum 4 bytes, AdamW's moments 8), said so
     from dlscale.models import SPECS
 

@@ -1,4 +1,4 @@
-"""Convergence validity (issue 32 item 3): each convergence series' epochs to target at every
+"""Convergence validity: each convergence series' epochs to target at every
 global batch against its reference convergence point (the smallest global batch), flagged too
 fast or too slow outside a band from the reference's repetitions, or a stated fixed tolerance
 where the reference has one repetition; the tables, the report's macros and table, the config

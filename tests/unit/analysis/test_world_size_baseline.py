@@ -1,4 +1,4 @@
-"""Speedup against world size 1 where it was measured (issue 46, item 4), the old baseline rule
+"""Speedup against world size 1 where it was measured, the baseline of the smallest node count
 for every table of one ranks per node per group, and figures over world size where nodes are not
 the scaling unit."""
 

@@ -1,4 +1,4 @@
-"""Benchmarks that cannot rot (issue 42, item 5): every script in benchmarks/ runs its smallest
+"""Benchmarks that cannot rot: every script in benchmarks/ runs its smallest
 case here, as a user runs it (a fresh process, PYTHONPATH=scripts), so a changed API breaks a
 test, not a user (benchmarks/aggregate.py had stopped at its first cell: `Cell.__init__()
 missing 1 required positional argument: 'mode'`). Each case asserts its exit status and the

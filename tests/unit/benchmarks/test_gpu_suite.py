@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py's CPU path (issue 50): the suite that carries every GPU check starts,
+"""benchmarks/gpu_suite.py's CPU path: the suite that carries every GPU check starts,
 parses and writes without a GPU, so it cannot rot between GPU runs.
 
 One run of `gpu_suite.py --device cpu` (tiny models, fp32, eager) in a fresh process whose
@@ -209,7 +209,7 @@ def test_the_cuda_plan_is_accepted_by_the_production_adapter(cpu_run_started):
     """What a GPU run will ask, checked here without a GPU: every row of steps c-f names a
     registered model and a precision, mode and parallelism the production adapter accepts on
     CUDA (made, not set up: nothing touches a device); the decoder is the largest registered
-    one of the plan's list; the fidelity cases are the issue's."""
+    one of the plan's list; the fidelity cases are the targets'."""
     from dlscale.frameworks.base import TrainSpec
     from dlscale.models import SPECS
     from dlscale.rank.rank_context import RankContext
@@ -288,7 +288,7 @@ def test_every_cpu_row_runs_and_the_gpu_rows_say_why_not(cpu_run):
     expected = ["environment"]
     expected += [f"fidelity cnn_small fp32 b8 {mode}" for mode in suite.MODES]
     expected += [s["row"] for s in suite.child_rows("cpu", plan)]
-    assert [r["row"] for r in rows] == expected  # every row once, in the issue's order
+    assert [r["row"] for r in rows] == expected  # every row once, in the suite's order
     assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
     for row in rows:
         assert row["format"] == suite.FORMAT and row["version"] == suite.VERSION

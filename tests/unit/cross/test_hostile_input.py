@@ -1,5 +1,5 @@
-"""Issue 17 beyond the corpus: Slurm arguments cannot be altered by hardware entries, the
-launcher must match the executor, provenance names the project's own commit, metrics files
+"""Hostile input beyond the bad-input corpus: Slurm arguments cannot be altered by hardware entries,
+the launcher must match the executor, provenance names the project's own commit, metrics files
 honour the umask, and the end-of-run message keeps cells apart from report steps."""
 
 from __future__ import annotations

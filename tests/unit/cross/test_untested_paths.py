@@ -1,4 +1,4 @@
-"""Paths a user meets that no test walked (issue 42, item 4): the hardware file to the
+"""Paths a user meets that no test walked: the hardware file to the
 planner's partitions, the RAPL reader's wrap-around, and plan.default_samples. Each was shown
 failing under a deliberate break (the commit that added it says which)."""
 
@@ -27,7 +27,7 @@ def test_the_hardware_file_becomes_the_planners_partitions():
     assert set(parts) == set(hardware)
     v100 = parts["v100"]
     # device_memory_gib is GiB, the planner's memory MiB, less the headroom the measured peak
-    # does not see (issue 48: memory_headroom_gib, 1 GiB on a GPU entry that states none)
+    # does not see (memory_headroom_gib, 1 GiB on a GPU entry that states none)
     assert v100.device_memory_mb == (32 - 1) * 1024 and not v100.headroom_stated
     stated = partitions_from_hardware({"v100": {**hardware["v100"], "memory_headroom_gib": 0}})
     assert stated[0].device_memory_mb == 32 * 1024

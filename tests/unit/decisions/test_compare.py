@@ -1,4 +1,4 @@
-"""Compare knows what it compares (issue 42, item 3): settings, the competition flag and
+"""Compare knows what it compares: settings, the competition flag and
 provenance differences come first, each difference is a column of its own, and a cell whose
 settings differ is never called faster or slower without saying so."""
 

@@ -370,7 +370,7 @@ def test_a_job_in_tokens_for_a_model_without_a_sequence_length_is_refused():
         pl.parse_job("gpt2_tiny:epochs=3")
 
 
-# Issue 41: what the planner refuses from the study's settings alone is refused when the study is
+# What the planner refuses from the study's settings alone is refused when the study is
 # parsed (dlscale.decisions.plan_jobs.plan_problems, called by rules/common.smk), with the
 # planner's own message: each case is refused both ways, and the messages are the same.
 PARSE_TIME_REFUSALS = {
@@ -424,7 +424,7 @@ def test_a_plan_the_planner_can_make_passes_the_parse_time_checks(root):
     )
 
 
-# Issue 48: the fit check's limit is device_memory_gib less a headroom stated in the hardware
+# The fit check's limit is device_memory_gib less a headroom stated in the hardware
 # entry (memory_headroom_gib; the device's default where none is stated), and a series with no
 # memory measured is held against its model's state with its optimizer (AdamW: 8 bytes of
 # float32 moments per parameter, SGD's momentum 4), a lower bound that rules options out.

@@ -1,4 +1,4 @@
-"""CUDA wheel lines chosen by the driver (issue 45): an entry that states a driver which cannot
+"""CUDA wheel lines chosen by the driver: an entry that states a driver which cannot
 run PyPI's CUDA 13 torch gets PyTorch's newest line it runs (cu128, cu126), an environment of its
 own with its own identity, installed from PyTorch's index (or a site's mirror). PyTorch's index
 is not reachable from the project's machines: the resolution is checked against a local index
@@ -206,7 +206,7 @@ def test_a_line_does_not_resolve_from_another_lines_index_and_pypi_keeps_cuda_13
 
 
 def test_the_users_pip_configuration_reaches_a_cuda_install(index, tmp_path):
-    """setup.sh installs without --isolated (issue 44): a site's mirror named in a pip.conf (or
+    """setup.sh installs without --isolated: a site's mirror named in a pip.conf (or
     PIP_INDEX_URL, every test above) serves a CUDA line's packages beside the line's index."""
     conf = tmp_path / "pip.conf"
     conf.write_text(f"[global]\nindex-url = {(index / 'pypi').as_uri()}\n")

@@ -1,4 +1,4 @@
-"""The CUDA environments resolve on PyPI to CUDA builds (issue 29). Their wheels are GBs, so
+"""The CUDA environments resolve on PyPI to CUDA builds. Their wheels are GBs, so
 pip resolves each envs/*-cuda.txt as scripts/setup.sh installs it (--isolated: PyPI only, no
 local CPU wheel or constraint can stand in) with --dry-run, nothing installed. The index serves no
 separate metadata files (PEP 658), so a plain --dry-run downloads every wheel in full (~2.5 GB an

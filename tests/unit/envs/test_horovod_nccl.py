@@ -1,4 +1,4 @@
-"""Horovod with NCCL that builds (issue 45): scripts/build-horovod.sh --cuda gives Horovod's CMake
+"""Horovod with NCCL that builds: scripts/build-horovod.sh --cuda gives Horovod's CMake
 a folder inside the environment holding NCCL under the names its FindNCCL.cmake searches
 (nccl.h, libnccl.so; pip's nvidia-nccl ships libnccl.so.2 only), checked by running Horovod's own
 FindNCCL.cmake (from the pinned sdist) with CMake; and a CUDA toolkit whose major is not torch's

@@ -1,6 +1,6 @@
-"""Issue 46: every process group a strategy creates, the device mesh's subgroups included, waits
-at most the project's collective timeout (not the backend's 10 minutes for NCCL, 30 for gloo):
-real gloo ranks, one of which never joins a tensor-parallel group's allreduce."""
+"""Collective timeouts: every process group a strategy creates, the device mesh's subgroups
+included, waits at most the project's collective timeout (not the backend's 10 minutes for NCCL, 30
+for gloo): real gloo ranks, one of which never joins a tensor-parallel group's allreduce."""
 
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ def test_one_rank_local_launch(tmp_path):
     records = run_cell(tmp_path, cell)
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
     assert len(starts) == 1
-    # world size 1: the plain PyTorch loop, no Horovod rendezvous or allreduce (issue 13)
+    # world size 1: the plain PyTorch loop, no Horovod rendezvous or allreduce (the single-device
+    # baseline)
     assert starts[0]["backend"] == "none (world size 1)"
     assert starts[0]["wrapper"] == "none (world size 1)"
     assert records[0]["value"]["provenance"]["world_size"] == 1

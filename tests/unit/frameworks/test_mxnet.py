@@ -160,7 +160,7 @@ def test_one_rank_local_launch(tmp_path):
     starts = [r["value"] for r in records if r["event"] == "rank_start"]
     assert len(starts) == 1
     s = starts[0]
-    # world size 1: no kvstore at all, the update runs in the worker (issue 13)
+    # world size 1: no kvstore at all, the update runs in the worker (the single-device baseline)
     assert s["backend"] == "none (world size 1)"
     assert s["param_count"] == TORCH_COUNTS["cnn_small"]
     assert set(s["libraries"]) == {"mxnet", "numpy"} and s["libraries"]["mxnet"] == "1.9.1"

@@ -193,7 +193,7 @@ def test_a_study_with_activation_checkpointing_runs_its_cells_with_it(root, base
 def test_a_tp_cell_measured_with_the_blocks_plan_is_flagged_when_the_complete_plan_is_planned(
     tmp_path, monkeypatch
 ):
-    """A tp cell's metrics written before issue 49 have no tp_plan: it ran the blocks plan, so
+    """A tp cell's metrics without tp_plan ran the blocks plan (its LATER_FIELDS value), so
     the planned complete-plan cell differs (dlscale.store.measurements.changed_cells) and is
     never taken for measured; a compiled cell likewise for compile_scope."""
 

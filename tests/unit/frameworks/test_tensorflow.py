@@ -251,7 +251,7 @@ def test_local_launch_writes_a_valid_metrics_file(tmp_path, tf_python, framework
     assert ("tf_keras" if framework == "keras" else "keras") in first["libraries"]
     if nodes > 1:
         assert "MultiWorkerMirroredStrategy" in first["backend"]
-    else:  # world size 1: TensorFlow's default strategy, no cluster (issue 13)
+    else:  # world size 1: TensorFlow's default strategy, no cluster (the single-device baseline)
         assert first["backend"] == "none (world size 1)"
     build = first["system"]["framework_build"]  # TF's build info, by each node's first rank
     assert build["available"] and build["framework"] == "tensorflow"

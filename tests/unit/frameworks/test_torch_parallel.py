@@ -124,7 +124,7 @@ def test_a_study_puts_every_strategy_beside_frameworks_and_node_counts(root, bas
     for cell in study.cells:
         by.setdefault(cell.parallelism, []).append(cell)
     assert sorted(by) == sorted(ONE_NODE_STRATEGIES)
-    # micro-batches: at least twice the stages (issue 49), 1F1B by default
+    # micro-batches: at least twice the stages, 1F1B by default
     assert {(c.world_size, c.pp_degree, c.microbatches) for c in by["pp"]} == {(2, 2, 4), (4, 4, 8)}
     assert {c.pp_schedule for c in by["pp"]} == {"1f1b"}
     assert {(c.pp_degree, c.microbatches) for c in by["ddp"] + by["tp"]} == {(1, 1)}
@@ -214,7 +214,7 @@ def test_a_pipeline_excluded_at_a_node_count_is_checked_only_where_it_runs(root,
 
 
 def test_adapters_read_their_strategies_from_their_records():
-    """An adapter's strategies are its framework record's (issue 43): no adapter module restates
+    """An adapter's strategies are its framework record's: no adapter module restates
     them, and the record says which frameworks offer each strategy."""
     from dlscale.frameworks import horovod, pytorch
 
@@ -709,7 +709,7 @@ def test_cells_of_each_strategy_record_memory_per_rank(tmp_path):
     assert ratio <= 1 / 2 * 1.10
     assert cells["ddp"]["param_bytes_per_rank_max"] == 4 * 5_289_986  # fp32, full replica
     assert "fully_shard" in cells["fsdp"]["wrapper"]
-    # issue 48: the predicted parts beside the measured bytes, and the report's table of them
+    # the predicted parts beside the measured bytes, and the report's table of them
     import pandas as pd
 
     from dlscale.outputs.memory_table import write_memory_table

@@ -1,4 +1,4 @@
-"""Issue 48 in one process: seeded initial values that do not depend on where a model lives
+"""Training memory in one process: seeded initial values that do not depend on where a model lives
 (dlscale.models.torch.seeded_init), the predicted memory parts (dlscale.frameworks.torch_memory)
 and the timed window's device peak (the CUDA calls monkeypatched: there is no GPU here, so the
 test checks that the production loop resets the peak statistics after the warm-up and re-warm

@@ -1,4 +1,4 @@
-"""Model FLOPs, tokens and MFU (issue 31 items 2 and 4): the decoder's FLOP count against a hand
+"""Model FLOPs, tokens and MFU: the decoder's FLOP count against a hand
 count and 6N, MFU from constructed numbers, the unknown-peak path, sparse peaks refused, the
 peak in no hash, sequence length as a study parameter, and the tiny decoder trained by one real
 rank through the launcher."""
@@ -69,7 +69,7 @@ def test_decoder_flops_within_2_percent_of_6n_plus_attention(name: str) -> None:
 
 
 def test_llama3_8b_flops_per_token_as_torchtitan_counts_them() -> None:
-    """Llama 3.1 8B at sequence 8,192 (issue 48): 57.9 GFLOP per token within 1 %, in
+    """Llama 3.1 8B at sequence 8,192: 57.9 GFLOP per token within 1 %, in
     torchtitan's convention (6 N, N the 8,030,261,248 parameters less the 525,336,576 of the
     input embedding, a lookup; + 12 L d S), and counted by FlopCounterMode over a forward and
     backward of the model built on the meta device (2 sequences of 8,192 tokens; no memory)."""

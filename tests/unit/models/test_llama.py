@@ -1,4 +1,4 @@
-"""The Llama-3 family (issue 48): shapes and parameter counts of the three registry entries (the
+"""The Llama-3 family: shapes and parameter counts of the three registry entries (the
 1B and 8B built on the meta device), RoPE, grouped-query attention and causality against
 independent implementations, init_weights reproducing the seed's values after to_empty, the
 debug model training on a CPU, and the refusals before any job (frameworks, pipeline, heads)."""
@@ -218,7 +218,7 @@ def _config(base_config, **axes) -> dict:
             "framework 'tensorflow' has no builder for model 'llama3_debug'",
         ),
         (
-            # the Llama family runs as stages (issue 49): at most its pieces (2 layers, the
+            # the Llama family runs as stages: at most its pieces (2 layers, the
             # embedding and the head), 2 per rank under interleaved_1f1b
             {
                 "axes": {"parallelism": ["pp"]},

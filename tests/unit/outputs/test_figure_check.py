@@ -1,4 +1,4 @@
-"""Every figure family checked by machine (issue 42, item 1): drawn by the production plotting
+"""Every figure family checked by machine: drawn by the production plotting
 functions from the demo's tables and from adversarial ones (one panel 10x the others, a single
 point per series, NaN intervals, 1 and 12 panels), each saved figure is inspected from its drawn
 artists (tests/helpers/figure_check.py): 0 points or error bars outside their axes, 0 axes without
@@ -39,7 +39,7 @@ QUANTITIES = [
 
 
 def demo_cells() -> pd.DataFrame:
-    """The demo's cells as the user's walk found them (issue 42): the 1-node point of
+    """The demo's cells as a user's walk through the demo found them: the 1-node point of
     cnn_small strong far above its 2-node point in every per-device quantity (111 % CPU
     utilisation, 0.062 TFLOP/s against 0.043 and below), gpt2_tiny weak slower at 2 nodes
     (551 samples/s) than at 1 (624)."""

@@ -1,4 +1,4 @@
-"""Figures that cannot mislead (issue 32, items 4 and 5): every figure family, drawn by the
+"""Figures that cannot mislead: every figure family, drawn by the
 production plotting functions from a synthetic study, draws no bar on a logarithmic axis; a
 predicted point is drawn apart from measured ones and no further than its series' validation
 supports, and the captions say how far predictions reach."""

@@ -149,7 +149,7 @@ def test_failed_and_missing_table_is_bounded_and_lists_failed_cells_first(tmp_pa
 
 
 def _demo_like_status(failed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The demo's shape (issue 28): 16 throughput cells in cells.csv, and a status.csv of all
+    """The demo's shape: 16 throughput cells in cells.csv, and a status.csv of all
     20 planned cells (16 throughput, 4 convergence), `failed` convergence cells failed."""
     cells, scaling, status = study_tables(DEMO)
     cells = cells.assign(

@@ -1,4 +1,4 @@
-"""The report's text checked by machine (issue 42, item 2): the report is rendered by the
+"""The report's text checked by machine: the report is rendered by the
 production code (dlscale.outputs.report: macros, tables, the Jinja template; the planner's
 Recommendations macros) for the demo, a one-repetition study, a CPU-only and a GPU study and a
 study with competing cells; its macros are expanded into the text a reader sees, and every

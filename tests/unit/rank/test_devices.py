@@ -1,4 +1,4 @@
-"""GPU first contact without a GPU (issue 29): the device a rank picks under every binding, the
+"""GPU first contact without a GPU: the device a rank picks under every binding, the
 physical board it records, the energy meter's NVML lookups and errors (a fake NVML: no GPU
 here), tolerant nvidia-smi parsing, the launcher's GPU options and rendezvous ports, and the
 hardware keys that say where a GPU cell queues."""

@@ -1,4 +1,4 @@
-"""hardware.yaml `gpu_binding` in its four forms (issue 47): the srun options the launcher states
+"""hardware.yaml `gpu_binding` in its four forms: the srun options the launcher states
 for each (dlscale.registry.gpu_bindings, dlscale.run.launch.gpu_step_options), a map's checks
 with hostile and wrong input, the identity of node and task cells, the inherited binding
 variables the launcher removes, the device a `closest` rank takes, and what the preflight's

@@ -341,8 +341,9 @@ def test_the_systems_table_carries_the_placement_of_each_node(tmp_path):
 
 
 def test_the_systems_table_shows_an_entrys_modules_and_env_only_where_it_has_them():
-    """Issue 44: each rank's `site_env` (the hardware entry's modules and env as it saw them)
-    becomes a Modules row (asked for, and LOADEDMODULES) and an env row per hardware entry."""
+    """A hardware entry's modules and env: each rank's `site_env` (the hardware entry's modules and
+    env as it saw them) becomes a Modules row (asked for, and LOADEDMODULES) and an env row per
+    hardware entry."""
     plain = systems_table(cell_systems(_cell_records(), "gpu/a/r1"))
     assert not {"Modules", "Site environment (env:)"} & set(plain["field"])
     records = _cell_records()

@@ -1,4 +1,4 @@
-"""Telemetry per rank during the timed window (issue 30 item 4): the CPU side sampled for real
+"""Telemetry per rank during the timed window: the CPU side sampled for real
 on this machine, the GPU side through a fake NVML (no GPU here: NVML needs one), a real rank
 launched through the launcher, the per-cell columns and straggler detail, the figure and the
 report's sentences."""

@@ -1,4 +1,4 @@
-"""The PyTorch timed window holds no host synchronisation (issue 30), through real launches on
+"""The PyTorch timed window holds no host synchronisation, through real launches on
 the CPU: every rank counts its synchronisations through the adapter's own hooks and PyTorch's
 host reads (dlscale.rank.timing.SyncAudit, DLSCALE_SYNC_AUDIT=1); DDP's sampled
 runtime-stats iterations all precede the window; the fp16 path's fused SGD keeps GradScaler off
@@ -160,7 +160,7 @@ def test_the_first_step_deadline_is_in_no_identity():
 
 
 def test_the_energy_window_opens_after_the_devices_queue_is_drained(monkeypatch):
-    """Issue 46: work still queued on the device when the window opens (the re-warm steps) is
+    """Work still queued on the device when the window opens (the re-warm steps) is
     not counted. A stand-in for a device queue: each step queues one unit of energy, a sync
     runs what is queued; the meter reads the energy run so far. With the meter started before
     the window's opening sync, the re-warm steps' units were counted too."""

@@ -1,4 +1,4 @@
-"""The driver table (issue 45): data with its source, minor version compatibility, and the
+"""The driver table: data with its source, minor version compatibility, and the
 hardware keys that state a node's driver, checked early and hashed nowhere."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One home for what a framework is and what a strategy is (issue 43): the records in
+"""One home for what a framework is and what a strategy is: the records in
 dlscale.registry are complete or refused at import, every other place reads them, and the names
 are listed once."""
 
@@ -161,7 +161,7 @@ def test_setup_reads_the_environments_with_the_standard_library_alone():
 
 
 def test_the_environments_folder_is_the_checkouts_or_dlscale_envs_dir(tmp_path):
-    """Where setup.sh builds the framework environments and the workflow finds them (issue 44):
+    """Where setup.sh builds the framework environments and the workflow finds them:
     .venvs/ in the checkout, or DLSCALE_ENVS_DIR (absolute, or from the checkout)."""
     co = tmp_path / "co"
     assert frameworks.environments_dir(co, {}) == co / ".venvs"

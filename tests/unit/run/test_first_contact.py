@@ -1,4 +1,4 @@
-"""First contact ends and explains (issue 46, item 2): the launcher bounds communicator set-up
+"""First contact ends and explains: the launcher bounds communicator set-up
 and the first step from outside the ranks (dlscale.run.first_contact), and a failed cell's
 record and log end with the diagnosis (dlscale.run.diagnosis)."""
 

@@ -180,7 +180,7 @@ def test_missing_rank_file(tmp_path):
         metrics.read_rank_files(tmp_path, 2)
 
 
-# --- the fast read path (issue 7): it may only ever accept what the schema accepts ----------
+# --- the fast read path: it may only ever accept what the schema accepts ---------------------
 
 
 def _reference_valid(rec) -> bool:

@@ -1,4 +1,4 @@
-"""The bad-input corpus (tests/helpers/bad_input_corpus.py, issue 17): every case is refused with
+"""The bad-input corpus (tests/helpers/bad_input_corpus.py): every case is refused with
 its precise message, without hanging, without running code from a file and without touching an
 existing results/ folder (checksums before and after). The speed target (each refusal < 2 s and
 < 200 MB in a fresh process) is benchmarks/bad_inputs.py's, measured on an idle machine; here,

@@ -246,7 +246,7 @@ def test_defaults_fill_an_empty_config(root):
 
 
 def test_a_later_hardware_key_at_its_default_keeps_measured_cells_current():
-    """gpus_allocated_only (issue 14) at its default asks what an entry without it asked: the
+    """gpus_allocated_only at its default asks what an entry without it asked: the
     cells' hardware hash and the config hash stay those measured before the key existed."""
     from dlscale.study.hashes import hashed_hardware
 
@@ -294,7 +294,7 @@ def test_a_gres_gpu_type_the_slurm_plugin_would_refuse_is_an_early_error(root):
     assert validate_hardware({"a100": dict(entry, gpu_type="a100_80g")}, schema)
 
 
-# Issue 41: only study folders live directly under results/; the project's own names are refused.
+# Only study folders live directly under results/; the project's own names are refused.
 @pytest.mark.parametrize(
     "name", ["data", "DATA", "Site", "logs", "report.zip", "README.md", "runs", "Report"]
 )
@@ -317,7 +317,7 @@ def test_names_that_only_look_reserved_are_studies(root, name):
     assert load_workflow_study({"study": name}, root).config["study"] == name
 
 
-# Issue 44, item 2: a hardware entry's modules and env.
+# A hardware entry's modules and env.
 @pytest.mark.parametrize(
     "extra, expected",
     [

@@ -697,7 +697,7 @@ def rank0_epochs(records: list[dict]) -> list[dict]:
 def test_every_framework_reaches_the_target_on_digits_at_2_ranks_and_repeats_its_first_epoch(
     tmp_path, digits, framework
 ):
-    """Item 6 of issue 32: a real 2-rank launch of each framework (its own environment,
+    """A real 2-rank launch of each framework (its own environment,
     through the launcher) reaches 95 % on the shipped digits within the demo's 10 epochs, with
     the learning-rate rule and warm-up of every framework (0.05 rising to 0.1 at global batch
     32) and validation over the whole split; a second run of the same seed gives the same

@@ -1,4 +1,4 @@
-"""A 1-GPU base (issue 46, item 4): config axes.ranks_per_node gives GPU cells 1, 2, ... GPUs of a
+"""A 1-GPU base: config axes.ranks_per_node gives GPU cells 1, 2, ... GPUs of a
 node beside whole nodes; each value is checked against the entry's gpus_per_node, each class
 asks Slurm for its own GPUs, and a study without the axis keeps every cell as it was."""
 

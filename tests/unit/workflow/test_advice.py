@@ -30,7 +30,7 @@ def test_a_setting_joins_the_commands_one_config():
 
 
 def test_the_pdf_later_is_the_runs_own_command_with_the_pdf_first():
-    """The no-TeX notice's command (issue 44): the target before the options (after --config it
+    """The no-TeX notice's command: the target before the options (after --config it
     would be read as an entry), the study file kept, a dry run's flag dropped."""
     pdf = "results/mine/report/report.pdf"
     run = Invocation.parse(["--profile", "profiles/slurm", "-n", "--config", "study_file=m.yaml"])

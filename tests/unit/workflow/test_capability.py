@@ -1,4 +1,4 @@
-"""Can a planned cell's environment drive its device? (dlscale.workflow.capability, issue 29.)
+"""Can a planned cell's environment drive its device? (dlscale.workflow.capability.)
 
 The project's own environments (.venv, .venvs/*) are CPU builds on this machine: each is read
 as it is and must be refused for a GPU cell with the command that builds the CUDA one. The CUDA
@@ -122,7 +122,7 @@ def test_the_command_line_exits_1_only_when_cuda_is_expected(tmp_path, capsys):
     assert main(["--env-dir", str(env), "--framework", "pytorch", "--expect-cuda"]) == 1
     said = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert said["cuda"] is False and "CPU build" in said["detail"]
-    # the driver's .venv (setup.sh, issue 44): a CPU build expected, a CUDA build refused
+    # the driver's .venv (setup.sh): a CPU build expected, a CUDA build refused
     assert main(["--env-dir", str(env), "--framework", "pytorch", "--expect-cpu"]) == 0
     cuda = fake_env(tmp_path / "cuda", TORCH_CUDA)
     assert main(["--env-dir", str(cuda), "--framework", "pytorch", "--expect-cpu"]) == 1
