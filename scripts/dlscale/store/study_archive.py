@@ -26,7 +26,9 @@ as `<archive>.sha256`. That checksum names the study (README: citing a study).
 
 `verify` recomputes every file's sha256 from a tarball or an extracted folder and reports files
 changed, missing from or added to the manifest (exit status 1), and a `<archive>.sha256`
-beside a tarball that does not match it; it also resolves the configuration again from the
+beside a tarball that does not match it; a tarball with a member that has no place in a study
+archive (a link, a device file, a path outside its folder: `member_problem`) is refused before
+anything is extracted (exit status 2); it also resolves the configuration again from the
 archive's own files and command line (`rebuilt_config`) and reports any difference from
 `study-config.json`, so an archive proves it reproduces the study's settings.
 """
@@ -319,14 +321,63 @@ def _compare(manifest: dict[str, str], found: dict[str, str]) -> list[str]:
     return problems
 
 
+def member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why `member` has no place in a study archive, or None. An archive holds regular files and
+    folders only, each at a relative path that stays inside the folder it is extracted to: no
+    absolute path, no `..`, no link (symbolic or hard), device, FIFO or other special file."""
+    name = member.name
+    if member.issym() or member.islnk():
+        kind = "a symbolic link" if member.issym() else "a hard link"
+        return f"{name!r} is {kind} to {member.linkname!r}"
+    if member.isdev():
+        return f"{name!r} is a device file or FIFO"
+    if not member.isfile() and not member.isdir():
+        return f"{name!r} is neither a regular file nor a folder"
+    if name.startswith("/") or ".." in name.split("/"):
+        return f"{name!r} is a path outside the folder it would be extracted to"
+    return None
+
+
+def _refuse_unsafe(members: list[tarfile.TarInfo], what: str) -> None:
+    """ArchiveError naming the members that have no place in a study archive, if any."""
+    refused = [p for p in map(member_problem, members) if p]
+    if refused:
+        more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        raise ArchiveError(
+            f"{what}: refused, not a study archive: {'; '.join(refused[:5])}{more}. A study "
+            "archive holds only regular files and folders under one top folder; nothing was "
+            "extracted"
+        )
+
+
+def extract_files(tar: tarfile.TarFile, members, folder: Path) -> None:
+    """Write the regular files among `members` under `folder`, on every Python the project
+    accepts: tarfile's extraction filters (`filter="data"`) need 3.11.4 or newer, and Debian
+    12's python3 is 3.11.2. Every member is checked first (`member_problem`; ArchiveError
+    before anything is written), then only each file's bytes are written, to a path inside
+    `folder`: no link, device, owner, mode or time comes from the archive."""
+    folder = Path(folder).resolve()
+    members = list(members)
+    _refuse_unsafe(members, tar.name or "the archive")
+    targets = [(m, (folder / m.name).resolve()) for m in members if m.isfile()]
+    outside = [m.name for m, target in targets if folder not in target.parents]
+    if outside:
+        raise ArchiveError(f"refused, paths outside {folder}: {outside}; nothing was extracted")
+    for member, target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tar.extractfile(member) as data, open(target, "wb") as out:
+            for chunk in iter(lambda: data.read(_CHUNK), b""):
+                out.write(chunk)
+
+
 def _verify_tar(path: Path) -> list[str]:
     found, manifest, problems = {}, None, []
     with tarfile.open(path, "r:*") as tar:
-        for member in tar:
+        members = tar.getmembers()
+        _refuse_unsafe(members, str(path))
+        for member in members:
             top, _, name = member.name.partition("/")
             if not member.isfile():
-                if not member.isdir():
-                    problems.append(f"not a plain file: {member.name}")
                 continue
             data = tar.extractfile(member)
             if name == MANIFEST:
@@ -395,7 +446,7 @@ def _tar_config_problems(path: Path) -> list[str]:
         members = [
             m for m in tar.getmembers() if m.isfile() and m.name.split("/")[1:2] != ["results"]
         ]
-        tar.extractall(tmp, members=members, filter="data")
+        extract_files(tar, members, Path(tmp))
         tops = [p for p in Path(tmp).iterdir() if p.is_dir()]
         return config_problems(tops[0]) if len(tops) == 1 else ["no top folder"]
 

@@ -3,11 +3,18 @@ found."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import io
 import json
+import os
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from pathlib import Path
+
+import pytest
 
 from dlscale.store import study_archive as studyarchive
 
@@ -142,7 +149,7 @@ def test_cli_create_and_verify(tmp_path):
 
 
 def test_an_archive_rebuilds_the_resolved_configuration_from_its_own_files(tmp_path):
-    """Issue 41: base config, a study file outside the checkout, a --configfile and --config
+    """Base config, a study file outside the checkout, a --configfile and --config
     entries: the archive holds each, and its files alone resolve to the recorded configuration
     (study-config.json); a study file changed after the fact is found, by the manifest and by
     the rebuild."""
@@ -210,3 +217,131 @@ def test_an_archive_from_before_the_command_line_still_verifies(tmp_path, capsys
     manifest.write_text("".join(f"{ln}\n" for ln in lines if not ln.endswith("command-line.json")))
     assert studyarchive.verify(top) == []
     assert "note: no command-line.json" in capsys.readouterr().err
+
+
+# The oldest Python the project accepts (pyproject: >=3.11) that is on the machine: Debian 12's
+# python3 is 3.11.2, older than tarfile's extraction filters (3.11.4). Its stdlib with the
+# checkout's package and the packages verify imports (yaml, jsonschema) from the tests' venv,
+# built for CPython 3.11 as it is: nothing is installed for it.
+OLD_PYTHON = "/usr/bin/python3"
+BOTH_PYTHONS = [pytest.param(sys.executable, id="venv"), pytest.param(OLD_PYTHON, id="oldest")]
+
+
+def python_env(python: str) -> dict[str, str]:
+    if python == sys.executable:
+        return dict(os.environ)
+    if not Path(python).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{python} (Debian's python3, the oldest accepted Python) is missing")
+        pytest.skip(f"no {python} here (Debian's python3, the oldest accepted Python)")
+    paths = [str(ROOT / "scripts"), sysconfig.get_paths()["purelib"]]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    return dict(env, PYTHONPATH=os.pathsep.join(paths))
+
+
+def test_verify_runs_on_the_oldest_python_the_project_accepts(tmp_path):
+    """`python -m dlscale.store.study_archive verify` on Debian 12's 3.11.2 (no extraction
+    filters there): the archive verifies, its configuration rebuilt from its own files."""
+    env = python_env(OLD_PYTHON)
+    probe = "import sys, tarfile; print(sys.version_info[:2], hasattr(tarfile, 'data_filter'))"
+    seen = subprocess.run([OLD_PYTHON, "-c", probe], env=env, capture_output=True, text=True)
+    assert seen.stdout.split() == ["(3,", "11)", "False"], seen.stdout + seen.stderr
+    archive, _ = studyarchive.create(workflow_tree(tmp_path), root=tmp_path)
+    run = [OLD_PYTHON, "-m", "dlscale.store.study_archive", "verify", str(archive)]
+    ok = subprocess.run(run, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "every file matches its manifest, and its files resolve to" in ok.stdout
+    # and a changed file is still a difference (exit 1), not a crash
+    top = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        tar.extractall(top, filter="data")
+    (top / f"dlscale-s1/{CELL}/metrics.jsonl").write_text('{"m": 2}\n')
+    forged = tmp_path / "forged.tar.gz"
+    with tarfile.open(forged, "w:gz") as tar:
+        tar.add(top / "dlscale-s1", arcname="dlscale-s1")
+    bad = subprocess.run([*run[:-1], str(forged)], env=env, capture_output=True, text=True)
+    assert bad.returncode == 1 and f"changed: {CELL}/metrics.jsonl" in bad.stdout, bad.stderr
+
+
+def forged_archives(good: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    """The good archive with one member added that would reach outside the extraction folder:
+    a path with `..` (listed in the manifest, so only the safety check stops it), a symbolic
+    link out, a hard link out, a device file. Name -> (archive, the member's name)."""
+    with tarfile.open(good) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar]
+    evil = b"written outside\n"
+    cases = {}
+    for case, kind, name in (
+        ("dotdot", tarfile.REGTYPE, "dlscale-s1/../../evil.txt"),
+        ("symlink", tarfile.SYMTYPE, "dlscale-s1/config/passwd"),
+        ("hardlink", tarfile.LNKTYPE, "dlscale-s1/config/shadow"),
+        ("device", tarfile.CHRTYPE, "dlscale-s1/config/null"),
+    ):
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+            info.linkname = "/etc/passwd" if kind == tarfile.SYMTYPE else "../../evil.txt"
+        if kind == tarfile.CHRTYPE:
+            info.devmajor, info.devminor = 1, 3
+        path = folder / f"{case}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            for member, data in members:
+                if member.name.endswith("/MANIFEST.sha256") and kind == tarfile.REGTYPE:
+                    line = f"{hashlib.sha256(evil).hexdigest()}  {name.partition('/')[2]}\n"
+                    data += line.encode()
+                    member = copy.copy(member)
+                    member.size = len(data)
+                tar.addfile(member, io.BytesIO(data) if data is not None else None)
+            info.size = len(evil) if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(evil) if kind == tarfile.REGTYPE else None)
+        cases[case] = (path, name)
+    return cases
+
+
+# In the interpreter under test (argv: a folder, then the archives): verify each archive (the
+# command's main) and extract it with extract_files into a fresh folder in the folder; what
+# each did, and every path written there.
+REFUSALS = """
+import contextlib, io, json, sys, tarfile, tempfile
+from pathlib import Path
+from dlscale.store import study_archive as sa
+found = {}
+for path in sys.argv[2:]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = sa.main(["verify", path])
+    dest = Path(tempfile.mkdtemp(dir=sys.argv[1]))
+    try:
+        with tarfile.open(path) as tar:
+            sa.extract_files(tar, tar.getmembers(), dest / "x")
+        extract = "extracted"
+    except sa.ArchiveError as exc:
+        extract = str(exc)
+    written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+    found[path] = {"code": code, "stderr": err.getvalue(), "extract": extract, "written": written}
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize("python", BOTH_PYTHONS)
+def test_an_archive_reaching_outside_its_folder_is_refused(tmp_path, python):
+    """A `..` path, a link out (symbolic, hard) or a device file: verify refuses the archive
+    (exit 2, naming the member) and extract_files writes nothing, on the venv's Python
+    (extraction filters present) and on the oldest accepted one (none)."""
+    env = python_env(python)
+    good, _ = studyarchive.create(workflow_tree(tmp_path), root=tmp_path)
+    cases = forged_archives(good, tmp_path)
+    proc = subprocess.run(
+        [python, "-c", REFUSALS, str(tmp_path), *(str(p) for p, _ in cases.values())],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    for case, (path, name) in cases.items():
+        seen = found[str(path)]
+        assert seen["code"] == 2, (case, seen)
+        assert "refused, not a study archive" in seen["stderr"] and repr(name) in seen["stderr"]
+        assert "refused" in seen["extract"] and repr(name) in seen["extract"], (case, seen)
+        assert seen["written"] == [], (case, seen)
