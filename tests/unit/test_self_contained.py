@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # What a line may not say. The patterns are written so that their own text does not match them
 # (a character class in the middle of a path's name), which keeps this file under its own check.
 PATTERNS = {
-    # "issue 48", "Issues 49 and 51", "issue #316", in any letter case
+    # the word issue (or issues) and a number, with or without "#", in any letter case
     "an issue number": re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE),
-    # "#48" standing alone (not a Markdown anchor, a colour, a Slurm step or an upstream
-    # project's "owner/name#N", which names where to look it up)
+    # a hash sign and a number standing alone (not a Markdown anchor, a colour, a Slurm step or
+    # an upstream project's "owner/name" before it, which names where to look it up)
     "a bare reference number": re.compile(r"(?<![\w/.&#-])#\d{1,5}(?![\w#])"),
     # a file beside the checkout, a folder of one developer's machine, or a scratch script
     # (a /tmp or /var/tmp *.py or *.sh) that no clone has
