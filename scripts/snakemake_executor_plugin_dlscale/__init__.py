@@ -3,8 +3,13 @@
 Snakemake finds it as it finds every executor plugin, by the module name's prefix
 `snakemake_executor_plugin_` (snakemake_interface_executor_plugins.registry); its name is the
 rest, `dlscale`: `executor: dlscale` in profiles/slurm, or `--executor dlscale`. It subclasses
-`snakemake_executor_plugin_slurm.Executor` and overrides its methods; nothing of Snakemake's or
-the Slurm plugin's objects is replaced at run time. The logic lives in dlscale:
+`snakemake_executor_plugin_slurm.Executor` and overrides its methods; nothing of the Slurm
+plugin's objects is replaced at run time, and of Snakemake's one function only: its reader of
+`--config` entries (`snakemake.cli.parse_config`), which this module, imported when Snakemake
+builds its command-line parser under any profile, wraps so that a target typed after `--config`
+is refused in one line with the command that works instead of a traceback
+(dlscale.workflow.config_option; every KEY=VALUE entry is Snakemake's own reader's). The logic
+lives in dlscale:
 
 - `format_job_exec`: a cell's job runs its launcher directly, with no Snakemake inside the
   allocation (dlscale.workflow.jobstep); every other job keeps the plugin's own command.
@@ -43,8 +48,11 @@ from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
 from dlscale.workflow import jobstep, packing, resume
+from dlscale.workflow.config_option import refuse_targets_after_config
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]
+
+refuse_targets_after_config()
 
 NAME = "dlscale"
 
