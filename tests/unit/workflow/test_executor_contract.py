@@ -316,6 +316,34 @@ def test_the_profile_polls_geometrically_up_to_30_s():
     assert profile["dlscale-init-seconds-before-status-checks"] == 2
 
 
+def test_no_default_resource_of_the_profile_reads_the_inputs_sizes(monkeypatch):
+    """Snakemake adds its own default resources to the profile's (`--default-resources` reads
+    with defaults="full"); one over the inputs' size (`input.size_mb`), evaluated while
+    `--report` builds its DAG, fails inside Snakemake's event loop and leaves a "coroutine ...
+    was never awaited" warning per job. Every default resource of profiles/slurm is evaluated
+    here with inputs that record whether their size was asked."""
+    from snakemake.cli import parse_args
+
+    class Inputs(list):
+        asked: list[str] = []
+
+        @property
+        def size_mb(self):
+            Inputs.asked.append(name)
+            return 1.0
+
+    monkeypatch.chdir(ROOT)
+    _, args = parse_args(["--profile", "profiles/slurm"])
+    resources = args.default_resources
+    for name in resources:
+        resources[name].evaluate(
+            wildcards={}, input=Inputs(["a.csv"]), attempt=1, threads=1, rulename="r",
+            async_run=lambda coroutine: pytest.fail("an input size computed"),
+        )  # fmt: skip
+    assert Inputs.asked == [], f"default resources over the inputs' size: {Inputs.asked}"
+    assert {"mem_mb", "disk_mb", "runtime"} <= set(resources)
+
+
 def test_snakemake_takes_a_params_functions_signature_from_the_hook(monkeypatch):
     """rules/common.smk `per_job`: the train rules' params functions hand Snakemake their
     signature once (snakemake.common.overwrite_function_params) instead of the three
