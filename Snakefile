@@ -6,8 +6,9 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# Snakemake's own report (`snakemake --profile profiles/local --report results/report.zip`):
-# figures, tables, per-cell status and provenance, verdicts and the PDF, captions in report/.
+# Snakemake's own report (`snakemake --profile profiles/local --report results/<study>/report.zip`,
+# each study its own): figures, tables, per-cell status and provenance, verdicts and the PDF,
+# captions in report/.
 report: "report/workflow.rst"
 
 

@@ -1,6 +1,6 @@
-"""Snakemake's own report (`snakemake --report results/report.zip`): what each annotated output
-is called there. The rules flag their outputs with `report(...)`: captions are the files in the
-workflow's `report/` folder, categories and labels come from here (functions of a job's
+"""Snakemake's own report (`snakemake --report results/<study>/report.zip`): what each annotated
+output is called there. The rules flag their outputs with `report(...)`: captions are the files
+in the workflow's `report/` folder, categories and labels come from here (functions of a job's
 wildcards and params, so a figure is filed by its family and hardware and labelled by the axis
 values it shows).
 
