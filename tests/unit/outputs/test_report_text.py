@@ -222,3 +222,29 @@ def test_an_infeasible_limit_and_the_smallest_feasible_one_read_differently():
         str(info.value),
     ).groups()
     assert asked != least and float(asked) == 1.99999 and float(least) == 2.0
+
+
+@pytest.mark.parametrize("workloads", [["throughput"], ["throughput", "convergence"]])
+def test_the_text_promises_only_the_sections_the_study_has(tmp_path, workloads):
+    """A throughput-only study's report neither promises time-to-accuracy nor holds its
+    section: the Summary says it has none and how to add it. With convergence cells, the
+    Summary and Methods point to the section, which is there."""
+    figure = {"file": "cpu/throughput.pdf", "caption": "c", "hardware": "cpu", "width_in": 3.5}
+    convergence = [dict(figure, file="cpu/convergence/tta.pdf", family="time_to_accuracy")]
+    tex = tmp_path / "report.tex"
+    render_tex(
+        str(tex),
+        title="t",
+        figures=[dict(figure, family="throughput")],
+        attachment="../tables/cells.csv",
+        convergence_figures=convergence if "convergence" in workloads else [],
+    )
+    text = tex.read_text()
+    summary = re.sub(r"\s+", " ", text.split(r"\section{Summary}")[1].split(r"\section")[0])
+    if "convergence" in workloads:
+        assert r"reached their target) is in Section~\ref{sec:tta}." in summary
+        assert text.count(r"\ref{sec:tta}") == 2 and r"\label{sec:tta}" in text
+    else:
+        assert "sec:tta" not in text and "Time to accuracy" not in text
+        assert "This study has no convergence cells, so it reports no time-to-accuracy" in summary
+    assert r"Throughput results on synthetic data are in Section~\ref{sec:throughput}." in summary
