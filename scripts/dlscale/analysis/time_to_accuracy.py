@@ -135,9 +135,9 @@ def convergence_rows(records: list[dict], base: dict) -> tuple[dict, list[dict]]
     return row, [{**keys, **{k: e[k] for k in EPOCH_FIELDS}} for e in epochs]
 
 
-def _censored(part: pd.DataFrame, column: str, at_cap: str) -> np.ndarray:
+def _censored(part: pd.DataFrame, column: str) -> np.ndarray:
     """A column's values over repetitions, a repetition that did not reach the target counted
-    as +inf (it is longer than `at_cap`, its value at the epoch cap)."""
+    as +inf (it would take longer than its value at the epoch cap)."""
     reached = part["reached"].astype(bool).to_numpy()
     values = pd.to_numeric(part[column], errors="coerce").to_numpy(dtype=float)
     return np.where(reached, values, np.inf)
@@ -307,8 +307,8 @@ def time_to_accuracy_summary(
     cells = with_axes(cells)  # a table from before the parallelism axis: every cell ddp
     rows, epoch_values = [], []
     for key, part in cells.groupby(keys, sort=True):
-        tta = _censored(part, "time_to_accuracy_s", "training_seconds")
-        epochs = _censored(part, "epochs_to_accuracy", "epochs_run")
+        tta = _censored(part, "time_to_accuracy_s")
+        epochs = _censored(part, "epochs_to_accuracy")
         epoch_values.append(epochs)
         low, high, kind = median_interval(tta) if len(tta) > 1 else (np.nan, np.nan, NONE)
         not_reached = ~part["reached"].astype(bool)

@@ -391,13 +391,3 @@ def iter_shards(
             return
         given += 1
         yield sample
-
-
-def split_files(info: DatasetInfo, split: str) -> list[Path]:
-    """The files a split is read from (record files, images or shards)."""
-    if info.format == "cifar_binary":
-        return cifar_files(info.path, split)
-    if info.format == "webdataset":
-        return webdataset_shards(info.path, split)
-    train_classes, _ = image_folder_files(info.path, "train")
-    return [p for p, _ in image_folder_files(info.path, split, train_classes)[1]]

@@ -476,12 +476,12 @@ class Adapter(BaseAdapter):
             local_step.get_concrete_function(self.x, self.y)
 
     def step(self) -> None:
-        self.last_loss = float(self._train_step(self.x, self.y).numpy())
+        self._train_step(self.x, self.y).numpy()  # the loss fetched: the step has finished
 
     def step_without_allreduce(self) -> None:
         if not self.has_breakdown(self.spec):
             raise RuntimeError(f"{self.name}: no compute-only step under {self.spec.precision}")
-        self.last_loss = float(self._local_step(self.x, self.y).numpy())
+        self._local_step(self.x, self.y).numpy()  # as step
 
     def allreduce(self, numel: int) -> None:
         if self._probe_buf is None or int(self._probe_buf.shape[0]) != numel:

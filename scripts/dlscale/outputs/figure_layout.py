@@ -82,7 +82,6 @@ def predicted_caption(plan: dict | None = None) -> str:
     return text + "." + contradicts
 
 
-PREDICTED = predicted_caption()
 PREDICTED_FAMILIES = {"throughput", "speedup", "efficiency"}
 # The telemetry family's caption for a hardware entry whose device is known (figure_layout's
 # `devices`): only what that device's figure shows, no rule for the other kind.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.registry import cuda_probes
@@ -278,8 +278,6 @@ FRAMEWORKS = {
         ),
     )
 }
-
-FACTS = tuple(f.name for f in fields(Framework))
 
 
 def _check_strategy_records() -> None:

@@ -72,13 +72,11 @@ CPUS_SITE, CPUS_NUMA_NODE, CPUS_MAPPED = "site", "one numa node", "mapped"
 class GpuBinding:
     """One named binding: the srun options the launcher states (`options(ranks_per_node,
     job_gpus)`: job_gpus, the GPUs the job holds on a node, where the launcher asked Slurm,
-    `needs_job_gpus`), what each rank sees (`rank_sees`) and gets as CPUs (`rank_cpus`), for
-    messages and the docs, and what the preflight checks (`gpus`, `cpus`)."""
+    `needs_job_gpus`) and what the preflight checks (`gpus`, `cpus`). What each rank sees and
+    gets as CPUs under each form is the table of docs/pages/gpu.md."""
 
     name: str
     options: Callable[[int, int | None], list[str]]
-    rank_sees: str
-    rank_cpus: str
     gpus: str
     cpus: str
     needs_job_gpus: bool = False
@@ -98,19 +96,12 @@ GPU_BINDINGS = {
         GpuBinding(
             "node",
             lambda ranks_per_node, job_gpus: [f"--gpus-per-node={ranks_per_node}"],
-            "all of its node's GPUs of the step, and takes the one at its local rank (peer "
-            "access between the ranks' GPUs, NVLink, is kept)",
-            "the partition's configured CPU binding (its CpuBind, TaskPluginParam, else Slurm's "
-            "automatic binding), as before gpu_binding had other forms",
             SEES_ALL,
             CPUS_SITE,
         ),
         GpuBinding(
             "task",
             lambda ranks_per_node, job_gpus: ["--gpus-per-task=1", "--gpu-bind=per_task:1"],
-            "the one GPU Slurm binds to its task, as device 0 (peer access is lost unless the "
-            "site lets tasks share devices)",
-            "the partition's configured CPU binding, as for node",
             SEES_ONE,
             CPUS_SITE,
         ),
@@ -121,11 +112,6 @@ GPU_BINDINGS = {
                 "--cpu-bind=ldoms",
                 "--gpu-bind=closest",
             ],
-            "the GPU(s) next to its NUMA node (gres.conf Cores=), of the job's GPUs on the node; "
-            "with several it takes the one at its index among the node's ranks bound to the "
-            "same CPUs",
-            "the CPUs of one NUMA node (--cpu-bind=ldoms), shared with the node's other ranks "
-            "there",
             SEES_CLOSEST,
             CPUS_NUMA_NODE,
             needs_job_gpus=True,
@@ -135,7 +121,6 @@ GPU_BINDINGS = {
 DEFAULT_GPU_BINDING = "node"
 assert DEFAULT_GPU_BINDING in GPU_BINDINGS
 
-MAP_KEYS = ("gpus", "numa", "cpus")
 MAX_CPU = 1023  # a CPU id Slurm's masks and Linux's cpu_set_t (CPU_SETSIZE 1024) hold
 MAX_NUMA = 255
 _CPU_LIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
@@ -212,16 +197,6 @@ class GpuMap:
             f"--gpu-bind={self.gpu_option}",
             f"--cpu-bind={self.cpu_option}",
         ]
-
-    @property
-    def rank_sees(self) -> str:
-        return "exactly the GPU the map names for its local rank, as device 0"
-
-    @property
-    def rank_cpus(self) -> str:
-        if self.numa is not None:
-            return "the CPUs of the NUMA node the map names for its local rank"
-        return "exactly the CPUs the map names for its local rank"
 
     def gpu_of(self, local_rank: int) -> int:
         return self.gpus[local_rank % len(self.gpus)]

@@ -453,12 +453,12 @@ def _leaf_errors(error):
         yield error
 
 
-def _is_integer(checker, value) -> bool:
+def _is_integer(_checker, value) -> bool:
     """An integer is an int, never a bool and never a float (JSON Schema would take 2.0)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(checker, value) -> bool:
+def _is_number(_checker, value) -> bool:
     """A number is a finite int or float, never a bool (NaN and infinity pass every bound)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False

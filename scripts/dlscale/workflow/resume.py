@@ -199,9 +199,6 @@ class Earlier:
 
     job_id: str
     state: str | None  # Slurm state, None when the controller no longer knows the job
-    nodes: str = ""
-    submit_time: str = ""
-    run_id: str = ""
 
     @property
     def live(self) -> bool:
@@ -271,15 +268,7 @@ class Resume:
             found = []
             for jid in sorted(ids, key=job_order):
                 info = known.get(jid, {})
-                found.append(
-                    Earlier(
-                        jid,
-                        info.get("state"),
-                        info.get("nodes", ""),
-                        info.get("submit_time", ""),
-                        info.get("name", ""),
-                    )
-                )
+                found.append(Earlier(jid, info.get("state")))
             if found:
                 out[path] = found
         return out
