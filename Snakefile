@@ -67,6 +67,7 @@ onstart:
 
 onsuccess:
     remove_partial_outputs()
+    say_where_the_report_is()
 
 
 rule all:

@@ -376,6 +376,16 @@ def remove_partial_outputs():
     shutil.rmtree(PARTIAL, ignore_errors=True)
 
 
+def say_where_the_report_is():
+    """onsuccess: a run whose jobs hold the study's report ends naming the PDF, the tables and
+    the figures (dlscale.workflow.finalize.report_message)."""
+    from dlscale.workflow.finalize import report_message
+
+    line = report_message(OUT, (f for job in workflow.dag.jobs for f in job.output))
+    if line:
+        print(line, file=sys.stderr)
+
+
 # Figures: a bounded set of files per hardware key, computed here from the planned cells so
 # Snakemake knows every file at parse time (dlscale.outputs.figure_layout.figure_layout: one family per
 # hardware, one panel per model x batch policy, at most MAX_PANELS panels per file and

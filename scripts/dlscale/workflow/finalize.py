@@ -156,6 +156,23 @@ def partial_summary(
     )
 
 
+def report_message(out: dict[str, str], outputs) -> str | None:
+    """The last line of a run that succeeded: where to read the study's results, when the run's
+    jobs (`outputs`: every output file of its DAG, run or already up to date) hold its report;
+    None for a run of other targets (a figure alone, `check`, an archive of a study whose report
+    it does not build)."""
+    built = {os.path.normpath(str(f)) for f in outputs}
+    if os.path.normpath(out["tex"]) not in built:
+        return None
+    where = f"tables in {Path(out['cells']).parent}/, figures in {out['figures']}/"
+    if os.path.normpath(out["pdf"]) in built and Path(out["pdf"]).is_file():
+        return f"dlscale: the study's report: {out['pdf']} ({where})"
+    return (
+        f"dlscale: the study's report sources: {out['tex']} ({where}); no PDF was built here "
+        "(TeX not on PATH, as the run's first lines said, with the command that builds it)"
+    )
+
+
 def status_message(
     *,
     measured: int,
