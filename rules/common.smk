@@ -7,6 +7,7 @@ import inspect
 import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 from snakemake.common import overwrite_function_params
@@ -21,6 +22,9 @@ from dlscale.store.measurements import (
     adopt_unarchived,
     changed_cells,
     describe_changes,
+    keep_measured_launchers,
+    launcher_refusal,
+    measured_launcher_notice,
 )
 from dlscale.study.cell import (
     CELL_PATTERNS,
@@ -34,13 +38,13 @@ from dlscale.study.cell import (
     train_log_pattern,
     train_rule,
 )
-from dlscale.study.matrix import load_workflow_study
+from dlscale.study.matrix import inherited_notice, load_workflow_study
 from dlscale.study.workloads import ranks_per_node
 from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
 from dlscale.store.preflight_results import PREFLIGHT_DIR
 from dlscale.workflow.resume_journal import previous_driver
-from dlscale.workflow.advice import Invocation, with_config, with_target
+from dlscale.workflow.advice import Invocation, with_config, with_launcher, with_target
 from dlscale.outputs.tex import no_tex_notice, tex_missing
 
 # The configuration is read by dlscale, never by Snakemake's `configfile:` (which would evaluate
@@ -64,6 +68,12 @@ try:
     STUDY = load_workflow_study(config, workflow.basedir, workflow.overwrite_configfiles)
 except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
+# A study file takes no `workloads` from config/config.yaml; one that lists convergence and
+# leaves keys of its `convergence` section out takes them from there, and the dry run and the
+# driver's first lines say which (dlscale.study.matrix.inherited_notice).
+if workflow.is_main_process and PARTIAL_BUILD_ENV not in os.environ:
+    if _inherited := inherited_notice(STUDY):
+        print(f"dlscale: {_inherited}", file=sys.stderr)
 
 
 # The launcher must match the executor: a `--config ...` on the command line replaces the
@@ -73,23 +83,42 @@ except ConfigError as exc:
 # too), before anything is planned and before the cells' identities are compared (the launcher
 # is part of a cell's identity: a wrong launcher must not read as a change to re-measure); again
 # in `onstart` against the executor that really runs (a run started through Snakemake's API).
-def check_launcher_matches_executor(executor):
+# A study whose every cell is measured needs no launcher to rebuild its tables, figures and
+# report: for it the check waits for `onstart` (LAUNCHER_PROBLEM), and stops the run only if it
+# would start a cell job (check_study_launcher).
+LAUNCHER_PROBLEM = None
+
+
+def check_launcher_matches_executor(executor, *, unless_all_measured=False):
     from dlscale.study.matrix_checks import launcher_problem
 
+    global LAUNCHER_PROBLEM
     problem = launcher_problem(
         executor,
         STUDY.config["launcher"],
         in_allocation="SLURM_JOB_ID" in os.environ,
         command_with_launcher=lambda launcher: with_config(INVOCATION, launcher=launcher),
     )
-    if problem:
-        raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
+    if not problem:
+        return
+    if (
+        unless_all_measured
+        and not STUDY.config["remeasure"]
+        and all(os.path.exists(cell.path) for cell in STUDY.cells)
+    ):
+        LAUNCHER_PROBLEM = problem
+        return
+    raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
 
 
 if INVOCATION is not None:
-    check_launcher_matches_executor(INVOCATION.executor)
+    check_launcher_matches_executor(INVOCATION.executor, unless_all_measured=True)
 
 CELLS = STUDY.by_key()
+# measured cell path -> the launcher it was measured with, where that is not this run's (the
+# driver's, below)
+MEASURED_LAUNCHERS = {}
+STUDY_LAUNCHER = STUDY.config["launcher"]
 # The study's own results folder: its cells, tables, figures, report and logs. Every output path
 # is defined once, in dlscale.workflow.paths: OUT for the complete study, PARTIAL_OUT for the
 # report of an incomplete one (results/<study>/partial/, the `partial` target below), RULE_OUT
@@ -123,9 +152,43 @@ if workflow.is_main_process:
         for _line in previous_driver(RESULTS):
             print(f"dlscale: {_line}", file=sys.stderr)
     _changed = changed_cells(STUDY.cells)
+    # A study keeps the launcher it was measured with: its measured cells are planned with it,
+    # so a run with another launcher (the local profile on a study measured with srun) rebuilds
+    # tables, figures and the report and measures nothing; a cell of it that such a run would
+    # measure stops it before any job (check_study_launcher), with the command of the study's
+    # profile and launcher (dlscale.store.measurements.keep_measured_launchers).
+    STUDY.cells, MEASURED_LAUNCHERS, _changed = keep_measured_launchers(STUDY.cells, _changed)
+    CELLS = STUDY.by_key()
+    if MEASURED_LAUNCHERS:
+        STUDY_LAUNCHER = Counter(MEASURED_LAUNCHERS.values()).most_common(1)[0][0]
+        print(
+            "dlscale: "
+            + measured_launcher_notice(
+                STUDY.config["study"],
+                MEASURED_LAUNCHERS,
+                STUDY.config["launcher"],
+                with_launcher(INVOCATION, STUDY_LAUNCHER),
+            ),
+            file=sys.stderr,
+        )
+    _remeasure = (
+        with_launcher(INVOCATION, STUDY_LAUNCHER, remeasure=True)
+        if MEASURED_LAUNCHERS
+        else with_config(INVOCATION, remeasure=True)
+    )
     if _changed and not STUDY.config["remeasure"]:
+        raise WorkflowError(f"dlscale: {describe_changes(_changed, _remeasure)}")
+    _elsewhere = [cell.path for cell, _ in _changed if cell.path in MEASURED_LAUNCHERS]
+    if _elsewhere:  # remeasure=True would measure them with another launcher than theirs
         raise WorkflowError(
-            f"dlscale: {describe_changes(_changed, with_config(INVOCATION, remeasure=True))}"
+            "dlscale: "
+            + launcher_refusal(
+                STUDY.config["study"],
+                MEASURED_LAUNCHERS,
+                STUDY.config["launcher"],
+                _elsewhere,
+                _remeasure,
+            )
         )
     if _changed:
         print(
@@ -268,6 +331,37 @@ def check_launcher_of_the_run():
     plugin = workflow.executor_plugin
     if plugin is not None and workflow.is_main_process and INVOCATION is None:
         check_launcher_matches_executor(plugin.name)
+    check_study_launcher()
+
+
+# A study measured with another launcher than this run's (MEASURED_LAUNCHERS), or one whose
+# launcher does not match the executor (LAUNCHER_PROBLEM), is rebuilt here, never measured: a
+# cell job this run would start (a --forcerun of a cell, a cell not measured yet) stops it
+# before the first job, with the command of the study's profile and launcher. In `onstart`,
+# where the jobs to run are known (a dry run lists them, and the notice above says it).
+def check_study_launcher():
+    if not (MEASURED_LAUNCHERS or LAUNCHER_PROBLEM) or not workflow.is_main_process:
+        return
+    measuring = [
+        str(path)
+        for job in workflow.dag.needrun_jobs()
+        if job.rule.name.startswith(CELL_RULE_PREFIXES)
+        for path in job.output
+    ]
+    if measuring and LAUNCHER_PROBLEM:
+        raise WorkflowError(f"dlscale: {LAUNCHER_PROBLEM}\nNo job was started.")
+    elsewhere = [p for p in measuring if p in MEASURED_LAUNCHERS or not os.path.exists(p)]
+    if elsewhere:
+        raise WorkflowError(
+            "dlscale: "
+            + launcher_refusal(
+                STUDY.config["study"],
+                MEASURED_LAUNCHERS,
+                STUDY.config["launcher"],
+                elsewhere,
+                with_launcher(INVOCATION, STUDY_LAUNCHER),
+            )
+        )
 
 
 # Existing metrics files without a measurement folder of their own (the layout before

@@ -9,6 +9,10 @@ from dlscale.decisions.plan_jobs import plan_problems
 from dlscale.study.partitions import partitions_from_hardware
 
 PLAN_CONFIG = STUDY.config["plan"]
+# The default jobs (none in plan.jobs: one per model, plan.default_samples each) are the models
+# of the study's throughput cells, the only ones the planner plans from: a study without
+# throughput cells (convergence only) has none, whatever its axes.model.
+PLAN_MODELS = STUDY.throughput_models()
 PARTITIONS = partitions_from_hardware(STUDY.hardware)
 # The planner's node counts per partition (hardware file: nodes_available, else max_nodes).
 PLAN_NODES = {p.name: p.nodes_available for p in PARTITIONS}
@@ -16,9 +20,7 @@ PLAN_NODES = {p.name: p.nodes_available for p in PARTITIONS}
 # The planner's refusals that the study's settings alone decide (a job in tokens for a vision
 # model, a model or filter no cell measures, ...: dlscale.decisions.plan_jobs) when the workflow
 # is parsed, before any job, with the planner's own messages, not after every cell has run.
-_plan_problems = plan_problems(
-    PLAN_CONFIG, STUDY.config["axes"]["model"], STUDY.cells_of("throughput"), PARTITIONS
-)
+_plan_problems = plan_problems(PLAN_CONFIG, PLAN_MODELS, STUDY.cells_of("throughput"), PARTITIONS)
 if _plan_problems:
     raise WorkflowError(
         "dlscale: the plan: section cannot be planned:\n"
@@ -72,7 +74,7 @@ rule plan:
     params:
         plan=PLAN_CONFIG,
         hardware=STUDY.hardware,
-        models=STUDY.config["axes"]["model"],
+        models=PLAN_MODELS,
         width_in=STUDY.config["report"]["column_width_in"],
     run:
         from dlscale.decisions.planner import run_plan_rule

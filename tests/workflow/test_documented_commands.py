@@ -106,6 +106,18 @@ LEFT_OUT = {
     "bash scripts/test.sh": "the test command itself",
     "snakemake --profile profiles/slurm": "the Slurm profile: tests/slurm run it on the local "
     "Slurm cluster; its dry run is run here",
+    **{
+        slurm_form: "the Slurm form of a command that measures cells: it needs the local Slurm "
+        "cluster (tests/slurm); its local form is run here"
+        for slurm_form in (
+            "snakemake --profile profiles/slurm -n",
+            "snakemake --profile profiles/slurm --forcerun <the cell's metrics.jsonl>",
+            "snakemake --profile profiles/slurm --forcerun <the cell's metrics.jsonl> "
+            "--config launcher=srun",
+            "snakemake --profile profiles/slurm --config study_file=my-study.yaml launcher=srun",
+            "snakemake --profile profiles/slurm --config launcher=srun remeasure=True",
+        )
+    },
     "mkdocs serve -f docs/mkdocs.yml": "a web server that runs until stopped; its build is run",
 }
 

@@ -14,6 +14,14 @@ DEFAULT_SAMPLES = 1_000_000
 JOB_AMOUNTS = ("samples", "tokens")  # what a job may be given in (--job MODEL:KEY=N)
 
 
+# Why a study without throughput cells and without plan.jobs has no plan: its default jobs are
+# the models of its throughput cells (rules/plan.smk), so it has none.
+NOTHING_TO_PLAN = (
+    "nothing to plan: the study has no throughput cells (the planner plans from their "
+    "scaling) and plan.jobs names no job"
+)
+
+
 class PlanError(ValueError):
     """No plan: the message says why and, for a budget or deadline, the smallest feasible one."""
 

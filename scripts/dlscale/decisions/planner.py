@@ -61,7 +61,7 @@ from pathlib import Path
 import pandas as pd
 
 from dlscale.analysis.stats import GROUP
-from dlscale.decisions.plan_jobs import no_series_refusal, objective_refusal
+from dlscale.decisions.plan_jobs import NOTHING_TO_PLAN, no_series_refusal, objective_refusal
 from dlscale.decisions.plan_options import (
     DOES_NOT_FIT,
     PlanError,
@@ -265,9 +265,12 @@ def plan_from_config(
     models: list[str],
     does_not_fit: pd.DataFrame | None = None,
 ) -> Plan:
+    jobs = jobs_from_config(plan_config, models)
+    if not jobs:
+        raise PlanError(NOTHING_TO_PLAN)
     return make_plan(
         predictions,
-        jobs_from_config(plan_config, models),
+        jobs,
         partitions_from_hardware(hardware),
         objective=plan_config.get("objective", MIN_TIME),
         budget_node_hours=plan_config.get("budget_node_hours"),

@@ -10,10 +10,15 @@
 - A measured cell whose identity (`Cell.identity`: axes, batch sizes, steps, optimizer,
   launcher, hardware entry, framework environment) differs from the cell the workflow now plans
   is not re-measured unless the user asks (`changed_cells`, checked when the workflow is parsed).
+- A study keeps the launcher it was measured with (`keep_measured_launchers`): a run with
+  another launcher (the local profile on a study measured with srun) rebuilds its tables,
+  figures and report from the measurements and measures no cell; a cell is measured, or
+  re-measured, only with the profile and launcher the study was measured with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -188,3 +193,56 @@ def describe_changes(
         f"cell's {MEASUREMENTS_DIR}/ folder) with:\n  {remeasure_command}"
     )
     return "\n".join(lines)
+
+
+def keep_measured_launchers(
+    cells: list[Cell], changed: list[tuple[Cell, dict]]
+) -> tuple[list[Cell], dict[str, str], list[tuple[Cell, dict]]]:
+    """A study is re-measured, redrawn and re-reported with the launcher it was measured with.
+    Each measured cell among `changed` (changed_cells) whose launcher differs from the planned
+    one is planned with its measured launcher: its identity, so its job's parameters, stay the
+    measured ones, and rebuilding the tables, figures and report from it runs no cell. Returns
+    the cells, {path: measured launcher} of the cells kept so, and what is left of `changed`
+    (the cells whose other fields differ, planned with their measured launcher)."""
+    kept: dict[str, str] = {}
+    replaced: dict[str, Cell] = {}
+    left = []
+    for cell, diff in changed:
+        if "launcher" in diff:
+            kept[cell.path] = diff["launcher"][0]
+            cell = replaced[cell.path] = dataclasses.replace(cell, launcher=kept[cell.path])
+            diff = {k: v for k, v in diff.items() if k != "launcher"}
+        if diff:
+            left.append((cell, diff))
+    return [replaced.get(c.path, c) for c in cells], kept, left
+
+
+def _measured_with(kept: dict[str, str]) -> str:
+    return " and ".join(repr(name) for name in sorted(set(kept.values())))
+
+
+def measured_launcher_notice(study: str, kept: dict[str, str], launcher: str, command: str) -> str:
+    """What a run with another launcher than its study's says first (dry runs too)."""
+    return (
+        f"study {study!r} was measured with launcher {_measured_with(kept)} ({len(kept)} "
+        f"cell(s)) and this run's launcher is {launcher!r}: its tables, figures and report are "
+        "rebuilt from those measurements, and no cell is measured with another launcher than "
+        f"its study's. Measure or re-measure its cells with:\n  {command}"
+    )
+
+
+def launcher_refusal(
+    study: str, kept: dict[str, str], launcher: str, cells: list[str], command: str, limit=5
+) -> str:
+    """Why a run that would measure `cells` (paths) of a study measured with another launcher
+    stops before any job, and the command that measures them with the study's."""
+    listed = "".join(f"\n  - {path}" for path in cells[:limit])
+    more = f"\n  ... and {len(cells) - limit} more" if len(cells) > limit else ""
+    return (
+        f"{len(cells)} cell(s) of study {study!r} would be measured with launcher "
+        f"{launcher!r}, but the study was measured with {_measured_with(kept)}:{listed}{more}\n"
+        "A study is measured, re-measured, redrawn and re-reported with the profile and "
+        "launcher it was measured with (measuring with another launcher is another study: give "
+        "it its own `study` name). Nothing was run or removed. Run it with:\n"
+        f"  {command}"
+    )

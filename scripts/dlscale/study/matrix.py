@@ -59,6 +59,11 @@ class Study:
     hardware: dict
     cells: list[Cell]
     config_hash: str
+    # what a study file left out of its convergence section and took from config/config.yaml
+    # (key paths under `convergence`; workflow_settings), said in the dry run and the driver's
+    # first lines (inherited_notice)
+    inherited: tuple[str, ...] = ()
+    source: str = "config/config.yaml"  # the study file (or --configfile) that names the study
 
     def by_key(self) -> dict[tuple, Cell]:
         return {c.key: c for c in self.cells}
@@ -92,6 +97,13 @@ class Study:
 
     def cells_of(self, workload: str) -> list[Cell]:
         return [c for c in self.cells if c.workload == workload]
+
+    def throughput_models(self) -> list[str]:
+        """The models of the study's throughput cells, in axes.model's order: the planner's
+        default jobs (rules/plan.smk), the only models it plans from; none for a study without
+        throughput cells, whatever axes.model says."""
+        measured = {c.model for c in self.cells_of("throughput")}
+        return [m for m in self.config["axes"]["model"] if m in measured]
 
     def axis_values(self) -> dict[str, list]:
         """Every value each wildcard takes, over all workloads."""
@@ -447,11 +459,42 @@ def workflow_config(
     YAML, never a template): config/config.yaml, then the `study_file` named on the command
     line (--config study_file=...), then the rest of the command line's --config. Files given
     with Snakemake's own --configfile (`configfiles`; Snakemake has read them already) are read
-    again, so duplicate keys, templates and oversized files are refused all the same."""
+    again, so duplicate keys, templates and oversized files are refused all the same. A study
+    given in a file takes no `workloads` from config/config.yaml (NOT_INHERITED)."""
+    return workflow_settings(cli_config, workflow_dir, configfiles)[0]
+
+
+def _leaves(mapping: dict, prefix: str = "") -> list[str]:
+    """The key paths of a mapping's values, one level of nesting (convergence.axes.model)."""
+    out = []
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out += [f"{prefix}{key}.{sub}" for sub in value]
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _is_set(mapping: dict, path: str) -> bool:
+    node = mapping
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def workflow_settings(
+    cli_config: dict, workflow_dir: str | Path, configfiles: list[str | Path] = ()
+) -> tuple[dict, str, tuple[str, ...]]:
+    """workflow_config's configuration, the file that names the study (the `study_file`, else
+    the last --configfile, else config/config.yaml) and the key paths a study file that lists
+    convergence took from config/config.yaml's `convergence` section (empty for the default
+    study, or a study that measures no convergence cells)."""
     workflow_dir = Path(workflow_dir)
     for path in configfiles:
         load_config_file(path, source=f"--configfile {path}")
-    config = load_config_file(workflow_dir / DEFAULT_STUDY_FILE, source=DEFAULT_STUDY_FILE)
+    base = load_config_file(workflow_dir / DEFAULT_STUDY_FILE, source=DEFAULT_STUDY_FILE)
     cli_config = dict(cli_config)
     study_file = cli_config.get("study_file")
     if study_file is not None:
@@ -460,19 +503,61 @@ def workflow_config(
         study = load_config_file(_resolve(workflow_dir, study_file), source=study_file)
         if "study_file" in study:
             raise ConfigError(study_file, ["study_file: a study file cannot name another one"])
-        config = merge_config(config, study)
-    return merge_config(config, cli_config)
+        source = study_file
+    if source == DEFAULT_STUDY_FILE:
+        return merge_config(base, cli_config), source, ()
+    # a study file's own: Snakemake's config holds the --configfile files and --config
+    own = merge_config(study, cli_config)
+    config = merge_config(
+        merge_config({k: v for k, v in base.items() if k not in NOT_INHERITED}, study), cli_config
+    )
+    inherited: tuple[str, ...] = ()
+    section = base.get(SAID_WHEN_INHERITED)
+    workloads = config.get("workloads")
+    if isinstance(section, dict) and isinstance(workloads, list) and "convergence" in workloads:
+        inherited = tuple(
+            path for path in _leaves(section, f"{SAID_WHEN_INHERITED}.") if not _is_set(own, path)
+        )
+    return config, source, inherited
+
+
+def inherited_notice(study: Study) -> str | None:
+    """The line the dry run and the driver print when a study file took convergence settings
+    from config/config.yaml: which keys, and what they gave (its convergence cells)."""
+    if not study.inherited:
+        return None
+    prefix = f"{SAID_WHEN_INHERITED}."
+    keys = ", ".join(path.removeprefix(prefix) for path in study.inherited)
+    cells = study.cells_of("convergence")
+    hardware = ", ".join(sorted({c.hardware for c in cells}))
+    return (
+        f"study {study.config['study']!r} ({study.source}) lists convergence and takes these "
+        f"keys of its `convergence` section from {DEFAULT_STUDY_FILE}: {keys} ({len(cells)} "
+        f"convergence cell(s), hardware {hardware}). Set them in {study.source} to change them."
+    )
 
 
 def load_workflow_study(
     cli_config: dict, workflow_dir: str | Path, configfiles: list[str | Path] = ()
 ) -> Study:
-    """What rules/common.smk calls: workflow_config, then load_study."""
-    return load_study(workflow_config(cli_config, workflow_dir, configfiles), workflow_dir)
+    """What rules/common.smk calls: workflow_settings, then load_study (the study remembers
+    its file and what it took from config/config.yaml's convergence section)."""
+    config, source, inherited = workflow_settings(cli_config, workflow_dir, configfiles)
+    study = load_study(config, workflow_dir)
+    study.source, study.inherited = source, inherited
+    return study
 
 
 def load_study(config: dict, workflow_dir: str | Path) -> Study:
     """Validate config + hardware map (schemas under config/schemas) and build the matrix."""
+# A study file (`study_file`, or a --configfile) measures the workloads it names: `workloads` is
+# never taken from config/config.yaml (the demo's convergence cells are the demo's), so a study
+# file without it measures throughput only, the schema's default. A study file that lists
+# convergence takes what its own `convergence` section leaves out from config/config.yaml's
+# section, and the run says which keys (Study.inherited, inherited_notice). Every other key a
+# study file leaves out is config/config.yaml's (docs/pages/configuration.md, "Study files").
+NOT_INHERITED = ("workloads",)
+SAID_WHEN_INHERITED = "convergence"
     workflow_dir = Path(workflow_dir)
     schemas = workflow_dir / "config" / "schemas"
     config = validate_config(config, load_schema(schemas / "config.schema.json"))
@@ -490,3 +575,5 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
         hardware_source=str(config["hardware_file"]),
         environments=environment_ids(workflow_dir),
     )
+    study: dict = {}
+    source = str(configfiles[-1]) if configfiles else DEFAULT_STUDY_FILE

@@ -28,6 +28,11 @@ CONFIG_OPTIONS = ("--config", "-C")
 CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
 ONE_RUN_FLAGS = ("-n", "--dry-run", "--dryrun", "-F", "--forceall", "-f", "--force")
 FORCERUN_OPTIONS = ("--forcerun", "-R")
+PROFILE_OPTIONS = ("--profile",)
+EXECUTOR_OPTIONS = ("--executor", "-e")
+# The shipped profile whose executor runs each launcher's cells (a study is measured,
+# re-measured and redrawn with the one it was measured with: with_launcher)
+LAUNCHER_PROFILES = {"srun": "profiles/slurm", "local": "profiles/local"}
 
 
 def _is_snakemake(argv0: str) -> bool:
@@ -127,6 +132,20 @@ class Invocation:
         rest = self._without(_option_groups(list(self.tokens), CONFIG_OPTIONS))
         return _command([*rest, "--config", *entries])
 
+    def with_launcher(self, launcher: str, **changes) -> str:
+        """This command run with `launcher`: the shipped profile whose executor runs it
+        (LAUNCHER_PROFILES: profiles/slurm for srun) in place of its own profile and executor,
+        and launcher=<launcher> (and `changes`) in its one `--config` (a `--config` replaces the
+        profile's `config:` list), every other entry kept."""
+        drop = _option_groups(list(self.tokens), PROFILE_OPTIONS + EXECUTOR_OPTIONS)
+        at = drop[0][0] if drop else 0  # where the command named its profile, else first
+        profile = ["--profile", LAUNCHER_PROFILES[launcher]]
+        tokens = self._without(drop + [(at, len(self.tokens))])
+        tokens += profile + self._without(drop + [(0, at)])
+        return Invocation(tuple(tokens), self.config, self.executor).with_config(
+            launcher=launcher, **changes
+        )
+
     def with_target(self, target: str) -> str:
         """This command building `target`: the target first (a value after `--config` would be
         read as one of its entries), without what belonged to this run only (a dry run's flag,
@@ -162,6 +181,18 @@ def with_config(invocation: Invocation | None, **changes) -> str:
     return (
         f"your command with {entries} added to its one --config (beside its other --config "
         "entries: Snakemake keeps only the last --config of a command line)"
+    )
+
+
+def with_launcher(invocation: Invocation | None, launcher: str, **changes) -> str:
+    """The command that repeats this run with the profile and launcher `launcher` needs (and
+    `changes` in its `--config`)."""
+    if invocation is not None:
+        return invocation.with_launcher(launcher, **changes)
+    entries = " ".join(f"{key}={value}" for key, value in {"launcher": launcher, **changes}.items())
+    return (
+        f"your command with --profile {LAUNCHER_PROFILES[launcher]} and {entries} in its one "
+        "--config (beside its other --config entries)"
     )
 
 

@@ -80,6 +80,31 @@ def test_a_changed_cell_is_named_with_its_fields(tmp_path, monkeypatch):
     assert f"\n  {command}" in message and "Nothing was run or removed" in message
 
 
+def test_a_study_keeps_the_launcher_it_was_measured_with(tmp_path, monkeypatch):
+    """A study measured with srun, planned now with the local launcher (the local profile): its
+    cells are planned with srun, so rebuilding its tables runs no cell and nothing reads as a
+    change to re-measure; a cell whose steps changed too is still a change. The messages name
+    the study's launcher and print the command given, not remeasure=True."""
+    monkeypatch.chdir(tmp_path)
+    same, stepped, fresh = (Cell.from_dict(cell_dict(rep=r)) for r in (1, 2, 3))
+    write_cell(same, launcher="srun")
+    write_cell(stepped, launcher="srun", steps=5)
+    changed = archive.changed_cells([same, stepped, fresh])
+    cells, kept, left = archive.keep_measured_launchers([same, stepped, fresh], changed)
+    assert kept == {same.path: "srun", stepped.path: "srun"}
+    assert [c.launcher for c in cells] == ["srun", "srun", "local"]  # the new cell: the run's
+    assert [(c.path, diff) for c, diff in left] == [(stepped.path, {"steps": (5, 2)})]
+    assert archive.changed_cells(cells) == [(cells[1], {"steps": (5, 2)})]
+    assert cells[0].config_hash == Cell.from_dict(cell_dict(rep=1, launcher="srun")).config_hash
+    command = "snakemake --profile profiles/slurm --forcerun x --config launcher=srun"
+    notice = archive.measured_launcher_notice("s", kept, "local", command)
+    assert "measured with launcher 'srun' (2 cell(s))" in notice and f"\n  {command}" in notice
+    refusal = archive.launcher_refusal("s", kept, "local", [same.path], command)
+    assert "would be measured with launcher 'local'" in refusal and same.path in refusal
+    assert "Nothing was run or removed" in refusal and refusal.endswith(f"\n  {command}")
+    assert "remeasure" not in notice + refusal
+
+
 def test_files_from_before_the_identity_fields_compare_what_they_record(tmp_path, monkeypatch):
     """A metrics file written before the cell carried launcher, hardware and environment: its
     launcher comes from its provenance; fields it does not record are not compared."""

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from dlscale.workflow.advice import Invocation, with_config, with_target
+from dlscale.workflow.advice import Invocation, with_config, with_launcher, with_target
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +40,31 @@ def test_the_pdf_later_is_the_runs_own_command_with_the_pdf_first():
     forced = Invocation.parse(["--profile", "profiles/local", "--forcerun", "collect", "figure"])
     assert forced.with_target(pdf) == f"snakemake {pdf} --profile profiles/local"
     assert with_target(None, pdf) == (f"snakemake {pdf} with this run's --profile and --config")
+
+
+def test_the_studys_launcher_is_the_command_with_its_profile_and_launcher():
+    """A study measured with srun is measured again with the Slurm profile and launcher=srun:
+    the run's own command with its profile (and executor) replaced and launcher=srun in its one
+    --config, everything else kept; never the same command with remeasure=True."""
+    cell = "results/tiny/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
+    forced = Invocation.parse(["--profile", "profiles/local", "--forcerun", cell])
+    assert forced.with_launcher("srun") == (
+        f"snakemake --profile profiles/slurm --forcerun {cell} --config launcher=srun"
+    )
+    study = Invocation.parse(["-n", "--profile=profiles/local", "-C", "study_file=m.yaml"])
+    assert study.with_launcher("srun", remeasure=True) == (
+        "snakemake -n --profile profiles/slurm --config study_file=m.yaml launcher=srun "
+        "remeasure=True"
+    )
+    bare = Invocation.parse(["--executor", "local", "--cores", "2"])
+    assert bare.with_launcher("srun") == (
+        "snakemake --profile profiles/slurm --cores 2 --config launcher=srun"
+    )
+    assert Invocation.parse(["--profile", "profiles/slurm"]).with_launcher("local") == (
+        "snakemake --profile profiles/local --config launcher=local"
+    )
+    said = with_launcher(None, "srun")
+    assert "--profile profiles/slurm" in said and "launcher=srun" in said
 
 
 def test_the_profiles_config_list_is_kept_when_the_command_gives_none():
