@@ -433,6 +433,14 @@ def _containers(
 
 
 DEFAULT_STUDY_FILE = "config/config.yaml"
+# A study file (`study_file`, or a --configfile) measures the workloads it names: `workloads` is
+# never taken from config/config.yaml (the demo's convergence cells are the demo's), so a study
+# file without it measures throughput only, the schema's default. A study file that lists
+# convergence takes what its own `convergence` section leaves out from config/config.yaml's
+# section, and the run says which keys (Study.inherited, inherited_notice). Every other key a
+# study file leaves out is config/config.yaml's (docs/pages/configuration.md, "Study files").
+NOT_INHERITED = ("workloads",)
+SAID_WHEN_INHERITED = "convergence"
 
 
 def merge_config(base: dict, over: dict) -> dict:
@@ -497,6 +505,8 @@ def workflow_settings(
     base = load_config_file(workflow_dir / DEFAULT_STUDY_FILE, source=DEFAULT_STUDY_FILE)
     cli_config = dict(cli_config)
     study_file = cli_config.get("study_file")
+    study: dict = {}
+    source = str(configfiles[-1]) if configfiles else DEFAULT_STUDY_FILE
     if study_file is not None:
         if not isinstance(study_file, str) or not study_file.strip():
             raise ConfigError("--config", [f"study_file: {study_file!r} must name a YAML file"])
@@ -550,14 +560,6 @@ def load_workflow_study(
 
 def load_study(config: dict, workflow_dir: str | Path) -> Study:
     """Validate config + hardware map (schemas under config/schemas) and build the matrix."""
-# A study file (`study_file`, or a --configfile) measures the workloads it names: `workloads` is
-# never taken from config/config.yaml (the demo's convergence cells are the demo's), so a study
-# file without it measures throughput only, the schema's default. A study file that lists
-# convergence takes what its own `convergence` section leaves out from config/config.yaml's
-# section, and the run says which keys (Study.inherited, inherited_notice). Every other key a
-# study file leaves out is config/config.yaml's (docs/pages/configuration.md, "Study files").
-NOT_INHERITED = ("workloads",)
-SAID_WHEN_INHERITED = "convergence"
     workflow_dir = Path(workflow_dir)
     schemas = workflow_dir / "config" / "schemas"
     config = validate_config(config, load_schema(schemas / "config.schema.json"))
@@ -575,5 +577,3 @@ SAID_WHEN_INHERITED = "convergence"
         hardware_source=str(config["hardware_file"]),
         environments=environment_ids(workflow_dir),
     )
-    study: dict = {}
-    source = str(configfiles[-1]) if configfiles else DEFAULT_STUDY_FILE
