@@ -3,23 +3,26 @@
 - study_config(): a valid dlscale study config of (exactly, where possible) N cells over the
   real axes (all frameworks and models, hardware keys of config/hardware.yaml, both policies,
   node counts from the power-of-two ladder 1..max_nodes, repetitions, exclusions);
-- copy_workflow(): a user's checkout in a temporary directory (its own dlscale package on
-  PYTHONPATH, .venvs linked from the source tree);
+- bench_checkout(): a user's checkout in a temporary directory (tests/helpers/checkout.py's
+  copy_workflow, the one copy the tests make too: its own dlscale package on PYTHONPATH, .venvs
+  linked from the source tree) with stand-ins for the CUDA environments;
 - write_bare(): the bare Snakefile with the same N outputs (one wildcard rule, one aggregation
   over all N, rule all);
 - planned_jobs()/write_same_jobs_bare(): the bare Snakefile with the same jobs as a project's
   dry run (the cells by one wildcard rule, every other job literally, from Snakemake's listing);
 - run_child(): wall time, CPU time and peak RSS (os.wait4 rusage of the child) of one command;
-- cell_records(): a synthetic metrics file of one real Cell (dlscale.store.metrics.make_record,
-  rank_summary, assemble), to be written with dlscale.store.metrics.write_atomic;
 - stats()/report(): the printed medians, ranges and ratios.
 
 Only the CLI, the config format, dlscale.study.matrix.load_study/Cell and dlscale.store.metrics
 (make_record, rank_summary, assemble, write_atomic) are relied on here, never the rules' internals.
+The set-up the tests share comes from tests/helpers/ (imported as helpers.<module>): the workflow
+copy (helpers.checkout), cells (helpers.cells) and synthetic metrics files of real cells
+(helpers.synthetic_metrics.cell_records, written with dlscale.store.metrics.write_atomic).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib
 import json
@@ -39,9 +42,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))  # the helpers the tests share (helpers.<module>)
 from dlscale.registry import frameworks as registry_frameworks  # noqa: E402
 
-WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "scripts", "envs")
+from helpers.checkout import NOT_COPIED, WORKFLOW_PARTS, copy_workflow  # noqa: E402
 
 FRAMEWORKS = registry_frameworks.names()
 MODELS = ["resnet50", "resnet18", "cnn_small", "transformer_small"]
@@ -167,20 +171,12 @@ def default_venvs(workflow_dir: Path) -> Path:
     return own if own.is_dir() else REPO / ".venvs"
 
 
-def copy_workflow(src: Path, dest: Path, venvs: Path) -> Path:
-    """A user's checkout in miniature: the workflow files (with its own dlscale package under
-    scripts/) and .venvs linked to the framework environments."""
+def bench_checkout(src: Path, dest: Path, venvs: Path) -> Path:
+    """A user's checkout in miniature at `dest` (a new folder): the workflow files of `src` with
+    its own dlscale package under scripts/, .venvs linking each framework environment of
+    `venvs`, and stand-ins for the CUDA environments a GPU study's parse checks."""
     dest.mkdir(parents=True)
-    for part in WORKFLOW_PARTS:
-        if (src / part).is_dir():
-            shutil.copytree(
-                src / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
-            )
-        else:
-            shutil.copy2(src / part, dest / part)
-    (dest / ".venvs").mkdir()
-    for env in sorted(Path(venvs).resolve().iterdir()):
-        (dest / ".venvs" / env.name).symlink_to(env)
+    copy_workflow(dest, src=src, package=True, venvs=venvs)
     cuda_standins(dest / ".venvs")
     return dest
 
@@ -223,7 +219,8 @@ def tree_hash(src: Path) -> str:
     for part in WORKFLOW_PARTS:
         files = [src / part] if (src / part).is_file() else sorted((src / part).rglob("*"))
         for f in files:
-            if f.is_file() and "__pycache__" not in f.parts and ".egg-info" not in str(f):
+            copied = not any(fnmatch.fnmatch(p, pattern) for p in f.parts for pattern in NOT_COPIED)
+            if f.is_file() and copied:
                 h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -589,80 +586,6 @@ def cell_count_check(study, expected: int) -> None:
         raise SystemExit(
             f"dlscale planned {len(study.cells)} cells, the generator expected {expected}"
         )
-
-
-# ------------------------------------------------------------------ synthetic metrics files
-def cell_records(metrics, cell, hw: dict | None = None) -> list[dict]:
-    """The metrics file of one real Cell in the real format: every rank of its world writes
-    rank_start, idle_probe, one step per configured timed step and rank_end; assemble adds
-    run_start (the Cell's own fields) and the summary. `hw`: the cell's hardware entry."""
-    hw = hw or {}
-    secs = [0.01 + 0.0001 * (i % 7) for i in range(cell.steps)]
-    ranks = {}
-    for rank in range(cell.world_size):
-        node = rank // cell.ranks_per_node
-        start = {
-            "local_rank": rank % cell.ranks_per_node,
-            "node": f"{cell.hardware}-node{node}",
-            "node_index": node,
-            "pid": 1000 + rank,
-            "device": cell.device,
-            "device_model": hw.get("device_model") or "synthetic CPU",
-            "threads": cell.cpus_per_rank,
-            "loadavg_1m": 0.1,
-            "per_rank_batch": cell.per_rank_batch,
-            "data_layout": "NCHW",
-            "input_shape": [3, 32, 32],
-            "param_count": 1,
-            "libraries": {cell.framework: "synthetic"},
-            "python": "3.11",
-            "cpu_model": "synthetic",
-            "dlscale_version": "0.1.0",
-            "timer": "time.perf_counter",
-            "sync_method": "none",
-        }
-        recs = [
-            metrics.make_record("rank_start", rank, start),
-            metrics.make_record(
-                "idle_probe",
-                rank,
-                {
-                    "window_s": 0.5,
-                    "busy_cpus": 0.0,
-                    "top_processes": [],
-                    "competing": False,
-                    "method": "synthetic",
-                },
-            ),
-        ]
-        recs += [
-            metrics.make_record(
-                "step", rank, {"step": i, "seconds": s, "samples": cell.per_rank_batch}
-            )
-            for i, s in enumerate(secs)
-        ]
-        recs.append(
-            metrics.make_record(
-                "rank_end",
-                rank,
-                {
-                    **metrics.rank_summary(secs, cell.per_rank_batch, 100.0),
-                    "peak_device_memory_mb": None,
-                    "energy": {"available": False, "reason": "synthetic"},
-                    "breakdown": {"available": False, "reason": "synthetic"},
-                    "allreduce": {"available": False, "reason": "synthetic"},
-                },
-            )
-        )
-        ranks[rank] = recs
-    return metrics.assemble(
-        cell=cell,
-        git_commit=None,
-        slurm_job_id=None,
-        rank_records=ranks,
-        wall_seconds=1.0,
-        started=time.time(),
-    )
 
 
 def start(a, prefix: str) -> tuple[Path, Path, Path, Path | None]:

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from dlscale.analysis.collect import collect
 from dlscale.store import metrics
-from dlscale.study.cell import Cell
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
+from helpers.cells import small_cell  # noqa: E402 (tests/helpers, on the path by _common)
+from helpers.synthetic_metrics import cell_records  # noqa: E402
 
 FRAMEWORKS = common.FRAMEWORKS
 MODELS = [f"m{i}" for i in range(25)]
@@ -44,30 +45,21 @@ def write_cells(root: Path, n: int, steps: int) -> list[str]:
         HARDWARE, FRAMEWORKS, MODELS, POLICIES, ["fp32"], NODES, range(1, REPS + 1)
     )
     for hw, fw, model, policy, prec, nodes, rep in itertools.islice(combos, n):
-        cell = Cell(
+        cell = small_cell(
             hardware=hw,
             framework=fw,
             model=model,
             policy=policy,
             precision=prec,
-            mode="eager",
             nodes=nodes,
             rep=rep,
-            device="cpu",
-            ranks_per_node=1,
             per_rank_batch=8,
             global_batch=8 * nodes,
-            cpus_per_rank=1,
-            warmup_steps=1,
             steps=steps,
-            learning_rate=0.01,
-            momentum=0.9,
-            launcher="local",
-            hardware_hash="h",
             environment=f"{fw}:e",
             study="bench",
         )
-        metrics.write_atomic(root / cell.path, common.cell_records(metrics, cell))
+        metrics.write_atomic(root / cell.path, cell_records(cell))
         paths.append(cell.path)
     return paths
 

@@ -138,28 +138,23 @@ def harness(
     case: tuple, device: str, mode: str, a, python: str, work: Path, timeout: float | None = None
 ) -> float:
     """One one-rank cell through the launcher, as a study runs it; its reported throughput."""
-    from dlscale.study.cell import Cell
+    if str(REPO / "tests") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests"))  # the helpers the tests share
+    from helpers.cells import small_cell
 
     model, precision, batch = case
-    cell = Cell(
+    cell = small_cell(
         hardware="bench",
-        framework="pytorch",
         model=model,
-        policy="weak",
         precision=precision,
         mode=mode,
         nodes=1,
-        rep=1,
         device=device,
-        ranks_per_node=1,
         per_rank_batch=batch,
         global_batch=batch,
         cpus_per_rank=a.threads,
         warmup_steps=a.warmup,
         steps=a.steps,
-        learning_rate=0.01,
-        momentum=0.9,
-        launcher="local",
         hardware_hash="bench",
         environment="bench",
         study="fidelity",

@@ -44,8 +44,10 @@ def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
     from dlscale.store import metrics
     from dlscale.study.matrix import load_study
 
+    from helpers.synthetic_metrics import cell_records
+
     facts = {}
-    wf = common.copy_workflow(src, root / "project", venvs)
+    wf = common.bench_checkout(src, root / "project", venvs)
     cfg, config, shape = common.write_study(wf, a.cells, a.max_nodes)
     study = load_study(config, wf)
     common.cell_count_check(study, shape.cells)
@@ -57,9 +59,7 @@ def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
     t0 = time.perf_counter()
     ranks = 0
     for cell in study.cells:
-        metrics.write_atomic(
-            wf / cell.path, common.cell_records(metrics, cell, study.hardware[cell.hardware])
-        )
+        metrics.write_atomic(wf / cell.path, cell_records(cell, study.hardware[cell.hardware]))
         ranks += cell.world_size
     facts["synthetic"] = (
         f"wrote {len(study.cells)} synthetic metrics files ({ranks} ranks, "

@@ -75,7 +75,7 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, child_env, copy_workflow, default_venvs, run_child  # noqa: E402
+from _common import REPO, bench_checkout, child_env, default_venvs, run_child  # noqa: E402
 
 SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
 DLSCALE = REPO / ".venv" / "bin" / "dlscale"
@@ -363,7 +363,7 @@ def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, c
     ctld_log = Path(config["SlurmctldLogFile"])
     work = root / name
     shutil.rmtree(work, ignore_errors=True)
-    copy_workflow(REPO, work, default_venvs(REPO))
+    bench_checkout(REPO, work, default_venvs(REPO))
     study = study_config(cells) | ({} if pack is None else {"pack": pack})
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(study))
     reset_usage()

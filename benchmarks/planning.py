@@ -99,7 +99,7 @@ def main() -> None:
     # `--quiet all` still formats and prints every job (resources, shell command)
     flags = ["-n", "--cores", "1", "--quiet"]
     for n in sizes:
-        wf = common.copy_workflow(src, root / f"project-{n}", venvs)
+        wf = common.bench_checkout(src, root / f"project-{n}", venvs)
         cfg, config, shape = common.write_study(wf, n, a.max_nodes)
         study = load_study(config, wf)
         common.cell_count_check(study, shape.cells)

@@ -50,8 +50,8 @@ from submission import cluster_ready, study_config  # noqa: E402
 from _common import (  # noqa: E402
     REPO,
     alternate,
+    bench_checkout,
     child_env,
-    copy_workflow,
     default_venvs,
     run_child,
 )
@@ -266,7 +266,7 @@ def main() -> None:
     cluster_ready()
     root = a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-overhead-", dir="/var/tmp"))
     shutil.rmtree(root / "workflow", ignore_errors=True)
-    work = copy_workflow(REPO, root / "workflow", default_venvs(REPO))
+    work = bench_checkout(REPO, root / "workflow", default_venvs(REPO))
     config = study_config(a.cells)
     config.update(warmup_steps=1, steps=1)
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))

@@ -35,7 +35,7 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, Run, child_env, copy_workflow, default_venvs, run_child  # noqa: E402
+from _common import REPO, Run, bench_checkout, child_env, default_venvs, run_child  # noqa: E402
 
 SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
 CELLS_CSV = "results/submission/tables/cells.csv"  # the study below
@@ -150,7 +150,7 @@ def main() -> None:
     cluster_ready()
     root = a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-submission-", dir="/var/tmp"))
     shutil.rmtree(root / "workflow", ignore_errors=True)
-    work = copy_workflow(REPO, root / "workflow", default_venvs(REPO))
+    work = bench_checkout(REPO, root / "workflow", default_venvs(REPO))
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(study_config(a.cells)))
     variants = {
         name: args

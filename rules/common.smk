@@ -310,15 +310,19 @@ def framework_python(wildcards):
     """Interpreter of the cell's framework environment for its hardware's variant: the driver
     venv for PyTorch's CPU build, else <environments>/<env>/bin/python (.venvs/ or
     $DLSCALE_ENVS_DIR; built by scripts/setup.sh from envs/<env>.txt; <env>-cuda for GPU
-    hardware)."""
-    return _framework_python(wildcards.hardware, wildcards.framework)
+    hardware; a float8 cell's <env>-float8, with torchao: dlscale.study.matrix.float8_environment)."""
+    return _framework_python(wildcards.hardware, wildcards.framework, wildcards.precision)
 
 
 @functools.cache
-def _framework_python(hardware, framework):
+def _framework_python(hardware, framework, precision=None):
     # once per (hardware, framework), not once per job: a 10,000-cell dry run asks 10,000 times
+    from dlscale.study.matrix import FLOAT8_FRAMEWORKS, float8_environment
+
     entry = STUDY.hardware[hardware]
     env = FRAMEWORKS[framework].environment_for(environment_variant(entry), entry)
+    if precision == "float8" and framework in FLOAT8_FRAMEWORKS:
+        env = float8_environment(env)
     if env is None:
         return sys.executable
     return str(_environment_dir(env) / "bin" / "python")

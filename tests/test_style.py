@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, ROOT
+from helpers.checkout import BIN, ROOT
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlscale.frameworks.base import RankContext, TrainSpec
+from dlscale.frameworks.base import RankContext
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
 from dlscale.rank.timing import SYNC_AUDIT_ENV, run_timed
 from dlscale.run import launch
 from dlscale.store.metrics import read_metrics
-from dlscale.study.cell import Cell
+
+from helpers.cells import rank_spec, small_cell
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,17 +31,13 @@ WARMUP, STEPS = 3, 5
 
 def one_rank(precision: str, mode: str, model: str = "cnn_small") -> TorchAdapter:
     ctx = RankContext(0, 1, 0, 1, 0, "n0", "127.0.0.1", 29500, "test")
-    spec = TrainSpec(
-        framework="pytorch",
+    spec = rank_spec(
         model=model,
         per_rank_batch=32,
         warmup_steps=WARMUP,
         steps=STEPS,
         precision=precision,
         device="cuda",
-        threads=1,
-        learning_rate=0.01,
-        momentum=0.9,
         mode=mode,
     )
     adapter = TorchAdapter(spec, ctx)
@@ -80,28 +77,16 @@ def test_the_ddp_window_makes_no_host_sync(tmp_path, monkeypatch):
     if torch.cuda.device_count() < 2:
         pytest.skip("DDP over NCCL needs two GPUs")
     monkeypatch.setenv(SYNC_AUDIT_ENV, "1")
-    cell = Cell(
+    cell = small_cell(
         hardware="gpu",
-        framework="pytorch",
-        model="cnn_small",
-        policy="weak",
         precision="fp16",
-        mode="eager",
         nodes=1,
-        rep=1,
         device="cuda",
         ranks_per_node=2,
         per_rank_batch=32,
         global_batch=64,
-        cpus_per_rank=1,
         warmup_steps=WARMUP,
         steps=STEPS,
-        learning_rate=0.01,
-        momentum=0.9,
-        launcher="local",
-        hardware_hash="h",
-        environment="pytorch:e",
-        study="t",
     )
     out = tmp_path / "cell" / "metrics.jsonl"
     argv = ["--cell-json", json.dumps(cell.as_dict()), "--output", str(out), "--git-commit", ""]

@@ -1,46 +1,79 @@
-"""A small cell for launcher tests: the dict a study's Cell serialises to (Cell.as_dict)."""
+"""Cells and specs for the tests and the benchmarks: the one place a Cell or a rank's TrainSpec
+is written out field by field (tests/unit/test_shared_helpers.py keeps it so). A test or a
+benchmark names only what it changes: small_cell(device="cuda", ...), cell_dict(...) for the
+dict a study's Cell serialises to (Cell.as_dict), rank_spec(...) for one rank's spec.
+
+dlscale is imported from the package the caller runs (a benchmark may measure another
+checkout's), its launcher and adapters only where a function needs them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from dlscale.run import launch
 from dlscale.study.cell import Cell
+
+# A 2-node, 1-rank-per-node CPU cell of cnn_small (weak, fp32, batch 4, 1 + 2 steps)
+SMALL_CELL = {
+    "hardware": "cpu",
+    "framework": "pytorch",
+    "model": "cnn_small",
+    "policy": "weak",
+    "precision": "fp32",
+    "mode": "eager",
+    "nodes": 2,
+    "rep": 1,
+    "device": "cpu",
+    "ranks_per_node": 1,
+    "per_rank_batch": 4,
+    "global_batch": 8,
+    "cpus_per_rank": 1,
+    "warmup_steps": 1,
+    "steps": 2,
+    "learning_rate": 0.01,
+    "momentum": 0.9,
+    "launcher": "local",
+    "hardware_hash": "h",
+    "environment": "pytorch:e",
+    "study": "t",
+}
+
+
+def small_cell(**changes) -> Cell:
+    """SMALL_CELL with `changes` (any Cell field)."""
+    return Cell(**{**SMALL_CELL, **changes})
 
 
 def cell_dict(**changes) -> dict:
-    """A 2-node, 1-rank-per-node CPU cell of cnn_small (weak, fp32, batch 4, 1 + 2 steps)."""
+    """small_cell(**changes) as the dict it serialises to."""
+    return small_cell(**changes).as_dict()
+
+
+def rank_spec(**changes):
+    """A rank's TrainSpec (dlscale.frameworks.base) of one CPU rank of cnn_small (fp32, batch 4,
+    1 + 2 steps, SGD 0.01 with momentum 0.9, one thread), with `changes`."""
+    from dlscale.frameworks.base import TrainSpec
+
     fields = {
-        "hardware": "cpu",
         "framework": "pytorch",
         "model": "cnn_small",
-        "policy": "weak",
-        "precision": "fp32",
-        "mode": "eager",
-        "nodes": 2,
-        "rep": 1,
-        "device": "cpu",
-        "ranks_per_node": 1,
         "per_rank_batch": 4,
-        "global_batch": 8,
-        "cpus_per_rank": 1,
         "warmup_steps": 1,
         "steps": 2,
+        "precision": "fp32",
+        "device": "cpu",
+        "threads": 1,
         "learning_rate": 0.01,
         "momentum": 0.9,
-        "launcher": "local",
-        "hardware_hash": "h",
-        "environment": "pytorch:e",
-        "study": "t",
     }
-    fields.update(changes)
-    return Cell(**fields).as_dict()
+    return TrainSpec(**{**fields, **changes})
 
 
 def launch_cell(tmp_path: Path, cell: dict, python=None) -> tuple[int, Path]:
     """Run a cell through the launcher as a study does (its metrics under tmp_path/cell);
     `python`: the interpreter of the cell's framework environment. Returns (exit code, path)."""
+    from dlscale.run import launch
+
     out = tmp_path / "cell" / "metrics.jsonl"
     argv = ["--cell-json", json.dumps(cell), "--output", str(out), "--git-commit", ""]
     if python is not None:
@@ -53,6 +86,8 @@ def wait_ranks(procs, timeout: float) -> list[int]:
     waits (launch.wait_all): all are stopped once one has failed (a peer that died at start-up
     leaves a TensorFlow survivor waiting for it with no deadline of its own), and all at
     `timeout` s. A stopped rank's code is negative (its signal)."""
+    from dlscale.run import launch
+
     launch.wait_all(list(enumerate(procs)), timeout=timeout)
     return [p.returncode for p in procs]
 

@@ -19,8 +19,8 @@ import yaml
 from dlscale.store.preflight_results import read_result
 from dlscale.study.container_image import local_digest
 
-from conftest import ROOT, copy_workflow
 from helpers import run_names
+from helpers.checkout import ROOT, copy_workflow
 from helpers.plain_user import driver_for, plain_user, remove_home
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, copy_workflow, tiny_study
+from helpers.checkout import BIN, ROOT, copy_workflow, tiny_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 

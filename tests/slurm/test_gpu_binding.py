@@ -19,6 +19,8 @@ import pytest
 from dlscale.store.metrics_summary import shared_gpus
 from dlscale.study.cell import Cell
 
+from helpers.cells import small_cell
+
 pytestmark = [pytest.mark.slurm]
 
 # Run inside the allocation, as the launcher runs in a cell's job: start the ranks' step with
@@ -37,29 +39,16 @@ ALLOCATION = ["salloc", "--nodes=2", "--ntasks=4", "--overcommit", "--mem=1000",
 
 
 def cuda_cell(binding: str) -> Cell:
+    """A 2-node x 2-rank cuda cell (tests/helpers/cells.py) over srun with `binding`."""
     nodes, per_node = 2, 2
-    return Cell(
+    return small_cell(
         hardware="gpu",
-        framework="pytorch",
-        model="cnn_small",
-        policy="weak",
-        precision="fp32",
-        mode="eager",
         nodes=nodes,
-        rep=1,
         device="cuda",
         ranks_per_node=per_node,
-        per_rank_batch=4,
         global_batch=4 * nodes * per_node,
-        cpus_per_rank=1,
-        warmup_steps=1,
-        steps=2,
-        learning_rate=0.01,
-        momentum=0.9,
         launcher="srun",
-        hardware_hash="h",
         environment="e",
-        study="t",
         gpu_binding=binding,
     )
 

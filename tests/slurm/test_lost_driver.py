@@ -27,7 +27,7 @@ from dlscale.store.metrics import read_metrics
 from dlscale.workflow.resume import LIVE_STATES, plugin_comment
 from dlscale.workflow.resume_journal import JOURNAL_FILE
 
-from conftest import BIN, ROOT, copy_workflow
+from helpers.checkout import BIN, ROOT, copy_workflow
 from helpers.slurm_jobs import controller_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]

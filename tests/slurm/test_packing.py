@@ -24,7 +24,7 @@ import yaml
 from dlscale.store.metrics import read_metrics
 from dlscale.workflow.resume import LIVE_STATES
 
-from conftest import BIN, ROOT, copy_workflow
+from helpers.checkout import BIN, ROOT, copy_workflow
 from helpers.slurm_jobs import controller_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]

@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from conftest import ROOT, copy_workflow, snakemake
+from helpers.checkout import ROOT, copy_workflow, snakemake
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 

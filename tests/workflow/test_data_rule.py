@@ -10,7 +10,7 @@ import pytest
 
 from dlscale.data import FORMATS, inspect_dataset
 
-from conftest import copy_workflow, snakemake
+from helpers.checkout import copy_workflow, snakemake
 
 pytestmark = pytest.mark.workflow
 

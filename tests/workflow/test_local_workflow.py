@@ -17,7 +17,7 @@ from dlscale.outputs.figure_layout import CONVERGENCE_FAMILIES, FAMILIES
 from dlscale.study.cell import MEASUREMENTS_DIR, METRICS_FILE
 from dlscale.study.matrix import load_workflow_study
 
-from conftest import BIN, ROOT, copy_workflow, path_without_tex, snakemake, tiny_study
+from helpers.checkout import BIN, ROOT, copy_workflow, path_without_tex, snakemake, tiny_study
 
 pytestmark = pytest.mark.workflow
 

@@ -11,7 +11,7 @@ import pytest
 
 from dlscale.study.matrix import load_study
 
-from conftest import BIN, ROOT, copy_workflow, snakemake
+from helpers.checkout import BIN, ROOT, copy_workflow, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -76,7 +76,7 @@ def test_the_bare_baseline_plans_the_projects_jobs_with_the_same_files(tmp_path)
     output files, so the same files link them."""
     planning = _planning()
     common = planning.common
-    work = common.copy_workflow(ROOT, tmp_path / "project", common.default_venvs(ROOT))
+    work = common.bench_checkout(ROOT, tmp_path / "project", common.default_venvs(ROOT))
     cfg, config, _ = common.write_study(work, 60, max_nodes=4)
     study = load_study(config, work)
     paths = [c.path for c in study.cells]

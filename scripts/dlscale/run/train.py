@@ -329,6 +329,8 @@ def measure(cell: Cell, adapter, writer: RankWriter, stamps: dict, before_step) 
             "phases": {**stamps, **run["phases"]},
             "breakdown": run["breakdown"],
             "allreduce": run["allreduce"],
+            # the attention kernel that ran, a trace: measured after the window
+            **run.get("after_window", {}),
             **({"sync_audit": run["sync_audit"]} if "sync_audit" in run else {}),
         },
     )

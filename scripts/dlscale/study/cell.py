@@ -326,6 +326,25 @@ class Cell:
     # model's forward, as every cell measured before; "block", each block before fully_shard
     # (torchtitan's), in a compiled pytorch cell whose model names its blocks.
     compile_scope: str = "model"
+    # The attention kernel a pytorch cell asks scaled_dot_product_attention for (config
+    # attention; dlscale.registry.attention): None, PyTorch's own choice with the key/value heads
+    # repeated, as every cell measured before the key; auto (a fixed order per device class),
+    # cudnn, flash, efficient or math, with enable_gqa where that kernel takes it.
+    attention: str | None = None
+    # Mode "compiled" of a pytorch cell also compiles its loss (config compile_loss): the float32
+    # cross-entropy over the vocabulary inside a compiled region. False: the loss eager, as
+    # every cell measured before.
+    compile_loss: bool = False
+    # What a pytorch cell of world size 1 runs (config single_device): "plain", the plain
+    # single-device program, as every cell measured before; "fully_shard", FSDP2 at degree 1
+    # with its MixedPrecisionPolicy (bf16/fp16 compute without autocast's float32 detours, as
+    # torchtitan trains on one GPU).
+    single_device: str = "plain"
+    # A profiler trace of this cell after its timed window (config trace: the cell it names):
+    # how many steps (0: none) and whether nsys captures them too. Not what is measured: in no
+    # identity or hash.
+    trace_steps: int = 0
+    trace_nsys: bool = False
     # How long the first warm-up step (compilation) may wait for its peers (config
     # first_step_timeout_s): a deadline, not what is measured, so in no identity or hash.
     first_step_timeout_s: int = FIRST_STEP_TIMEOUT_S
@@ -454,6 +473,8 @@ NOT_IDENTITY = (
     "first_step_timeout_s",
     "ranks_in_path",
     "container",
+    "trace_steps",
+    "trace_nsys",
 )
 DERIVED = ("world_size", "config_hash")  # in as_dict, computed from the fields
 # Fields added after cells were measured, with the value every earlier cell had: at that value

@@ -146,10 +146,19 @@ def config_hash(config: dict, hardware: dict) -> str:
         }
     if measured.get("activation_checkpointing") == "none":  # every cell before the key
         del measured["activation_checkpointing"]
+    # the attention kernel, the compiled loss and what world size 1 runs, at their defaults:
+    # every cell before the keys (a cell that sets them has them in its own identity); a trace
+    # re-measures nothing (Cell.trace_steps is in no identity)
+    for key, default in (("attention", None), ("compile_loss", False), ("single_device", "plain")):
+        if key in measured and measured[key] == default:
+            del measured[key]
+    measured.pop("trace", None)
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
         measured.pop("seq_len", None)
     if "convergence" not in config.get("workloads", ["throughput"]):
         measured.pop("convergence", None)
+    if "script" not in config.get("workloads", ["throughput"]):  # a study without scripts
+        measured.pop("script", None)
     elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement
         measured["convergence"] = {
             k: v for k, v in measured["convergence"].items() if k != "validity_tolerance"

@@ -158,7 +158,35 @@ def _environment_names() -> dict[tuple[str, str], str]:
             out[name, variant] = environment_name(name, variant) or "pytorch"
         for line, env in zip(record.cuda_lines[1:], record.line_environments(), strict=True):
             out[name, line] = env
+    # float8 cells: the environment with torchao beside each PyTorch CUDA environment
+    for (name, key), env in list(out.items()):
+        if name in FLOAT8_FRAMEWORKS and key != "cpu":
+            out[name, float8_key(key)] = float8_environment(env)
     return out
+
+
+FLOAT8_FRAMEWORKS = ("pytorch",)
+
+
+def float8_key(key: str) -> str:
+    """The environment_ids key of a float8 cell's environment (its variant's or line's)."""
+    return f"{key}+float8"
+
+
+def float8_environment(env: str | None) -> str:
+    """The environment a float8 cell runs in: `<environment>-float8`, its pins and torchao
+    (envs/<environment>-float8.txt; never envs/pytorch.txt, which every PyTorch cell's identity
+    holds)."""
+    return f"{env or 'pytorch'}-float8"
+
+
+def cell_environment_key(combo: dict, hw: dict) -> tuple[str, str]:
+    """A cell's environment_ids key: its framework's (environment_key), or the float8
+    environment beside it for a float8 cell."""
+    framework, key = environment_key(combo["framework"], hw)
+    if combo["precision"] == "float8" and framework in FLOAT8_FRAMEWORKS:
+        return framework, float8_key(key)
+    return framework, key
 
 
 def environment_key(framework: str, hw: dict) -> tuple[str, str]:
@@ -279,6 +307,62 @@ def cell_compile_scope(framework: str, mode: str, model: str) -> str:
     return "model"
 
 
+def llm_step_fields(config: dict, combo: dict, world: int) -> dict:
+    """A pytorch cell's attention kernel, compiled loss and world-size-1 program (config
+    attention, compile_loss, single_device), each set only where it changes what the cell runs
+    (a compiled cell's loss; a cell of world size 1), so a study that sets them keeps every
+    other cell's identity; the precision float8 and single_device fully_shard take FSDP2's
+    mixed precision at world size 1 (fsdp_mixed_precision)."""
+    if combo["framework"] != "pytorch":
+        return {}
+    out = {}
+    if config.get("attention") is not None:
+        out["attention"] = config["attention"]
+    if config.get("compile_loss") and combo["mode"] == "compiled":
+        out["compile_loss"] = True
+    if world == 1 and config.get("single_device", "plain") != "plain":
+        out["single_device"] = config["single_device"]
+    return out
+
+
+def one_device_mixed_precision(config: dict, combo: dict, world: int) -> bool:
+    """A bf16/fp16 pytorch cell of world size 1 under single_device fully_shard: its precision
+    from FSDP2's MixedPrecisionPolicy (Cell.fsdp_mixed_precision), as a sharded cell's."""
+    return (
+        combo["framework"] == "pytorch"
+        and world == 1
+        and config.get("single_device", "plain") == "fully_shard"
+        and combo["precision"] != "fp32"
+    )
+
+
+def mark_traced(config: dict, cells: list) -> list:
+    """The cells with the first one config `trace` names (a glob over its place: cell_label)
+    given its trace steps (Cell.trace_steps, trace_nsys: in no identity or hash)."""
+    import dataclasses
+    import fnmatch
+
+    from dlscale.study.cell import cell_label
+
+    trace = config.get("trace")
+    if not trace:
+        return cells
+    for i, cell in enumerate(cells):
+        if fnmatch.fnmatchcase(cell_label(cell.as_dict()), trace.get("cell", "*")):
+            cells[i] = dataclasses.replace(
+                cell, trace_steps=trace.get("steps", 3), trace_nsys=bool(trace.get("nsys"))
+            )
+            return cells
+    example = cell_label(cells[0].as_dict()) if cells else "none"
+    raise ConfigError(
+        "config",
+        [
+            f"trace.cell: {trace.get('cell')!r} matches no cell of the study; allowed values: a "
+            f"glob over a cell's place, e.g. {example!r}"
+        ],
+    )
+
+
 def _combo_cells(
     config: dict,
     hardware: dict,
@@ -324,7 +408,7 @@ def _combo_cells(
             # a container's image digest, else the venv's requirements hash
             environment=shared["containers"][combo["hardware"]][1]
             if combo["hardware"] in shared["containers"]
-            else shared["environments"][environment_key(combo["framework"], hw)],
+            else shared["environments"][cell_environment_key(combo, hw)],
             container=shared["containers"].get(combo["hardware"], ({}, None))[0],
             gpu_binding=canonical_binding(hw["gpu_binding"]) if hw["device"] == "cuda" else None,
             modules=hw.get("modules", ()),
@@ -333,10 +417,12 @@ def _combo_cells(
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
             **pipeline_fields(config, combo["parallelism"], world, rpn, per_rank),
             seq_len=cell_seq_len(combo["model"], config.get("seq_len")),
-            fsdp_mixed_precision=fsdp_mixed_precision(combo["parallelism"], combo["precision"]),
+            fsdp_mixed_precision=fsdp_mixed_precision(combo["parallelism"], combo["precision"])
+            or one_device_mixed_precision(config, combo, world),
             tp_plan=cell_tp_plan(combo["parallelism"], combo["model"]),
             compile_scope=cell_compile_scope(combo["framework"], combo["mode"], combo["model"]),
             activation_checkpointing=config.get("activation_checkpointing", "none"),
+            **llm_step_fields(config, combo, world),
             **optimizer_fields(config, combo["model"]),
             **shared["common"],
             **extra,
@@ -401,6 +487,7 @@ def build_matrix(
         raise ConfigError(
             "config", ["exclude: every cell of the matrix is excluded; nothing to run"]
         )
+    cells = mark_traced(config, cells)
     return Study(
         config=config, hardware=hardware, cells=cells, config_hash=config_hash(config, hardware)
     )

@@ -11,7 +11,7 @@ import pytest
 from dlscale.analysis.collect import collect
 from dlscale.rank.provenance import REDACTED, environment
 
-from unit.store.test_metrics import CELL, assembled
+from helpers.synthetic_metrics import CELL, assembled
 
 GOOD = "results/t/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
 

@@ -13,7 +13,7 @@ from dlscale.decisions import published
 from dlscale.decisions.reference_bless import _dump
 from dlscale.study.references import load_published, schema_path
 
-from conftest import ROOT
+from helpers.checkout import ROOT
 
 REFS = ROOT / "config" / "references.yaml"
 H100 = "NVIDIA H100 80GB HBM3"

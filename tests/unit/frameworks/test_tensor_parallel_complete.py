@@ -153,7 +153,7 @@ def test_compiled_cells_compile_each_block_before_any_wrapper(monkeypatch):
     assert model._compiled_call_impl is None
     assert [n for n, _ in model.named_parameters()] == names
 
-    class Cell:  # the part of an adapter compile_forward reads
+    class AdapterPart:  # the part of an adapter compile_forward reads
         compiled = True
         compiles_blocks = TorchModel.compiles_blocks
         compile_forward = TorchModel.compile_forward
@@ -162,9 +162,9 @@ def test_compiled_cells_compile_each_block_before_any_wrapper(monkeypatch):
             compile_scope = "block"
 
     compiled.clear()
-    assert Cell().compile_forward(model) is model and compiled == []
-    Cell.spec.compile_scope = "model"
-    Cell().compile_forward(model)
+    assert AdapterPart().compile_forward(model) is model and compiled == []
+    AdapterPart.spec.compile_scope = "model"
+    AdapterPart().compile_forward(model)
     assert compiled == [model]
 
 

@@ -35,6 +35,8 @@ from dlscale.study.hardware import validate_hardware
 from dlscale.study.hashes import hashed_hardware
 from dlscale.study.resources import class_resources
 
+from helpers.cells import small_cell
+
 # ----------------------------------------------------------------------------- picking a device
 # (local rank, ranks on the node, GPUs the rank sees, environment) -> expected ordinal
 BINDINGS = {
@@ -244,15 +246,11 @@ def test_gpu_activity_tolerates_na_and_mig_output():
 
 # ----------------------------------------------------------------------------- the launcher
 def _cell(**changes) -> Cell:
+    """A 2-node cell of ResNet-50 on 4 H100s per node over srun (tests/helpers/cells.py)."""
     fields = dict(
         hardware="h100",
-        framework="pytorch",
         model="resnet50",
-        policy="weak",
         precision="bf16",
-        mode="eager",
-        nodes=2,
-        rep=1,
         device="cuda",
         ranks_per_node=4,
         per_rank_batch=32,
@@ -261,15 +259,13 @@ def _cell(**changes) -> Cell:
         warmup_steps=5,
         steps=10,
         learning_rate=0.1,
-        momentum=0.9,
         launcher="srun",
         hardware_hash="x",
         environment="pytorch-cuda:x",
         study="s",
         gpu_binding="node",
     )
-    fields.update(changes)
-    return Cell(**fields)
+    return small_cell(**{**fields, **changes})
 
 
 def test_launcher_states_the_gpu_binding():

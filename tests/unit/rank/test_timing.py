@@ -19,7 +19,7 @@ from dlscale.store.metrics import read_metrics
 from dlscale.study.cell import Cell
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S, REWARM_STEPS
 
-from helpers.cells import cell_dict, launch_cell
+from helpers.cells import cell_dict, launch_cell, rank_spec
 
 WARMUP, STEPS = 2, 3
 
@@ -63,19 +63,7 @@ def test_the_pytorch_window_holds_no_host_sync(tmp_path, monkeypatch, nodes):
 
 def one_rank_adapter(**spec) -> TorchAdapter:
     ctx = RankContext(0, 1, 0, 1, 0, "n0", "127.0.0.1", 29500, "test")
-    fields = dict(
-        framework="pytorch",
-        model="cnn_small",
-        per_rank_batch=4,
-        warmup_steps=WARMUP,
-        steps=STEPS,
-        precision="fp32",
-        device="cpu",
-        threads=1,
-        learning_rate=0.01,
-        momentum=0.9,
-    )
-    adapter = TorchAdapter(TrainSpec(**{**fields, **spec}), ctx)
+    adapter = TorchAdapter(rank_spec(**{"warmup_steps": WARMUP, "steps": STEPS, **spec}), ctx)
     adapter.setup()
     return adapter
 

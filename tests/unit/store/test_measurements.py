@@ -16,7 +16,7 @@ from dlscale.store.migrate import migrate
 from dlscale.study.cell import MEASUREMENTS_DIR, Cell
 
 from helpers.cells import cell_dict
-from unit.store.test_metrics import assembled
+from helpers.synthetic_metrics import assembled
 
 
 def digest(path: Path) -> str:

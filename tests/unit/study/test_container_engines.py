@@ -21,8 +21,8 @@ from dlscale.study.errors import ConfigError
 from dlscale.study.hardware import validate_hardware
 from dlscale.study.matrix import build_matrix
 
-from conftest import ROOT
 from helpers.cells import cell_dict
+from helpers.checkout import ROOT
 from helpers.recording_srun import recorded, recording_srun
 
 DIGEST = "sha256:" + "ab" * 32

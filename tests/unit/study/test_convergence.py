@@ -21,6 +21,8 @@ from dlscale.study.config import ConfigError
 from dlscale.study.matrix import load_study
 
 from helpers.cells import cell_dict
+from helpers.synthetic_metrics import assembled as throughput_file
+from helpers.synthetic_metrics import idle_probe, rank_records, rank_start, unavailable
 
 CONVERGENCE = dict(
     workload="convergence",
@@ -90,34 +92,17 @@ def conv_rank_records(
 ) -> list[dict]:
     """A rank's records; `loader_ratio`: its loader-only measurement (none: written before the
     measurement existed); `staged`: its staging (none: no staging record)."""
-    start = {
-        "local_rank": 0,
-        "node": f"n{rank + 1}",
-        "node_index": rank,
-        "pid": 100 + rank,
-        "device": "cpu",
-        "device_model": "CPU X",
-        "threads": 1,
-        "loadavg_1m": 0.5,
-        "per_rank_batch": 16,
-        "data_layout": "NCHW",
-        "input_shape": [3, 32, 32],
-        "param_count": 1000,
-        "libraries": {"torch": "2.13.0"},
-        "python": "3.11.7",
-        "cpu_model": "CPU X",
-        "dlscale_version": "0.1.0",
-        "timer": "time.perf_counter",
-        "sync_method": "none",
-        "backend": "gloo",
-        "data": "real: digits",
-        "dataset": {"train_samples": 1438, "val_samples": 359},
+    start = rank_start(
+        rank,
+        per_rank_batch=16,
+        backend="gloo",
+        data="real: digits",
+        dataset={"train_samples": 1438, "val_samples": 359},
         **({"staging": staged} if staged else {}),
-    }
-    probe = {"window_s": 0.5, "busy_cpus": 0.1, "top_processes": [], "competing": False}
+    )
     recs = [
         metrics.make_record("rank_start", rank, start),
-        metrics.make_record("idle_probe", rank, {**probe, "method": "test"}),
+        metrics.make_record("idle_probe", rank, idle_probe()),
     ]
     recs += [
         metrics.make_record("epoch", rank, epoch_value(e, acc, seconds, rank))
@@ -153,9 +138,9 @@ def conv_rank_records(
                 "peak_device_memory_mb": None,
                 "warmup_pass_seconds": 0.05,
                 "clock_start_time": 3.0,
-                "energy": {"available": False, "reason": "test"},
-                "breakdown": {"available": False, "reason": "test"},
-                "allreduce": {"available": False, "reason": "test"},
+                "energy": unavailable(),
+                "breakdown": unavailable(),
+                "allreduce": unavailable(),
                 **loader,
             },
         )
@@ -486,8 +471,6 @@ def test_inconsistent_convergence_files_are_refused(mutate, fragment):
 
 
 def test_epoch_records_in_a_throughput_file_are_refused():
-    from unit.store.test_metrics import assembled as throughput_file
-
     records = throughput_file()
     records.insert(2, metrics.make_record("epoch", 0, epoch_value(1, 0.5, 1.0, 0)))
     with pytest.raises(MetricsError, match="epoch or convergence records in a throughput cell"):
@@ -516,8 +499,6 @@ def test_collect_tabulates_convergence_cells_apart_and_keeps_the_not_reached(tmp
     missed = conv_cell(nodes=2, rep=3)  # a third repetition that never gets there
     paths.append(write_cell(tmp_path, missed, assembled((0.5, 0.6, 0.7, 0.8), missed)))
     throughput = Cell.from_dict(cell_dict(nodes=1, global_batch=4))
-    from unit.store.test_metrics import rank_records
-
     paths.append(
         write_cell(
             tmp_path,

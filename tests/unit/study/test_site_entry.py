@@ -16,7 +16,7 @@ from dlscale.study.hardware import validate_hardware
 from dlscale.study.matrix import build_matrix
 from dlscale.study.resources import class_resources
 
-from conftest import ROOT
+from helpers.checkout import ROOT
 
 MARK = "<!-- site-entry:h100 -->"
 

@@ -258,7 +258,7 @@ def test_the_workflow_refuses_gpu_cells_in_a_cpu_build_before_any_job(tmp_path, 
     """A dry run of a study on a GPU entry whose .venvs/pytorch-cuda is a CPU build (here: the
     driver .venv itself) stops at parse time with the cells, the reason and the command; the
     same without the environment names the missing folder."""
-    from conftest import copy_workflow, snakemake
+    from helpers.checkout import copy_workflow, snakemake
 
     config = {**tiny_config, "axes": {**tiny_config["axes"], "hardware": ["a100"]}}
     work = copy_workflow(tmp_path, config)
