@@ -111,7 +111,9 @@ PLANS = {
         "energy": ("resnet50", "bf16", 256),
         "energy_window_s": 12.0,
         "decoders": ("llama3_1b", "gpt2_124m"),
-        "decoder_batch": 16,
+        "decoder_batch": 2,  # torchtitan's 16,384 tokens per GPU step at 8,192; 1 where memory says
+        "decoder_seq_len": 8192,
+        "decoder_window": (3, 15),  # warm-up, timed steps of rows e and f
         "decoder_precision": "bf16",
     },
     "cpu": {
@@ -126,6 +128,8 @@ PLANS = {
         "energy_window_s": 0.5,
         "decoders": ("gpt2_tiny",),
         "decoder_batch": 4,
+        "decoder_seq_len": None,  # the model's own
+        "decoder_window": (2, 4),
         "decoder_precision": "fp32",
     },
 }
@@ -170,13 +174,36 @@ PRIOR_S = {
         "memory": 2,
     },
 }
+# The decoder rows (e, f) train as torchtitan trains Llama 3 (a comparable MFU): AdamW with
+# its settings and clipping, bf16 through FSDP2 at degree 1 (its MixedPrecisionPolicy, no
+# autocast), the attention kernels in auto's order, per-block compile with the loss compiled
+# (mode compiled), no activation checkpointing.
+DECODER_TRAINING = {
+    "optimizer": "adamw",
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.95,
+    "adam_eps": 1e-8,
+    "weight_decay": 0.1,
+    "grad_clip_norm": 1.0,
+    "learning_rate": 3e-4,
+    "activation_checkpointing": "none",
+    "attention": "auto",
+    "single_device": "fully_shard",
+}
+# What a row's time is made of beyond its steps (the decoder rows' estimates, decoder_estimate):
+# seeded initialisation on the host, measured on this 2-core VM (torch.nn.init.trunc_normal_ of
+# 50 M float32 on one thread: 1.31 s, i.e. 26 ns per parameter; normal_ 0.53 s), rounded up.
+INIT_NS_PER_PARAM = 30
+DEFAULT_HEADROOM_GIB = 1.0  # a GPU entry without memory_headroom_gib (dlscale.study.partitions)
+RECORDED_RUNS = REPO / "benchmarks" / "gpu-runs"  # the recorded GPU runs (--estimates default)
+
 # The targets, reported beside each row, never gated on
 TARGETS = {
     ("resnet50", "bf16", 256): 0.99,
     ("resnet50", "fp32", 32): 0.97,
 }
 ENERGY_TARGET_PCT = 5.0
-MFU_TARGET = 0.40  # llama3_1b bf16 compiled (torchtitan's 8B FSDP runs: 0.34-0.39 on H100)
+MFU_TARGET = 0.45  # llama3_1b bf16 compiled (MosaicML MPT-1B at 8,192 on H100: 0.377)
 MEMORY_TARGET_PCT = 10.0
 
 
@@ -275,8 +302,125 @@ def decoder(plan: dict) -> str:
     return next(m for m in plan["decoders"] if m in SPECS)
 
 
-def child_rows(device: str, plan: dict) -> list[dict]:
-    """The rows of steps c-f, in order, each with its kind and parameters."""
+def decoder_settings(plan: dict, mode: str) -> dict:
+    """The TrainSpec settings of a decoder row (DECODER_TRAINING; compiled: each block and the
+    loss; bf16/fp16: FSDP2's mixed precision at degree 1)."""
+    compiled = mode == "compiled"
+    return {
+        **DECODER_TRAINING,
+        "seq_len": plan["decoder_seq_len"],
+        "compile_scope": "block" if compiled else "model",
+        "compile_loss": compiled,
+        "fsdp_mixed_precision": plan["decoder_precision"] != "fp32",
+    }
+
+
+def predicted_memory(model: str, seq_len: int | None, batch: int, precision: str) -> dict:
+    """A decoder row's predicted peak device memory (bytes), from production's prediction
+    (dlscale.frameworks.torch_memory.activation_bytes on the meta device) and the state AdamW
+    holds under FSDP2 at degree 1: float32 parameters, gradients and two moments (16 B per
+    parameter), a bf16 copy of the parameters (all-gathered for the forward and backward: 2 B),
+    the activations (key/value heads repeated: the larger of the two layouts), and the step's
+    largest temporary, the float32 gradient of the logits (tokens x vocabulary x 4 B)."""
+    import torch
+
+    from dlscale.frameworks.torch_memory import activation_bytes
+    from dlscale.models import seq_len_of, spec_for
+
+    spec = spec_for(model, seq_len)
+    n = spec.param_count
+    dtype = None if precision == "fp32" else torch.bfloat16
+    act = activation_bytes(model, seq_len, batch, dtype, "none", gqa=False)
+    if not act.get("available"):
+        raise RuntimeError(f"no activation prediction for {model}: {act.get('reason')}")
+    tokens = batch * (seq_len_of(spec) or 1)
+    parts = {
+        "state_bytes": 16 * n,
+        "low_precision_params_bytes": 0 if dtype is None else 2 * n,
+        "activation_bytes": act["bytes"],
+        "logits_gradient_bytes": tokens * spec.vocab_size * 4,
+    }
+    return {**parts, "total_bytes": sum(parts.values()), "param_count": n, "batch": batch}
+
+
+def size_decoder(plan: dict, model: str, memory_bytes: float | None) -> dict:
+    """The decoder rows' per-rank batch, chosen before they run: the plan's, halved while the
+    prediction (predicted_memory) exceeds the device's memory less its headroom (`memory_bytes`:
+    None, no sizing: the plan's batch); {"batch": None} where batch 1 does not fit either."""
+    batch = plan["decoder_batch"]
+    if memory_bytes is None:
+        return {"batch": batch, "sized": False}
+    tried = []
+    while batch >= 1:
+        pred = predicted_memory(model, plan["decoder_seq_len"], batch, plan["decoder_precision"])
+        tried.append(pred)
+        if pred["total_bytes"] <= memory_bytes:
+            return {"batch": batch, "sized": True, "memory_bytes": memory_bytes, "tried": tried}
+        batch //= 2
+    return {"batch": None, "sized": True, "memory_bytes": memory_bytes, "tried": tried}
+
+
+def device_memory_bytes(device: str, entry: dict | None) -> float | None:
+    """What a rank may use on this device: the GPU's total memory (CUDA) or the hardware
+    entry's device_memory_gib (a dry run), less memory_headroom_gib (1 GiB where unstated)."""
+    headroom = (entry or {}).get("memory_headroom_gib")
+    headroom = DEFAULT_HEADROOM_GIB if headroom is None else headroom
+    if entry is not None and entry.get("device_memory_gib"):
+        return (entry["device_memory_gib"] - headroom) * 2**30
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory - headroom * 2**30
+    return None
+
+
+def decoder_estimate(device: str, plan: dict, model: str, batch: int, mode: str, recorded: dict):
+    """A decoder row's estimated seconds (None: leave it to PRIOR_S), from the recorded GPU
+    runs (`recorded`: row -> its fields; benchmarks/gpu-runs): the steps at the TFLOP/s the
+    recorded decoder row of the same mode reached, its first step (compilation) as recorded,
+    and the seeded initialisation (INIT_NS_PER_PARAM); the child's start is PRIOR_S's."""
+    from dlscale.models import seq_len_of, spec_for
+    from dlscale.models.flops import decoder_flops_per_token
+
+    if device != "cuda":
+        return None
+    base = next(
+        (
+            f
+            for row, f in recorded.items()
+            if row.startswith("MFU ") and row.endswith(f" {mode}") and f.get("achieved_tflops")
+        ),
+        None,
+    )
+    if base is None:
+        return None
+    spec = spec_for(model, plan["decoder_seq_len"])
+    tokens = batch * seq_len_of(spec)
+    step_s = decoder_flops_per_token(spec)["counted"] * tokens / (base["achieved_tflops"] * 1e12)
+    warmup, steps = plan["decoder_window"]
+    stepped = warmup + steps + 4  # re-warm, the attention kernel's profiled step, the probes
+    init_s = INIT_NS_PER_PARAM * 1e-9 * spec.param_count
+    compile_s = base.get("first_step_seconds") or 0.0
+    return round(stepped * step_s + compile_s + init_s, 1)
+
+
+def recorded_fields(paths) -> dict:
+    """Row -> fields of the finished rows of recorded runs' rows.jsonl files."""
+    out = {}
+    for path in paths or ():
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            if row.get("status") == OK and row.get("fields"):
+                out[row["row"]] = row["fields"]
+    return out
+
+
+def child_rows(
+    device: str, plan: dict, memory_bytes: float | None = None, recorded: dict | None = None
+) -> list[dict]:
+    """The rows of steps c-f, in order, each with its kind and parameters; the decoder rows
+    (e, f) sized from the memory prediction where `memory_bytes` is given (size_decoder) and
+    estimated from the recorded runs (`recorded`, decoder_estimate)."""
     rows = []
     for model, precision, batch, mode in plan["sync"]:
         rows.append(
@@ -297,7 +441,9 @@ def child_rows(device: str, plan: dict) -> list[dict]:
                 "args": [model, precision, batch],
             }
         )
-    llm, precision, batch = decoder(plan), plan["decoder_precision"], plan["decoder_batch"]
+    llm, precision = decoder(plan), plan["decoder_precision"]
+    sizing = size_decoder(plan, llm, memory_bytes)
+    batch = sizing["batch"] or 1
     for mode in MODES:
         rows.append(
             {
@@ -305,6 +451,8 @@ def child_rows(device: str, plan: dict) -> list[dict]:
                 "row": f"MFU {llm} {precision} b{batch} {mode}",
                 "kind": f"mfu_{mode}",
                 "args": [llm, precision, batch, mode],
+                "sizing": sizing,
+                "prior": decoder_estimate(device, plan, llm, batch, mode, recorded or {}),
             }
         )
     rows.append(
@@ -313,11 +461,25 @@ def child_rows(device: str, plan: dict) -> list[dict]:
             "row": f"memory {llm} {precision} b{batch} fsdp world size 1",
             "kind": "memory",
             "args": [llm, precision, batch],
+            "sizing": sizing,
+            "prior": decoder_estimate(device, plan, llm, batch, "eager", recorded or {}),
         }
     )
     for row in rows:
         row["target"] = row_target(row["kind"], row["args"][0])
     return rows
+
+
+def does_not_fit(row: dict) -> str | None:
+    """Why a decoder row is not run: its prediction exceeds the device's memory at batch 1."""
+    sizing = row.get("sizing") or {}
+    if not sizing.get("sized") or sizing.get("batch"):
+        return None
+    pred = sizing["tried"][-1]
+    return (
+        f"memory: predicted {pred['total_bytes'] / 2**30:.1f} GiB at batch 1 > "
+        f"{sizing['memory_bytes'] / 2**30:.1f} GiB usable"
+    )
 
 
 def row_target(kind: str, model: str) -> str | None:
@@ -350,6 +512,8 @@ def row_estimate(device: str, kind: str, spec: dict | None = None) -> float:
     """A row's estimated seconds: what an earlier run measured (--estimates), else PRIOR_S."""
     if spec is not None and spec.get("estimate") is not None:
         return float(spec["estimate"])
+    if spec is not None and spec.get("prior") is not None:  # from the recorded runs
+        return float(spec["prior"])
     return float(PRIOR_S[device][kind if kind != "telemetry" else "energy"])
 
 
@@ -606,7 +770,9 @@ def make_adapter(device: str, model: str, precision: str, batch: int, mode: str,
     from dlscale.rank.rank_context import RankContext
     from dlscale.registry.frameworks import get_adapter
 
-    ctx = RankContext(0, 1, 0, 1, 0, platform.node(), "127.0.0.1", 29500, "gpu-suite")
+    port = kw.pop("port", 29500)  # a one-rank process group (FSDP2 at degree 1) listens here
+    ctx = RankContext(0, 1, 0, 1, 0, platform.node(), "127.0.0.1", port, "gpu-suite")
+    settings = {"learning_rate": 0.01, "momentum": 0.9, **kw}
     spec = TrainSpec(
         framework="pytorch",
         model=model,
@@ -616,10 +782,8 @@ def make_adapter(device: str, model: str, precision: str, batch: int, mode: str,
         precision=precision,
         device=device,
         threads=1,
-        learning_rate=0.01,
-        momentum=0.9,
         mode=mode,
-        **kw,
+        **settings,
     )
     adapter = get_adapter("pytorch")(spec, ctx)
     adapter.setup()
@@ -824,28 +988,68 @@ def formula_per_token(spec) -> float | str:
         return f"no formula for {spec.name}: {exc!r}"
 
 
-def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
-    """Step e: FLOPs per token as the rank counts them, tokens/s over the production window,
-    MFU against the hardware entry's dense peak (production arithmetic). On an out-of-memory
-    error the batch is halved (down to 1) and the row says so."""
+def sync_debug_window(adapter, device: str):
+    """(before_step, audit, state) for run_timed: torch.cuda.set_sync_debug_mode("error") over
+    the timed steps (CUDA) and the production SyncAudit counting host synchronisations inside
+    the window, as step c's rows do."""
+    import torch
+
+    from dlscale.rank.timing import SyncAudit
+
+    cuda, warmup = device == "cuda", adapter.spec.warmup_steps
+    sync, state = adapter.sync, {"in_force": []}
+
+    def before_step(i: int) -> None:
+        if cuda and i == warmup:
+            torch.cuda.set_sync_debug_mode("error")
+            state["in_force"].append(torch.cuda.get_sync_debug_mode())
+
+    def closing_sync() -> None:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        sync()
+
+    adapter.sync = closing_sync
+    return before_step, SyncAudit(adapter), state
+
+
+def mfu_row(device, plan, model, precision, batch, mode, hardware=None, sizing=None) -> dict:
+    """Step e: FLOPs per token as the rank counts them, tokens/s over the production window
+    (the decoder settings: decoder_settings), MFU against the hardware entry's dense peak
+    (production arithmetic), the attention kernel that ran, and the window checked for host
+    synchronisations (set_sync_debug_mode("error") on CUDA, SyncAudit). The batch was sized
+    from the memory prediction before the row (size_decoder): no retry on out-of-memory."""
+    import torch
+
     from dlscale.analysis.mfu import achieved_tflops_per_device, mfu
     from dlscale.rank.timing import run_timed
     from dlscale.store.metrics import rank_summary
 
-    tried = []
-    while True:
-        adapter = None
-        try:
-            adapter = make_adapter(device, model, precision, batch, mode, plan["window"])
-            described = adapter.describe()
-            run = run_timed(adapter)
-            break
-        except Exception as exc:
-            if adapter is None or not adapter.out_of_memory(exc) or batch == 1:
-                raise
-            tried.append({"per_rank_batch": batch, "error": str(exc).splitlines()[0]})
-            release(adapter)
-            batch //= 2
+    adapter = make_adapter(
+        device,
+        model,
+        precision,
+        batch,
+        mode,
+        plan["decoder_window"],
+        port=fidelity_port(),
+        **decoder_settings(plan, mode),
+    )
+    described = adapter.describe()
+    before_step, audit, state = sync_debug_window(adapter, device)
+    raised = None
+    try:
+        run = run_timed(adapter, before_step=before_step, audit=audit)
+    except RuntimeError as exc:
+        if not (device == "cuda" and "synchroniz" in str(exc)):
+            raise
+        raised = str(exc).strip().splitlines()[0]
+        raise RuntimeError(f"a host synchronisation inside the window: {raised}") from exc
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+        audit.uninstall()
+    syncs = sum(audit.record()["inside_window"].values())
     counted = described["model_flops"]
     if not counted.get("available"):
         raise RuntimeError(f"the rank's FLOP count failed: {counted.get('reason')}")
@@ -857,6 +1061,8 @@ def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
     name = described["device_model"]
     peak, how = peak_for(device, name, precision, hardware)
     value = mfu(achieved, peak)
+    kernel = run.get("after_window", {}).get("attention_kernel") or {}
+    execution = adapter.execution()
     release(adapter)
     target = MFU_TARGET if mode == "compiled" and model == "llama3_1b" else None
     return {
@@ -864,7 +1070,14 @@ def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
             "model": model,
             "seq_len": seq_len,
             "per_rank_batch": batch,
-            "oom_retries": tried,
+            "sizing": sizing,
+            "settings": decoder_settings(plan, mode),
+            "wrapper": adapter.wrapper(),
+            "training": execution.get("training"),
+            "attention": execution.get("attention"),
+            "attention_kernel": kernel,
+            "host_syncs_in_window": syncs,
+            "sync_debug_mode": "error" if state["in_force"] == [2] else "n/a (not CUDA)",
             "flops_per_sample": counted["flops_per_sample"],
             "flops_per_token": flops_token,
             "formula_counted_per_token": formula_per_token(adapter.model_spec),
@@ -884,22 +1097,38 @@ def mfu_row(device, plan, model, precision, batch, mode, hardware=None) -> dict:
         "result": f"{flops_token / 1e9:.3g} GFLOP/token, {samples_s * seq_len:,.0f} tokens/s, "
         f"{achieved:.3g} TFLOP/s; MFU "
         + (f"{value:.3f}" if value is not None else how)
-        + (f" (batch halved to {batch} after out-of-memory)" if tried else ""),
+        + f"; attention {kernel.get('kernel')}; {syncs} host syncs in the window",
     }
 
 
-def memory_row(device, plan, model, precision, batch) -> dict:
-    """Step f: parallelism fsdp at world size 1 through the production adapter; the peak
-    allocated over the timed window (peak statistics reset as it opens) and the state bytes
-    the adapter reports, against the predicted parts: parameters and gradients (fp32, 4 bytes
-    each per parameter) and SGD's momentum (4 bytes per parameter); activations are not
-    predicted in this row."""
+def fidelity_port() -> int:
+    """A free port for a row's one-rank process group (FSDP2 at degree 1)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def memory_row(device, plan, model, precision, batch, sizing=None) -> dict:
+    """Step f: the decoder row's settings (decoder_settings, eager: FSDP2 at degree 1, AdamW) at
+    world size 1 through the production adapter; the state bytes the adapter reports against
+    the prediction the row was sized by (predicted_memory: AdamW's 16 B per parameter), and on
+    CUDA the peak allocated over the timed window (peak statistics reset as it opens) against
+    the predicted total."""
     import torch
 
     from dlscale.rank.timing import run_timed
 
     adapter = make_adapter(
-        device, model, precision, batch, "eager", plan["window"], parallelism="fsdp"
+        device,
+        model,
+        precision,
+        batch,
+        "eager",
+        plan["decoder_window"],
+        port=fidelity_port(),
+        **decoder_settings(plan, "eager"),
     )
     cuda, warmup = device == "cuda", adapter.spec.warmup_steps
 
@@ -910,7 +1139,8 @@ def memory_row(device, plan, model, precision, batch) -> dict:
     run_timed(adapter, before_step=before_step)
     memory = adapter.memory_per_rank()
     n = adapter.param_count
-    predicted = {"param_bytes": 4 * n, "grad_bytes": 4 * n, "optimizer_state_bytes": 4 * n}
+    pred = predicted_memory(model, plan["decoder_seq_len"], batch, precision)
+    predicted = {"param_bytes": 4 * n, "grad_bytes": 4 * n, "optimizer_state_bytes": 8 * n}
     measured = {k: memory.get(k) for k in predicted}
     state_pred, state_meas = sum(predicted.values()), sum(v or 0 for v in measured.values())
     state_diff = 100 * (state_meas - state_pred) / state_pred
@@ -921,22 +1151,23 @@ def memory_row(device, plan, model, precision, batch) -> dict:
         "predicted_bytes": predicted,
         "measured_bytes": measured,
         "state_difference_pct": state_diff,
+        "predicted_total": pred,
+        "sizing": sizing,
         "peak_allocated_mb_window": peak_mb,
         "peak_reserved_mb": memory.get("peak_reserved_mb"),
         "peak_rss_mb": memory.get("peak_rss_mb"),
-        "activations_predicted": None,
         "memory_method": memory.get("method"),
     }
     result = (
         f"state {state_meas / 2**20:,.1f} MiB measured vs {state_pred / 2**20:,.1f} MiB "
-        f"predicted ({state_diff:+.2f} %); wrapper: {fields['wrapper']}"
+        f"predicted ({state_diff:+.2f} %, AdamW); wrapper: {fields['wrapper']}"
     )
     if cuda:
-        rest = peak_mb - state_pred / 2**20
-        fields["peak_minus_predicted_state_mb"] = rest
+        total_mb = pred["total_bytes"] / 2**20
+        fields["peak_vs_predicted_total_pct"] = 100 * (peak_mb - total_mb) / total_mb
         result += (
-            f"; window peak {peak_mb:,.0f} MiB allocated, {rest:,.0f} MiB beyond the predicted "
-            "state (activations and workspace: not predicted)"
+            f"; window peak {peak_mb:,.0f} MiB allocated vs {total_mb:,.0f} MiB predicted "
+            f"({fields['peak_vs_predicted_total_pct']:+.1f} %)"
         )
     else:
         result += "; no device memory on a CPU (peak RSS in the fields)"
@@ -967,7 +1198,7 @@ def child(argv: list[str]) -> int:
     while pending:
         row = pending.pop(0)
         base = {k: row[k] for k in ("step", "row", "target")}
-        why = not_here(a.device, row["kind"])
+        why = not_here(a.device, row["kind"]) or does_not_fit(row)
         if why:
             emit({**base, "status": SKIPPED, "reason": why})
             continue
@@ -1003,9 +1234,9 @@ def child(argv: list[str]) -> int:
             elif kind == "telemetry":
                 out = energy_rows(a.device, plan, *args)[1:]
             elif kind.startswith("mfu"):
-                out = [mfu_row(a.device, plan, *args, hardware=a.hardware)]
+                out = [mfu_row(a.device, plan, *args, hardware=a.hardware, sizing=row["sizing"])]
             elif kind == "memory":
-                out = [memory_row(a.device, plan, *args)]
+                out = [memory_row(a.device, plan, *args, sizing=row["sizing"])]
             else:
                 raise ValueError(f"unknown row kind {kind!r}")
         except Exception as exc:  # noqa: BLE001 (the row fails, the others still run)
@@ -1114,7 +1345,7 @@ def run(a, rows: Rows, budget: Budget, steps: set, work: Path) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / INDUCTOR_CACHE)
     specs = [
         {**s, "estimate": a.measured.get(s["row"])}
-        for s in child_rows(a.device, a.plan)
+        for s in child_rows(a.device, a.plan, a.memory_bytes, a.recorded)
         if s["step"] in steps and wanted(a, s["row"])
     ]
     if "a" in steps:
@@ -1179,10 +1410,18 @@ def main(argv: list[str] | None = None) -> int:
         "seconds are this run's estimates",
     )
     p.add_argument("--hardware", default=None, help="hardware entry of this GPU (MFU's peak)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan against --hardware's entry (the rows, their estimates and memory "
+        "predictions, what fits the budget and what is left for another call); run nothing",
+    )
     p.add_argument("--python", default=sys.executable)
     a = p.parse_args(argv)
     budget = Budget(a.budget)
-    a.measured = measured_estimates(a.estimates)
+    recorded = a.estimates or sorted(RECORDED_RUNS.glob("*.jsonl"))
+    a.measured = measured_estimates(recorded)
+    a.recorded = recorded_fields(recorded)
     import torch
 
     from dlscale.rank.provenance import git_commit
@@ -1190,6 +1429,10 @@ def main(argv: list[str] | None = None) -> int:
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     a.plan = PLANS[a.device]
     steps = set(a.steps.split(","))
+    entry = hardware_entry(a.hardware) if a.hardware else None
+    a.memory_bytes = device_memory_bytes(a.device, entry) if a.device == "cuda" else None
+    if a.dry_run:
+        return dry_run(a, steps, entry)
     name = (
         torch.cuda.get_device_name()
         if a.device == "cuda" and torch.cuda.is_available()
@@ -1227,6 +1470,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_was
+    left_for_later(rows.rows, a)
     elapsed = time.monotonic() - budget.started
     bad = [r for r in rows.rows if r["status"] == FAILED]
     print(
@@ -1237,6 +1481,102 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 1 if bad else 0
+
+
+def left_for_later(rows: list[dict], a) -> list[str]:
+    """Print the rows the budget left for another call (skipped with a budget reason) and the
+    command that runs them; returns their names."""
+    later = [
+        r for r in rows if r["status"] == SKIPPED and str(r.get("reason")).startswith("budget")
+    ]
+    if not later:
+        print("left for another call: none", flush=True)
+        return []
+    names = [r["row"] for r in later]
+    steps = ",".join(sorted({"a", *(r["step"] for r in later)}))
+    print(
+        f"left for another call ({len(names)}): " + "; ".join(names) + "\n  rerun: python3 "
+        f"benchmarks/gpu_suite.py OUT2 --device {a.device} --steps {steps} --rows "
+        f"'{','.join(names)}'" + (f" --hardware {a.hardware}" if a.hardware else ""),
+        flush=True,
+    )
+    return names
+
+
+def hardware_entry(key: str) -> dict:
+    """The hardware file's entry `key` (PyYAML)."""
+    import yaml
+
+    entries = yaml.safe_load((REPO / "config" / "hardware.yaml").read_text()) or {}
+    if key not in entries:
+        raise SystemExit(f"--hardware {key}: no such entry; entries: {', '.join(entries)}")
+    return entries[key]
+
+
+def dry_run(a, steps: set, entry: dict | None) -> int:
+    """The plan of a call against a hardware entry, run nowhere: each row in order with its
+    estimate (recorded runs, decoder_estimate, PRIOR_S), the decoder rows' memory prediction
+    against the entry's device_memory_gib, and whether it fits the budget by the same rule as
+    a run (the cheapest row of each later step kept; step b's first repetition only), the rows
+    that do not listed as left for another call."""
+    device, plan = a.device, a.plan
+    left = a.budget - SAFETY_S
+    rows = []
+    if "a" in steps:
+        left -= PRIOR_S[device]["environment"]
+        rows.append({"step": "a", "row": "environment", "estimate": PRIOR_S[device]["environment"]})
+    specs = [
+        {**s, "estimate": a.measured.get(s["row"])}
+        for s in child_rows(device, plan, a.memory_bytes, a.recorded)
+        if s["step"] in steps and wanted(a, s["row"])
+    ]
+    child = PRIOR_S[device]["child"] if specs else 0.0
+    if "b" in steps:
+        for mode in MODES:
+            for model, precision, batch in plan["fidelity_cases"]:
+                name = f"fidelity {model} {precision} b{batch} {mode}"
+                if not wanted(a, name) or not_here(device, f"fidelity_{mode}"):
+                    continue
+                est = a.measured.get(name, 2 * PRIOR_S[device][f"fidelity_{mode}"])
+                reserve = child + kept_for_later(device, specs, "b")
+                fits = est <= left - reserve
+                left -= est if fits else 0
+                rows.append({"step": "b", "row": name, "estimate": est, "fits": fits})
+    left -= child
+    for i, spec in enumerate(specs):
+        why = not_here(device, spec["kind"]) or does_not_fit(spec)
+        est = row_estimate(device, spec["kind"], spec)
+        kept = kept_for_later(device, specs[i + 1 :], spec["step"])
+        fits = why is None and est <= left - kept
+        left -= est if fits else 0
+        rows.append({**spec, "estimate": est, "fits": fits, "why": why})
+    print(f"dry run: device {device}, hardware {a.hardware}, budget {a.budget:g} s")
+    if a.memory_bytes is not None:
+        print(f"  usable device memory {a.memory_bytes / 2**30:.1f} GiB (entry less headroom)")
+    for row in rows:
+        sizing = row.get("sizing") or {}
+        memory = ""
+        if sizing.get("tried"):
+            pred = sizing["tried"][-1]
+            memory = (
+                f"; memory predicted {pred['total_bytes'] / 2**30:.1f} GiB at batch "
+                f"{pred['batch']} (state {pred['state_bytes'] / 2**30:.1f}, activations "
+                f"{pred['activation_bytes'] / 2**30:.1f}, logits gradient "
+                f"{pred['logits_gradient_bytes'] / 2**30:.1f})"
+            )
+        verdict = (
+            "runs"
+            if row.get("fits", True) and not row.get("why")
+            else f"not run: {row['why']}"
+            if row.get("why")
+            else "left for another call"
+        )
+        estimate = f"estimated {row['estimate']:.0f} s"
+        print(f"  [{row['step']}] {row['row']}: {estimate}{memory} -- {verdict}")
+    later = [r["row"] for r in rows if r.get("fits") is False and not r.get("why")]
+    print(f"  left for another call: {'; '.join(later) if later else 'none'}")
+    print(f"  estimated total of the rows that run: {a.budget - SAFETY_S - left:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ PORT and PARALLELISM may be comma-separated lists of the same length: the entrie
 after another in the same processes (one interpreter start and torch import for all), each
 rank's result one record per entry, by the entry as written. An entry is
 STRATEGY[:OPTION...][@CHECKPOINTING][/OPTIMIZER]: a strategy with its pipeline's options
-(parse_token: `pp:interleaved_1f1b`, `pp+fsdp+tp:1f1b:pp2:mb4`), the blocks' activation
+(parse_token: `pp:interleaved_1f1b`, `pp+fsdp+tp:1f1b:pp2:mb4`; `ddp:fs1` at world size 1:
+FSDP2 at degree 1, single_device fully_shard), the blocks' activation
 checkpointing for this entry (`ddp@full`) and its own optimizer (`fsdp/sgd0`); without them the
 command line's CHECKPOINTING and OPTIMIZER. MODEL: transformer_small, made tiny as above, or a
 tiny decoder of the registry as it is, gpt2_tiny or llama3_debug (they have no dropout).
@@ -124,7 +125,9 @@ def parse_token(token: str, tp_degree: int) -> dict:
         out["pp_degree"] = tp_degree if not record.splits_layers else 2
         out["microbatches"] = MICROBATCHES
     for option in options:
-        if option.startswith("pp"):
+        if option == "fs1":  # world size 1 under FSDP2 at degree 1 (single_device fully_shard)
+            out["single_device"] = "fully_shard"
+        elif option.startswith("pp"):
             out["pp_degree"] = int(option[2:])
         elif option.startswith("mb"):
             out["microbatches"] = int(option[2:])
@@ -156,6 +159,7 @@ def train_spec(
     parsed = parse_token(parallelism, tp_degree)
     name, momentum = OPTIMIZERS[optimizer]
     adamw = name == "adamw"
+    one_device = parsed.get("single_device") == "fully_shard" and precision != "fp32"
     return TrainSpec(
         framework="pytorch",
         model=model,
@@ -170,7 +174,7 @@ def train_spec(
         **parsed,
         optimizer=name,
         **(ADAMW if adamw else {}),
-        fsdp_mixed_precision=fsdp_mixed_precision(parsed["parallelism"], precision),
+        fsdp_mixed_precision=fsdp_mixed_precision(parsed["parallelism"], precision) or one_device,
         tp_plan=cell_tp_plan(parsed["parallelism"], model),
         activation_checkpointing=checkpointing,
     )

@@ -223,6 +223,22 @@ def _rank_rows(records: list[dict], base: dict, rank_start: dict) -> list[dict]:
     return ranks
 
 
+def llm_step_columns(cell: dict, records: list[dict]) -> dict:
+    """A cell's attention setting and the kernel that ran (rank 0's rank_end
+    `attention_kernel`: torch.profiler's operator names after the window), its compiled loss,
+    what world size 1 ran, and the trace rank 0 wrote (rank_end `trace`)."""
+    end = next((r["value"] for r in records if r["event"] == RANK_END and r.get("rank") == 0), {})
+    kernel = end.get("attention_kernel") or {}
+    world = cell.get("nodes", 1) * cell.get("ranks_per_node", 1)
+    return {
+        "attention": cell.get("attention"),
+        "attention_kernel": kernel.get("kernel") if kernel.get("available") else None,
+        "compile_loss": bool(cell.get("compile_loss", False)),
+        "single_device": cell.get("single_device", "plain") if world == 1 else None,
+        "trace": (end.get("trace") or {}).get("path"),
+    }
+
+
 def _measured_columns(records: list[dict], first: dict) -> dict:
     """A cell row's measured columns from its records (run_start, summary) and rank 0's
     rank_start (`first`): throughput, FLOPs, hosts, timer, communication, energy, memory,
@@ -281,6 +297,9 @@ def _measured_columns(records: list[dict], first: dict) -> dict:
         "compile_scope": cell.get("compile_scope", "model")
         if cell.get("mode") == "compiled"
         else None,
+        # the LLM step's settings (absent: their cell.LATER_FIELDS values) and what rank 0
+        # measured after the window: the attention kernel that ran, the trace it wrote
+        **llm_step_columns(cell, records),
         "competing": summary["competing"],
         # ranks of one node that used one GPU board (dlscale.store.metrics_summary.shared_gpus):
         # "n1:0,1"

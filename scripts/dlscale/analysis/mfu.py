@@ -11,7 +11,11 @@ Two halves, two modules:
   matrix products are counted; the CPU's fused attention kernel is not in the counter's
   registry). The counter counts matrix multiplications, convolutions and attention products;
   elementwise operations, normalisation, softmax, the loss and the optimizer's update are not
-  counted, and recomputation is not counted (none is done). The ranks of a PyTorch cell record
+  counted. Recomputation is not counted either: under activation checkpointing (selective,
+  full, selective_op) the backward repeats forward operators (up to a whole extra forward of
+  each recomputed block), which the hardware runs and MFU leaves out, as torchtitan and PaLM
+  count model FLOPs (a hardware FLOPs utilisation would count them); such a cell's MFU is the
+  model's, not the device's busy share. The ranks of a PyTorch cell record
   the count in their ``rank_start`` (``model_flops``) before any step, off the timed path.
 - **MFU** from a cell's measured throughput: achieved TFLOP/s per device =
   flops_per_sample x throughput_samples_per_s / world_size / 1e12, against the **dense** peak of
@@ -38,7 +42,8 @@ MFU_METHOD = (
     "throughput in samples/s / world size / 1e12; MFU = that / the dense peak TFLOP/s of the "
     "hardware entry at the cell's precision (hardware file peak_tflops, with its source; "
     "sparse peaks are refused); fp32 cells whose fast paths ran TF32 (matmuls for sequence "
-    "models, cuDNN for vision models) are held against the tf32 peak"
+    "models, cuDNN for vision models) are held against the tf32 peak, float8 cells against "
+    "the fp8 peak; recomputation under activation checkpointing is not counted"
 )
 UNKNOWN_PEAK = "unknown peak"
 
@@ -46,6 +51,8 @@ UNKNOWN_PEAK = "unknown peak"
 def peak_key(precision: str, tf32: bool = False) -> str:
     """The peak_tflops key a cell is held against: its precision, tf32 for an fp32 cell whose
     math ran on TF32 tensor cores."""
+    if precision == "float8":  # torchao's float8 linears: held against the FP8 peak
+        return "fp8"
     return "tf32" if precision == "fp32" and tf32 else precision
 
 
@@ -198,3 +205,29 @@ def mfu_summary(cells) -> str:
             f"cells' hardware and precision); achieved {span} TFLOP/s per device"
         )
     return f"MFU {where}: no FLOP count (the cells' frameworks count no FLOPs)"
+
+
+def attention_summary(cells) -> str:
+    """The report's sentence on the attention kernels the cells ran (cells.csv
+    `attention_kernel`: rank 0's profiler operator names after the window) and the traces their
+    rank 0 wrote (`trace`: the cell's trace.json, Chrome/Perfetto)."""
+    if cells is None or cells.empty or "attention_kernel" not in cells:
+        return "No cell recorded an attention kernel."
+    kernels = cells["attention_kernel"].dropna()
+    parts = []
+    if not kernels.empty:
+        counts = kernels.value_counts()
+        ran = "; ".join(f"{k} in {n} cell(s)" for k, n in counts.items())
+        parts.append(
+            "Attention kernels that ran (read from torch.profiler's operator names of one step "
+            f"after the timed window): {ran}"
+        )
+    else:
+        parts.append("No cell recorded an attention kernel")
+    if "trace" in cells:
+        traced = cells.dropna(subset=["trace"])
+        from dlscale.study.cell import cell_label
+
+        for _, row in traced.iterrows():
+            parts.append(f"profiler trace of {cell_label(row.to_dict())}: {row['trace']}")
+    return ". ".join(parts) + "."

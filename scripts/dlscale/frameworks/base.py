@@ -101,6 +101,14 @@ class TrainSpec:
     tp_plan: str = "blocks"
     activation_checkpointing: str = "none"
     compile_scope: str = "model"
+    # the attention kernel (None: PyTorch's choice), the compiled loss, what world size 1 runs
+    # (plain, fully_shard) and the trace after the window (steps, nsys, the file): the cell's
+    attention: str | None = None
+    compile_loss: bool = False
+    single_device: str = "plain"
+    trace_steps: int = 0
+    trace_nsys: bool = False
+    trace_path: str | None = None
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -136,7 +144,23 @@ class TrainSpec:
             tp_plan=cell.tp_plan,
             activation_checkpointing=cell.activation_checkpointing,
             compile_scope=cell.compile_scope,
+            attention=cell.attention,
+            compile_loss=cell.compile_loss,
+            single_device=cell.single_device,
+            trace_steps=cell.trace_steps,
+            trace_nsys=cell.trace_nsys,
+            trace_path=trace_file(cell) if cell.trace_steps else None,
         )
+
+
+TRACE_FILE = "trace.json"  # a traced cell's Chrome/Perfetto trace, beside its metrics file
+
+
+def trace_file(cell: Cell) -> str:
+    """Where a traced cell's rank 0 writes its trace: TRACE_FILE in the cell's folder."""
+    from pathlib import Path
+
+    return str(Path(cell.path).parent / TRACE_FILE)
 
 
 def peak_rss_mb() -> float:
@@ -466,6 +490,12 @@ class Adapter:
         (reading a device value, synchronising a device or an event), which a SyncAudit counts
         besides the adapter's own hooks."""
         return []
+
+    def after_window(self) -> dict:
+        """What the adapter measures after the timed window, never inside it (run_timed calls
+        it last; the PyTorch adapter: the attention kernel that ran, a profiler trace where the
+        cell asks for one), as fields of the rank's rank_end record; none here."""
+        return {}
 
     def window_facts(self) -> dict:
         """Framework state a SyncAudit records at the window's start and end (PyTorch: DDP's

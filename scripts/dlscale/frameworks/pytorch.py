@@ -69,6 +69,20 @@ class Adapter(TorchModel, BaseAdapter):
     # DistributedDataParallel, the others by PyTorch's device mesh, fully_shard, tensor parallel
     # and pipelining (dlscale.frameworks.torch_parallel)
     parallel_facts: dict | None = None  # what parallelize did (another strategy than ddp)
+    records_attention_kernel = True  # after the window (TorchModel.after_window)
+    # float8: bf16 around torchao's float8 linears (dlscale.frameworks.torch_float8), on GPUs
+    precisions = {**TorchModel.precisions, "float8": torch.bfloat16}
+    cuda_only = {
+        "float8": "torchao's float8 linears need FP8 tensor cores (compute capability 8.9+)"
+    }
+    float8_facts: dict | None = None
+
+    @property
+    def one_device_fsdp(self) -> bool:
+        """World size 1 with single_device "fully_shard": FSDP2 at degree 1 (a process group
+        and a device mesh of one rank), its MixedPrecisionPolicy carrying a bf16/fp16 cell's
+        precision (torchtitan's one-GPU training), instead of the plain program."""
+        return not self.data_parallel and self.spec.single_device == "fully_shard"
 
     @classmethod
     def has_breakdown(cls, spec) -> bool:
@@ -91,7 +105,7 @@ class Adapter(TorchModel, BaseAdapter):
         """fsdp and hsdp above one rank: a meta-device model is materialised after fully_shard
         (its shards only); every other strategy materialises it before wrapping it."""
         record = STRATEGIES[self.spec.parallelism]
-        return (
+        return self.one_device_fsdp or (
             self.data_parallel
             and record.sharded
             and not record.splits_layers
@@ -103,12 +117,14 @@ class Adapter(TorchModel, BaseAdapter):
         bf16 or fp16 cell of a strategy that wraps the model in fully_shard."""
         super().check_precision()
         spec = self.spec
+        one_device = spec.single_device == "fully_shard" and not self.data_parallel
         if spec.fsdp_mixed_precision and (
-            spec.precision == "fp32" or not STRATEGIES[spec.parallelism].sharded
+            spec.precision == "fp32" or not (STRATEGIES[spec.parallelism].sharded or one_device)
         ):
             raise ValueError(
                 f"fsdp_mixed_precision: a {spec.precision} {spec.parallelism} cell has no FSDP2 "
-                "mixed precision; it applies to bf16 and fp16 cells of fsdp, hsdp and fsdp+tp"
+                "mixed precision; it applies to bf16 and fp16 cells of fsdp, hsdp and fsdp+tp, "
+                "and of world size 1 with single_device fully_shard"
             )
 
     def fsdp_policy(self):
@@ -145,7 +161,9 @@ class Adapter(TorchModel, BaseAdapter):
                 "none (CPU ops are synchronous; DDP backward waits for its allreduce)"
             )
         self.backend = backend if self.data_parallel else "none (world size 1)"
-        if self.data_parallel:
+        if self.one_device_fsdp:
+            self.backend = f"{backend} (a process group of one rank: fully_shard at degree 1)"
+        if self.data_parallel or self.one_device_fsdp:
             dist.init_process_group(
                 backend,
                 init_method=f"tcp://{ctx.master_addr}:{ctx.master_port}",
@@ -155,7 +173,14 @@ class Adapter(TorchModel, BaseAdapter):
             )
         self.mesh = None  # the device mesh of a strategy other than ddp (parallelize)
         model = self.prepare_model()
-        if self.sharded_or_split:
+        if spec.precision == "float8":  # before tensor parallel, compile and fully_shard
+            from dlscale.frameworks.torch_float8 import convert
+
+            sharded = self.one_device_fsdp or (
+                self.data_parallel and STRATEGIES[spec.parallelism].sharded
+            )
+            self.float8_facts = convert(model, self.model_spec.vocab_size, sharded)
+        if self.sharded_or_split or self.one_device_fsdp:
             model = self.parallelize(model)
         else:  # ddp and one device: the blocks wrapped before DistributedDataParallel
             from dlscale.frameworks.torch_parallel import wrap_blocks
@@ -182,6 +207,10 @@ class Adapter(TorchModel, BaseAdapter):
             self.optimizer.register_step_pre_hook(
                 gradient_clipper(model.parameters(), spec.grad_clip_norm, stages)
             )
+        if self.float8_facts and self.float8_facts["fsdp_float8_all_gather"]:
+            from dlscale.frameworks.torch_float8 import scale_precompute_hook
+
+            self.optimizer.register_step_post_hook(scale_precompute_hook(model))
         self.predicted_memory = self.predict_memory()
 
     def parallelize(self, model):
@@ -199,7 +228,7 @@ class Adapter(TorchModel, BaseAdapter):
 
         spec, ctx = self.spec, self.ctx
         self.dims = ParallelDims.of(
-            spec.parallelism,
+            "fsdp" if self.one_device_fsdp else spec.parallelism,
             ctx.world_size // ctx.local_world_size,
             ctx.local_world_size,
             spec.tp_degree,
@@ -223,7 +252,7 @@ class Adapter(TorchModel, BaseAdapter):
         self.parallel_facts = parallelize(
             model,
             self.model_spec.arch,
-            spec.parallelism,
+            "fsdp" if self.one_device_fsdp else spec.parallelism,
             self.dims,
             self.mesh,
             mp_policy=self.fsdp_policy(),
@@ -286,7 +315,7 @@ class Adapter(TorchModel, BaseAdapter):
         """One step of the pipeline (its schedule over the micro-batches), then the optimizer
         update."""
         self.optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
+        with self._autocast(), self.attention_scope():
             self.pipe.step(self.x, self.y)
         self.optimizer.step()
 
@@ -298,6 +327,8 @@ class Adapter(TorchModel, BaseAdapter):
             **self.block_facts,
             **(self.parallel_facts or {}),
         }
+        if self.float8_facts is not None:
+            out["float8"] = self.float8_facts
         out["training"] = self.training_facts()
         return out
 
@@ -319,6 +350,12 @@ class Adapter(TorchModel, BaseAdapter):
         optimizer["implementation"] = self.optimizer_description()
         if spec.precision == "fp32":
             precision = "float32 throughout"
+        elif spec.precision == "float8":
+            precision = "torchao float8 linears (the output head in bf16), the rest bf16 (" + (
+                "FSDP2 MixedPrecisionPolicy, float8 all-gather)"
+                if spec.fsdp_mixed_precision
+                else "torch.autocast(bf16))"
+            )
         elif spec.fsdp_mixed_precision:
             precision = (
                 f"FSDP2 MixedPrecisionPolicy(param_dtype={spec.precision}, "
@@ -332,6 +369,8 @@ class Adapter(TorchModel, BaseAdapter):
             "init": self.init_method,
             "activation_checkpointing": spec.activation_checkpointing,
             "compile_scope": spec.compile_scope if self.compiled else None,
+            "compile_loss": self.compiles_loss,
+            "single_device": spec.single_device if not self.data_parallel else None,
         }
 
     predicted_memory: dict | None = None
@@ -369,7 +408,12 @@ class Adapter(TorchModel, BaseAdapter):
         else:
             dtype = None if spec.precision == "fp32" else self.precision_dtype
             activation = activation_bytes(
-                spec.model, spec.seq_len, spec.per_rank_batch, dtype, spec.activation_checkpointing
+                spec.model,
+                spec.seq_len,
+                spec.per_rank_batch,
+                dtype,
+                spec.activation_checkpointing,
+                gqa=bool((self.gqa or {}).get("enable_gqa")),
             )
         params = list(self.module.parameters())
         return predicted_parts(params, spec.optimizer, spec.momentum, fsdp_shard, activation)
@@ -404,6 +448,11 @@ class Adapter(TorchModel, BaseAdapter):
         return out
 
     def wrapper(self) -> str:
+        if self.one_device_fsdp:
+            return (
+                "torch.distributed.fsdp.fully_shard (FSDP2) at degree 1 (world size 1, "
+                "single_device fully_shard)"
+            )
         if self.pipelined:
             return self.pipe.wrapper
         if self.sharded_or_split:

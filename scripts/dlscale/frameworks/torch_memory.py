@@ -30,7 +30,9 @@ strategy's layout, never from the tensors' storage:
   forward imports torch._dynamo, seconds, which rank 0 pays for its FLOP count anyway); not
   under tensor parallel or a pipeline. Under activation checkpointing (none, selective: every
   second block, full: every block) a checkpointed block keeps only its input: the storages its
-  operations save are left out, its input counted (`bytes_without_checkpointing` beside).
+  operations save are left out, its input counted (`bytes_without_checkpointing` beside);
+  under selective_op every block keeps its input and the outputs of its matrix products and
+  attention kernel (torch_parallel.saved_ops), counted as they are made.
 What no part counts: temporaries freed within the forward or backward (the logits' gradient,
 an FSDP unit's all-gathered parameters, the fp16 gradient scaler), the allocator's caching
 (reserved minus allocated), the CUDA context and the communication buffers (the hardware
@@ -177,12 +179,18 @@ class _FusedAttention(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def _fused_attention():
+def _fused_attention(outputs=None):
+    """scaled_dot_product_attention as a fused kernel holds it (_FusedAttention); `outputs`, a
+    callable, is told each call's output and log-sum-exp (what op-level checkpointing keeps of
+    a fused attention kernel)."""
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
 
     def counted(q, k, v, *args, **kwargs):
-        return _FusedAttention.apply(q, k, v)
+        out = _FusedAttention.apply(q, k, v)
+        if outputs is not None:
+            outputs(out, q.new_empty(q.shape[:-1], dtype=torch.float32))
+        return out
 
     functional.scaled_dot_product_attention = counted
     try:
@@ -192,16 +200,27 @@ def _fused_attention():
 
 
 def activation_bytes(
-    model: str, seq_len: int | None, batch: int, dtype=None, checkpointing: str = "none"
+    model: str,
+    seq_len: int | None,
+    batch: int,
+    dtype=None,
+    checkpointing: str = "none",
+    gqa: bool = False,
 ) -> dict:
     """The activation estimate (module docstring) of `batch` samples of a registered model in
     `dtype` (None: float32) under activation checkpointing `checkpointing` (none, selective,
-    full: dlscale.frameworks.torch_parallel.checkpointed_blocks): {"available", "bytes",
-    "method", "checkpointing", "bytes_without_checkpointing"} or why not (a failed count is a
-    missing number, never a failed cell). A checkpointed block keeps its input (the
-    checkpoint's) instead of what its operations save: each storage is attributed to the block
-    whose forward saved it (module hooks on the plan's blocks)."""
-    from dlscale.frameworks.torch_parallel import block_units, checkpointed_blocks
+    full, selective_op: dlscale.frameworks.torch_parallel.checkpointed_blocks): {"available",
+    "bytes", "method", "checkpointing", "bytes_without_checkpointing"} or why not (a failed
+    count is a missing number, never a failed cell). A checkpointed block keeps its input (the
+    checkpoint's) instead of what its operations save, and under selective_op also the outputs
+    of the operators it keeps (torch_parallel.saved_ops: matrix products, the attention
+    kernel's output and log-sum-exp); each storage is attributed to the block whose forward
+    saved or made it (module hooks on the plan's blocks). `gqa`: the attention takes the
+    key/value heads as they are (enable_gqa) instead of repeated."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dlscale.frameworks.torch_attention import set_gqa
+    from dlscale.frameworks.torch_parallel import block_units, checkpointed_blocks, saved_ops
     from dlscale.models import spec_for
     from dlscale.models.torch import build, example_batch
 
@@ -209,6 +228,7 @@ def activation_bytes(
         spec = spec_for(model, seq_len)
         with torch.device("meta"):
             net = build(model, seq_len)
+        set_gqa(net, gqa)
         if dtype is not None:
             net = net.to(dtype)
         net.train()
@@ -248,8 +268,31 @@ def activation_bytes(
                     owner[storage._cdata] = current[0]
             return t
 
+        op_outputs: dict[int, int] = {}  # selective_op: the kept operators' outputs in blocks
+        alive: list = []  # held until counted: a freed storage's address is reused
+        keep_ops = frozenset(saved_ops()) if checkpointing == "selective_op" else frozenset()
+
+        def keep(*tensors):
+            if current[0] in recomputed:
+                for t in tensors:
+                    storage = t.untyped_storage()
+                    op_outputs[storage._cdata] = storage.nbytes()
+                    alive.append(t)
+
+        class KeptOutputs(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func in keep_ops:
+                    keep(*(t for t in torch.utils._pytree.tree_leaves(out) if torch.is_tensor(t)))
+                return out
+
+        kept_outputs = KeptOutputs() if keep_ops else contextlib.nullcontext()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _fused_attention():
+            with (
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+                _fused_attention(keep if keep_ops else None),
+                kept_outputs,
+            ):
                 torch.nn.functional.cross_entropy(net(x), y)
         finally:
             for handle in handles:
@@ -258,6 +301,7 @@ def activation_bytes(
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
     kept = {k: v for k, v in saved.items() if owner.get(k) not in recomputed}
     kept.update(inputs)
+    kept.update(op_outputs)
     return {
         "available": True,
         "bytes": sum(kept.values()),
@@ -265,10 +309,15 @@ def activation_bytes(
         "checkpointing": checkpointing,
         "checkpointed_blocks": sorted(recomputed),
         "dtype": str(dtype or torch.float32).replace("torch.", ""),
+        "gqa": gqa,
         "method": ACTIVATION_METHOD
         + (
-            "; a checkpointed block counted by its input alone (what its operations save is "
-            "recomputed in the backward)"
+            "; a checkpointed block counted by its input and the outputs of the operators it "
+            "keeps (matrix products, the attention kernel's output and log-sum-exp: "
+            "torch_parallel.saved_ops; the rest is recomputed in the backward)"
+            if checkpointing == "selective_op"
+            else "; a checkpointed block counted by its input alone (what its operations save "
+            "is recomputed in the backward)"
             if checkpointing != "none"
             else ""
         ),

@@ -24,7 +24,6 @@ class CudaEventTimer(StepTimer):
     synchronisation: no host synchronisation inside the timed window."""
 
     method = "CUDA events around each step (torch.cuda.Event), one synchronisation per window"
-    syncs_per_step = False
 
     def start(self) -> None:
         self._start = torch.cuda.Event(enable_timing=True)
@@ -126,6 +125,12 @@ class TorchModel:
         out = super().execution()
         if self.compiles_blocks:
             out["compile_method"] = self.block_compile_method
+        if self.compiles_loss:
+            out["compile_method"] = (
+                out.get("compile_method", self.compile_method)
+                + "; the loss too (torch.compile of the float32 cross-entropy)"
+            )
+        out["attention"] = self.attention_facts()
         return out
 
     @property
@@ -142,7 +147,7 @@ class TorchModel:
     def loss_value(self, x, y) -> torch.Tensor:
         """The loss of the model on (x, y) without gradients, as a plain tensor (a
         loss_parallel loss is a replicated DTensor: its full value)."""
-        with torch.no_grad(), self.loss_scope(), self._autocast():
+        with torch.no_grad(), self.loss_scope(), self._autocast(), self.attention_scope():
             loss = self.loss_fn(self.forward(x), y)
         full = getattr(loss, "full_tensor", None)
         return (full() if full is not None else loss).detach().clone()
@@ -181,10 +186,13 @@ class TorchModel:
         """One step of the plain training loop: forward under autocast, loss, backward (scaled
         for fp16), optimizer update."""
         with self.loss_scope():
-            with torch.autocast(
-                self.device.type,
-                dtype=self.autocast_dtype,
-                enabled=self.autocast_dtype is not None,
+            with (
+                torch.autocast(
+                    self.device.type,
+                    dtype=self.autocast_dtype,
+                    enabled=self.autocast_dtype is not None,
+                ),
+                self.attention_scope(),
             ):
                 loss = self.loss_fn(forward(self.x), self.y)
             optimizer.zero_grad(set_to_none=True)
@@ -244,6 +252,9 @@ class TorchModel:
             model = model.to(memory_format=self.memory_format)
         self.param_count = sum(p.numel() for p in model.parameters())
         self.loss_fn = torch.nn.CrossEntropyLoss()
+        if self.compiles_loss:
+            self.loss_fn = torch.compile(float32_cross_entropy)
+        self.choose_attention(model)
         x, y = example_batch(self.model_spec, spec.per_rank_batch, device=self.device)
         if self.vision:
             x = x.contiguous(memory_format=self.memory_format)
@@ -255,6 +266,80 @@ class TorchModel:
         self.autocast_dtype = None if spec.fsdp_mixed_precision else self.precision_dtype
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
         return model
+
+    # ---- the attention kernel (dlscale.frameworks.torch_attention)
+    attention_order: tuple = ()  # the cell's backend order (empty: PyTorch's own choice)
+    records_attention_kernel = False  # the pytorch adapter's cells record it (after_window)
+    gqa: dict | None = None  # whether enable_gqa is passed, and why
+
+    def choose_attention(self, model: torch.nn.Module) -> None:
+        """The cell's attention backends (spec.attention: dlscale.registry.attention) and
+        whether its grouped-query attention passes enable_gqa (uses_gqa; the model's attention
+        modules switched by set_gqa)."""
+        from dlscale.frameworks.torch_attention import order_for, set_gqa, uses_gqa
+
+        self.attention_order = order_for(self.spec.attention, self.device)
+        kwargs = self.model_spec.arch_kwargs or {}
+        shapes = None
+        if "num_kv_heads" in kwargs:
+            shapes = {
+                "heads": kwargs["num_heads"],
+                "kv_heads": kwargs["num_kv_heads"],
+                "head_dim": kwargs["d_model"] // kwargs["num_heads"],
+                "seq_len": self.model_spec.input_shape[0],
+                "batch": self.spec.per_rank_batch,
+            }
+        dtype = self.precision_dtype if self.spec.precision != "fp32" else torch.float32
+        self.gqa = uses_gqa(self.attention_order, self.device, shapes, dtype)
+        set_gqa(model, self.gqa["enable_gqa"])
+
+    def attention_scope(self):
+        """sdpa_kernel over the cell's backends (nothing where the cell names none)."""
+        from dlscale.frameworks.torch_attention import attention_scope
+
+        return attention_scope(self.attention_order)
+
+    @property
+    def compiles_loss(self) -> bool:
+        """Mode "compiled" with compile_loss: the loss (float32_cross_entropy) compiled too."""
+        return self.compiled and self.spec.compile_loss
+
+    def attention_facts(self) -> dict:
+        """The attention the cell asked for, as rank_start's execution records it."""
+        return {
+            "setting": self.spec.attention,
+            "order": list(self.attention_order) or None,
+            "enable_gqa": (self.gqa or {}).get("enable_gqa", False),
+            "gqa_why": (self.gqa or {}).get("why"),
+        }
+
+    def after_window(self) -> dict:
+        """After the timed window (run_timed): the attention kernel one profiled step ran
+        (torch_attention.attention_kernel, where the model has attention), and on rank 0 of a
+        traced cell (spec.trace_steps) a Chrome/Perfetto trace of that many steps (every rank
+        steps with it: the steps' collectives need them all)."""
+        from dlscale.frameworks.torch_attention import attention_kernel, trace
+
+        out = {}
+        if self.records_attention_kernel and self.model_spec.family != "vision":
+            out["attention_kernel"] = attention_kernel(
+                self.step, self.device, self.sync, self.attention_order
+            )
+        steps = self.spec.trace_steps
+        if steps:
+            if self.ctx.rank == 0:
+                path = self.spec.trace_path or "trace.json"
+                from pathlib import Path
+
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                out["trace"] = trace(
+                    self.step, self.device, self.sync, path, steps, self.spec.trace_nsys
+                )
+            else:
+                for _ in range(steps + 1):
+                    self.step()
+                self.sync()
+        return out
 
     def meta_twin(self) -> torch.nn.Module:
         """A second meta-device build of the cell's model: seeded_init draws the values on it."""
@@ -460,6 +545,13 @@ class TorchModel:
             if self.autocast_dtype
             else None,
         }
+
+
+def float32_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy taken in float32 from logits of any precision: compiled
+    (TorchModel.compiles_loss), the float32 copy of the full-vocabulary logits lives only inside
+    the compiled kernel, as torchtitan compiles its loss."""
+    return torch.nn.functional.cross_entropy(logits.float(), target)
 
 
 def _tensor_kind_groups(parameters) -> list:

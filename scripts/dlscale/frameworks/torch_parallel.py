@@ -15,7 +15,9 @@ DistributedDataParallel (dlscale.frameworks.pytorch).
 
 Activation checkpointing (Cell.activation_checkpointing): "full" recomputes every block in the
 backward, "selective" every second block (torchtitan's per-layer selective checkpointing,
-selective_ac_option 2: the 2nd, 4th, ... block), by torch.distributed._composable.checkpoint
+selective_ac_option 2: the 2nd, 4th, ... block), "selective_op" the cheap operators of every
+block, its matrix products' and attention kernels' outputs kept (torchtitan's op-level policy:
+OpLevelCheckpoint), by torch.distributed._composable.checkpoint
 (non-reentrant torch.utils.checkpoint on the block's forward; the module keeps its names, so a
 model materialised after fully_shard finds its parameters by name). Per-block compilation
 (Cell.compile_scope "block"): nn.Module.compile() of each block in place (torch.compile of its
@@ -248,18 +250,19 @@ def loss_parallel_if(enabled: bool):
         yield
 
 
-CHECKPOINTING = ("none", "selective", "full")
+CHECKPOINTING = ("none", "selective", "full", "selective_op")
 
 
 def checkpointed_blocks(count: int, mode: str) -> list[int]:
     """The indices of the blocks activation checkpointing recomputes of `count` blocks: none,
     every second (selective: the 2nd, 4th, ..., torchtitan's per-layer selective_ac_option 2)
-    or all (full)."""
+    or all (full; and selective_op, which keeps the outputs of SAVED_OPS in every block and
+    recomputes the rest)."""
     if mode not in CHECKPOINTING:
         raise ValueError(
             f"unknown activation_checkpointing {mode!r}; allowed values: {', '.join(CHECKPOINTING)}"
         )
-    if mode == "full":
+    if mode in ("full", "selective_op"):
         return list(range(count))
     if mode == "selective":
         return [i for i in range(count) if (i + 1) % 2 == 0]
@@ -278,10 +281,70 @@ def block_units(model: nn.Module, arch: str) -> list[tuple[str, nn.Module]]:
     return _matching(model, units)
 
 
+def saved_ops() -> tuple:
+    """The operators whose outputs op-level selective checkpointing keeps (torchtitan's `op`
+    policy's list, every matrix product kept): matrix products (mm, addmm, bmm, float8's
+    _scaled_mm), the fused attention kernels (their output and log-sum-exp: as dear as a matrix
+    product to recompute), float8's amax (max) and a reduce-scatter's result; every other
+    operator of a block (norms, RoPE, activations, elementwise products) is recomputed."""
+    aten = torch.ops.aten
+    ops = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten.max.default]
+    for name in (
+        "_scaled_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ):
+        if hasattr(aten, name):
+            ops.append(getattr(aten, name).default)
+    functional = getattr(torch.ops, "_c10d_functional", None)
+    if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
+        ops.append(functional.reduce_scatter_tensor.default)
+    return tuple(ops)
+
+
+class OpLevelCheckpoint:
+    """Op-level selective checkpointing of one block (torch.utils.checkpoint
+    .create_selective_checkpoint_contexts): the outputs of saved_ops() are kept in the forward
+    (CheckpointPolicy.MUST_SAVE), every other operator recomputed in the backward
+    (PREFER_RECOMPUTE). `saved_bytes`: the bytes of the outputs its last forward kept (each
+    storage once), read by the memory checks."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, int] = {}
+        self.ops = frozenset(saved_ops())
+
+    def policy(self, ctx, op, *args, **kwargs):
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        if op not in self.ops:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        if not ctx.is_recompute:
+            output = getattr(ctx, "op_output", None)
+            for t in torch.utils._pytree.tree_leaves(output):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    storage = _local(t).untyped_storage()
+                    self.saved[storage._cdata] = storage.nbytes()
+        return CheckpointPolicy.MUST_SAVE
+
+    def context_fn(self):
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        self.saved = {}  # a new forward of the block
+        return create_selective_checkpoint_contexts(self.policy)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self.saved.values())
+
+
 def apply_activation_checkpointing(model: nn.Module, arch: str, mode: str) -> list[str]:
     """Activation checkpointing of the model's blocks (checkpointed_blocks) by
     torch.distributed._composable.checkpoint (non-reentrant torch.utils.checkpoint around the
-    block's forward, the module's names kept); returns the names of the blocks checkpointed."""
+    block's forward, the module's names kept; selective_op with an OpLevelCheckpoint's
+    context_fn per block, kept on the block as `op_checkpoint`); returns the names of the blocks
+    checkpointed."""
     from torch.distributed._composable import checkpoint
 
     if mode == "none":
@@ -289,7 +352,11 @@ def apply_activation_checkpointing(model: nn.Module, arch: str, mode: str) -> li
     blocks = block_units(model, arch)
     chosen = [blocks[i] for i in checkpointed_blocks(len(blocks), mode)]
     for _, module in chosen:
-        checkpoint(module)
+        if mode == "selective_op":
+            module.op_checkpoint = OpLevelCheckpoint()
+            checkpoint(module, context_fn=module.op_checkpoint.context_fn)
+        else:
+            checkpoint(module)
     return [name for name, _ in chosen]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dlscale.analysis.mfu import MFU_METHOD, mfu_summary
+from dlscale.analysis.mfu import MFU_METHOD, attention_summary, mfu_summary
 from dlscale.analysis.stats import CI_INTERVAL, CI_METHOD
 from dlscale.analysis.systems_table import MLPERF_FIELDS, MLPERF_NOT_COVERED
 from dlscale.models.flops import FLOP_METHOD
@@ -105,6 +105,8 @@ def _study_macros(
         # model FLOPs utilisation at the largest node count, or "unknown peak"
         # (dlscale.analysis.mfu)
         "MfuSummary": mfu_summary(cells),
+        # the attention kernels that ran and the cells' profiler traces (dlscale.analysis.mfu)
+        "AttentionSummary": attention_summary(cells),
         "MfuMethod": MFU_METHOD,
         "FlopMethod": FLOP_METHOD,
         "CellsQuarantined": len(quarantine),

@@ -126,7 +126,8 @@ def run_timed(adapter, before_step=None, audit: SyncAudit | None = None) -> dict
     Returns {"step_seconds", "window_seconds", "first_step_seconds", "warmup_seconds", "timer",
     "rewarm_steps", "first_step_deadline", "idle_probe", "energy", "telemetry"
     (dlscale.rank.telemetry),
-    "breakdown", "allreduce", "phases" (seconds of each part)} and "sync_audit" where audited."""
+    "breakdown", "allreduce", "after_window" (the adapter's own, outside the window), "phases"
+    (seconds of each part)} and "sync_audit" where audited."""
     spec = adapter.spec
     first_step_s = max(COLLECTIVE_TIMEOUT_S, spec.first_step_timeout_s)
     phases, clock = {}, [time.perf_counter()]
@@ -189,6 +190,10 @@ def run_timed(adapter, before_step=None, audit: SyncAudit | None = None) -> dict
     phase("breakdown")
     run["allreduce"] = _allreduce_probe(adapter)
     phase("allreduce_probe")
+    # the adapter's own measurements after the window (the attention kernel, a trace)
+    run["after_window"] = adapter.after_window() if hasattr(adapter, "after_window") else {}
+    if run["after_window"]:
+        phase("after_window")
     run["phases"] = phases
     if audit:
         run["sync_audit"] = audit.record()

@@ -22,7 +22,7 @@ from dlscale.study.site_options import check_options
 
 # The precisions a dense peak may be given for (hardware file `peak_tflops`): the precision axis
 # and tf32 (fp32 cells whose math ran on TF32 tensor cores, per the cell's recorded fast paths).
-PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PEAK_PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")  # fp8: the float8 cells' peak
 
 
 PEAK_KEY = "peak_tflops"

@@ -420,6 +420,7 @@ def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> lis
         problems += _builder_problems(config, workload, axes)
         problems += [p for p in _optimizer_problems(config, axes) if p not in problems]
         problems += [p for p in _checkpointing_problems(config, axes) if p not in problems]
+        problems += [p for p in llm_step_problems(config, axes, hardware) if p not in problems]
     if "convergence" in by_workload:
         problems += _convergence_problems(config, by_workload["convergence"])
     for i, entry in enumerate(config["exclude"]):
@@ -515,3 +516,85 @@ def launcher_problem(
             f"run inside salloc, or run the ranks locally:\n  {fix('local')}"
         )
     return None
+
+
+LLM_STEP_FRAMEWORKS = ("pytorch",)  # the adapters that run the keys below
+# FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) and newer
+FLOAT8_MIN_CAPABILITY = 8.9
+
+
+def llm_step_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
+    """The keys of the LLM step (attention, compile_loss, single_device, the precision float8)
+    where a cell of the study cannot run them, each naming the key and its allowed values:
+    another framework than pytorch (unless excluded); attention cudnn or efficient on a CPU
+    entry (PyTorch 2.13 runs flash and math there); compile_loss with a tensor-parallel or
+    pipelined strategy (the loss runs under loss_parallel or in the pipeline's stages); float8
+    on an entry without FP8 tensor cores (compute capability below 8.9, or not stated, or a
+    CPU)."""
+    from dlscale.registry.attention import allowed_on
+
+    problems, exclude = [], config["exclude"]
+    settings = {
+        "attention": (config.get("attention"), None, "null"),
+        "compile_loss": (config.get("compile_loss", False), False, "false"),
+        "single_device": (config.get("single_device", "plain"), "plain", "plain"),
+    }
+    asked = {k: v for k, (v, default, _) in settings.items() if v != default}
+    for framework in axes["framework"]:
+        if framework in LLM_STEP_FRAMEWORKS or _excluded_pair({"framework": framework}, exclude):
+            continue
+        for key, value in asked.items():
+            problems.append(
+                f"{key}: {value!r} is run by framework(s) {', '.join(LLM_STEP_FRAMEWORKS)}, not "
+                f"{framework!r}; allowed values for a study with {framework}: "
+                f"{settings[key][2]} (or exclude {{framework: {framework}}})"
+            )
+        if "float8" in axes["precision"] and not _excluded_pair(
+            {"framework": framework, "precision": "float8"}, exclude
+        ):
+            problems.append(
+                f"axes.precision: 'float8' (torchao's float8 linears) is run by framework(s) "
+                f"{', '.join(LLM_STEP_FRAMEWORKS)}, not {framework!r}; allowed values for "
+                f"{framework}: fp32, bf16, fp16 (or exclude {{framework: {framework}, "
+                "precision: float8}})"
+            )
+    attention = config.get("attention")
+    for hw_key in axes["hardware"]:
+        entry = hardware.get(hw_key) or {}
+        device = entry.get("device", "cpu")
+        if attention is not None and attention not in allowed_on(device):
+            problems.append(
+                f"attention: {attention!r} does not run on hardware {hw_key!r} (device "
+                f"{device}: PyTorch runs the flash and math kernels there); allowed values: "
+                f"null, {', '.join(allowed_on(device))}"
+            )
+        if "float8" in axes["precision"] and not _excluded_pair(
+            {"hardware": hw_key, "precision": "float8"}, exclude
+        ):
+            capability = entry.get("compute_capability")
+            if device != "cuda" or capability is None or capability < FLOAT8_MIN_CAPABILITY:
+                why = (
+                    f"a {device} device has no FP8 tensor cores"
+                    if device != "cuda"
+                    else "its compute_capability is not stated"
+                    if capability is None
+                    else f"compute capability {capability} has no FP8 tensor cores"
+                )
+                problems.append(
+                    f"axes.precision: 'float8' on hardware {hw_key!r}: {why} (FP8 needs "
+                    f"compute capability {FLOAT8_MIN_CAPABILITY} or newer: H100, H200, L40S); "
+                    f"allowed values there: fp32, bf16{', fp16' if device == 'cuda' else ''} "
+                    f"(or exclude {{hardware: {hw_key}, precision: float8}})"
+                )
+    if config.get("compile_loss"):
+        for strategy in axes.get("parallelism", [DEFAULT_PARALLELISM]):
+            record = STRATEGIES[strategy]
+            if (record.splits_layers or record.pipeline) and not _excluded_pair(
+                {"parallelism": strategy}, exclude
+            ):
+                problems.append(
+                    f"compile_loss: true with parallelism {strategy!r}: its loss runs under "
+                    "loss_parallel or in the pipeline's stages, eagerly; allowed values for a "
+                    f"study with {strategy}: false (or exclude {{parallelism: {strategy}}})"
+                )
+    return problems

@@ -348,11 +348,18 @@ def test_the_rows_hold_sane_values(cpu_run):
     mem = rows["memory gpt2_tiny fp32 b4 fsdp world size 1"]["fields"]
     n = spec.param_count
     assert mem["param_count"] == n
-    assert mem["predicted_bytes"] == dict.fromkeys(
-        ("param_bytes", "grad_bytes", "optimizer_state_bytes"), 4 * n
-    )
-    assert mem["measured_bytes"] == mem["predicted_bytes"]  # SGD with momentum, fp32
-    assert mem["wrapper"] == "none (world size 1)"
+    # AdamW (the decoder rows train as torchtitan does): 4 + 4 + 8 bytes per parameter, under
+    # FSDP2 at degree 1 (single_device fully_shard), the prediction the row was sized by beside
+    assert mem["predicted_bytes"] == {
+        "param_bytes": 4 * n,
+        "grad_bytes": 4 * n,
+        "optimizer_state_bytes": 8 * n,
+    }
+    assert mem["measured_bytes"] == mem["predicted_bytes"]
+    assert mem["predicted_total"]["state_bytes"] == 16 * n
+    assert mem["wrapper"].startswith("torch.distributed.fsdp.fully_shard (FSDP2) at degree 1")
+    assert mfu["attention_kernel"]["kernel"] == "flash"  # auto's first on a CPU
+    assert mfu["settings"]["optimizer"] == "adamw" and mfu["settings"]["attention"] == "auto"
     assert mem["peak_allocated_mb_window"] is None and mem["peak_rss_mb"] > 0
 
 

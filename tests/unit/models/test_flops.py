@@ -219,7 +219,7 @@ def test_sparse_peaks_are_refused(change: dict, where: str) -> None:
         validate_hardware(hw, schema)
     message = str(excinfo.value)
     assert f"{where}: sparse peaks are refused" in message
-    assert "allowed keys: fp32, tf32, bf16, fp16, source" in message
+    assert "allowed keys: fp32, tf32, bf16, fp16, fp8, source" in message
 
 
 def test_peak_is_in_no_hash() -> None:

@@ -53,7 +53,7 @@ def with_(config, path, value):
                 "axes.hardware[0]",
                 "'tpu'",
                 "not defined in",
-                "allowed values: a100, cpu, h100, v100",
+                "allowed values: a100, cpu, h100, h200, v100",
             ],
         ),
         (("axes", "nodes"), [0, 1], ["axes.nodes[0]", "must be >= 1"]),

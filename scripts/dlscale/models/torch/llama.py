@@ -100,7 +100,12 @@ class Attention(nn.Module):
     wo: d -> d). The heads are read from the projections' output widths, so a tensor-parallel
     plan that splits wq/wk/wv by columns and wo by rows runs the local heads unchanged (its
     degree must divide both head counts). RoPE on queries and keys, then
-    ``scaled_dot_product_attention(is_causal=True)``."""
+    ``scaled_dot_product_attention(is_causal=True)``: with the key/value heads repeated
+    (repeat_kv), or, where ``enable_gqa`` is set (a cell's attention setting, where its kernel
+    supports it: dlscale.frameworks.torch_attention.uses_gqa), as they are with
+    ``enable_gqa=True``."""
+
+    enable_gqa = False  # a switch, not state: set per instance by the adapter
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int) -> None:
         super().__init__()
@@ -124,9 +129,15 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         n_rep = q.shape[2] // k.shape[2]
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        gqa = self.enable_gqa and n_rep > 1
+        if not gqa:
+            k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            **({"enable_gqa": True} if gqa else {}),
         )
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
