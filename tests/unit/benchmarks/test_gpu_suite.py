@@ -210,10 +210,11 @@ def test_the_cuda_plan_is_accepted_by_the_production_adapter(cpu_run_started):
     registered model and a precision, mode and parallelism the production adapter accepts on
     CUDA (made, not set up: nothing touches a device); the decoder is the largest registered
     one of the plan's list; the fidelity cases are the targets'."""
-    from dlscale.frameworks.base import TrainSpec
     from dlscale.models import SPECS
     from dlscale.rank.rank_context import RankContext
     from dlscale.registry.frameworks import get_adapter
+
+    from helpers.cells import rank_spec
 
     plan = suite.PLANS["cuda"]
     assert plan["fidelity_cases"] == [("resnet50", "bf16", 256), ("resnet50", "fp32", 32)]
@@ -227,17 +228,13 @@ def test_the_cuda_plan_is_accepted_by_the_production_adapter(cpu_run_started):
         model, precision, batch = row["args"][:3]
         mode = row["args"][3] if len(row["args"]) > 3 else "eager"
         assert model in SPECS
-        spec = TrainSpec(
-            framework="pytorch",
+        spec = rank_spec(
             model=model,
             per_rank_batch=batch,
             warmup_steps=1,
             steps=1,
             precision=precision,
             device="cuda",
-            threads=1,
-            learning_rate=0.01,
-            momentum=0.9,
             mode=mode,
             parallelism="fsdp" if row["kind"] == "memory" else "ddp",
         )
