@@ -75,7 +75,7 @@ def uses_gqa(order: tuple[str, ...], device: torch.device, shapes: dict | None, 
         "cudnn": torch.backends.cuda.can_use_cudnn_attention,
         "flash": torch.backends.cuda.can_use_flash_attention,
         "efficient": torch.backends.cuda.can_use_efficient_attention,
-        "math": lambda params, debug=False: True,
+        "math": lambda params, _debug=False: True,
     }
     b, s, d = shapes["batch"], shapes["seq_len"], shapes["head_dim"]
     q = torch.empty(b, shapes["heads"], s, d, device=device, dtype=dtype, requires_grad=True)

@@ -280,7 +280,7 @@ def activation_bytes(
                     alive.append(t)
 
         class KeptOutputs(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            def __torch_dispatch__(self, func, _types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 if func in keep_ops:
                     keep(*(t for t in torch.utils._pytree.tree_leaves(out) if torch.is_tensor(t)))
