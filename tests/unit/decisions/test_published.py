@@ -47,7 +47,7 @@ def test_the_shipped_figures_are_torchtitans_with_their_conditions(entries):
     eight = by_name["torchtitan-llama3.1-8b-fsdp-8gpu"]
     assert eight["tokens_per_s_per_gpu"] == 5762 and eight["peak_memory_gib"] == 82.4
     assert (eight["world_size"], eight["per_rank_batch"], eight["seq_len"]) == (8, 2, 8192)
-    assert eight["activation_checkpointing"] == "selective" and "500 W" in eight["device"]
+    assert eight["activation_checkpointing"] == "selective_op" and "500 W" in eight["device"]
     assert "SXM peak" in eight["notes"] and "does not fit an 80 GB" in eight["notes"]
     compiled = by_name["torchtitan-llama3.1-8b-fsdp-compile-128gpu"]
     assert (compiled["tokens_per_s_per_gpu"], compiled["world_size"]) == (6514, 128)
@@ -61,7 +61,7 @@ def test_a_matching_cell_reads_its_fraction_and_what_differs(entries):
     assert r["measured_tokens_per_s_per_gpu"] == 4000.0
     assert r["fraction"] == pytest.approx(4000 / 5762)
     assert r["conditions_differing"] == (
-        "activation checkpointing none (published selective); device NVIDIA H100 80GB HBM3 "
+        "activation checkpointing none (published selective_op); device NVIDIA H100 80GB HBM3 "
         "(published NVIDIA H100 96GB HBM2e (SXM, 500 W power limit))"
     )
     compiled = published.comparison(
