@@ -51,7 +51,7 @@ class _FromRecord:
     def __init__(self, fact: str, default):
         self.fact, self.default = fact, default
 
-    def __get__(self, obj, cls):
+    def __get__(self, _obj, cls):
         record = frameworks.FRAMEWORKS.get(cls.name)
         return self.default if record is None else getattr(record, self.fact)
 
@@ -641,7 +641,6 @@ class StepTimer:
     window."""
 
     method = TIMER + " around each step and its device synchronisation"
-    syncs_per_step = True
 
     def __init__(self, adapter: Adapter):
         self.adapter, self.times, self._t0 = adapter, [], 0.0
@@ -663,7 +662,6 @@ class HostTimer(StepTimer):
     waits for its allreduce), so nothing is left to wait for."""
 
     method = TIMER + " around each step (the step returns when its work is done: no sync)"
-    syncs_per_step = False
 
     def stop(self) -> None:
         self.times.append(time.perf_counter() - self._t0)
