@@ -310,8 +310,19 @@ def framework_python(wildcards):
     """Interpreter of the cell's framework environment for its hardware's variant: the driver
     venv for PyTorch's CPU build, else <environments>/<env>/bin/python (.venvs/ or
     $DLSCALE_ENVS_DIR; built by scripts/setup.sh from envs/<env>.txt; <env>-cuda for GPU
-    hardware; a float8 cell's <env>-float8, with torchao: dlscale.study.matrix.float8_environment)."""
+    hardware; a float8 cell's <env>-float8, with torchao: dlscale.study.matrix.float8_environment;
+    a model of the study's `models:` section: its own environment, dlscale.study.study_models)."""
+    own = _study_model_python(wildcards.hardware, wildcards.model)
+    if own is not None:
+        return own
     return _framework_python(wildcards.hardware, wildcards.framework, wildcards.precision)
+
+
+@functools.cache
+def _study_model_python(hardware, model):
+    from dlscale.study.study_models import model_python
+
+    return model_python(STUDY, hardware, model, workflow.basedir)
 
 
 @functools.cache

@@ -122,13 +122,16 @@ interpreter_of() {
 registry() { PYTHONPATH=scripts "$INTERPRETER" -m dlscale.registry "$@"; }
 mapfile -t CPU_ENVS < <(registry environments cpu)
 mapfile -t CUDA_ENVS < <(registry environments cuda)
+# layered environments (a venv over another one's site-packages: pytorch-hf, transformers and
+# accelerate over the driver's torch; dlscale.registry.model_sources), built after the others
+mapfile -t LAYERED_ENVS < <(registry layered cpu; registry layered cuda)
 [ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
   log "could not read the environments from dlscale.registry ($INTERPRETER -m dlscale.registry)"; exit 2; }
-[ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}")
+[ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}" $(registry layered cpu))
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
-  [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
-    log "unknown environment '$env'; allowed: ${CPU_ENVS[*]} ${CUDA_ENVS[*]} none"; exit 2; }
+  [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} ${LAYERED_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
+    log "unknown environment '$env'; allowed: ${CPU_ENVS[*]} ${CUDA_ENVS[*]} ${LAYERED_ENVS[*]} none"; exit 2; }
 done
 # where the framework environments go: .venvs/ or $DLSCALE_ENVS_DIR (the workflow reads the same)
 ENVS_DIR=$(registry environments-dir)
@@ -289,9 +292,48 @@ build_env() {
   log "$target ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
 }
 
-pids=() names=()
+# A layered environment: a venv without pip of its own whose .pth file adds its base's
+# site-packages (the driver's .venv, or <envs>/<base>) with site.addsitedir (so the base's own
+# .pth files, the editable dlscale among them, count too); pip (the base's) installs only what
+# envs/<env>.txt names and the base lacks. Rebuilt when its requirements, its base or the
+# interpreter change; seconds where pip's cache holds the wheels.
+build_layered() {
+  local env=$1 base base_dir target want start site
+  base=$(registry layered-base "$env")
+  base_dir=$VENV
+  [ -z "$base" ] || base_dir=$ENVS_DIR/$base
+  target=$ENVS_DIR/$env
+  [ -x "$base_dir/bin/python" ] || {
+    log "$target: its base $base_dir is not built (bash scripts/setup.sh ${base:-none} first)"; return 1; }
+  want=$(cat "envs/$env.txt" "$base_dir/.dlscale-setup" 2>/dev/null | sha256sum | cut -d' ' -f1)
+  if [ -x "$target/bin/python" ] && [ "$(cat "$target/.dlscale-setup" 2>/dev/null)" = "$want" ] \
+     && [ "$(interpreter_of "$target")" = "$INTERPRETER" ]; then
+    log "$target is up to date"
+    return 0
+  fi
+  if [ "$CHECK" = 1 ]; then
+    log "would build $target from envs/$env.txt over $base_dir"
+    return 3
+  fi
+  log "building $target from envs/$env.txt, layered over $base_dir"
+  start=$(date +%s)
+  rm -rf "$target"
+  mkdir -p "$ENVS_DIR"
+  "$INTERPRETER" -m venv --without-pip "$target"
+  site=$("$base_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$site')" \
+    > "$("$target/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_dlscale_base.pth"
+  "$target/bin/python" -m pip install -q -r "envs/$env.txt"
+  "$target/bin/python" -c 'import transformers, accelerate, torch, dlscale' || {
+    log "$target cannot import its packages (see above)"; return 1; }
+  echo "$want" > "$target/.dlscale-setup"
+  log "$target ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
+}
+
+pids=() names=() layered=()
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
+  if [[ " ${LAYERED_ENVS[*]} " == *" $env "* ]]; then layered+=("$env"); continue; fi
   build_env "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 &
   pids+=($!) names+=("$env")
 done
@@ -300,6 +342,18 @@ for i in "${!pids[@]}"; do
   env=${names[$i]}
   rc=0
   wait "${pids[$i]}" || rc=$?
+  if [ "$rc" = 0 ] || { [ "$rc" = 3 ] && [ "$CHECK" = 1 ]; }; then
+    cat "$ROOT/.cache/setup-$env.log" >&2
+    [ "$rc" = 0 ] || stale+=("$env")
+  else
+    tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
+    log "$ENVS_DIR/$env failed (log above, whole: .cache/setup-$env.log)"
+    failed+=("$env")
+  fi
+done
+for env in "${layered[@]}"; do   # after their bases
+  rc=0
+  build_layered "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 || rc=$?
   if [ "$rc" = 0 ] || { [ "$rc" = 3 ] && [ "$CHECK" = 1 ]; }; then
     cat "$ROOT/.cache/setup-$env.log" >&2
     [ "$rc" = 0 ] || stale+=("$env")

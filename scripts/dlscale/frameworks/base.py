@@ -109,6 +109,9 @@ class TrainSpec:
     trace_steps: int = 0
     trace_nsys: bool = False
     trace_path: str | None = None
+    # a model of the study's own (dlscale.models.zoo): its record, registered where the rank
+    # builds it (the cell's model_source); None: a shipped model
+    model_source: str | None = None
 
     @classmethod
     def from_cell(cls, cell: Cell) -> TrainSpec:
@@ -150,6 +153,7 @@ class TrainSpec:
             trace_steps=cell.trace_steps,
             trace_nsys=cell.trace_nsys,
             trace_path=trace_file(cell) if cell.trace_steps else None,
+            model_source=cell.model_source,
         )
 
 

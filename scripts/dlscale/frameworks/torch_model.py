@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from dlscale.frameworks.base import HostTimer, StepTimer
 from dlscale.models import spec_for
+from dlscale.models.zoo import record_of_cell
 from dlscale.models.torch import build, example_batch
 from dlscale.rank.provenance import cpu_model
 
@@ -230,6 +231,7 @@ class TorchModel:
         spec = self.spec
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes: autotune convolutions once
+        record_of_cell(spec.model, getattr(spec, "model_source", None))  # a study's own model
         self.model_spec = spec_for(spec.model, spec.seq_len)
         self.vision = self.model_spec.family == "vision"
         self.memory_format = (

@@ -186,6 +186,10 @@ def apply_tensor_parallel(
     and tied again afterwards: parallelize_module gives each module its own DTensor."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    if arch.startswith("zoo."):  # a study's transformers model: split by its own plan
+        from dlscale.models.torch.zoo import tensor_parallel
+
+        return tensor_parallel(model, tp_mesh)
     styles = plan_for(arch).tp_plan(tp_plan)
     tied = _tied_groups(model)
     plan = {}

@@ -369,8 +369,14 @@ def names() -> list[str]:
     return list(SPECS)
 
 
+#: The models a study defines in its `models:` section (dlscale.models.zoo.register: from the
+#: transformers library or a package's `dlscale.models` entry point), by their name in the
+#: study, in this process: the registry's names stay SPECS' alone (names()).
+STUDY_SPECS: dict[str, ModelSpec] = {}
+
+
 def get_spec(name: str) -> ModelSpec:
-    """Return the spec registered under ``name``.
+    """Return the spec registered under ``name`` (a study's own model too: STUDY_SPECS).
 
     Raises:
         KeyError: ``name`` is not registered; the message lists the allowed names.
@@ -378,6 +384,8 @@ def get_spec(name: str) -> ModelSpec:
     try:
         return SPECS[name]
     except KeyError:
+        if name in STUDY_SPECS:
+            return STUDY_SPECS[name]
         raise KeyError(f"unknown model {name!r}; allowed: {', '.join(names())}") from None
 
 
@@ -393,6 +401,9 @@ def spec_for(name: str, seq_len: int | None = None) -> ModelSpec:
     spec = get_spec(name)
     if seq_len is None or (seq_len == spec.input_shape[0] and spec.family == DECODER):
         return spec
+    if name in STUDY_SPECS and spec.family == DECODER and isinstance(seq_len, int) and seq_len > 0:
+        # a study's decoder: its parameters do not follow the sequence (its checks did)
+        return dataclasses.replace(spec, input_shape=(seq_len,))
     if spec.family != DECODER:
         decoders = ", ".join(n for n, s in SPECS.items() if s.family == DECODER)
         raise ValueError(
@@ -418,9 +429,11 @@ def cell_seq_len(name: str, seq_len: int | None) -> int | None:
     """A cell's ``seq_len`` (dlscale.study.cell.Cell): for a decoder the study's ``seq_len`` or,
     where
     that is null, the registry's; None for every other model (their cells keep their identity)."""
-    spec = SPECS.get(name)
+    spec = SPECS.get(name) or STUDY_SPECS.get(name)
     if spec is None or spec.family != DECODER:
         return None
+    if name in STUDY_SPECS:  # its own sequence length (dlscale.models.zoo), else the study's
+        return spec.input_shape[0]
     return seq_len if seq_len is not None else spec.input_shape[0]
 
 
@@ -463,7 +476,8 @@ def find_builder(
             module or function, and the names the framework does support).
     """
     spec = spec_for(name, seq_len)
-    module_name = f"{package}.{spec.arch}"
+    # a study's own model: its arch is zoo.<name> (dlscale.models.zoo), built by <package>.zoo
+    module_name = f"{package}.{spec.arch.split('.')[0]}"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -9,6 +9,10 @@ PIP_INDEX_URL names a mirror, or from $DLSCALE_PYPI_INDEX where set; nothing for
 for (pytorch-cu128: 12.8, from cuda_drivers.json); nothing for the others.
 `python -m dlscale.registry environments-dir`: the folder the environments live in, absolute
 (.venvs/ in the checkout, or $DLSCALE_ENVS_DIR).
+`python -m dlscale.registry layered [cpu|cuda]`: the layered environments (a venv over another
+one's site-packages: pytorch-hf, dlscale.registry.model_sources), one per line;
+`python -m dlscale.registry layered-base ENV`: the environment ENV is layered over (nothing:
+the driver's .venv).
 Standard library only: setup.sh runs it with the interpreter it was given (--python, DLSCALE_PYTHON,
 python3) before any venv exists."""
 
@@ -19,6 +23,7 @@ import sys
 
 from dlscale.registry.cuda_drivers import table
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environments, environments_dir
+from dlscale.registry.model_sources import LAYERED, layered
 
 TORCH_INDEX = "https://download.pytorch.org/whl"
 
@@ -53,6 +58,13 @@ def main(argv: list[str]) -> int:
         line = line_of(argv[1])
         if line is not None:
             print(table()["pytorch_lines"][line])
+        return 0
+    if argv[:1] == ["layered"] and len(argv) <= 2 and (argv[1:] or ["cpu"])[0] in VARIANTS:
+        for name in layered((argv[1:] or ["cpu"])[0]):
+            print(name)
+        return 0
+    if len(argv) == 2 and argv[0] == "layered-base" and argv[1] in LAYERED:
+        print(LAYERED[argv[1]] or "")
         return 0
     if len(argv) == 2 and argv[0] == "pip-index":
         for arg in pip_index(argv[1]):  # nothing at all for an environment without its own index

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dlscale import __version__
 from dlscale.frameworks.base import TrainSpec
+from dlscale.models.zoo import record_of_cell
 from dlscale.rank.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
 from dlscale.rank.provenance import host_facts, process_age_s, site_environment
 from dlscale.rank.rank_context import discover
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     first_contact.mark(args.rank_dir, ctx.rank, first_contact.STARTED, **view)
     preflight(ctx, cell.world_size, cell.ranks_per_node)
     spec = TrainSpec.from_cell(cell)
+    record_of_cell(cell.model, cell.model_source)  # a study's own model, known to this rank
     adapter = get_adapter(spec.framework)(spec, ctx)
     stamp("framework_import")
     convergence = cell.workload == "convergence"

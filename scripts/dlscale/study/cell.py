@@ -299,6 +299,10 @@ class Cell:
     # A decoder model's sequence length in tokens (config seq_len, else the model's registry
     # default; dlscale.models.spec_for); None for every other model
     seq_len: int | None = None
+    # A model of the study's own `models:` section (dlscale.models.zoo): its record as JSON
+    # (the source, the definition as built, what its environment measured, the library's or the
+    # package's name and version); None for a shipped model, as every cell measured before.
+    model_source: str | None = None
     # The optimizer (config optimizer.name, `auto` resolved per model family:
     # dlscale.registry.optimizers): "sgd", the optimizer of every cell measured before the
     # choice existed, or "adamw" with its settings (None in an SGD cell) and the norm its

@@ -543,10 +543,40 @@ def study_name_problem(study: Any) -> str | None:
     return message
 
 
+def with_study_models(schema: dict, models) -> dict:
+    """The schema with the names a study's `models:` section defines (path-safe ones:
+    dlscale.models.zoo.NAME_PATTERN) among the values its model axes allow (a copy; the
+    schema itself is left as the registries filled it)."""
+    if not isinstance(models, dict) or not models:
+        return schema
+    import copy
+
+    from dlscale.models.zoo import name_problem
+
+    names = [n for n in models if name_problem(n) is None]
+    if not names:
+        return schema
+    schema = copy.deepcopy(schema)
+
+    def extend(node):
+        if isinstance(node, dict):
+            if node.get(REGISTRY_KEYWORD) == "models" and "enum" in node:
+                node["enum"] = [*node["enum"], *(n for n in names if n not in node["enum"])]
+            for sub in node.values():
+                extend(sub)
+        elif isinstance(node, list):
+            for sub in node:
+                extend(sub)
+
+    extend(schema)
+    return schema
+
+
 def validate_config(config: dict, schema: dict, source: str = "config") -> dict:
     """Schema-validate the study config and return it with defaults filled in."""
     if not isinstance(config, dict):
         raise ConfigError(source, [f"(top level): must be a mapping, got {type(config).__name__}"])
+    schema = with_study_models(schema, config.get("models"))
     problems = schema_problems(config, schema)
     reserved = study_name_problem(config.get("study"))
     if reserved:

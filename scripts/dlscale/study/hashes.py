@@ -155,6 +155,8 @@ def config_hash(config: dict, hardware: dict) -> str:
     measured.pop("trace", None)
     if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
         measured.pop("seq_len", None)
+    if not measured.get("models"):  # no models of the study's own: as before the key
+        measured.pop("models", None)
     if "convergence" not in config.get("workloads", ["throughput"]):
         measured.pop("convergence", None)
     if "script" not in config.get("workloads", ["throughput"]):  # a study without scripts

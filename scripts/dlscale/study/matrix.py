@@ -41,6 +41,8 @@ from dlscale.study.container_image import spec as container_spec
 from dlscale.study.hardware import environment_variant, validate_hardware
 from dlscale.study.hashes import config_hash, hashed_hardware
 from dlscale.study.matrix_checks import cell_count_problem, semantic_problems
+from dlscale.study.study_models import apply as apply_study_models
+from dlscale.study.study_models import study_models as check_study_models
 from dlscale.study.workloads import (
     data_path,
     excluded,
@@ -436,12 +438,18 @@ def build_matrix(
     hardware: dict,
     hardware_source: str = "hardware file",
     environments: dict[str, str] | None = None,
+    workflow_dir: str | Path | None = None,
 ) -> Study:
     """Expand validated config + hardware into the list of cells (product minus exclusions).
-    `environments`: framework -> environment id (environment_ids; default: the name only)."""
+    `environments`: framework -> environment id (environment_ids; default: the name only);
+    `workflow_dir`: the checkout (the study's own models: their config files, environments)."""
     too_many = cell_count_problem(config)
     if too_many:
         raise ConfigError("config", [too_many])
+    # the study's own models (config `models:`), checked in their environments and registered
+    study_models = check_study_models(
+        config, hardware, workflow_dir, workload_axes(config), ranks_per_node_values
+    )
     problems = semantic_problems(config, hardware, hardware_source)
     if problems:
         raise ConfigError("config", problems)
@@ -487,6 +495,7 @@ def build_matrix(
         raise ConfigError(
             "config", ["exclude: every cell of the matrix is excluded; nothing to run"]
         )
+    cells = apply_study_models(cells, study_models, hardware, workflow_dir, requirements_text)
     cells = mark_traced(config, cells)
     return Study(
         config=config, hardware=hardware, cells=cells, config_hash=config_hash(config, hardware)
@@ -663,4 +672,5 @@ def load_study(config: dict, workflow_dir: str | Path) -> Study:
         hardware,
         hardware_source=str(config["hardware_file"]),
         environments=environment_ids(workflow_dir),
+        workflow_dir=workflow_dir,
     )

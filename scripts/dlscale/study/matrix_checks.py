@@ -91,7 +91,7 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
     (dlscale.models.parallelize), and degrees that do not fit the ranks per node
     (dlscale.registry.parallel_dims): refused before any job, unless `exclude` leaves the
     combination out."""
-    from dlscale.models import get_spec
+    from dlscale.models import STUDY_SPECS, get_spec
     from dlscale.models.parallelize import plan_for
     from dlscale.registry.parallel_dims import degree_problems
 
@@ -120,8 +120,10 @@ def _parallelism_problems(config: dict, axes: dict, hardware: dict) -> list[str]
             continue
         for model in axes["model"]:
             arch = get_spec(model).arch if model in models_names() else None
-            if (arch and plan_for(arch).tp) or _excluded_pair(
-                {"model": model, "parallelism": strategy}, exclude
+            if (
+                (arch and plan_for(arch).tp)
+                or model in STUDY_SPECS  # its own plan: dlscale.study.study_models checks it
+                or _excluded_pair({"model": model, "parallelism": strategy}, exclude)
             ):
                 continue
             able = [m for m in models_names() if plan_for(get_spec(m).arch).tp]

@@ -157,7 +157,9 @@ def test_setup_reads_the_environments_with_the_standard_library_alone():
         ["bash", "scripts/setup.sh", "nope"], cwd=ROOT, capture_output=True, text=True
     )
     assert bad.returncode == 2
-    assert f"allowed: {' '.join(expected)} none" in bad.stderr
+    from dlscale.registry.model_sources import LAYERED
+
+    assert f"allowed: {' '.join([*expected, *LAYERED])} none" in bad.stderr
 
 
 def test_the_environments_folder_is_the_checkouts_or_dlscale_envs_dir(tmp_path):

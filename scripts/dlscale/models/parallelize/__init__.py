@@ -15,12 +15,21 @@ import importlib
 from dlscale.registry.strategies import ParallelPlan
 
 NO_PLAN = ParallelPlan()
+# The plans of a study's own models (arch zoo.<name>: dlscale.models.zoo.register), in this
+# process: their blocks, found from the model itself.
+STUDY_PLANS: dict[str, ParallelPlan] = {}
 
 
-@functools.cache
 def plan_for(arch: str) -> ParallelPlan:
     """The plan of architecture `arch` (dlscale.models ModelSpec.arch); an architecture with no
     module here has none (ddp, fsdp and hsdp still run it, wrapping its top-level children)."""
+    if arch in STUDY_PLANS:
+        return STUDY_PLANS[arch]
+    return _module_plan(arch)
+
+
+@functools.cache
+def _module_plan(arch: str) -> ParallelPlan:
     try:
         module = importlib.import_module(f"{__name__}.{arch}")
     except ModuleNotFoundError as exc:
