@@ -159,11 +159,11 @@ def config_hash(config: dict, hardware: dict) -> str:
         measured.pop("models", None)
     if "convergence" not in config.get("workloads", ["throughput"]):
         measured.pop("convergence", None)
-    if "script" not in config.get("workloads", ["throughput"]):  # a study without scripts
-        measured.pop("script", None)
     elif "convergence" in measured:  # the validity band's tolerance: analysis, not measurement
         measured["convergence"] = {
             k: v for k, v in measured["convergence"].items() if k != "validity_tolerance"
         }
+    if "script" not in config.get("workloads", ["throughput"]):  # a study without scripts
+        measured.pop("script", None)
     blob = json.dumps({"config": measured, "hardware": used}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
