@@ -22,6 +22,7 @@ include: "rules/plan.smk"
 include: "rules/figures.smk"
 include: "rules/report.smk"
 include: "rules/archive.smk"
+include: "rules/history.smk"
 include: "rules/check.smk"
 
 
@@ -40,6 +41,7 @@ localrules:
     report_pdf,
     study_archive,
     verdicts,
+    history,
     check,
     compare,
     partial,
@@ -51,6 +53,7 @@ localrules:
 # A `check` that found FAIL verdicts fails the run on purpose with the study complete: no
 # partial build then (rules/check.smk).
 onerror:
+    stop_recorder()
     if not failed_since(CHECK_LOG, CHECK_PARSED_AT):
         build_partial_report()
 
@@ -58,15 +61,18 @@ onerror:
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before
 # the first job (rules/common.smk). Measurements from before their folders existed get one. Then
 # the driver records itself and resumes the jobs an earlier driver of the study left behind
-# (dlscale.workflow.resume, README "Resume").
+# (dlscale.workflow.resume, README "Resume"). From then on it writes each cell's row into the
+# results database as the cell's metrics land, and the rows it lacks (rules/history.smk).
 onstart:
     check_launcher_of_the_run()
     adopt_measurements()
     start_driver()
+    start_recorder()
 
 
 onsuccess:
     remove_partial_outputs()
+    stop_recorder()
     say_where_the_report_is()
 
 

@@ -5,7 +5,9 @@
 #   `references_file`) -> tables/verdicts.csv and the report's Regression check section. A final
 #   target: it never fails on a FAIL verdict, so the report shows it.
 # check: asked for by name (`snakemake --profile profiles/local check`): prints the verdicts and
-#   exits 1 on any FAIL (cron, CI). `python -m dlscale.decisions.regression_check results/<study>` does the same from a
+#   exits 1 on any FAIL (cron, CI); with config history.check also (or only) the verdicts
+#   against the study's history in the results database (rules/history.smk).
+#   `python -m dlscale.decisions.regression_check results/<study>` does the same from a
 #   results folder; `python -m dlscale.decisions.regression_check bless ...` records references.
 # compare: `snakemake --profile profiles/local results/<study>/compare/<other study>/summary.md`
 #   compares this study (B) with another study's results folder (A) cell by cell.
@@ -64,12 +66,20 @@ rule verdicts:
 rule check:
     input:
         verdicts=OUT["verdicts"],
+        # and the verdicts against the history where config history.check asks (rules/history.smk)
+        history=check_history_inputs(),
     log:
         CHECK_LOG,
     run:
         from dlscale.decisions.regression_check import enforce_verdicts
 
-        enforce_verdicts(input.verdicts, log[0], results=RESULTS)
+        enforce_verdicts(
+            input.verdicts,
+            log[0],
+            results=RESULTS,
+            history_csv=input.history[0] if input.history else None,
+            against=HISTORY["check"],
+        )
 
 
 rule compare:

@@ -592,6 +592,7 @@ REPORT_SOURCES = (
     "plan_macros",  # the Recommendations section (rules/plan.smk)
     "plan_tables",
     "plan_figure",
+    "history_tex",  # the History section (rules/history.smk)
 )
 
 

@@ -140,9 +140,10 @@ ENVS_DIR=$(registry environments-dir)
 # pip wait on the network and the disk more than on the CPUs; waited for at the end), else looked
 # for on PATH and named once when missing.
 # charliecloud-runtime (ch-run) and debootstrap: the container entry the tests run
-# (tests/slurm/test_containers.py, its image built by scripts/build-image.sh)
+# (tests/slurm/test_containers.py, its image built by scripts/build-image.sh); postgresql: the
+# PostgreSQL server the results database's tests run against (scripts/postgres/up.sh)
 APT_PACKAGES=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
-              lmodern poppler-utils git lmod charliecloud-runtime debootstrap)
+              lmodern poppler-utils git lmod charliecloud-runtime debootstrap postgresql)
 mkdir -p "$ROOT/.cache"
 APT_LOG=$ROOT/.cache/setup-apt.log
 apt_pid=""

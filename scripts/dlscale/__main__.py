@@ -18,6 +18,10 @@ COMMANDS = {
         "record a study's results as the references of one system",
     ),
     "compare": ("dlscale.decisions.compare", "two studies' results folders, cell by cell"),
+    "history": (
+        "dlscale.decisions.history",
+        "configurations across studies in the results database; `history import` records folders",
+    ),
     "models": (
         "dlscale.workflow.models_command",
         "the shipped models, a venv's entry-point models, a study's own models",

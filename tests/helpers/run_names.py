@@ -201,13 +201,38 @@ def network_namespaces(name: str) -> list[str]:
     return out
 
 
+def database_servers(name: str) -> list[str]:
+    """PostgreSQL servers of the run still running (scripts/postgres/up.sh in one of its
+    folders: the postmaster.pid of a data folder, its pid alive), with their socket."""
+    out = []
+    for pidfile in Path(RUN_PREFIX).parent.glob(
+        f"{Path(RUN_PREFIX).name}{name}-*/data/postmaster.pid"
+    ):
+        try:
+            lines = pidfile.read_text().splitlines()
+            pid = int(lines[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if Path(f"/proc/{pid}").exists():
+            socket = lines[4] if len(lines) > 4 else "?"
+            port = lines[3] if len(lines) > 3 else "?"
+            out.append(
+                f"database server: PostgreSQL pid {pid}, data {pidfile.parent}, socket "
+                f"{socket}/.s.PGSQL.{port}"
+            )
+    return out
+
+
 def leftovers(name: str, settle_s: float = 15.0) -> list[str]:
-    """What the run left behind: processes, folders, network namespaces and bridges named
-    after it (waiting up to `settle_s` for processes that are on their way out)."""
+    """What the run left behind: processes, folders, database servers, network namespaces
+    and bridges named after it (waiting up to `settle_s` for processes that are on their way
+    out)."""
     deadline = time.monotonic() + settle_s
     while run_processes(name) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return run_processes(name) + run_folders(name) + network_namespaces(name)
+    return (
+        database_servers(name) + run_processes(name) + run_folders(name) + network_namespaces(name)
+    )
 
 
 def remove_run_folders(name: str) -> None:

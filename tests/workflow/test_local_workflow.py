@@ -224,6 +224,27 @@ def test_everything_up_to_date_runs_nothing(finished_study):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
+def test_the_driver_recorded_each_measured_cell_in_the_results_database(finished_study):
+    """The default results database (results/dlscale.sqlite, WAL): the driver wrote each of
+    the tiny study's 4 measurements once, as it landed (its log says how long a row took); the
+    history job found no earlier run (no History section) and nothing waits for the next run."""
+    from dlscale.store import database as store
+
+    results = finished_study / "results"
+    db = store.connect(f"sqlite:///{results / store.DATABASE_FILE}")
+    try:
+        on_disk = store.measurements_on_disk(results / "tiny")
+        assert store.counts(db)["measurements"] == len(on_disk) == 4
+        assert store.integrity_problems(db) == [] and db.journal == "wal"
+    finally:
+        db.close()
+    log = (results / "tiny" / "logs" / "driver.log").read_text()
+    assert re.search(r"results database \S+: \d+ row\(s\) written; per landed cell", log), log
+    history = (results / "tiny" / "report" / "history.tex").read_text()
+    assert history.startswith("% No History section")
+    assert not store.pending_path(results / "tiny").exists()
+
+
 def test_systems_table_and_the_study_archive(finished_study, tmp_path):
     """Every node's probes reach the Systems table; the archive target round-trips and its
     check finds a changed file."""

@@ -297,21 +297,52 @@ def check_table(table: pd.DataFrame, out=None, *, all_rows: bool = False, result
     return 1 if failed else 0
 
 
-def enforce_verdicts(verdicts_csv: str, log: str, results: str | None = None) -> None:
+AGAINST = ("references", "history", "both")  # what check judges by (config history.check)
+
+
+def check_history_table(table: pd.DataFrame, out=None) -> int:
+    """Print the verdicts against the history (history/verdicts.csv,
+    dlscale.decisions.history_report); 1 when any is FAIL, else 0."""
+    from dlscale.decisions.history import format_verdicts as format_history
+
+    out = out or sys.stdout
+    print(format_history(table), file=out)
+    failed = int((table["verdict"] == FAIL).sum()) if not table.empty else 0
+    if failed:
+        print(f"dlscale check: {failed} {FAILED_MARK} against the history", file=out)
+    return 1 if failed else 0
+
+
+def enforce_verdicts(
+    verdicts_csv: str,
+    log: str,
+    results: str | None = None,
+    *,
+    history_csv: str | None = None,
+    against: str = "references",
+) -> None:
     """The check rule: print the verdicts (and write them to `log`); raise on any FAIL so the
-    run exits non-zero. `results`: the study's results folder (named in the bless command)."""
+    run exits non-zero. `results`: the study's results folder (named in the bless command);
+    `against`: the references, the history (`history_csv`, history/verdicts.csv) or both."""
     import io
 
     buffer = io.StringIO()
-    code = check_table(pd.read_csv(verdicts_csv), buffer, results=results)
+    code = 0
+    if against in ("references", "both"):
+        code |= check_table(pd.read_csv(verdicts_csv), buffer, results=results)
+    if against in ("history", "both"):
+        code |= check_history_table(pd.read_csv(history_csv), buffer)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     Path(log).write_text(buffer.getvalue())
     print(buffer.getvalue(), end="")
     if code:
-        raise RuntimeError(
-            f"dlscale check: {counts(pd.read_csv(verdicts_csv))[FAIL]} {FAILED_MARK} "
-            f"(table: {verdicts_csv})"
-        )
+        failed = 0
+        if against in ("references", "both"):
+            failed += counts(pd.read_csv(verdicts_csv))[FAIL]
+        if against in ("history", "both"):
+            failed += int((pd.read_csv(history_csv)["verdict"] == FAIL).sum())
+        tables = ", ".join(t for t in (verdicts_csv, history_csv) if t)
+        raise RuntimeError(f"dlscale check: {failed} {FAILED_MARK} (table: {tables})")
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -359,9 +390,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the verdict table (CSV) here")
     p.add_argument("--verdicts", help="read an existing verdict table instead (the check rule)")
     p.add_argument("--all", action="store_true", help="list the no-reference rows too")
+    p.add_argument(
+        "--against",
+        choices=AGAINST,
+        default="references",
+        help="judge by the references, by the history in the results database "
+        "(python -m dlscale history), or by both",
+    )
+    p.add_argument("--database", help="the results database's URL (with --against history)")
+    p.add_argument("--threshold", type=float, default=0.05, help="history: slowdown that counts")
+    p.add_argument("--match", choices=("software", "identity"), default="software")
     a = p.parse_args(argv)
     if bool(a.results) == bool(a.verdicts):
         p.error("give a results folder or --verdicts FILE")
+    code = 0
+    if a.against != "references":
+        if not a.results:
+            p.error("--against history needs a results folder")
+        code = _check_history(a)
+        if code == 2 or a.against == "history":
+            return code
     try:
         if a.verdicts:
             table = pd.read_csv(a.verdicts)
@@ -386,7 +434,32 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dlscale check: {exc}", file=sys.stderr)
         return 2
-    return check_table(table, all_rows=a.all, results=a.results)
+    return check_table(table, all_rows=a.all, results=a.results) | code
+
+
+def _check_history(a) -> int:
+    """check --against history: the study's series against their history in the database."""
+    from dlscale.decisions.history import study_history
+    from dlscale.store import database as store
+
+    folder = Path(a.results)
+    url = store.resolve_url(a.database, folder.resolve().parent)
+    if url is None:
+        print("dlscale check: the results database is off", file=sys.stderr)
+        return 2
+    try:
+        db = store.connect(url)
+        try:
+            store.record_study(db, folder)
+            hist = study_history(db, store.study_name(folder), a.match, a.threshold)
+        finally:
+            db.close()
+    except store.DatabaseUnavailable as exc:
+        print(f"dlscale check: {exc}", file=sys.stderr)
+        return 2
+    if hist.note:
+        print(f"history: {hist.note}")
+    return check_history_table(hist.verdicts)
 
 
 if __name__ == "__main__":

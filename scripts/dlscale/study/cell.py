@@ -80,6 +80,7 @@ STUDY_DIR = "results/{study}"
 # or folder directly under results/ is added here. Names starting with "_" or "." (e.g. the
 # migration's results/_before-studies-<time>/) cannot be study names at all (the schema's
 # pattern), so they need no entry.
+RESULTS_DATABASE = "dlscale.sqlite"  # results/<this>: the default results database
 RESERVED_UNDER_RESULTS = {
     "data": "the shipped datasets, shared by every study (rules/data.smk)",
     "logs": "the Slurm jobs' logs (profiles/slurm: dlscale-logdir results/logs/slurm)",
@@ -93,6 +94,13 @@ RESERVED_UNDER_RESULTS = {
     "tables": "tables of the layout before per-study folders",
     "figures": "figures of the layout before per-study folders",
     "report": "the report of the layout before per-study folders",
+    # the results database (dlscale.store.database, config `database`): its SQLite file and
+    # what SQLite and the project keep beside it
+    RESULTS_DATABASE: "the results database (SQLite)",
+    f"{RESULTS_DATABASE}-wal": "the results database's write-ahead log (SQLite)",
+    f"{RESULTS_DATABASE}-shm": "the results database's shared memory (SQLite)",
+    f"{RESULTS_DATABASE}-journal": "the results database's rollback journal (SQLite)",
+    f"{RESULTS_DATABASE}.lock": "the results database's lock on a network file system",
 }
 METRICS_FILE = "metrics.jsonl"
 # Each workload's cells in their own folder of the study: throughput cells in runs/, where

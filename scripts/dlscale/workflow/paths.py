@@ -71,6 +71,13 @@ def output_paths(folder: str, study: str) -> dict[str, str]:
         "verdicts_table": f"{report}/verdicts_table.tex",
         # published figures (config/references.yaml `published:`; dlscale.decisions.published)
         "published": f"{tables}/published.csv",
+        # the study's history in the results database (rules/history.smk,
+        # dlscale.decisions.history_report): every run of its series, its verdicts against
+        # them, the trend figure and the report's History section
+        "history_table": f"{folder}/history/history.csv",
+        "history_verdicts": f"{folder}/history/verdicts.csv",
+        "history_figure": f"{folder}/history/history.pdf",
+        "history_tex": f"{report}/history.tex",
         "tex": f"{report}/report.tex",
         "pdf": f"{report}/report.pdf",
         "pdf_log": f"{logs}/report_pdf.log",

@@ -45,6 +45,10 @@ SMALLEST = {
         + ["--formats", "cifar_binary"],
         "loader cifar_binary w0",
     ),
+    "history_database.py": (
+        ["--trials", "5", "--rows", "600", "--workdir", "{tmp}"],
+        "write one cell's row:",
+    ),
     "plan_solve.py": (["--repeats", "1", "--frameworks", "1", "--models", "1"], "binding:"),
     "planning.py": (
         ["--cells", "10", "--rounds", "1", "--parse-repeats", "1", "--max-nodes", "2"]

@@ -1,0 +1,340 @@
+"""The results database's targets, measured: regression verdicts on synthetic noise, a history
+query over many rows, the time to write a cell's row, and (with --workflow) real studies: the
+database's cost to a study, two studies writing at once and a driver killed mid-study.
+
+    PYTHONPATH=scripts .venv/bin/python benchmarks/history_database.py \
+        [--trials 200] [--rows 100000] [--study results/demo] [--workdir DIR] \
+        [--workflow [--rounds 3] [--database URL | --postgres]]
+
+- verdicts: `--trials` seeded trials of synthetic series with 2 % run-to-run noise (coefficient
+  of variation) through dlscale.analysis.regression_stats.slowdown_verdict: a 10 % slowdown at
+  6 repetitions per side is FAIL and no slowdown PASS, each in >= 95 % of the trials; at 2
+  per side the answer is UNCERTAIN (targets).
+- query: a SQLite database of `--rows` synthetic measurement rows (500 series of weekly runs, 5
+  repetitions each), then the history of one configuration (dlscale.decisions.history: load +
+  judge, as `dlscale history --hardware .. --framework .. --model .. --nodes ..` asks it) and a
+  study's own history (the workflow's `history` rule: every series of the newest week); median
+  of 3 each (target <= 1 s on SQLite), and the whole table's judged listing for scale.
+- write: each cell of a study folder (`--study`, else 20 synthetic cells) recorded alone into a
+  fresh database, as the driver records a landed cell (read, validate, one transaction): the
+  median and the largest (target <= 50 ms).
+- --workflow (minutes): the demo study (config/config.yaml, 20 cells) on the local profile
+  with the database and without (`--config database=off`), alternating, `--rounds` each, fresh
+  copies (target: the median within 2 % or 1 s); then the tiny study as two studies at once into
+  one database, and a third study whose driver is killed with SIGKILL as soon as its first row
+  is written, run again: every study's rows counted against its folders (0 lost, 0 duplicated),
+  SQLite's integrity_check. `--postgres` starts a PostgreSQL server of its own
+  (scripts/postgres/up.sh) for that part; `--database URL` uses one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))  # helpers.results_db: synthetic rows and cells
+
+from dlscale.analysis.regression_stats import FAIL, PASS, UNCERTAIN, slowdown_verdict  # noqa: E402
+from dlscale.decisions import history  # noqa: E402
+from dlscale.store import database as store  # noqa: E402
+
+from helpers import results_db  # noqa: E402
+
+NOISE = 0.02
+WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "scripts", "envs", "report")
+
+
+# ---- verdicts ---------------------------------------------------------------------------------
+def verdict_rates(trials: int, seed: int = 0) -> dict[str, dict[str, float]]:
+    rng = np.random.default_rng(seed)
+    cases = {"n=6, 10 % slower": (6, 0.10), "n=6, unchanged": (6, 0.0)}
+    cases |= {"n=2, 10 % slower": (2, 0.10), "n=2, unchanged": (2, 0.0)}
+    out = {}
+    for name, (n, slowdown) in cases.items():
+        found = []
+        for _ in range(trials):
+            base = 1000 * rng.normal(1, NOISE, n)
+            new = 1000 * (1 - slowdown) * rng.normal(1, NOISE, n)
+            found.append(slowdown_verdict(new, base).verdict)
+        out[name] = {v: found.count(v) / trials for v in (FAIL, UNCERTAIN, PASS)}
+    return out
+
+
+# ---- query ------------------------------------------------------------------------------------
+SERIES = [
+    {"hardware": hw, "framework": fw, "model": model, "nodes": nodes}
+    for hw in ("h100", "a100", "v100", "mi250", "cpu")
+    for fw in ("pytorch", "tensorflow", "jax", "mxnet")
+    for model in ("llama3_8b", "resnet50", "gpt2_124m", "vit_b16", "bert_large")
+    for nodes in (1, 2, 4, 8, 16)
+]  # 500 series
+REPS = 5
+
+
+def build_database(path: Path, rows: int) -> tuple[store.Database, int]:
+    runs = max(2, rows // (len(SERIES) * REPS))
+    series = SERIES[: max(1, min(len(SERIES), rows // (runs * REPS)))]
+    db = store.connect(f"sqlite:///{path}")
+    made = results_db.synthetic_rows(
+        series, runs, REPS, slowdown_at=runs - 1, start=datetime(2024, 1, 1)
+    )
+    with db.transaction() as conn:
+        for start in range(0, len(made), 5000):
+            store.insert_new(conn, store.measurements, made[start : start + 5000])
+    return db, runs
+
+
+def timed(fn, repeats: int = 3) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def query_timings(db: store.Database, runs: int) -> list[str]:
+    lines = []
+    one = {"hardware": "h100", "framework": "pytorch", "model": "llama3_8b", "nodes": 8}
+
+    def configuration():
+        return history.history_table(history.load(db, one))
+
+    seconds, table = timed(configuration)
+    newest = table.groupby("series").tail(1)
+    lines.append(
+        f"query one configuration: median {seconds:.3f} s over 3 (h100/pytorch/llama3_8b/n8: "
+        f"{len(table)} runs, newest {', '.join(newest['verdict'])}); target <= 1 s"
+    )
+    study = f"week{runs - 1:03d}"
+    seconds, hist = timed(lambda: history.study_history(db, study))
+    lines.append(
+        f"query a study's own history: median {seconds:.3f} s over 3 ({study}: "
+        f"{len(hist.verdicts)} series judged: {hist.verdicts['verdict'].value_counts().to_dict()})"
+    )
+    seconds, table = timed(lambda: history.history_table(history.load(db)), repeats=1)
+    lines.append(
+        f"whole table judged (every run of every series): {seconds:.2f} s "
+        f"({len(table)} runs of {table['series'].nunique()} series)"
+    )
+    return lines
+
+
+# ---- write ------------------------------------------------------------------------------------
+def write_timings(study: Path | None, workdir: Path) -> str:
+    if study is None:
+        study = results_db.write_study(workdir / "synthetic", "synthetic", nodes=(1, 2), reps=10)
+    items = store.measurements_on_disk(study)
+    db = store.connect(f"sqlite:///{workdir / 'write.sqlite'}")
+    from dlscale.store import metrics
+
+    metrics.prepare_validation()  # as the recorder does before the first landed cell
+    times = []
+    for item in items:
+        t0 = time.perf_counter()
+        store.record_measurements(db, store.study_name(study), [item])
+        times.append((time.perf_counter() - t0) * 1e3)
+    db.close()
+    return (
+        f"write one cell's row: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms "
+        f"over {len(times)} cells of {study} (read + validate + one transaction, SQLite WAL); "
+        "target <= 50 ms"
+    )
+
+
+# ---- the workflow -----------------------------------------------------------------------------
+def checkout(dest: Path, config: dict) -> Path:
+    dest.mkdir(parents=True)
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "dlscale")
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / part)
+    if (REPO / ".venvs").is_dir():
+        (dest / ".venvs").symlink_to(REPO / ".venvs")
+    (dest / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    return dest
+
+
+def snakemake(work: Path, *args: str, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = open(log, "w")
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/local", *args],
+        cwd=work,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def finished(proc: subprocess.Popen, what: str, log: Path) -> float:
+    """Wait for `proc`; the CPU seconds (user + system) of it and the processes it waited for
+    (the ranks, the jobs): the less noisy figure on a shared machine."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    if rc != 0:
+        raise SystemExit(f"{what} failed ({rc}):\n{log.read_text()[-3000:]}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def overhead(root: Path, rounds: int) -> list[str]:
+    demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    walls = {"with": [], "without": []}
+    cpus = {"with": [], "without": []}
+    for r in range(rounds):
+        order = ("without", "with") if r % 2 == 0 else ("with", "without")
+        for variant in order:
+            work = checkout(root / f"demo-{variant}-{r}", demo)
+            extra = ["--config", "database=off"] if variant == "without" else []
+            log = work / "run.log"
+            t0 = time.perf_counter()
+            cpu = finished(snakemake(work, *extra, log=log), f"demo {variant} {r}", log)
+            walls[variant].append(time.perf_counter() - t0)
+            cpus[variant].append(cpu)
+            print(
+                f"  round {r + 1} {variant:7} database: wall {walls[variant][-1]:.1f} s, "
+                f"CPU {cpu:.1f} s (load average {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+    lines = []
+    for what, values in (("wall", walls), ("CPU", cpus)):
+        w, wo = statistics.median(values["with"]), statistics.median(values["without"])
+        lines.append(
+            f"demo study (20 cells), {what}, median of {rounds} each, alternating: with the "
+            f"database {w:.1f} s, without {wo:.1f} s: {w - wo:+.1f} s "
+            f"({(w / wo - 1) * 100:+.1f} %); target within 2 % or 1 s"
+        )
+    return lines
+
+
+def rows_against_folders(db: store.Database, folders: list[Path]) -> list[str]:
+    import sqlalchemy as sa
+
+    t = store.measurements
+    lines = []
+    with db.read() as conn:
+        duplicated = conn.execute(
+            sa.select(sa.func.count()).select_from(
+                sa.select(t.c.study, t.c.cell, t.c.measurement)
+                .group_by(t.c.study, t.c.cell, t.c.measurement)
+                .having(sa.func.count() > 1)
+                .subquery()
+            )
+        ).scalar_one()
+        for folder in folders:
+            on_disk = len(store.measurements_on_disk(folder))
+            rows = conn.execute(
+                sa.select(sa.func.count()).where(t.c.study == folder.name)
+            ).scalar_one()
+            lines.append(f"  {folder.name}: {on_disk} measurement(s) on disk, {rows} row(s)")
+    lines.append(
+        f"  duplicated rows: {duplicated}; integrity: {store.integrity_problems(db) or 'ok'}"
+    )
+    return lines
+
+
+def concurrency(root: Path, url: str) -> list[str]:
+    tiny = yaml.safe_load((REPO / "tests" / "fixtures" / "tiny.yaml").read_text())
+    works = {
+        name: checkout(root / name, {**tiny, "study": name, "database": url})
+        for name in ("tiny-a", "tiny-b", "tiny-c")
+    }
+    logs = {name: work / "run.log" for name, work in works.items()}
+    t0 = time.perf_counter()
+    both = [snakemake(works[n], log=logs[n]) for n in ("tiny-a", "tiny-b")]
+    victim = snakemake(works["tiny-c"], log=logs["tiny-c"])
+    db = store.connect(url)
+    killed_after = None
+    import sqlalchemy as sa
+
+    while victim.poll() is None and killed_after is None:
+        with db.read() as conn:
+            rows = conn.execute(
+                sa.select(sa.func.count()).where(store.measurements.c.study == "tiny-c")
+            ).scalar_one()
+        if rows:
+            os.killpg(victim.pid, signal.SIGKILL)  # the driver and everything it started
+            victim.wait()
+            killed_after = time.perf_counter() - t0
+        time.sleep(0.05)
+    for proc, name in zip(both, ("tiny-a", "tiny-b")):
+        finished(proc, name, logs[name])
+    lines = [
+        f"two studies at once (tiny-a, tiny-b) and tiny-c's driver killed with SIGKILL "
+        f"{killed_after or 0:.1f} s in, after its first row ({store.describe(url)}):"
+    ]
+    lines += rows_against_folders(db, [works[n] / "results" / n for n in works])
+    rerun = works["tiny-c"] / "rerun.log"
+    finished(snakemake(works["tiny-c"], log=rerun), "tiny-c again", rerun)
+    lines.append("after tiny-c's next run:")
+    lines += rows_against_folders(db, [works[n] / "results" / n for n in works])
+    db.close()
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--study", type=Path, help="a study folder whose cells' writes are timed")
+    p.add_argument("--workdir", type=Path)
+    p.add_argument("--workflow", action="store_true", help="the real studies (minutes)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--database", help="the concurrency part's database URL")
+    p.add_argument("--postgres", action="store_true", help="start a server of its own for it")
+    a = p.parse_args()
+    root = (
+        a.workdir or Path(tempfile.mkdtemp(prefix="dlscale-history-", dir="/var/tmp"))
+    ).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(f"{os.cpu_count()} CPUs, load average {load[0]:.2f}; work in {root}")
+
+    for name, rates in verdict_rates(a.trials).items():
+        shown = ", ".join(f"{v} {r * 100:.1f} %" for v, r in rates.items())
+        print(f"verdicts {name} ({a.trials} trials, 2 % noise): {shown}")
+    t0 = time.perf_counter()
+    db, runs = build_database(root / "query.sqlite", a.rows)
+    print(f"query database: {store.counts(db)['measurements']} rows in "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    for line in query_timings(db, runs):
+        print(line)
+    db.close()
+    print(write_timings(a.study, root))
+    if not a.workflow:
+        return
+    for line in overhead(root, a.rounds):
+        print(line)
+    url = a.database or f"sqlite:///{root / 'shared.sqlite'}"
+    server = None
+    if a.postgres:
+        server = results_db.postgres_server()
+        url = server.__enter__()
+    try:
+        for line in concurrency(root / "concurrency", url):
+            print(line)
+    finally:
+        if server is not None:
+            server.__exit__(None, None, None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One Alembic script per schema revision of the results database, oldest first."""
