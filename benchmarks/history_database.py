@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -53,9 +52,9 @@ from dlscale.decisions import history  # noqa: E402
 from dlscale.store import database as store  # noqa: E402
 
 from helpers import results_db  # noqa: E402
+from helpers.checkout import copy_workflow  # noqa: E402
 
 NOISE = 0.02
-WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "scripts", "envs", "report")
 
 
 # ---- verdicts ---------------------------------------------------------------------------------
@@ -158,18 +157,9 @@ def write_timings(study: Path | None, workdir: Path) -> str:
 
 # ---- the workflow -----------------------------------------------------------------------------
 def checkout(dest: Path, config: dict) -> Path:
+    """A new folder `dest` holding the workflow with `config` (helpers.checkout.copy_workflow)."""
     dest.mkdir(parents=True)
-    for part in WORKFLOW_PARTS:
-        src = REPO / part
-        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "dlscale")
-        if src.is_dir():
-            shutil.copytree(src, dest / part, ignore=ignore)
-        else:
-            shutil.copy2(src, dest / part)
-    if (REPO / ".venvs").is_dir():
-        (dest / ".venvs").symlink_to(REPO / ".venvs")
-    (dest / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    return dest
+    return copy_workflow(dest, config)
 
 
 def snakemake(work: Path, *args: str, log: Path) -> subprocess.Popen:

@@ -20,6 +20,8 @@ from dlscale.store.database import identity_hashes, stack_hash
 from dlscale.study.cell import Cell
 
 from helpers import run_names
+from helpers.cells import small_cell
+from helpers.synthetic_metrics import rank_end, rank_start, step_records
 
 ROOT = Path(__file__).resolve().parents[2]
 UP = ROOT / "scripts" / "postgres" / "up.sh"
@@ -29,31 +31,18 @@ PG_PORT_BASE = 15430  # + the run's slot: names the socket (no TCP port is opene
 
 
 def cell_of(study: str, nodes: int = 1, rep: int = 1, model: str = "cnn_small", **changes):
+    """A CPU cell of `study` (helpers.cells.small_cell: 8 samples a rank, 3 timed steps)."""
     fields = dict(
-        hardware="cpu",
-        framework="pytorch",
         model=model,
-        policy="weak",
-        precision="fp32",
-        mode="eager",
         nodes=nodes,
         rep=rep,
-        device="cpu",
-        ranks_per_node=1,
         per_rank_batch=8,
         global_batch=8 * nodes,
-        cpus_per_rank=1,
-        warmup_steps=1,
         steps=3,
-        learning_rate=0.01,
-        momentum=0.9,
-        launcher="local",
-        hardware_hash="h",
         environment="pytorch:e1",
         study=study,
     )
-    fields.update(changes)
-    return Cell(**fields)
+    return small_cell(**{**fields, **changes})
 
 
 def cell_records(cell: Cell, rank_throughput: float = 100.0, torch: str = "2.13.0") -> list:
@@ -61,43 +50,24 @@ def cell_records(cell: Cell, rank_throughput: float = 100.0, torch: str = "2.13.
     step = cell.per_rank_batch / rank_throughput
     ranks = {}
     for rank in range(cell.world_size):
-        start = {
-            "local_rank": 0,
-            "node": f"node{rank}",
-            "node_index": rank,
-            "pid": 1000 + rank,
-            "device": "cpu",
-            "device_model": "synthetic CPU",
-            "threads": 1,
-            "loadavg_1m": 0.1,
-            "per_rank_batch": cell.per_rank_batch,
-            "data_layout": "NCHW",
-            "input_shape": [3, 32, 32],
-            "param_count": 1,
-            "libraries": {"torch": torch, "numpy": "2.4.6"},
-            "python": "3.11",
-            "cpu_model": "synthetic",
-            "dlscale_version": "0.1.0",
-            "timer": "time.perf_counter",
-            "sync_method": "none",
-        }
+        start = rank_start(  # helpers.synthetic_metrics' rank, on node<rank>
+            rank,
+            node=f"node{rank}",
+            pid=1000 + rank,
+            device_model="synthetic CPU",
+            loadavg_1m=0.1,
+            per_rank_batch=cell.per_rank_batch,
+            param_count=1,
+            libraries={"torch": torch, "numpy": "2.4.6"},
+            python="3.11",
+            cpu_model="synthetic",
+        )
         secs = [step] * cell.steps
         ranks[rank] = [
             metrics.make_record("rank_start", rank, start),
-            *(
-                metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": 8})
-                for i, s in enumerate(secs)
-            ),
+            *step_records(rank, secs, 8),
             metrics.make_record(
-                "rank_end",
-                rank,
-                {
-                    **metrics.rank_summary(secs, cell.per_rank_batch, 100.0),
-                    "peak_device_memory_mb": None,
-                    "energy": {"available": False, "reason": "synthetic"},
-                    "breakdown": {"available": False, "reason": "synthetic"},
-                    "allreduce": {"available": False, "reason": "synthetic"},
-                },
+                "rank_end", rank, rank_end(secs, cell.per_rank_batch, reason="synthetic")
             ),
         ]
     return metrics.assemble(

@@ -3,8 +3,8 @@ records a rank writes (rank_start, idle_probe, one step per timed step, rank_end
 dlscale.store.metrics (make_record, rank_summary) and made into a cell's file by its assemble
 (which adds run_start, the cell's own fields, and the summary), as a launch writes them.
 
-- rank_start, idle_probe, unavailable: the parts every rank's records share (a convergence
-  rank's builds on them too);
+- rank_start, idle_probe, unavailable, step_records, rank_end: the parts every rank's records
+  share (a convergence rank's and the results database's files build on them too);
 - throughput_rank: one throughput rank's records;
 - rank_records, CELL, assembled: the two-rank file the metrics tests check (rank 1 competing
   for its CPUs, a compute-time breakdown and allreduce timings on both ranks);
@@ -64,6 +64,31 @@ def unavailable(reason: str = "test") -> dict:
     return {"available": False, "reason": reason}
 
 
+def step_records(rank: int, step_seconds: list[float], samples: int) -> list[dict]:
+    """One step record of `samples` samples per entry of `step_seconds`."""
+    from dlscale.store import metrics
+
+    return [
+        metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": samples})
+        for i, s in enumerate(step_seconds)
+    ]
+
+
+def rank_end(step_seconds: list[float], samples: int, reason: str = "test", **changes) -> dict:
+    """A rank_end record's value: the steps' summary (dlscale.store.metrics.rank_summary), no
+    device memory, energy, breakdown and allreduce unavailable for `reason`, then `changes`."""
+    from dlscale.store import metrics
+
+    return {
+        **metrics.rank_summary(step_seconds, samples, 100.0),
+        "peak_device_memory_mb": None,
+        "energy": unavailable(reason),
+        "breakdown": unavailable(reason),
+        "allreduce": unavailable(reason),
+        **changes,
+    }
+
+
 def throughput_rank(
     rank: int,
     step_seconds: list[float],
@@ -79,24 +104,14 @@ def throughput_rank(
     for `reason`, then `end`'s keys)."""
     from dlscale.store import metrics
 
-    records = [
+    return [
         metrics.make_record("rank_start", rank, start or rank_start(rank)),
         metrics.make_record("idle_probe", rank, probe or idle_probe()),
+        *step_records(rank, step_seconds, samples),
+        metrics.make_record(
+            "rank_end", rank, rank_end(step_seconds, samples, reason, **(end or {}))
+        ),
     ]
-    records += [
-        metrics.make_record("step", rank, {"step": i, "seconds": s, "samples": samples})
-        for i, s in enumerate(step_seconds)
-    ]
-    summary = {
-        **metrics.rank_summary(step_seconds, samples, 100.0),
-        "peak_device_memory_mb": None,
-        "energy": unavailable(reason),
-        "breakdown": unavailable(reason),
-        "allreduce": unavailable(reason),
-        **(end or {}),
-    }
-    records.append(metrics.make_record("rank_end", rank, summary))
-    return records
 
 
 def rank_records(rank: int, step_seconds: list[float], node: str) -> list[dict]:
