@@ -394,10 +394,6 @@ def unregister_all() -> None:
     STUDY_SPECS.clear()
 
 
-def is_study_model(name: str) -> bool:
-    return name in STUDY_SPECS
-
-
 def record_of_cell(model: str, model_source: str | None) -> dict | None:
     """A cell's study-model record (its model_source), registering the model in this process
     where it is not yet: what a rank, collect or an analysis reading a cell's JSON calls."""

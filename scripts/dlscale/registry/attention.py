@@ -18,7 +18,6 @@ and math both do), else it repeats the key/value heads as before.
 from __future__ import annotations
 
 ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
-DEFAULT_ATTENTION = None  # PyTorch's own choice, repeat_kv: every cell measured before the key
 # The backends PyTorch 2.13 runs on a CPU: its flash kernel for CPUs and the math path.
 CPU_BACKENDS = ("flash", "math")
 # auto's order, by device class (device_class): cuDNN's attention first on Hopper, where it is
@@ -28,10 +27,6 @@ AUTO_ORDER = {
     "cuda": ("flash", "efficient", "math"),
     "cpu": ("flash", "math"),
 }
-AUTO_ORDER_TEXT = (
-    "compute capability 9.0 and newer: cudnn, flash, efficient, math; older GPUs: flash, "
-    "efficient, math; CPUs: flash, math"
-)
 # The operator names (torch.profiler's, PyTorch's aten operators) that say which kernel ran; a
 # name contains one of these (the CPU flash kernel is ..._flash_attention_for_cpu).
 KERNEL_OPS = {
