@@ -38,6 +38,7 @@ PLACEHOLDERS = {
     "references": "<system>",
     "references.<system>": "<cell pattern>",
     "references.<system>.<cell pattern>": "",
+    "script.scripts": "<label>",  # the script workload's scripts, by label
 }
 
 

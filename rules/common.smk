@@ -39,6 +39,14 @@ from dlscale.study.cell import (
     train_rule,
 )
 from dlscale.study.matrix import inherited_notice, load_workflow_study
+from dlscale.study.script_workload import (
+    edits_notice,
+    environment_cells,
+    environments_of,
+    figures_in_units,
+    split_script_edits,
+    units_of,
+)
 from dlscale.study.workloads import ranks_per_node
 from dlscale.workflow.finalize import PARTIAL_BUILD_ENV
 from dlscale.workflow.paths import output_paths, partial_folder
@@ -158,6 +166,10 @@ if workflow.is_main_process:
     # measure stops it before any job (check_study_launcher), with the command of the study's
     # profile and launcher (dlscale.store.measurements.keep_measured_launchers).
     STUDY.cells, MEASURED_LAUNCHERS, _changed = keep_measured_launchers(STUDY.cells, _changed)
+    # an edited script re-measures its cells, unasked (dlscale.study.script_workload)
+    _edited, _changed = split_script_edits(_changed)
+    if _edited:
+        print(f"dlscale: {edits_notice(_edited)}", file=sys.stderr)
     CELLS = STUDY.by_key()
     if MEASURED_LAUNCHERS:
         STUDY_LAUNCHER = Counter(MEASURED_LAUNCHERS.values()).most_common(1)[0][0]
@@ -211,7 +223,7 @@ def _environment_dir(name):
 
 
 _problems = environment_problems(
-    STUDY.cells,
+    environment_cells(STUDY.cells),  # a script cell: its environment's framework
     STUDY.hardware,
     _environment_dir,
     route=workflow.deployment_settings.deployment_method and "conda/apptainer" or "venv",
@@ -268,8 +280,18 @@ def convergence_cell_json(wildcards):
     return cell_of(wildcards, "convergence").to_json()
 
 
+@per_job
+def script_cell_json(wildcards):
+    """A script cell, serialised whole (the script train rules' one parameter)."""
+    return cell_of(wildcards, "script").to_json()
+
+
 # The parameter of each workload's train rules (rules/train.smk).
-CELL_JSON = {"throughput": cell_json, "convergence": convergence_cell_json}
+CELL_JSON = {
+    "throughput": cell_json,
+    "convergence": convergence_cell_json,
+    "script": script_cell_json,
+}
 
 
 # The shipped real data (rules/data.smk writes it): one copy per format under results/data/,
@@ -325,12 +347,25 @@ def _study_model_python(hardware, model):
     return model_python(STUDY, hardware, model, workflow.basedir)
 
 
+# A script's label (its cells' framework) -> the framework whose environment it runs in
+# (dlscale.study.script_workload).
+SCRIPT_ENVIRONMENTS = environments_of(STUDY.config)
+
+
+def script_conda_env(wildcards):
+    """The conda environment of a script cell under --sdm conda: its environment's
+    (envs/<framework>.yaml of the framework it runs in)."""
+    env = SCRIPT_ENVIRONMENTS.get(wildcards.framework, wildcards.framework)
+    return str(Path(workflow.basedir) / "envs" / f"{env}.yaml")
+
+
 @functools.cache
 def _framework_python(hardware, framework, precision=None):
     # once per (hardware, framework), not once per job: a 10,000-cell dry run asks 10,000 times
     from dlscale.study.matrix import FLOAT8_FRAMEWORKS, float8_environment
 
     entry = STUDY.hardware[hardware]
+    framework = SCRIPT_ENVIRONMENTS.get(framework, framework)  # a script's: its environment
     env = FRAMEWORKS[framework].environment_for(environment_variant(entry), entry)
     if precision == "float8" and framework in FLOAT8_FRAMEWORKS:
         env = float8_environment(env)
@@ -404,7 +439,14 @@ def start_driver():
     start(workflow, RESULTS, STUDY.config["restart"], metrics_files(), STUDY.config["pack"])
     # each (hardware entry, environment) checked by one short job that holds its cells
     # (dlscale.workflow.preflight; `--config preflight=False` skips it)
-    preflight.start(workflow, RESULTS, STUDY.config, STUDY.cells, STUDY.hardware, _framework_python)
+    preflight.start(
+        workflow,
+        RESULTS,
+        STUDY.config,
+        environment_cells(STUDY.cells),  # a script cell: its environment's framework
+        STUDY.hardware,
+        _framework_python,
+    )
 
 
 def metrics_files():
@@ -513,12 +555,14 @@ from dlscale.outputs.figure_layout import (
 FIGURE_LAYOUT = figure_layout(
     [
         (c.hardware, c.framework, c.model, c.policy, variant(c.precision, c.mode, c.parallelism))
-        for c in STUDY.cells_of("throughput")
+        # the scaling figures' cells: throughput cells and a user's script's (in its unit)
+        for c in STUDY.cells_of("throughput") + STUDY.cells_of("script")
     ],
     column_width_in=STUDY.config["report"]["column_width_in"],
     plan=STUDY.config["plan"],  # how far the predicted extensions reach (captions)
     devices={hw: STUDY.hardware[hw]["device"] for hw in STUDY.config["axes"]["hardware"]},
 )
+FIGURE_LAYOUT = figures_in_units(FIGURE_LAYOUT, units_of(STUDY.config))  # scripts' units
 FIGURE_SPECS = {spec["file"]: spec for spec in FIGURE_LAYOUT}
 # The convergence workload's figures (time-to-accuracy, epochs-to-accuracy, validation
 # accuracy curves), in their own folder per hardware key (dlscale.outputs.figure_layout.convergence_layout).
@@ -588,6 +632,7 @@ REPORT_SOURCES = (
     "status_table",
     "systems_table",
     "convergence_table",
+    "script_section",  # the script workload's (dlscale.outputs.script_section)
     "verdicts_table",  # rules/check.smk
     "plan_macros",  # the Recommendations section (rules/plan.smk)
     "plan_tables",

@@ -12,7 +12,10 @@ PLAN_CONFIG = STUDY.config["plan"]
 # The default jobs (none in plan.jobs: one per model, plan.default_samples each) are the models
 # of the study's throughput cells, the only ones the planner plans from: a study without
 # throughput cells (convergence only) has none, whatever its axes.model.
-PLAN_MODELS = STUDY.throughput_models()
+# A script's cells are a throughput series too (their model, in the script's unit).
+PLAN_MODELS = STUDY.throughput_models() + list(
+    dict.fromkeys(c.model for c in STUDY.cells_of("script"))
+)
 PARTITIONS = partitions_from_hardware(STUDY.hardware)
 # The planner's node counts per partition (hardware file: nodes_available, else max_nodes).
 PLAN_NODES = {p.name: p.nodes_available for p in PARTITIONS}
@@ -20,7 +23,12 @@ PLAN_NODES = {p.name: p.nodes_available for p in PARTITIONS}
 # The planner's refusals that the study's settings alone decide (a job in tokens for a vision
 # model, a model or filter no cell measures, ...: dlscale.decisions.plan_jobs) when the workflow
 # is parsed, before any job, with the planner's own messages, not after every cell has run.
-_plan_problems = plan_problems(PLAN_CONFIG, PLAN_MODELS, STUDY.cells_of("throughput"), PARTITIONS)
+_plan_problems = plan_problems(
+    PLAN_CONFIG,
+    PLAN_MODELS,
+    STUDY.cells_of("throughput") + STUDY.cells_of("script"),
+    PARTITIONS,
+)
 if _plan_problems:
     raise WorkflowError(
         "dlscale: the plan: section cannot be planned:\n"

@@ -21,6 +21,7 @@ rule report_inputs:
         status_table=RULE_OUT["status_table"],
         systems_table=RULE_OUT["systems_table"],
         convergence_table=RULE_OUT["convergence_table"],
+        script_section=RULE_OUT["script_section"],
     log:
         f"{RULE_OUT['logs']}/report_inputs.log",
     params:

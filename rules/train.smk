@@ -34,7 +34,8 @@ for _workload, _hardware, _nodes, _parallelism, _ranks in STUDY.train_rules():
             nodes=str(_nodes),
             parallelism=re.escape(_parallelism),
         conda:
-            "../envs/{framework}.yaml"
+            # a script's cells: the environment it runs in (script_conda_env, rules/common.smk)
+            script_conda_env if _workload == "script" else "../envs/{framework}.yaml"
         threads: _threads
         # the Slurm plugin's resource names (dlscale.study.resources.class_resources): nodes, tasks,
         # cpus_per_task, mem_mb, runtime, slurm_partition, slurm_extra, and constraint, gres,

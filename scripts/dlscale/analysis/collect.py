@@ -35,6 +35,7 @@ from dlscale.store.measurements import earlier_measurements
 from dlscale.store.metrics import MetricsError, read_metrics
 from dlscale.study.cell import DEFAULT_PARALLELISM, KEY, cell_label, parse_cell_path
 from dlscale.study.protocol import IDLE_PROBE, QUANTITIES, RANK_END, RANK_START
+from dlscale.study.script_workload import script_columns
 
 CELL_FIELDS = [
     "world_size",
@@ -344,6 +345,8 @@ def cell_rows(
         "metrics_path": path,
         "earlier_measurements": earlier_measurements(Path(path)),
     }
+    if cell.get("workload") == "script":  # a user's script: its unit, hash and command
+        row.update(script_columns(cell, start, row["throughput_samples_per_s"]))
     return row, ranks
 
 

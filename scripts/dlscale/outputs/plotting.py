@@ -409,6 +409,7 @@ def plot_scaling(
 ) -> dict:
     family = spec["family"]
     column, ylabel = SCALING[family]
+    ylabel = spec.get("ylabel", ylabel)  # a script's unit (dlscale.study.script_workload)
     if family not in PREDICTED_FAMILIES:  # the scaling model predicts these families' columns only
         predictions = None
     panels = spec["panels"]
@@ -506,7 +507,7 @@ def plot_frameworks(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
         )
         _log_y(ax)
         ax.set_title(f"{panel[0]} scaling, {top_nodes} node(s)")
-    _label_outer(axes, len(panels), "Throughput (samples/s)", None)
+    _label_outer(axes, len(panels), spec.get("ylabel", "Throughput (samples/s)"), None)
     return _finish(fig, axes, out)
 
 

@@ -223,6 +223,10 @@ def write_report_inputs(
         preflight = [] if preflight_dir is None else report_lines(Path(preflight_dir), config)
         write_systems_table(tables["systems"], paths["systems_table"], preflight)
     write_cell_summary(tables["scaling"], tables["status"], paths["cells_table"])
+    if "script_section" in paths:  # the script workload's section (an empty file without one)
+        from dlscale.outputs.script_section import write_script_section
+
+        write_script_section(tables["cells"], tables["scaling"], paths["script_section"])
     if "memory_table" in paths:  # predicted beside measured memory per rank
         write_memory_table(tables["cells"], paths["memory_table"])
     write_quarantine_table(tables["quarantine"], paths["quarantine_table"])

@@ -93,6 +93,16 @@ def _study_macros(
 ) -> dict:
     """The study's design and the cell counts (every report has them)."""
     axes = config["axes"]
+    if "script" in config.get("workloads", ()):  # a study's scripts and their models too
+        from dlscale.study.workloads import workload_axes
+
+        measured = workload_axes(
+            {**config, "workloads": [w for w in config["workloads"] if w != "convergence"]}
+        )
+        axes = {
+            k: list(dict.fromkeys(v for a in measured.values() for v in a.get(k) or ()))
+            for k in ("framework", "model", "hardware", "nodes", "policy", "precision")
+        }
     return {
         "Study": config["study"],
         "CellsPlanned": n_planned,

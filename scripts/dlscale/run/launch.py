@@ -681,6 +681,12 @@ def run_cell(
             f"{list(site.env)}",
             file=sys.stderr,
         )
+    if cell.workload == "script":  # a user's training script (dlscale.run.script_cell)
+        from dlscale.run.script_cell import run_script
+
+        return run_script(
+            cell, output, rank_dir, site.environment, git_commit=git_commit, python=python
+        )
     argv = train_argv(rank_dir, python)
     print(
         f"[dlscale.run.launch] {launcher}: {cell.nodes} node(s) x {cell.ranks_per_node} "

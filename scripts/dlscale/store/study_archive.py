@@ -195,6 +195,17 @@ def study_files(
     return files
 
 
+def script_files(config: dict, root: str | Path) -> list[Path]:
+    """The files of the study's scripts (dlscale.study.script_workload): each script and the
+    files hashed with it, its configuration among them; none for a study without scripts."""
+    from dlscale.study import script_workload
+
+    if not script_workload.used(config):
+        return []
+    scripts, _ = script_workload.read_scripts(config, root)
+    return [f for s in scripts.values() for f in script_workload.files_of(s, root)]
+
+
 def _member(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, 0, 0o644
@@ -239,6 +250,8 @@ def create(
     # not archived: the workflow reads neither for a study that does not use it)
     named = [resolved.get("study_file"), resolved["hardware_file"], resolved["references_file"]]
     named = [Path(root) / n for n in named if n and (Path(root) / n).is_file()]
+    # a script workload's scripts and the files hashed with them (what its cells ran)
+    named += script_files(resolved, root)
     files = study_files(study_dir, root=root, configfiles=[*configfiles, *named], exclude=[output])
     if not any(n.endswith("/metrics.jsonl") for n in files):
         raise ArchiveError(f"{study_dir}: no cell metrics to archive")

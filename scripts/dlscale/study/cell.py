@@ -106,7 +106,10 @@ METRICS_FILE = "metrics.jsonl"
 # Each workload's cells in their own folder of the study: throughput cells in runs/, where
 # every cell lived before workloads existed (their paths, hashes and measurements are unchanged),
 # convergence cells in convergence/.
-WORKLOAD_DIRS = {"throughput": "runs", "convergence": "convergence"}
+WORKLOAD_DIRS = {"throughput": "runs", "convergence": "convergence", "script": "script"}
+# The workloads a study's cells may have: the adapters' (dlscale.registry.frameworks) and a
+# user's own training script (`script`: dlscale.study.script_workload; no adapter runs it).
+WORKLOADS = (*WORKLOADS, "script")
 # A cell's metrics file: the train rules' output; wildcard names == PATH_KEY == column names.
 CELL_PATTERNS = {w: f"{STUDY_DIR}/{d}/{AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()}
 CELL_PATTERN = CELL_PATTERNS[DEFAULT_WORKLOAD]
@@ -122,6 +125,7 @@ _ALL_PATH_KEYS = ("study", *_PLACE)
 TRAIN_LOG_PATTERNS = {
     "throughput": f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log",
     "convergence": f"{STUDY_DIR}/logs/convergence/{AXIS_PATH}.log",
+    "script": f"{STUDY_DIR}/logs/script/{AXIS_PATH}.log",
 }
 TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
 PARALLEL_TRAIN_LOG_PATTERNS = {
@@ -135,6 +139,7 @@ SLURM_LOGS = "results/logs/slurm"
 TRAIN_RULES = {
     "throughput": "train_{hardware}_n{nodes}",
     "convergence": "converge_{hardware}_n{nodes}",
+    "script": "script_{hardware}_n{nodes}",
 }
 TRAIN_RULE = TRAIN_RULES[DEFAULT_WORKLOAD]
 
@@ -292,6 +297,10 @@ class Cell:
     # engine, image, python, binds and the image's digest, as sorted (name, value) pairs (a
     # mapping in the cell's JSON). Where, not what: the digest is in `environment`. Empty: none.
     container: tuple[tuple[str, object], ...] = ()
+    # A script cell's script (dlscale.study.script_workload.Script.carried): its argv template,
+    # path, the sha256 of it and its files, its environment, launch and where its throughput
+    # is read, as sorted (name, value) pairs (a mapping in the cell's JSON). Empty: no script.
+    script: tuple[tuple[str, object], ...] = ()
     # How its ranks share the model (PARALLELISMS; dlscale.registry.parallel_dims.ParallelDims)
     # and its tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
@@ -376,6 +385,12 @@ class Cell:
         object.__setattr__(self, "srun_options", tuple(self.srun_options))
         pairs = self.env.items() if isinstance(self.env, dict) else self.env
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
+        pairs = self.script.items() if isinstance(self.script, dict) else self.script
+        object.__setattr__(
+            self,
+            "script",
+            tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in pairs)),
+        )
         pairs = self.container.items() if isinstance(self.container, dict) else self.container
         object.__setattr__(
             self,
@@ -476,6 +491,7 @@ _JSON_FORM = {
     "env": dict,
     "srun_options": list,
     "container": lambda pairs: {k: list(v) if isinstance(v, tuple) else v for k, v in pairs},
+    "script": lambda pairs: {k: list(v) if isinstance(v, tuple) else v for k, v in pairs},
 }
 # where, not what; and deadlines, which change no measurement
 NOT_IDENTITY = (

@@ -27,6 +27,7 @@ from dlscale.registry.parallel_dims import (
     pipeline_batch,
 )
 from dlscale.registry.strategies import STRATEGIES
+from dlscale.study import script_workload
 from dlscale.study.cell import AXES, Cell
 from dlscale.study.config import (
     ConfigError,
@@ -442,7 +443,8 @@ def build_matrix(
 ) -> Study:
     """Expand validated config + hardware into the list of cells (product minus exclusions).
     `environments`: framework -> environment id (environment_ids; default: the name only);
-    `workflow_dir`: the checkout (the study's own models: their config files, environments)."""
+    `workflow_dir`: the checkout (the study's own models: their config files, environments; a
+    script's relative paths: the script workload)."""
     too_many = cell_count_problem(config)
     if too_many:
         raise ConfigError("config", [too_many])
@@ -451,6 +453,10 @@ def build_matrix(
         config, hardware, workflow_dir, workload_axes(config), ranks_per_node_values
     )
     problems = semantic_problems(config, hardware, hardware_source)
+    scripts = {}
+    if script_workload.used(config):  # checked and hashed; nothing of a script runs here
+        scripts, script_problems = script_workload.read_scripts(config, workflow_dir or ".")
+        problems += script_problems
     if problems:
         raise ConfigError("config", problems)
     environments = environments or {
@@ -476,12 +482,17 @@ def build_matrix(
     cells = []
     for workload, axes in by_workload.items():
         shared = {
-            "fields": fixed[workload],
+            "fields": fixed.get(workload, {}),
             "common": common,
             "hardware_hashes": hardware_hashes,
             "environments": environments,
             "containers": containers,
         }
+        if workload == script_workload.SCRIPT_WORKLOAD:
+            cells += script_workload.script_cells(
+                config, hardware, axes, shared, reps[workload], scripts
+            )
+            continue
         for combo_values in itertools.product(*(axes[a] for a in AXES)):
             combo = dict(zip(AXES, combo_values))
             for rpn in ranks_per_node_values(config, hardware[combo["hardware"]], workload):

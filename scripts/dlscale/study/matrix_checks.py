@@ -63,7 +63,8 @@ def _axes_problems(
                     f"{batch_key}: {gb} (policy 'strong', hardware {hw_key!r}) is not divisible "
                     f"by world size(s) {bad}; choose a multiple of {lcm(*worlds)}"
                 )
-    problems += _parallelism_problems(config, axes, hardware)
+    if workload != "script":  # a script's parallelism is a placeholder (script_workload)
+        problems += _parallelism_problems(config, axes, hardware)
     return problems
 
 
@@ -419,6 +420,8 @@ def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> lis
     by_workload = workload_axes(config)
     for workload, axes in by_workload.items():
         problems += _axes_problems(config, workload, axes, hardware, hardware_source)
+        if workload == "script":  # its framework is a label, its model the script's own
+            continue
         problems += _builder_problems(config, workload, axes)
         problems += [p for p in _optimizer_problems(config, axes) if p not in problems]
         problems += [p for p in _checkpointing_problems(config, axes) if p not in problems]
@@ -448,7 +451,12 @@ def planned_cell_count(config: dict) -> tuple[int, bool]:
         # ranks per node: the axis's values, else one (each hardware's default)
         ranks = axes.get("ranks_per_node") or [None]
         product = math.prod(len(axes[a]) for a in AXES) * len(ranks)
-        if config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
+        if workload == "script":  # a script's cells have its own model only
+            from dlscale.study.script_workload import cell_count
+
+            product = cell_count(config)
+            exact = exact and not config["exclude"]
+        elif config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
             product = sum(
                 not excluded({**dict(zip(AXES, combo)), "ranks_per_node": rpn}, config["exclude"])
                 for combo in itertools.product(*(axes[a] for a in AXES))

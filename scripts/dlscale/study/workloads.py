@@ -29,12 +29,17 @@ def workload_axes(config: dict) -> dict[str, dict]:
         # its hardware's default ranks per node
         out["convergence"]["parallelism"] = [DEFAULT_PARALLELISM]
         out["convergence"]["ranks_per_node"] = None
+    if "script" in config["workloads"]:  # a user's script (dlscale.study.script_workload)
+        from dlscale.study.script_workload import script_axes
+
+        out["script"] = script_axes(config)
     return out
 
 
 def workload_repetitions(config: dict) -> dict[str, int]:
     reps = {"throughput": config["repetitions"]}
     reps["convergence"] = config["convergence"]["repetitions"] or config["repetitions"]
+    reps["script"] = (config.get("script") or {}).get("repetitions") or config["repetitions"]
     return {w: reps[w] for w in workload_axes(config)}
 
 
@@ -43,16 +48,24 @@ def workload_batches(config: dict, workload: str) -> tuple[int, int | None]:
     if workload == "convergence":
         conv = config["convergence"]
         return conv["per_rank_batch"] or config["per_rank_batch"], conv["global_batch"]
+    if workload == "script":
+        own = config.get("script") or {}
+        return (
+            own.get("per_rank_batch") or config["per_rank_batch"],
+            own["global_batch"] if own.get("global_batch") is not None else config["global_batch"],
+        )
     return config["per_rank_batch"], config["global_batch"]
 
 
-SETTING_PREFIX = {"throughput": "", "convergence": "convergence."}
+SETTING_PREFIX = {"throughput": "", "convergence": "convergence.", "script": "script."}
 
 
 def axis_key(config: dict, workload: str, axis: str) -> str:
     """How a message names the setting a workload's axis comes from."""
     if workload == "convergence" and config["convergence"]["axes"].get(axis) is None:
         return f"convergence.axes.{axis} (null: axes.{axis})"
+    if workload == "script" and (config.get("script") or {}).get("axes", {}).get(axis) is None:
+        return f"script.axes.{axis} (null: axes.{axis})"
     return f"{SETTING_PREFIX[workload]}axes.{axis}"
 
 

@@ -66,6 +66,8 @@ def output_paths(folder: str, study: str) -> dict[str, str]:
         "quarantine_table": f"{report}/quarantine_table.tex",
         "status_table": f"{report}/status_table.tex",
         "systems_table": f"{report}/systems_table.tex",
+        # the script workload's section (dlscale.outputs.script_section)
+        "script_section": f"{report}/script_section.tex",
         # the regression check against config/references.yaml (rules/check.smk)
         "verdicts": f"{tables}/verdicts.csv",
         "verdicts_table": f"{report}/verdicts_table.tex",

@@ -33,6 +33,7 @@ from dlscale.study.cell import Cell
 from dlscale.study.hardware import environment_variant
 from dlscale.study.hashes import hashed_hardware
 from dlscale.study.resources import preflight_sbatch_args
+from dlscale.study.script_workload import environments_of
 from dlscale.workflow.resume_journal import say
 
 PREFLIGHT_RUNTIME_MIN = 10  # the preflight job's time limit (the job itself takes seconds)
@@ -146,6 +147,7 @@ class Preflight:
         hw, fw = wc.get("hardware"), wc.get("framework")
         if hw is None or fw is None or hw not in self.hardware:
             return None
+        fw = environments_of(self.config).get(fw, fw)  # a script's label: its environment's
         env = environment_name(fw, self.hardware[hw])
         return (hw, env) if (hw, env) in self.probes else None
 

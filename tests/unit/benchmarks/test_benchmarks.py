@@ -61,6 +61,8 @@ SMALLEST = {
     "packing.py": (["--help"], "--pack"),
     "slurm_overhead.py": (["--help"], "--cells"),
     "submission.py": (["--help"], "--cells"),
+    # a local Slurm cluster and minutes: its study and the wall times (benchmarks/README.md)
+    "script_cells.py": (["--help"], "--rounds"),
     # 8 ranks (a minute): its 4-rank combination is tests/unit/frameworks/test_torch_pipeline.py
     "pipeline_combinations.py": (["--help"], "--strategies"),
 }

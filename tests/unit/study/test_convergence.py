@@ -187,7 +187,7 @@ def test_convergence_cells_live_in_their_own_folder_and_throughput_paths_are_unc
     assert parse_cell_path(throughput.path)["workload"] == "throughput"
     assert conv.key != throughput.key and conv.key[0] == "convergence"
     assert cell_label(parse_cell_path(conv.path)).startswith("convergence/cpu/")
-    assert set(CELL_PATTERNS) == {"throughput", "convergence"}
+    assert set(CELL_PATTERNS) == {"throughput", "convergence", "script"}
 
 
 def test_a_throughput_cell_serialises_and_hashes_as_before_workloads_existed():
