@@ -79,9 +79,12 @@ LONG_GROUPS = ("slurm", "slurm-b")  # about 10 min each: handed out before every
 # (the faults, the lost driver and the preflight beside the frameworks, the workflow, GPU
 # binding and parallelism: about 10 min each under the test command's load)
 SLURM_B_MODULES = {"test_faults.py", "test_lost_driver.py", "test_slurm_preflight.py"}
-# the cluster with a fake GPU/NUMA topology, short: the packed study (about 70 s) runs there too,
-# beside the long groups
-SLURM_BIND_MODULES = {"test_gpu_topology.py", "test_packing.py"}
+# the cluster with a fake GPU/NUMA topology, short: the packed study (about 70 s) and the login
+# node's walk (a plain user's study measured on it) run there too, beside the long groups
+SLURM_BIND_MODULES = {"test_gpu_topology.py", "test_packing.py", "test_login_node.py"}
+# Modules outside tests/slurm/ whose tests use a cluster (and so join its group): the login
+# node's walk, a plain user's study measured on the short cluster's nodes
+CLUSTER_MODULES_ELSEWHERE = {"tests/workflow/test_login_node.py"}
 
 
 def slurm_group(path: str) -> str:
@@ -95,7 +98,7 @@ def slurm_group(path: str) -> str:
 def xdist_scope(nodeid: str) -> str:
     """The group of a test, from its id alone (what the xdist controller knows)."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith(SLURM_TESTS):
+    if path.startswith(SLURM_TESTS) or path in CLUSTER_MODULES_ELSEWHERE:
         return slurm_group(path)
     function = nodeid.split("::")[-1].split("[", 1)[0]
     if function in _tests_sharing_a_fixture(path):

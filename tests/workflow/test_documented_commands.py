@@ -1,21 +1,23 @@
-"""Every command README.md and the quickstart show, run as printed against a tiny study,
-does what the page says and loses no measurement, whatever the folders beside the study are
-called; every command a message suggests, pasted as printed, acts on the same study.
+"""The commands README.md and the quickstart show whose local form measures cells, run as
+printed against a tiny study measured locally, do what the page says and lose no measurement,
+whatever the folders beside the study are called; every command a message suggests, pasted as
+printed, acts on the same study; the demo plans what the quickstart says, and a study plans only
+what it names.
 
-`DOCUMENTED` maps each command the two pages show (read from them: a command added to a page
-without an entry here fails `test_every_documented_command_is_run_or_left_out_with_a_reason`) to
-the command as run here (placeholders filled in) and `LEFT_OUT` names the ones not run, with why.
+`DOCUMENTED` maps the commands run here to the command as run (placeholders filled in) and
+`LEFT_OUT` names the others: every documented command but the demo, the test command and the
+docs server is walked on a study measured on the local Slurm cluster by a plain user
+(tests/workflow/test_login_node.py). A command added to a page without an entry in either fails
+`test_every_documented_command_is_run_or_left_out_with_a_reason`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -23,116 +25,47 @@ import yaml
 
 from dlscale.study.cell import RESERVED_UNDER_RESULTS
 
-from conftest import BIN, ROOT, copy_workflow, snakemake
+from helpers.checkout import BIN, ROOT, copy_workflow, snakemake
+from helpers.documented import (
+    NOT_WALKED,
+    SLURM_WALK,
+    documented_commands,
+    kept_measurements,
+    measured_files,
+)
 
 pytestmark = pytest.mark.workflow
-
-PAGES = ("README.md", "docs/pages/quickstart.md")
-COMMAND_START = ("snakemake", "python -m ", "dlscale ", "mkdocs ", "bash scripts/")
 
 # The tiny study (config/config.yaml of the copy) and a second, smaller one in a study file.
 TINY = "tiny"
 MINE = "mine"
 MINE_FILE = "my-study.yaml"
 CELL = f"results/{TINY}/runs/cpu/pytorch/cnn_small/weak/fp32/eager/n2/r1/metrics.jsonl"
-ARCHIVE = f"results/{TINY}/archive/{TINY}.tar.gz"
 
-# documented command -> the command as run here (None: exactly as documented)
+# documented command -> the command as run here (None: exactly as documented): the local forms
+# that measure cells, on a study measured locally
 DOCUMENTED: dict[str, str | None] = {
     "snakemake --profile profiles/local": None,
     "dlscale status results/<study>": f"dlscale status results/{TINY}",
-    "snakemake --profile profiles/local -n": None,
+    "snakemake --profile profiles/local -n": None,  # the demo's plan, below
     "snakemake --profile profiles/local --forcerun <the cell's metrics.jsonl>": (
         f"snakemake --profile profiles/local --forcerun {CELL}"
     ),
     "snakemake --profile profiles/local --forcerun results/demo/runs/cpu/pytorch/cnn_small/weak/"
     "fp32/eager/n2/r1/metrics.jsonl": f"snakemake --profile profiles/local --forcerun {CELL}",
-    "snakemake --profile profiles/local --forcerun figure convergence_figure": None,
     "snakemake --profile profiles/local --forcerun report_inputs report_tex": None,
     "snakemake --profile profiles/local --config study_file=my-study.yaml": None,
     "snakemake --profile profiles/local --config remeasure=True": None,
-    "snakemake --profile profiles/local --report results/<study>/report.zip": (
-        f"snakemake --profile profiles/local --report results/{TINY}/report.zip"
-    ),
-    "snakemake --profile profiles/local check": None,
-    "python -m dlscale.decisions.regression_check results/<study>": (
-        f"python -m dlscale.decisions.regression_check results/{TINY}"
-    ),
-    "python -m dlscale.decisions.regression_check bless results/<study> --system cpu "
-    "[--tolerance 0.05] [--dry-run]": (
-        f"python -m dlscale.decisions.regression_check bless results/{TINY} --system cpu "
-        "--tolerance 0.05 --dry-run"
-    ),
-    "python -m dlscale.decisions.compare results/<before> results/<after>": (
-        f"python -m dlscale.decisions.compare results/{TINY} results/{MINE}"
-    ),
-    "dlscale compare A B": f"dlscale compare results/{TINY} results/{MINE}",
-    "snakemake results/<after>/compare/<before>/summary.md --profile profiles/local": (
-        f"snakemake results/{TINY}/compare/{MINE}/summary.md --profile profiles/local"
-    ),
-    "snakemake results/<after>/compare/<before>/summary.md --profile profiles/local "
-    "--config study_file=my-study.yaml": (
-        f"snakemake results/{MINE}/compare/{TINY}/summary.md --profile profiles/local "
-        "--config study_file=my-study.yaml"
-    ),
-    "python -m dlscale.decisions.planner results/<study>": (
-        f"python -m dlscale.decisions.planner results/{TINY}"
-    ),
-    "python -m dlscale.decisions.planner results/<study> [--job MODEL:SAMPLES ...] "
-    "[--budget-node-hours B \\| --objective min_node_hours --deadline-hours D] [--out DIR]": (
-        f"python -m dlscale.decisions.planner results/{TINY} --job cnn_small:1e6 "
-        "--objective min_node_hours --deadline-hours 100 --out plan-out"
-    ),
-    "snakemake --profile profiles/local --forcerun scaling_model": None,
-    "snakemake study_archive --profile profiles/local": None,
-    "snakemake study_archive --profile profiles/local [--config study_file=my-study.yaml]": (
-        "snakemake study_archive --profile profiles/local --config study_file=my-study.yaml"
-    ),
-    "python -m dlscale.store.study_archive create results/<study> "
-    "[--config study_file=my-study.yaml]": (
-        f"python -m dlscale.store.study_archive create results/{MINE} "
-        "--config study_file=my-study.yaml"
-    ),
-    "python -m dlscale.store.study_archive verify results/<study>/archive/<study>.tar.gz": (
-        f"python -m dlscale.store.study_archive verify {ARCHIVE}"
-    ),
-    "python -m dlscale.store.migrate": "python -m dlscale.store.migrate --dry-run",
-    "mkdocs build --strict -f docs/mkdocs.yml": None,
 }
 LEFT_OUT = {
-    "bash scripts/demo.sh": "the demo: this workflow on the 20-cell demo study (about 3 min; run "
-    "by hand, benchmarks/README.md); the same commands run here on a tiny study, and the demo's "
-    "plan is checked by a dry run",
-    "bash scripts/test.sh": "the test command itself",
-    "snakemake --profile profiles/slurm": "the Slurm profile: tests/slurm run it on the local "
-    "Slurm cluster; its dry run is run here",
     **{
-        slurm_form: "the Slurm form of a command that measures cells: it needs the local Slurm "
-        "cluster (tests/slurm); its local form is run here"
-        for slurm_form in (
-            "snakemake --profile profiles/slurm -n",
-            "snakemake --profile profiles/slurm --forcerun <the cell's metrics.jsonl>",
-            "snakemake --profile profiles/slurm --forcerun <the cell's metrics.jsonl> "
-            "--config launcher=srun",
-            "snakemake --profile profiles/slurm --config study_file=my-study.yaml launcher=srun",
-            "snakemake --profile profiles/slurm --config launcher=srun remeasure=True",
-        )
+        walked: "walked on a study measured on the local Slurm cluster by a plain user "
+        "(tests/workflow/test_login_node.py)"
+        for walked in SLURM_WALK
+        if walked not in DOCUMENTED
     },
-    "mkdocs serve -f docs/mkdocs.yml": "a web server that runs until stopped; its build is run",
+    **NOT_WALKED,
 }
-
-
-def documented_commands() -> set[str]:
-    """Every command the two pages show: the lines of their bash blocks and the inline code
-    that starts like a command."""
-    found = set()
-    for page in PAGES:
-        text = (ROOT / page).read_text()
-        for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-            found |= {ln.split("#")[0].strip() for ln in block.splitlines()} - {""}
-        inline = re.sub(r"```.*?```", "", text, flags=re.S)
-        found |= {s for s in re.findall(r"`([^`\n]+)`", inline) if s.startswith(COMMAND_START)}
-    return found
 
 
 def test_every_documented_command_is_run_or_left_out_with_a_reason():
@@ -160,20 +93,6 @@ def ok(work: Path, documented: str) -> str:
     return out
 
 
-def measured_files(work: Path) -> dict[str, str]:
-    """Every metrics file under results/ (current links and kept measurements) -> sha256."""
-    return {
-        str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in (work / "results").rglob("metrics.jsonl")
-    }
-
-
-def kept_measurements(files: dict[str, str]) -> dict[str, str]:
-    """The kept measurements among metrics files (the current link of a re-measured cell
-    changes; every measurement it pointed at stays, unchanged)."""
-    return {path: digest for path, digest in files.items() if "/measurements/" in path}
-
-
 def plant(work: Path, name: str) -> None:
     """A study folder named `name` from before the name was reserved, or named like the
     project's own folders: a copy of the tiny study's measured cells."""
@@ -199,7 +118,8 @@ def measured(tmp_path_factory) -> Path:
 
 def test_the_demo_plan_is_what_the_quickstart_says(tmp_path):
     """The shipped demo study, dry run in a fresh checkout: 16 train_* + 4 converge_* jobs are
-    its 20 cells, and it draws 8 throughput and 3 convergence figure files (11)."""
+    its 20 cells, and it draws 8 throughput and 3 convergence figure files (11); a study file
+    beside it that names convergence alone plans its convergence cells and nothing else."""
     work = copy_workflow(tmp_path)
     out = snakemake(work, "--profile", "profiles/local", "-n").stdout
     counts = {
@@ -209,116 +129,17 @@ def test_the_demo_plan_is_what_the_quickstart_says(tmp_path):
     cells = sum(v for k, v in counts.items() if k.startswith(("train_", "converge_")))
     assert cells == 20 and sum(v for k, v in counts.items() if k.startswith("train_")) == 16
     assert (counts["figure"], counts["convergence_figure"]) == (8, 3)
-
-
-def test_documented_commands_lose_no_measurement_beside_reserved_looking_studies(
-    measured, tmp_path
-):
-    """Every documented command that writes under results/, run in a checkout whose results/
-    also holds study folders named like the project's own (legacy ones with reserved names, and
-    allowed look-alikes); every metrics file survives, and each command's named outputs exist."""
-    work = tmp_path / "w"
-    shutil.copytree(measured, work, symlinks=True)
-    beside = ["data", "logs", "runs", "tables", "figures", "report", "site-2", "Data2", "demo.bak"]
-    for name in beside:
-        plant(work, name)
-    before = measured_files(work)
-    assert len(before) == 4 * (1 + len(beside))  # 2 cells x (link + measurement) per study
-
-    # the study, already measured: nothing to do; its status
-    assert "Nothing to be done" in ok(work, "snakemake --profile profiles/local")
-    assert "2 cells: 2 measured" in ok(work, "dlscale status results/<study>")
-    # one cell re-measured: a second measurement beside the first
-    ok(work, "snakemake --profile profiles/local --forcerun <the cell's metrics.jsonl>")
-    assert len(list((work / CELL).parent.glob("measurements/*/metrics.jsonl"))) == 2
-    figure = work / f"results/{TINY}/figures/cpu/throughput.pdf"
-    stamp = figure.stat().st_mtime_ns
-    ok(work, "snakemake --profile profiles/local --forcerun figure convergence_figure")
-    assert figure.stat().st_mtime_ns > stamp
-    ok(work, "snakemake --profile profiles/local --forcerun report_inputs report_tex")
-    assert (work / f"results/{TINY}/report/report.pdf").stat().st_size > 0
-    # a second study beside the first, from a study file
-    ok(work, "snakemake --profile profiles/local --config study_file=my-study.yaml")
-    assert (work / f"results/{MINE}/report/report.pdf").is_file()
-    # nothing changed: remeasure=True re-measures nothing
-    ok(work, "snakemake --profile profiles/local --config remeasure=True")
-    assert len(list((work / CELL).parent.glob("measurements/*/metrics.jsonl"))) == 2
-    ok(work, "snakemake --profile profiles/local --report results/<study>/report.zip")
-    assert (work / f"results/{TINY}/report.zip").stat().st_size > 0
-    # the check: no references yet, it says why and how to record them
-    out = ok(work, "snakemake --profile profiles/local check")
-    assert f"regression_check bless results/{TINY} --system cpu" in out
-    ok(work, "python -m dlscale.decisions.regression_check results/<study>")
-    bless = (
-        "python -m dlscale.decisions.regression_check bless results/<study> --system cpu "
-        "[--tolerance 0.05] [--dry-run]"
-    )
-    assert "cpu" in ok(work, bless)
-    for documented, after, before_ in (
-        ("python -m dlscale.decisions.compare results/<before> results/<after>", MINE, TINY),
-        ("dlscale compare A B", MINE, TINY),
-        (
-            "snakemake results/<after>/compare/<before>/summary.md --profile profiles/local",
-            TINY,
-            MINE,
-        ),
-        (
-            "snakemake results/<after>/compare/<before>/summary.md --profile profiles/local "
-            "--config study_file=my-study.yaml",
-            MINE,
-            TINY,
-        ),
-    ):
-        ok(work, documented)
-        for name in ("compare.csv", "summary.md", "summary.tex", "ratios.pdf"):
-            assert (work / f"results/{after}/compare/{before_}/{name}").is_file(), documented
-    assert "solved in" in ok(work, "python -m dlscale.decisions.planner results/<study>")
-    ok(
-        work,
-        "python -m dlscale.decisions.planner results/<study> [--job MODEL:SAMPLES ...] "
-        "[--budget-node-hours B \\| --objective min_node_hours --deadline-hours D] [--out DIR]",
-    )
-    assert (work / "plan-out/plan.csv").is_file()
-    ok(work, "snakemake --profile profiles/local --forcerun scaling_model")
-    # archives: the workflow's and the command line's of one study are the same bytes
-    ok(work, "snakemake study_archive --profile profiles/local")
-    assert (work / f"{ARCHIVE}.sha256").is_file()
-    ok(work, "snakemake study_archive --profile profiles/local [--config study_file=my-study.yaml]")
-    mine_archive = work / f"results/{MINE}/archive/{MINE}.tar.gz"
-    workflow_made = mine_archive.read_bytes()
-    ok(
-        work,
-        "python -m dlscale.store.study_archive create results/<study> "
-        "[--config study_file=my-study.yaml]",
-    )
-    assert mine_archive.read_bytes() == workflow_made
-    with tarfile.open(mine_archive) as tar:
-        names = tar.getnames()
-    assert {f"dlscale-{MINE}/{n}" for n in ("config/config.yaml", MINE_FILE)} <= set(names)
-    assert "every file matches" in ok(
-        work, "python -m dlscale.store.study_archive verify results/<study>/archive/<study>.tar.gz"
-    )
-    ok(work, "python -m dlscale.store.migrate")
-    ok(work, "mkdocs build --strict -f docs/mkdocs.yml")
-    assert (work / "results/site/index.html").is_file()
-
-    after = measured_files(work)
-    assert set(before) <= set(after)  # every metrics file is still there
-    assert kept_measurements(before).items() <= after.items()  # every measurement unchanged
-    assert {p: d for p, d in before.items() if p != CELL}.items() <= after.items()
-
-    # legacy studies named like the docs site and Snakemake's report at its earlier path: the
-    # docs build refuses to empty the site folder, a report sent there cannot replace the
-    # folder; nothing is lost
-    for name in ("site", "report.zip"):
-        plant(work, name)
-    before = measured_files(work)
-    proc = run(work, "mkdocs build --strict -f docs/mkdocs.yml")
+    # a study file that measures convergence only plans it (before: the planner's default jobs
+    # were the demo's throughput models, refused at parse time), and says which of its
+    # convergence keys it takes from config/config.yaml
+    (work / "conv.yaml").write_text(yaml.safe_dump({"study": "conv", "workloads": ["convergence"]}))
+    proc = snakemake(work, "--profile", "profiles/local", "-n", "--config", "study_file=conv.yaml")
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "holds a study's measurements" in out, out[-2000:]
-    proc = run(work, "snakemake --profile profiles/local --report results/report.zip")
-    assert proc.returncode != 0
-    assert measured_files(work) == before
+    assert proc.returncode == 0, out[-3000:]
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[1], re.M))
+    assert sum(int(n) for k, n in jobs.items() if k.startswith("converge_")) == 4, jobs
+    assert not any(k.startswith("train_") for k in jobs), jobs
+    assert "study 'conv' (conv.yaml) lists convergence and takes these keys" in out
 
 
 def test_a_reserved_study_name_is_refused_before_anything_is_planned(measured, tmp_path):
@@ -345,14 +166,22 @@ def printed_command(output: str) -> str:
     return line
 
 
-def test_suggested_commands_act_on_the_same_study(measured, tmp_path):
-    """The messages' commands, pasted as printed, act on the study the user named: a second
-    --config (which Snakemake drops) is refused with the merged command; a changed study file
-    stops with the command that re-measures that study; a Slurm dry run with the wrong launcher
-    stops with the command that plans the same study's cells for srun."""
+def test_the_local_forms_that_measure_and_the_printed_commands_act_on_the_named_study(
+    measured, tmp_path
+):
+    """The documented local forms that measure cells (and redraw the report with TeX), run in a
+    checkout whose results/ also holds study folders named like the project's own (legacy ones
+    with reserved names, and allowed look-alikes): every metrics file survives, and each
+    command's named outputs exist. Every other documented command, and every Slurm form, is
+    walked on a study measured on the local Slurm cluster by a plain user
+    (tests/workflow/test_login_node.py, helpers.documented.SLURM_WALK).
+
+    On the same checkout, the messages' commands, pasted as printed, act on the study the user
+    named: a Slurm dry run with the wrong launcher stops with the command that plans the same
+    study's cells for srun; a second --config (which Snakemake drops) is refused with the merged
+    command; a changed study file stops with the command that re-measures that study."""
     work = tmp_path / "w"
     shutil.copytree(measured, work, symlinks=True)
-    tiny_before = {p: d for p, d in measured_files(work).items() if f"/{TINY}/" in p}
 
     # the Slurm profile's dry run of the study file without launcher=srun (nothing measured yet)
     slurm = f"snakemake --profile profiles/slurm --config study_file={MINE_FILE} -n"
@@ -368,8 +197,36 @@ def test_suggested_commands_act_on_the_same_study(measured, tmp_path):
     planned = re.findall(r"output: (results/[^/]+)/runs/", proc.stdout)
     assert planned and set(planned) == {f"results/{MINE}"}
 
-    typed = f"snakemake --profile profiles/local --config study_file={MINE_FILE}"
-    assert run(work, typed).returncode == 0
+    beside = ["data", "logs", "runs", "tables", "figures", "report", "site-2", "Data2", "demo.bak"]
+    for name in beside:
+        plant(work, name)
+    before = measured_files(work)
+    assert len(before) == 4 * (1 + len(beside))  # 2 cells x (link + measurement) per study
+
+    # the study, already measured: nothing to do; its status
+    assert "Nothing to be done" in ok(work, "snakemake --profile profiles/local")
+    assert "2 cells: 2 measured" in ok(work, "dlscale status results/<study>")
+    # one cell re-measured: a second measurement beside the first
+    ok(work, "snakemake --profile profiles/local --forcerun <the cell's metrics.jsonl>")
+    assert len(list((work / CELL).parent.glob("measurements/*/metrics.jsonl"))) == 2
+    ok(work, "snakemake --profile profiles/local --forcerun report_inputs report_tex")
+    assert (work / f"results/{TINY}/report/report.pdf").stat().st_size > 0
+    # a second study beside the first, from a study file: its one cell measured once
+    typed = "snakemake --profile profiles/local --config study_file=my-study.yaml"
+    ok(work, typed)
+    assert (work / f"results/{MINE}/report/report.pdf").is_file()
+    assert len(list((work / f"results/{MINE}").rglob("measurements/*/metrics.jsonl"))) == 1
+    # nothing changed: remeasure=True re-measures nothing
+    ok(work, "snakemake --profile profiles/local --config remeasure=True")
+    assert len(list((work / CELL).parent.glob("measurements/*/metrics.jsonl"))) == 2
+
+    after = measured_files(work)
+    assert set(before) <= set(after)  # every metrics file is still there
+    assert kept_measurements(before).items() <= after.items()  # every measurement unchanged
+    assert {p: d for p, d in before.items() if p != CELL}.items() <= after.items()
+
+    # the study file changed: the messages' commands act on that study, the other untouched
+    tiny_before = {p: d for p, d in measured_files(work).items() if f"/{TINY}/" in p}
     study = yaml.safe_load((work / MINE_FILE).read_text())
     (work / MINE_FILE).write_text(yaml.safe_dump(dict(study, steps=2)))
 
