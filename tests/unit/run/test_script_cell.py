@@ -112,9 +112,9 @@ def test_no_matching_throughput_fails_the_cell_with_the_pattern_and_its_tail(tmp
 
 
 def _example() -> tuple[str, str]:
-    """The page's worked example: its study file and the log as printed."""
-    text = PAGE.read_text()
-    part = text.split("### A worked example", 1)[1]
+    """The script section's worked example: its study file and the log as printed."""
+    section = PAGE.read_text().split("## Your script: the `script` workload", 1)[1]
+    part = section.split("### A worked example", 1)[1]
     study = re.search(r"```yaml\n(.*?)```", part, re.S).group(1)
     printed = re.search(r"```text\n(.*?)```", part, re.S).group(1)
     return study, printed
