@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dlscale.registry.frameworks import DEFAULT_WORKLOAD, WORKLOADS  # noqa: F401 (re-exported)
 from dlscale.registry.optimizers import DEFAULT_OPTIMIZER
-from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES
+from dlscale.registry.strategies import DEFAULT_STRATEGY
 from dlscale.study.protocol import FIRST_STEP_TIMEOUT_S
 
 # The matrix axes, in the order of a cell's path, its wildcards and the tables' columns.
@@ -27,7 +27,6 @@ AXES = ("hardware", "framework", "model", "policy", "precision", "mode", "parall
 # How a cell's ranks share the model: the strategies' records (dlscale.registry.strategies). The
 # default (ddp, every cell measured before the axis existed) is no segment of a cell's path
 # (PARALLEL_AXIS_PATH adds one for the others), so every earlier cell keeps its path.
-PARALLELISMS = tuple(STRATEGIES)
 DEFAULT_PARALLELISM = DEFAULT_STRATEGY
 # What a cell measures. `throughput`: timed steps on one fixed synthetic batch per rank (the
 # scaling study); `convergence`: training on a real dataset until a target validation accuracy
@@ -118,7 +117,6 @@ PATH_KEY = ("study", *_DDP_PLACE)  # the wildcards of every ddp cell pattern, in
 PARALLEL_CELL_PATTERNS = {
     w: f"{STUDY_DIR}/{d}/{PARALLEL_AXIS_PATH}/{METRICS_FILE}" for w, d in WORKLOAD_DIRS.items()
 }
-PARALLEL_PATH_KEY = ("study", *_place(True, False))
 # every wildcard any cell pattern has
 _ALL_PATH_KEYS = ("study", *_PLACE)
 # The launcher's log of a cell (the train rules' `log:`).
@@ -126,10 +124,6 @@ TRAIN_LOG_PATTERNS = {
     "throughput": f"{STUDY_DIR}/logs/train/{AXIS_PATH}.log",
     "convergence": f"{STUDY_DIR}/logs/convergence/{AXIS_PATH}.log",
     "script": f"{STUDY_DIR}/logs/script/{AXIS_PATH}.log",
-}
-TRAIN_LOG_PATTERN = TRAIN_LOG_PATTERNS[DEFAULT_WORKLOAD]
-PARALLEL_TRAIN_LOG_PATTERNS = {
-    w: p.replace(AXIS_PATH, PARALLEL_AXIS_PATH) for w, p in TRAIN_LOG_PATTERNS.items()
 }
 # The executor plugin's logs (profiles/slurm `dlscale-logdir`), shared by all studies: a job's
 # folder is named by its wildcards, the study's name first.
@@ -186,8 +180,8 @@ def train_rule(
 
 
 def path_key(parallelism: str = DEFAULT_PARALLELISM, ranks_in_path: bool = False) -> tuple:
-    """The wildcards of a cell's pattern, in order (PATH_KEY, PARALLEL_PATH_KEY, and either with
-    ranks_per_node where `ranks_in_path`)."""
+    """The wildcards of a cell's pattern, in order (PATH_KEY for a ddp cell, the parallelism after
+    the mode for any other, and either with ranks_per_node where `ranks_in_path`)."""
     return ("study", *_place(parallelism != DEFAULT_PARALLELISM, bool(ranks_in_path)))
 
 
@@ -301,7 +295,8 @@ class Cell:
     # path, the sha256 of it and its files, its environment, launch and where its throughput
     # is read, as sorted (name, value) pairs (a mapping in the cell's JSON). Empty: no script.
     script: tuple[tuple[str, object], ...] = ()
-    # How its ranks share the model (PARALLELISMS; dlscale.registry.parallel_dims.ParallelDims)
+    # How its ranks share the model (a record of dlscale.registry.strategies;
+    # dlscale.registry.parallel_dims.ParallelDims)
     # and its tensor-parallel degree (config tp_degree; 1 but for tp and fsdp+tp)
     parallelism: str = DEFAULT_PARALLELISM
     tp_degree: int = 1
@@ -518,38 +513,6 @@ LATER_FIELDS = {
 # was measured at their LATER_FIELDS value, so dlscale.store.measurements.changed_cells
 # compares them as that (the other later fields are not compared where the file lacks them).
 CHANGED_DEFAULTS = ("optimizer", "fsdp_mixed_precision", "pp_schedule", "tp_plan", "compile_scope")
-# The fields only a convergence cell sets.
-CONVERGENCE_FIELDS = tuple(
-    k
-    for k in LATER_FIELDS
-    if k
-    not in (
-        "workload",
-        "first_step_timeout_s",
-        "gpu_binding",
-        "modules",
-        "env",
-        "srun_options",
-        "container",
-        "parallelism",
-        "tp_degree",
-        "pp_degree",
-        "microbatches",
-        "pp_schedule",
-        "seq_len",
-        "ranks_in_path",
-        "optimizer",
-        "adam_beta1",
-        "adam_beta2",
-        "adam_eps",
-        "weight_decay",
-        "grad_clip_norm",
-        "fsdp_mixed_precision",
-        "tp_plan",
-        "activation_checkpointing",
-        "compile_scope",
-    )
-)
 
 
 def key_of(values, workload: str | None = None, ranks_per_node: int | None = None) -> tuple:
