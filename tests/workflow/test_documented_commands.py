@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,20 +101,22 @@ def plant(work: Path, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> Path:
-    """A checkout whose config/config.yaml is the tiny study (2 throughput cells) with its
-    docs, a second study file (1 cell), and the tiny study measured to its report."""
+def measured(tmp_path_factory) -> Iterator[Path]:
+    """A checkout whose config/config.yaml is the tiny study (2 throughput cells), a second
+    study file (1 cell), and the tiny study measured to its report. Its tests work on copies,
+    which share one results database with it (DLSCALE_DATABASE_URL: the default lies under the
+    checkout's results/, so a copy would be another database and redo the study's history)."""
     tiny = yaml.safe_load((ROOT / "tests/fixtures/tiny.yaml").read_text())
     tiny = dict(tiny, workloads=["throughput"])
     work = copy_workflow(tmp_path_factory.mktemp("documented"), tiny)
-    shutil.copytree(ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns("__pycache__"))
-    (work / "benchmarks").mkdir()
-    shutil.copy2(ROOT / "benchmarks/README.md", work / "benchmarks/README.md")
     mine = dict(tiny, study=MINE, axes=dict(tiny["axes"], nodes=[1]))
     (work / MINE_FILE).write_text(yaml.safe_dump(mine))
-    proc = snakemake(work, "--profile", "profiles/local")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return work
+    database = tmp_path_factory.mktemp("database") / "dlscale.sqlite"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DLSCALE_DATABASE_URL", f"sqlite:///{database}")
+        proc = snakemake(work, "--profile", "profiles/local")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        yield work
 
 
 def test_the_demo_plan_is_what_the_quickstart_says(tmp_path):
