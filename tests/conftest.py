@@ -279,12 +279,14 @@ def tiny_study(dest: Path, profile: str, hardware: dict | None = None, **changes
 # tests talk to its cluster through SLURM_CONF and DLSCALE_SLURM_DIR in this process's
 # environment, which every command they start inherits. Under CI=true these tests never skip.
 def cluster_env(group: str) -> dict[str, str]:
-    """The variables that name a group's cluster of this run: its state folder, its ports and
-    its slurm.conf."""
+    """The variables that name a group's cluster of this run: its state folder, its ports, its
+    nodes' network (each node a host of its own) and its slurm.conf."""
     state = run_names.run_path(group)
+    index = SLURM_CLUSTERS[group]["index"]
     return {
         "DLSCALE_SLURM_DIR": str(state),
-        **run_names.cluster_ports(SLURM_CLUSTERS[group]["index"]),
+        **run_names.cluster_ports(index),
+        **run_names.cluster_network(index),
         "SLURM_CONF": f"{state}/etc/slurm.conf",
     }
 
@@ -355,9 +357,17 @@ def _is_controller(config) -> bool:
     return not hasattr(config, "workerinput")
 
 
+# The tests' folders (tmp_path) are the studies' checkouts, which a cluster's nodes must see: on
+# the machine's shared disk, not /tmp, which each node of a local cluster has of its own (a
+# --basetemp or PYTEST_DEBUG_TEMPROOT given to the run wins).
+SHARED_TEMPROOT = "/var/tmp"
+
+
 def pytest_configure(config):
     if not _is_controller(config):
         return
+    if not config.option.basetemp:
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", SHARED_TEMPROOT)
     name = run_names.claim()
     global _GROUP_TIME_LOG
     _GROUP_TIME_LOG = {}
@@ -370,6 +380,8 @@ def pytest_configure(config):
         if Path(folder, "etc", "slurm.conf").exists():
             stop_cluster(folder)
     run_names.remove_run_folders(name)
+    for gone in run_names.remove_networks(name):
+        print(f"removed, left by an earlier run in slot {name}: {gone}", file=sys.stderr)
 
 
 _GROUP_TIME_LOG: dict | None = None  # the controller's: group -> seconds, first start, last end

@@ -80,6 +80,24 @@ def test_the_clusters_of_every_slot_have_ports_of_their_own(monkeypatch):
             seen[port] = (slot, index)
 
 
+def test_the_clusters_of_every_slot_have_networks_of_their_own(monkeypatch):
+    """Each cluster's nodes' network (cluster-up.sh, separate hosts): a name that carries the
+    run's (what leftovers() looks for) and fits an interface name with its node suffix (15
+    characters: `<net>n64`), and a /24 of its own."""
+    names, subnets = set(), set()
+    for slot, index in itertools.product(range(run_names.SLOTS), range(run_names.CLUSTERS_PER_RUN)):
+        monkeypatch.setenv(run_names.RUN_VARIABLE, f"r{slot}")
+        net = run_names.cluster_network(index)
+        name, subnet = net["DLSCALE_SLURM_NET"], net["DLSCALE_SLURM_SUBNET"]
+        assert name.startswith(f"dlr{slot}") and len(f"{name}n64") <= 15
+        assert 0 <= int(subnet.split(".")[-1]) <= 255
+        names.add(name)
+        subnets.add(subnet)
+    assert len(names) == len(subnets) == run_names.SLOTS * run_names.CLUSTERS_PER_RUN
+    with pytest.raises(ValueError):
+        run_names.cluster_network(run_names.CLUSTERS_PER_RUN)
+
+
 def test_two_runs_clusters_start_their_job_ids_in_different_rendezvous_port_blocks(monkeypatch):
     """The rendezvous port is seeded by the job id: the clusters of two runs at once seed
     different port blocks for their first jobs (dlscale.run.launch.port_block)."""

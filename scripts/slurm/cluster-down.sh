@@ -8,7 +8,9 @@
 # then slurmd (one per node), slurmctld, slurmdbd, MariaDB and munged (the last
 # only if this cluster's cluster-up.sh started or shared it, and no other cluster's slurmctld
 # runs: the last of the project's clusters to stop stops it) get SIGTERM, then SIGKILL after a
-# timeout.
+# timeout. A separate-hosts cluster's network goes with it: the nodes' network namespaces, their
+# veths, the bridge and this machine's /etc/hosts entries of its nodes, all named after the
+# cluster's network (etc/layout in the state dir).
 # Idempotent: exits 0 when nothing is running.
 set -euo pipefail
 
@@ -166,6 +168,31 @@ if p=$(pid_of "$MUNGE_DIR/munged.pid" munged); then
 fi
 
 rm -f "$RUN_DIR"/*.pid "$DB_DIR/mariadbd.pid" 2>/dev/null || true
+
+# 5. a separate-hosts cluster's network: namespaces, veths, bridge, /etc/hosts entries (named
+# after the network in etc/layout; a process still inside a namespace is a leftover job's)
+NET=$(sed -n 's/^net=//p' "$STATE_DIR/etc/layout" 2>/dev/null) || NET=
+if [[ $NET =~ ^[a-z][a-z0-9]{1,8}$ ]]; then
+    gone=()
+    for ns in $(ip netns list 2>/dev/null | awk -v p="^${NET}n[0-9]+\$" '$1 ~ p { print $1 }'); do
+        ip netns del "$ns" 2>/dev/null && gone+=("$ns")
+    done
+    for link in $(ip -o link show 2>/dev/null | awk -F': ' -v p="^${NET}(n[0-9]+|br)(@|\$)" '$2 ~ p { sub(/@.*/, "", $2); print $2 }'); do
+        ip link del "$link" 2>/dev/null && gone+=("$link")
+    done
+    if grep -qF "# dlscale-slurm $NET" /etc/hosts 2>/dev/null; then
+        # /etc/hosts is the host's: one change at a time (cluster-up.sh holds the lock when it
+        # calls this script)
+        if [[ ${DLSCALE_SLURM_LOCKED:-0} != 1 ]]; then
+            exec 8>/run/lock/dlscale-slurm-host.lock
+            flock -w 300 8 || true
+        fi
+        rest=$(grep -vF "# dlscale-slurm $NET" /etc/hosts) || true
+        printf '%s\n' "$rest" >/etc/hosts && gone+=("/etc/hosts entries")
+        [[ ${DLSCALE_SLURM_LOCKED:-0} == 1 ]] || exec 8>&-
+    fi
+    if [[ ${#gone[@]} -gt 0 ]]; then log "removed the nodes' network $NET: ${gone[*]}"; stopped_any=1; fi
+fi
 
 # The system's slurm.conf link goes with the cluster: a client command (scontrol, sinfo; the
 # Slurm executor plugin runs `scontrol show config` when Snakemake loads it, on every snakemake

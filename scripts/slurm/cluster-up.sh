@@ -4,7 +4,14 @@
 #
 # Usage: cluster-up.sh [--nodes N] [--cpus-per-node C] [--mem-per-node MB]
 #                      [--gpus-per-node G] [--accounting] [--fairshare] [--oversubscribe]
+#                      [--separate-hosts | --single-address]
 #                      [--no-node-hostnames] [--no-system-conf] [--task-affinity]
+#
+# Each node is a host of its own by default (--separate-hosts): its slurmd runs in a network
+# namespace with its own address on the cluster's own bridge, and in a mount namespace with
+# its own /tmp, /dev/shm and node-local scratch; slurmctld and whoever drives the study stay on
+# this machine's side (the login node), which runs no slurmd. --single-address is the older
+# layout: every node on this machine's loopback address and /tmp.
 #
 # All state (config, spool, logs, pid files, munge key, MariaDB data) lives in
 # ${DLSCALE_SLURM_DIR:-/var/tmp/dlscale-slurm}.  See README.md next to this file.
@@ -26,6 +33,8 @@ OVERSUBSCRIBE=0
 NODE_HOSTNAMES=auto        # auto | no
 SYSTEM_CONF=1
 TASK_AFFINITY=0            # 1: TaskPlugin=task/affinity and a fake GPU-to-core topology
+LAYOUT=${DLSCALE_SLURM_LAYOUT:-hosts}   # hosts: a network and mount namespace per node; single
+LAYOUT_ASKED=0             # 1: --separate-hosts or --single-address given (no fallback)
 WAIT_S=${DLSCALE_SLURM_WAIT:-60}
 DB_PORT=${DLSCALE_SLURM_DB_PORT:-3307}
 CTLD_PORT=${DLSCALE_SLURM_CTLD_PORT:-6817}
@@ -60,8 +69,23 @@ Options:
                        Give users shares with sacctmgr (benchmarks/packing.py does);
                        the default is FIFO (priority/basic)
   --oversubscribe      allow N*C to exceed nproc ($(nproc 2>/dev/null || echo '?') here)
+  --separate-hosts     (the default) each node a host of its own: a network
+                       namespace with its own address on the cluster's bridge
+                       (a private /24, no route out), its own hostname nX that
+                       resolves to that address on every node (and nX.<net> on
+                       this machine), its own /tmp, /dev/shm and node-local
+                       scratch (<state dir>/scratch on the node); slurmctld and
+                       the driver stay on this machine (the login node). Where
+                       namespaces cannot be made it falls back to
+                       --single-address, saying so; under CI=true that is an
+                       error. Names: \$DLSCALE_SLURM_NET (bridge, namespaces,
+                       veths; default from the state dir), \$DLSCALE_SLURM_SUBNET
+                       (the first three octets of a /24; default 10.214.x)
+  --single-address     the older layout: every slurmd on this machine's network
+                       (127.0.0.1), /tmp and /dev/shm (\$DLSCALE_SLURM_LAYOUT=single)
   --no-node-hostnames  do not give each node its own UTS hostname (nX);
-                       all ranks then report this host's name
+                       all ranks then report this host's name (implies
+                       --single-address)
   --no-system-conf     do not write /etc/slurm/slurm.conf (clients then need
                        SLURM_CONF exported)
   --task-affinity      bind tasks to CPUs (TaskPlugin=task/affinity instead of
@@ -95,7 +119,9 @@ while [[ $# -gt 0 ]]; do
         --accounting) ACCOUNTING=1; shift ;;
         --fairshare) FAIRSHARE=1; ACCOUNTING=1; shift ;;
         --oversubscribe) OVERSUBSCRIBE=1; shift ;;
-        --no-node-hostnames) NODE_HOSTNAMES=no; shift ;;
+        --separate-hosts) LAYOUT=hosts; LAYOUT_ASKED=1; shift ;;
+        --single-address) LAYOUT=single; LAYOUT_ASKED=1; shift ;;
+        --no-node-hostnames) NODE_HOSTNAMES=no; LAYOUT=single; shift ;;
         --no-system-conf) SYSTEM_CONF=0; shift ;;
         --task-affinity) TASK_AFFINITY=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -171,6 +197,7 @@ tail_logs() {
 }
 
 node_list() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
+NODE_NAMES=(); for ((i = 1; i <= NODES; i++)); do NODE_NAMES+=("n$i"); done
 
 munge_works() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 
@@ -181,6 +208,13 @@ unshare_works() {
     unshare --uts --mount --propagation slave sh -c \
         'echo dlscale-probe >/proc/sys/kernel/hostname && [ "$(cat /proc/sys/kernel/hostname)" = dlscale-probe ] && mount --bind /etc/hosts /etc/hosts' \
         >/dev/null 2>&1
+}
+
+# Can we make a host per node: a network namespace (ip netns), with a UTS and a mount namespace?
+netns_works() {
+    command -v ip >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 || return 1
+    unshare --net --uts --mount --propagation slave true >/dev/null 2>&1 || return 1
+    ip link show >/dev/null 2>&1
 }
 
 # Serialise concurrent cluster-up/cluster-down runs on the same state dir.
@@ -203,6 +237,40 @@ etc_conf_is_ours() {
 if (( SYSTEM_CONF )) && [[ -e $ETC_CONF || -L $ETC_CONF ]] && ! etc_conf_is_ours; then
     die "$ETC_CONF exists and was not written by this script; refusing to overwrite it.
   Move it away, or run with --no-system-conf and export SLURM_CONF=$CONF in every shell."
+fi
+
+# ---------------------------------------------------------- decide the layout ---
+# hosts: each node a host of its own (the default); single: every node on this machine's
+# network and disks. Where namespaces cannot be made, hosts falls back to single and says so;
+# under CI, or when --separate-hosts was asked for, that is an error.
+[[ $LAYOUT == hosts || $LAYOUT == single ]] || die "DLSCALE_SLURM_LAYOUT must be 'hosts' or 'single' (got '$LAYOUT')"
+if [[ $LAYOUT == hosts && $NODE_HOSTNAMES == no ]]; then
+    die "--no-node-hostnames needs --single-address (a host of its own has its own name)"
+fi
+# Names of the cluster's network (bridge <net>br, namespace and veth <net>n<i>), named after the
+# test run where there is one (the tests pass DLSCALE_SLURM_NET), else after the state dir
+STATE_HASH=$(printf '%s' "$STATE_DIR" | md5sum)
+NET=${DLSCALE_SLURM_NET:-dls${STATE_HASH:0:4}}
+[[ $NET =~ ^[a-z][a-z0-9]{1,8}$ ]] \
+    || die "DLSCALE_SLURM_NET must be 2 to 9 lower-case letters and digits, starting with a letter (got '$NET')"
+SUBNET=${DLSCALE_SLURM_SUBNET:-10.214.$((16#${STATE_HASH:4:2}))}
+if ! [[ $SUBNET =~ ^10\.([0-9]{1,3})\.([0-9]{1,3})$ ]] || (( BASH_REMATCH[1] > 255 || BASH_REMATCH[2] > 255 )); then
+    die "DLSCALE_SLURM_SUBNET must be the first three octets of a /24 in 10.0.0.0/8, e.g. 10.214.7 (got '$SUBNET')"
+fi
+LOGIN_ADDR=$SUBNET.254     # this machine's address on the bridge: slurmctld's, the login node's
+node_addr() { echo "$SUBNET.${1#n}"; }
+if [[ $LAYOUT == hosts ]] && ! netns_works; then
+    why="network namespaces cannot be made here ('ip netns', 'unshare --net --uts --mount')"
+    [[ ${CI:-} != true ]] || die "$why, and under CI the single-address fallback is a failure"
+    (( ! LAYOUT_ASKED )) || die "$why; --separate-hosts was asked for"
+    log "warning: $why: falling back to --single-address (every node on 127.0.0.1)"
+    LAYOUT=single
+fi
+if [[ $LAYOUT == hosts ]]; then
+    NODE_HOSTNAMES=yes
+    CTLD_ADDR=$LOGIN_ADDR
+else
+    CTLD_ADDR=127.0.0.1
 fi
 
 # ------------------------------------------------------ decide hostnames ---
@@ -237,10 +305,10 @@ fi
 gen_slurm_conf() {
     cat <<EOF
 $MARKER
-# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES$( ((TASK_AFFINITY)) && echo ' task-affinity=1')$( ((FAIRSHARE)) && echo ' fairshare=1')
+# settings: nodes=$NODES cpus-per-node=$CPUS mem-per-node=$MEM gpus-per-node=$GPUS accounting=$ACCOUNTING node-hostnames=$NODE_HOSTNAMES layout=$LAYOUT$( [[ $LAYOUT == hosts ]] && echo " net=$NET subnet=$SUBNET.0/24")$( ((TASK_AFFINITY)) && echo ' task-affinity=1')$( ((FAIRSHARE)) && echo ' fairshare=1')
 # state dir: $STATE_DIR
 ClusterName=$CLUSTER
-SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldHost=$HOST($CTLD_ADDR)
 SlurmctldPort=$CTLD_PORT
 FirstJobId=$FIRST_JOB_ID
 SlurmUser=root
@@ -289,7 +357,7 @@ EOF
     if (( ACCOUNTING )); then
         cat <<EOF
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
+AccountingStorageHost=$CTLD_ADDR
 AccountingStoragePort=$DBD_PORT
 EOF
     else
@@ -316,18 +384,25 @@ EOF
         if (( ACCOUNTING )); then echo "AccountingStorageTRES=gres/gpu"; fi
         gres=" Gres=gpu:$GPU_TYPE:$GPUS"
     fi
-    cat <<EOF
-# nodes: one slurmd per node on this machine (multiple-slurmd build)
-NodeName=$NODE_RANGE NodeHostname=$NODE_HOSTNAME NodeAddr=127.0.0.1 Port=$PORT_RANGE CPUs=$CPUS$NODE_LAYOUT RealMemory=$MEM$gres State=UNKNOWN
-PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
+    if [[ $LAYOUT == hosts ]]; then
+        # each node a host of its own: its own address on the cluster's bridge
+        echo "# nodes: one slurmd per node, each in a network namespace of its own ($NET, $SUBNET.0/24)"
+        local n
+        for n in $(node_list); do
+            echo "NodeName=$n NodeHostname=$n NodeAddr=$(node_addr "$n") Port=$((NODE_PORT_BASE + ${n#n})) CPUs=$CPUS$NODE_LAYOUT RealMemory=$MEM$gres State=UNKNOWN"
+        done
+    else
+        echo "# nodes: one slurmd per node on this machine (multiple-slurmd build)"
+        echo "NodeName=$NODE_RANGE NodeHostname=$NODE_HOSTNAME NodeAddr=127.0.0.1 Port=$PORT_RANGE CPUs=$CPUS$NODE_LAYOUT RealMemory=$MEM$gres State=UNKNOWN"
+    fi
+    echo "PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
 }
 
 gen_dbd_conf() {
     cat <<EOF
 $MARKER
 AuthType=auth/munge
-DbdAddr=127.0.0.1
+DbdAddr=$CTLD_ADDR
 DbdHost=$HOST
 DbdPort=$DBD_PORT
 SlurmUser=root
@@ -378,6 +453,10 @@ all_up() {
     fi
     munge_works || return 1
     if (( SYSTEM_CONF )); then etc_conf_is_ours || return 1; fi
+    if [[ $LAYOUT == hosts ]]; then   # the network as it was made: bridge and namespaces
+        [[ -d /sys/class/net/${NET}br ]] || return 1
+        for n in $(node_list); do [[ -e /run/netns/$NET$n ]] || return 1; done
+    fi
     # all N nodes known and none down/drained
     local bad
     bad=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /down|drain|fail|unk|inval|\*/' | wc -l) || return 1
@@ -385,10 +464,20 @@ all_up() {
     [[ $(SLURM_CONF=$CONF sinfo -h -N -o '%N' 2>/dev/null | sort -u | wc -l) -eq $NODES ]]
 }
 
+# Which layout was made, in one line (also in <state dir>/etc/layout, for programs)
+layout_line() {
+    if [[ $LAYOUT == hosts ]]; then
+        echo "Layout: separate hosts: each node in its own network namespace ($NET, $SUBNET.0/24 on bridge ${NET}br, this machine $LOGIN_ADDR), with its own /tmp, /dev/shm and node-local scratch $STATE_DIR/scratch; node names resolve to their addresses on every node, nX.$NET here."
+    else
+        echo "Layout: single address: every node on this machine's network (127.0.0.1), /tmp and /dev/shm."
+    fi
+}
+
 print_env() {
     cat <<EOF
 
 Slurm cluster '$CLUSTER' is up: $NODES node(s) $NODE_RANGE, $CPUS CPU(s) and ${MEM} MB each, $( ((GPUS)) && echo "$GPUS fake GPUs (gres gpu:$GPU_TYPE) ")partition 'cpu'$( ((ACCOUNTING)) && echo ', accounting ON (sacct works)' || echo ', accounting OFF (use squeue/scontrol, not sacct)').
+$(layout_line)
 Use it with:
   export SLURM_CONF=$CONF
   sinfo; srun -N$NODES -n$NODES hostname
@@ -406,6 +495,7 @@ if all_up; then
 fi
 
 T0=$SECONDS
+T0_REAL=$EPOCHREALTIME
 
 # ------------------------------------------------------------- packages ---
 pkg_missing() {
@@ -536,17 +626,131 @@ ensure_etc_hosts() {
         fi
     fi
 }
-ensure_etc_hosts
-# hosts file bind-mounted over /etc/hosts inside each node's namespace
-{
-    cat /etc/hosts 2>/dev/null || printf '127.0.0.1\tlocalhost\n'
-    for n in $(node_list) "$HOST"; do
-        hosts_has /etc/hosts "$n" || printf '127.0.0.1\t%s\t# dlscale-slurm\n' "$n"
+# without_names NAME...: /etc/hosts on stdin without those names and without the lines of the
+# project's clusters (marked # dlscale-slurm): a line left with no name is dropped
+without_names() {
+    awk -v names="$*" 'BEGIN { k = split(names, a, " "); for (i = 1; i <= k; i++) drop[a[i]] = 1 }
+        /# dlscale-slurm/ { next }
+        /^[[:space:]]*(#|$)/ { print; next }
+        { out = $1; kept = 0
+          for (i = 2; i <= NF; i++) {
+              if ($i ~ /^#/) { for (; i <= NF; i++) out = out " " $i; break }
+              if (!($i in drop)) { out = out "\t" $i; kept++ }
+          }
+          if (kept) print out }'
+}
+# The login side's /etc/hosts: nX.<net> -> the node's address, marked with the network's name
+# (cluster-down.sh removes them); rewritten in place (it may be a bind mount)
+etc_hosts_entries() {
+    local n line text=""
+    while IFS= read -r line || [[ -n $line ]]; do
+        [[ $line == *"# dlscale-slurm $NET" ]] || text+="$line"$'\n'
+    done </etc/hosts
+    for n in "${NODE_NAMES[@]}"; do
+        text+="$SUBNET.${n#n}"$'\t'"$n.$NET"$'\t'"# dlscale-slurm $NET"$'\n'
     done
-} >"$HOSTS_FILE.tmp"
+    if printf '%s' "$text" >/etc/hosts 2>/dev/null; then
+        log "/etc/hosts: n1.$NET..n$NODES.$NET -> $SUBNET.1..$NODES"
+    else
+        log "warning: could not write /etc/hosts; node names do not resolve on this machine"
+    fi
+}
+if [[ $LAYOUT == hosts ]]; then
+    etc_hosts_entries
+    # the nodes' hosts file: every node's name (nX and nX.<net>) and this machine's (the login
+    # node's) on the bridge; the loopback names of other clusters and of this machine left out
+    {
+        without_names "${NODE_NAMES[@]}" "$HOST" </etc/hosts 2>/dev/null || printf '127.0.0.1\tlocalhost\n'
+        printf '%s\t%s\tlogin.%s\t# the login node (slurmctld)\n' "$LOGIN_ADDR" "$HOST" "$NET"
+        for n in "${NODE_NAMES[@]}"; do printf '%s\t%s.%s\t%s\n' "$SUBNET.${n#n}" "$n" "$NET" "$n"; done
+    } >"$HOSTS_FILE.tmp"
+else
+    ensure_etc_hosts
+    # hosts file bind-mounted over /etc/hosts inside each node's namespace
+    {
+        cat /etc/hosts 2>/dev/null || printf '127.0.0.1\tlocalhost\n'
+        for n in $(node_list) "$HOST"; do
+            hosts_has /etc/hosts "$n" || printf '127.0.0.1\t%s\t# dlscale-slurm\n' "$n"
+        done
+    } >"$HOSTS_FILE.tmp"
+fi
 mv -f "$HOSTS_FILE.tmp" "$HOSTS_FILE"
 chmod 644 "$HOSTS_FILE"
 exec 8>&-   # the host's part is done (packages, munged, /etc/hosts)
+
+# ------------------------------------------------ the nodes' network (hosts) ---
+# A bridge <net>br holding this machine's address on the cluster's /24 (.254), and per node a
+# network namespace <net>nX whose eth0 (a veth pair, the other end <net>nX on the bridge) has
+# the node's address (.X). No default route, no NAT: nothing leaves the machine. The names, the
+# subnet and each node's address are written to <state dir>/etc/layout for programs (the tests).
+net_down() {   # this cluster's namespaces, veths and bridge, whatever is left of them
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk -v p="^${NET}n[0-9]+\$" '$1 ~ p { print $1 }'); do
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    for ns in $(ip -o link show 2>/dev/null | awk -F': ' -v p="^${NET}(n[0-9]+|br)(@|\$)" '$2 ~ p { sub(/@.*/, "", $2); print $2 }'); do
+        ip link del "$ns" 2>/dev/null || true
+    done
+}
+# (few processes: a bring-up is timed against the single-address one's)
+net_up() {
+    local n pids=() dirs=() left=(/run/netns/"$NET"n* /sys/class/net/"$NET"*)
+    [[ ! -e ${left[0]} && ! -e ${left[1]} ]] || net_down
+    if [[ $(ip -o -4 addr show 2>/dev/null) == *" $SUBNET."* ]]; then
+        echo "$PROG: error: the subnet $SUBNET.0/24 is already in use on this machine (ip addr); set DLSCALE_SLURM_SUBNET to another" >&2
+        return 1
+    fi
+    {
+        echo "link add ${NET}br type bridge"
+        echo "addr add $LOGIN_ADDR/24 dev ${NET}br"
+        echo "link set ${NET}br up"
+        for n in "${NODE_NAMES[@]}"; do
+            echo "netns add $NET$n"
+            echo "link add $NET$n type veth peer name eth0 netns $NET$n"
+            echo "link set $NET$n master ${NET}br up"
+        done
+    } | ip -b - || return 1
+    for n in "${NODE_NAMES[@]}"; do   # each node's end of its link, all at once
+        printf '%s\n' "addr add $SUBNET.${n#n}/24 dev eth0" "link set eth0 up" "link set lo up" \
+            | ip -n "$NET$n" -b - &
+        pids+=($!)
+        dirs+=("$STATE_DIR/nodes/$n/tmp" "$STATE_DIR/nodes/$n/scratch")
+    done
+    mkdir -p "${dirs[@]}" "${dirs[@]/%tmp/.cgroup}" "$STATE_DIR/scratch" && chmod 1777 "${dirs[@]}" || return 1
+    for n in "${pids[@]}"; do wait "$n" || return 1; done
+}
+write_layout() {
+    local n
+    {
+        echo "layout=$LAYOUT"
+        if [[ $LAYOUT == hosts ]]; then
+            echo "net=$NET"
+            echo "subnet=$SUBNET.0/24"
+            echo "bridge=${NET}br"
+            echo "login=$HOST $LOGIN_ADDR"
+            echo "scratch=$STATE_DIR/scratch"
+            for n in "${NODE_NAMES[@]}"; do
+                echo "node=$n $SUBNET.${n#n} $NET$n $STATE_DIR/nodes/$n"
+            done
+        fi
+    } >"$CONF_DIR/layout.tmp"
+    mv -f "$CONF_DIR/layout.tmp" "$CONF_DIR/layout"
+}
+# made in the background while slurmctld starts (net_ready waits for it, before the first
+# daemon that talks over the bridge: slurmctld to slurmdbd with accounting, else the slurmds)
+NET_PID=""
+if [[ $LAYOUT == hosts ]]; then net_up & NET_PID=$!; fi
+net_ready() {
+    [[ -n $NET_PID ]] || return 0
+    if ! wait "$NET_PID"; then
+        net_down
+        [[ ${CI:-} != true ]] || die "could not make the nodes' network namespaces, and under CI the single-address fallback is a failure"
+        (( ! LAYOUT_ASKED )) || die "could not make the nodes' network namespaces; --separate-hosts was asked for"
+        die "could not make the nodes' network namespaces: run again with --single-address"
+    fi
+    NET_PID=""
+}
+write_layout
 
 # ------------------------------------------------------------- configs ---
 printf '%s\n' "$NEW_CONF" >"$CONF.tmp"
@@ -649,6 +853,7 @@ start_slurmdbd() {
 }
 
 if (( ACCOUNTING )); then
+    net_ready   # slurmctld reaches slurmdbd at the login node's address on the bridge
     start_mariadb
     start_slurmdbd
 else
@@ -663,7 +868,44 @@ ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 wait_for 30 ctld_up || { tail_logs "$LOG_DIR/slurmctld.log"; die "slurmctld does not answer 'scontrol ping' within 30 s"; }
 
 # --------------------------------------------------------------- slurmds ---
-for n in $(node_list); do
+net_ready
+# a host of its own: its network namespace, with a sysfs of its own (/sys/class/net shows its
+# interfaces; the machine's cgroup tree carried over), its hostname, its own /etc/hosts (a copy
+# of the nodes' hosts file: a host's own to change), its own /tmp (a folder of the state dir, so
+# the login side can look in), /dev/shm (a tmpfs) and node-local scratch: the node's mounts in
+# a table of its own (nodes/nX/fstab), made by one `mount -a` (one process: a bring-up is timed
+# against the single-address one's). The nodes start at once, each in the background.
+node_fstab() {   # node_fstab NODE: the node's mount table, in order
+    local d=$STATE_DIR/nodes/$1
+    printf '%s\n' \
+        "/sys/fs/cgroup $d/.cgroup none rbind 0 0" \
+        "dlscale-sysfs /sys sysfs defaults 0 0" \
+        "$d/.cgroup /sys/fs/cgroup none rbind 0 0" \
+        "$d/hosts /etc/hosts none bind 0 0" \
+        ${NUMA_BIND:+"$NUMA_BIND /sys/devices/system/node none bind 0 0"} \
+        "$d/tmp /tmp none bind 0 0" \
+        "dlscale-shm /dev/shm tmpfs mode=1777,nosuid,nodev 0 0" \
+        "$d/scratch $STATE_DIR/scratch none bind 0 0"
+}
+if [[ $LAYOUT == hosts ]]; then
+    HOSTS_TEXT=$(<"$HOSTS_FILE")
+    starting=()
+    for n in "${NODE_NAMES[@]}"; do
+        log "starting slurmd -N $n (host $NET$n, $SUBNET.${n#n})"
+        printf '%s\n' "$HOSTS_TEXT" >"$STATE_DIR/nodes/$n/hosts"
+        node_fstab "$n" >"$STATE_DIR/nodes/$n/fstab"
+        # shellcheck disable=SC2016
+        nsenter --net="/run/netns/$NET$n" unshare --uts --mount --propagation slave sh -c '
+            echo "$1" >/proc/sys/kernel/hostname && mount -a -T "$2" && exec slurmd -N "$1" -f "$3"
+        ' dlscale-slurmd "$n" "$STATE_DIR/nodes/$n/fstab" "$CONF" \
+            </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 &
+        starting+=("$n:$!")
+    done
+    for started in "${starting[@]}"; do
+        n=${started%%:*}
+        wait "${started#*:}" || { tail_logs "$LOG_DIR/slurmd-$n.log"; die "slurmd -N $n failed to start"; }
+    done
+else for n in $(node_list); do
     log "starting slurmd -N $n"
     if [[ $NODE_HOSTNAMES == yes ]]; then
         # own UTS namespace (hostname nX) + own mount namespace with a hosts file
@@ -682,7 +924,7 @@ for n in $(node_list); do
         slurmd -N "$n" -f "$CONF" </dev/null 9>&- >>"$LOG_DIR/slurmd-$n.log" 2>&1 \
             || { tail_logs "$LOG_DIR/slurmd-$n.log"; die "slurmd -N $n failed to start"; }
     fi
-done
+done; fi
 
 # ------------------------------------------------------------------ wait ---
 idle_count() { sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l; }
@@ -719,6 +961,7 @@ while (( $(idle_count) < NODES )); do
     sleep 0.3
 done
 
-log "all $NODES nodes idle after $((SECONDS - T0)) s"
+log "all $NODES nodes idle after $((SECONDS - T0)) s (bring-up $(awk -v a="$T0_REAL" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s)"
+log "$(layout_line)"
 sinfo >&2
 print_env

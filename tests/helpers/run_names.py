@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -100,6 +101,23 @@ def cluster_ports(index: int) -> dict[str, str]:
         "DLSCALE_SLURM_DBD_PORT": str(ctld + 2),
         "DLSCALE_SLURM_DB_PORT": str(3400 + 10 * k + index),
         "DLSCALE_SLURM_NODE_PORT_BASE": str(20000 + 1000 * k + 100 * index),
+    }
+
+
+# Each local cluster's nodes are hosts of their own (scripts/slurm/cluster-up.sh, separate hosts):
+# a network named after the run (its bridge, namespaces and veths `dl<run>c<index>...`, the
+# login side's hosts entries `nX.dl<run>c<index>`) on a /24 of its own in NETWORK_BASE.0.0/16.
+NETWORK_BASE = "10.213"
+
+
+def cluster_network(index: int) -> dict[str, str]:
+    """The name and subnet of the run's `index`-th local cluster's network, apart from every
+    other run's and cluster's."""
+    if not 0 <= index < CLUSTERS_PER_RUN:
+        raise ValueError(f"cluster index {index}: a run has {CLUSTERS_PER_RUN} clusters")
+    return {
+        "DLSCALE_SLURM_NET": f"dl{run_name()}c{index}",
+        "DLSCALE_SLURM_SUBNET": f"{NETWORK_BASE}.{CLUSTERS_PER_RUN * slot() + index}",
     }
 
 
@@ -199,6 +217,34 @@ def network_namespaces(name: str) -> list[str]:
         listed = subprocess.run(command, capture_output=True, text=True).stdout
         out += [f"{what}: {line.strip()}" for line in listed.splitlines() if f"dl{name}" in line]
     return out
+
+
+def remove_networks(name: str) -> list[str]:
+    """Remove what is left of run `name`'s clusters' networks (a run that died before its
+    clusters' cluster-down.sh: their namespaces, veths, bridges and this machine's hosts
+    entries, all named `dl<run>c<index>...`) and say what. Root only; nothing without `ip`."""
+    if not shutil.which("ip") or os.geteuid() != 0:
+        return []
+    gone = []
+    prefix = re.compile(rf"^dl{re.escape(name)}c\d+(n\d+|br)(@|$)")
+    for command, remove in ((["ip", "netns", "list"], ["ip", "netns", "del"]),
+                            (["ip", "-o", "link", "show"], ["ip", "link", "del"])):  # fmt: skip
+        listed = subprocess.run(command, capture_output=True, text=True).stdout
+        for line in listed.splitlines():
+            field = line.split(": ")[1] if command[1] == "-o" else line.split(" ")[0]
+            if prefix.match(field):
+                what = field.split("@")[0]
+                subprocess.run([*remove, what], capture_output=True)
+                gone.append(what)
+    hosts = Path("/etc/hosts")
+    with contextlib.suppress(OSError), open("/run/lock/dlscale-slurm-host.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # cluster-up.sh's lock on the machine's files
+        lines = hosts.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if f"# dlscale-slurm dl{name}c" not in line]
+        if len(kept) != len(lines):
+            hosts.write_text("".join(kept))
+            gone.append("/etc/hosts entries")
+    return gone
 
 
 def database_servers(name: str) -> list[str]:

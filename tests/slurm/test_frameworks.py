@@ -1,6 +1,9 @@
 """Every framework through `snakemake --profile profiles/slurm`: a 1-rank cell and a 2-rank cell
 across the 2 nodes of the local cluster each, throughput and time to accuracy (digits, one
-repetition per point), in one mixed study that ends in the report."""
+repetition per point), in one mixed study that ends in the report.
+
+On separate hosts each framework's 2-node cell records the interface its ranks took: the one
+that reaches the other node (dlscale.rank.network, by the route there)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from dlscale.registry import frameworks
 from dlscale.store.preflight_results import read_result
 
 from conftest import ROOT, copy_workflow, snakemake
+from helpers.cluster_layout import layout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 FRAMEWORKS = frameworks.names()  # every registered framework, end to end
@@ -62,6 +66,11 @@ def test_framework_cell(mixed_study, framework, nodes):
         assert system["slurm"]["version"] and system["probe_seconds"] < 5
     job = systems[0]["slurm"]["job"]  # rank 0 asks the controller once per cell
     assert job["available"] and job["NumNodes"] == str(nodes), job
+    # the interface that reaches the other node
+    if nodes == 2 and layout().separate_hosts:
+        network = {r["node"]: r["network"] for r in ranks}
+        assert {n["interface"] for n in network.values()} == {"eth0"}, network
+        assert network["n2"]["chosen_by"] == "the route to n1", network
 
 
 def test_every_environment_passed_its_preflight_on_two_nodes(mixed_study):

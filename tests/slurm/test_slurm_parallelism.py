@@ -3,16 +3,24 @@ hsdp cell of the tiny decoder through `snakemake --profile profiles/slurm`, thei
 by srun on the two nodes, ending in the report; each rank holds half of the model's parameter,
 gradient and optimizer-state bytes under fsdp, all of them under hsdp (one rank per node:
 sharded within the node, replicated across), as predicted, with AdamW's state, and
-the report's memory table shows both."""
+the report's memory table shows both.
+
+On separate hosts node n2 has a second interface, on a network the other node cannot reach,
+and its own name resolves to that interface's address on n2 (as a management network's address
+can): gloo left to itself would bind it, for every process group a strategy makes; the ranks
+take the interface that reaches the other node instead (dlscale.rank.network, by the route
+there), and record it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 import yaml
 
 from helpers.checkout import ROOT, copy_workflow, snakemake
+from helpers.cluster_layout import decoy_interface, layout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -23,7 +31,9 @@ def sharded_study(cluster, tmp_path_factory):
     config["axes"].update(model=["gpt2_tiny"], nodes=[2], parallelism=["fsdp", "hsdp"])
     config.update(ranks_per_node=1, steps=4, exclude=[])  # the study's exclude names pp
     work = copy_workflow(tmp_path_factory.mktemp("parallelism"), config)
-    proc = snakemake(work, "--profile", "profiles/slurm", timeout=1800)
+    nodes = layout()
+    with decoy_interface(nodes.nodes["n2"]) if nodes.separate_hosts else contextlib.nullcontext():
+        proc = snakemake(work, "--profile", "profiles/slurm", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return work
 
@@ -40,6 +50,10 @@ def test_a_two_node_sharded_cell(sharded_study, parallelism, share):
     assert start["provenance"]["launcher"] == "srun"
     ranks = [r["value"] for r in records if r["event"] == "rank_start"]
     assert len({r["node"] for r in ranks}) == 2  # distinct nodes
+    if layout().separate_hosts:  # the interface that reaches n1, beside n2's second network
+        network = {r["node"]: r["network"] for r in ranks}
+        assert {n["interface"] for n in network.values()} == {"eth0"}, network
+        assert network["n2"]["chosen_by"] == "the route to n1", network
     assert {r["parallelism"]["strategy"] for r in ranks} == {parallelism}
     ends = [r["value"] for r in records if r["event"] == "rank_end"]
     # fp32 parameters and gradients, AdamW's two moments (auto: the decoders' optimizer, issue

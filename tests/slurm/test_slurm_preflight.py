@@ -10,6 +10,9 @@ entries, run with `snakemake --profile profiles/slurm` as a user runs it.
 - `cpu`: a healthy entry. Its preflight passes (2 ranks on 2 nodes, gloo, the all-reduce's bus
   bandwidth recorded), its cells run, and a rerun of one cell within the preflight's maximum age
   submits no preflight.
+
+And a node that cannot be reached (separate hosts: n2's interface down): the preflight fails
+naming n2, and the job held behind it is cancelled at once and never runs.
 """
 
 from __future__ import annotations
@@ -20,14 +23,18 @@ import re
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from dlscale.store.preflight_results import read_result
+from dlscale.workflow.preflight import cancel_held
 
 from conftest import BIN, ROOT, copy_workflow
+from helpers.cells import cell_dict
+from helpers.cluster_layout import cut_off, layout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 
@@ -165,3 +172,49 @@ def test_a_broken_entry_costs_one_preflight_job_and_no_cell_runs(cluster, tmp_pa
     driver_log = (work / "results/tiny/logs/driver.log").read_text()
     assert "preflight of cpu / driver: passed" in driver_log and "not repeated" in driver_log
     assert len(allocated_jobs(ctld_log, since)) == 1
+
+
+def test_a_node_that_cannot_be_reached_fails_its_preflight_naming_it(cluster, tmp_path):
+    """The preflight job as the driver submits it, on both nodes, with a cell job held behind it
+    as the driver holds a cell (afterok, kill-on-invalid-dep), while n2 is cut off: the result
+    fails at `nodes reachable`, naming n2; the driver's cancel_held, given that result, cancels
+    the held job at once (Slurm would only once the preflight has ended on n2 too, which it
+    cannot reach), and the held job never runs. The whole study, timed:
+    benchmarks/network_faults.py (down-before)."""
+    nodes = layout()
+    if not nodes.separate_hosts:  # under CI the cluster is always separate hosts
+        pytest.skip("the single-address fallback: the nodes cannot lose each other")
+    spec = tmp_path / "spec.json"
+    cell = cell_dict(nodes=2, ranks_per_node=1, launcher="srun")
+    spec.write_text(json.dumps({"key": "k", "environment": "driver", "cell": cell,
+                                "entry": {"device": "cpu"}}))  # fmt: skip
+    result = tmp_path / "result.json"
+    job = [sys.executable, "-m", "dlscale.run.preflight_job", "job", "--spec", str(spec)]
+    job += ["--output", str(result)]
+
+    def sbatch(*args: str) -> str:
+        out = subprocess.run(
+            ["sbatch", "--parsable", f"--chdir={tmp_path}", "-o", "/dev/null", *args],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return out.stdout.strip().split(";")[0]
+
+    with cut_off(nodes.nodes["n2"]):
+        preflight = sbatch("-N2", "--ntasks-per-node=1", "--wrap", subprocess.list2cmdline(job))
+        held = sbatch(f"--dependency=afterok:{preflight}", "--kill-on-invalid-dep=yes",
+                      "-N2", "--wrap", "true")  # fmt: skip
+        for _ in range(600):
+            if read_result(result):
+                break
+            time.sleep(0.1)
+        got = read_result(result)
+        assert got and not got["passed"] and got["failed"]["name"] == "nodes reachable", got
+        assert "node n2" in got["failed"]["detail"] and "--exclude=n2" in got["failed"]["fix"]
+        assert cancel_held(preflight) == [held]
+        state = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", held, "-o", "%T|%r"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout.strip()  # fmt: skip
+        assert state.startswith("CANCELLED"), state
+    assert held not in allocated_jobs(Path(os.environ["DLSCALE_SLURM_DIR"]) / "log" /
+                                      "slurmctld.log", 0)  # fmt: skip

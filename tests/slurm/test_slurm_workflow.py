@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ import yaml
 from dlscale.data.staging import MANIFEST
 
 from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
+from helpers.cluster_layout import layout
 from helpers.lmod import lmod_missing, needs_lmod, write_testmod
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
@@ -30,16 +32,20 @@ WORKLOADS = ("runs", "convergence")  # the tiny study's cells' folders
 
 @pytest.fixture(scope="module")
 def slurm_study(cluster, tmp_path_factory):
-    """The tiny study on the cluster, its hardware staging the dataset to a node-local folder
-    (a folder of this host: the cluster's nodes share it, so one node copies and the other
-    waits for that copy, under the same lock as on separate nodes), and loading a module of
-    the test's own (site/modulefiles/testmod, on MODULEPATH as a login node's environment names
-    a site's tree; the jobs inherit it) with an env variable for its ranks, through the
-    cluster's Lmod (without Lmod, outside CI, neither); with an sbatch and an srun option of
-    the site's own (harmless on two free nodes, visible in what the ranks record)."""
+    """The tiny study on the cluster, its hardware staging the dataset to the nodes'
+    node-local scratch (each node its own: every node that runs a convergence cell copies the
+    dataset once and its ranks read that copy; on the single-address fallback a folder of this
+    host that the nodes share, so one node copies and the other waits for that copy), and
+    loading a module of the test's own (site/modulefiles/testmod, on MODULEPATH as a login
+    node's environment names a site's tree; the jobs inherit it) with env variables for its
+    ranks (NCCL's interface, and on separate hosts the collectives' one, GLOO_SOCKET_IFNAME:
+    the nodes' eth0), through the cluster's Lmod (without Lmod, outside CI, neither); with an
+    sbatch and an srun option of the site's own (harmless on two free nodes, visible in what
+    the ranks record)."""
     dest = tmp_path_factory.mktemp("slurm-study")
+    nodes = layout()
     cpu = {
-        "stage_dir": str(dest / "node-local"),
+        "stage_dir": nodes.scratch if nodes.separate_hosts else str(dest / "node-local"),
         "sbatch_options": "--contiguous",
         "srun_options": "--distribution block:block",
     }
@@ -47,8 +53,15 @@ def slurm_study(cluster, tmp_path_factory):
         if not lmod_missing():
             tree, _ = write_testmod(dest / "site")
             env.setenv("MODULEPATH", str(tree))  # for the reruns below too
-            cpu.update(modules=["testmod"], env={"NCCL_SOCKET_IFNAME": "lo"})
+            cpu.update(modules=["testmod"], env=SITE_ENV[nodes.kind])
         yield tiny_study(dest, "profiles/slurm", hardware={"cpu": cpu})
+
+
+# the entry's env: on separate hosts the collectives' interface too (the nodes' eth0)
+SITE_ENV = {
+    "hosts": {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "eth0"},
+    "single": {"NCCL_SOCKET_IFNAME": "lo"},
+}
 
 
 def records(path):
@@ -67,10 +80,31 @@ def test_two_node_cell_runs_on_two_distinct_nodes(slurm_study):
     assert (slurm_study / "results/tiny/report/report.pdf").stat().st_size > 0
 
 
+def test_master_addr_resolves_on_every_node_to_the_first_nodes_address(slurm_study):
+    """Every 2-node cell's MASTER_ADDR (the first node's name) resolved, on each of its nodes,
+    to the first node's own address on the cluster's network, never a loopback one; the cell's
+    provenance records what it resolved to on each node."""
+    nodes = layout()
+    for workload in WORKLOADS:
+        recs = records(slurm_study / CELL_N2.replace("/runs/", f"/{workload}/"))
+        rendezvous = recs[0]["value"]["provenance"]["rendezvous"]
+        master = rendezvous["master_addr"]
+        assert set(rendezvous["resolved"]) == {"n1", "n2"}, rendezvous
+        if not nodes.separate_hosts:  # the fallback: one host, 127.0.0.1 everywhere
+            assert set(rendezvous["resolved"].values()) == {"127.0.0.1"}, rendezvous
+            continue
+        assert master == "n1" and rendezvous["resolved"] == {
+            "n1": nodes.nodes["n1"].address,
+            "n2": nodes.nodes["n1"].address,
+        }, rendezvous
+        assert not any(a.startswith("127.") for a in rendezvous["resolved"].values())
+
+
 def test_every_rank_runs_with_its_entrys_modules_and_env(slurm_study):
     """A hardware entry's modules and env: the cpu entry's `modules: [testmod]` and `env:` reach
     every rank of every cell, on both nodes: each records the module's marker first on PATH, the
-    module's variable and the env variable; the report's Systems table shows them."""
+    module's variable and the env variables; the report's Systems table shows them. On separate
+    hosts the 2-node cells' ranks bind the interface the entry names (GLOO_SOCKET_IFNAME)."""
     needs_lmod()
     marker = str(slurm_study / "site" / "testmod-bin")
     cells = [c.replace("/runs/", f"/{w}/") for c in (CELL_N1, CELL_N2) for w in WORKLOADS]
@@ -83,7 +117,16 @@ def test_every_rank_runs_with_its_entrys_modules_and_env(slurm_study):
         assert site["modules"] == ["testmod"] and "testmod/1.0" in site["module_list"]
         assert site["module_vars"]["PATH"].split(":")[0] == marker
         assert site["module_vars"]["DLSCALE_TESTMOD"] == "loaded"
-        assert site["env"] == {"NCCL_SOCKET_IFNAME": "lo"}
+        assert site["env"] == SITE_ENV[layout().kind]
+    if layout().separate_hosts:  # the site's interface, honoured by the 2-node cells' ranks
+        two_node = [
+            r["value"]["network"]
+            for w in WORKLOADS
+            for r in records(slurm_study / CELL_N2.replace("/runs/", f"/{w}/"))
+            if r["event"] == "rank_start"
+        ]
+        assert len(two_node) == 4 and {n["interface"] for n in two_node} == {"eth0"}, two_node
+        assert {n["chosen_by"] for n in two_node} == {"the site: GLOO_SOCKET_IFNAME=eth0"}
     systems = (slurm_study / "results/tiny/tables/systems.csv").read_text()
     assert "testmod (loaded: testmod/1.0)" in systems and "NCCL_SOCKET_IFNAME=lo" in systems
 
@@ -115,17 +158,27 @@ def test_convergence_cells_run_across_two_nodes_and_reach_their_target(slurm_stu
     outcome = recs[-2]["value"]
     assert recs[-2]["event"] == "convergence" and outcome["reached"] is True
     assert outcome["world_size"] == 2 and outcome["time_to_accuracy_s"] > 0
-    # staged first: every rank of both convergence cells trains from the one copy under
-    # stage_dir, made once (by whichever rank came first) and reused after
+    # staged first: every rank of both convergence cells trains from its node's copy under
+    # stage_dir, made once per node (by whichever rank of the node came first) and reused
+    # after; on separate hosts each node has its own (none on the login side), on the
+    # single-address fallback the nodes share one
     staging = [s["staging"] for s in starts]
-    copies = list((slurm_study / "node-local").glob("dlscale-data-*"))
-    assert len(copies) == 1 and {s["path"] for s in staging} == {str(copies[0])}
+    nodes = layout()
+    if nodes.separate_hosts:
+        scratch = [n.folder / "scratch" for n in nodes.nodes.values()]
+        assert not list(Path(nodes.scratch).glob("dlscale-data-*"))  # the login side's own
+    else:
+        scratch = [slurm_study / "node-local"]
+    copies = [c for folder in scratch for c in folder.glob("dlscale-data-*")]
+    names = {c.name for c in copies}
+    assert len(names) == 1 and len(copies) == len(scratch), copies
+    assert {s["path"] for s in staging} == {str(Path(staging[0]["stage_dir"]) / names.pop())}
     n1 = records(slurm_study / CELL_N1.replace("/runs/", "/convergence/"))[-2]["value"]
     copy_bytes = sum(
         f.stat().st_size for f in copies[0].rglob("*") if f.is_file() and f.name != MANIFEST
     )
-    assert outcome["staged_bytes"] + n1["staged_bytes"] == copy_bytes > 0
-    assert outcome["staged_seconds"] > 0 and outcome["stage_dir"].endswith("node-local")
+    assert outcome["staged_bytes"] + n1["staged_bytes"] == len(copies) * copy_bytes > 0
+    assert outcome["staged_seconds"] > 0 and outcome["stage_dir"] == staging[0]["stage_dir"]
     # each rank's loader measured alone after training
     ends = [r["value"] for r in recs if r["event"] == "rank_end"]
     assert all(e["loader_only"]["batches"] >= 1 for e in ends)

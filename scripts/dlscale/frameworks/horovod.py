@@ -73,6 +73,44 @@ def peer_address(ctx, nodes: int) -> str:
     return ctx.master_addr
 
 
+def gloo_iface(ctx, nodes: int, env=os.environ) -> str:
+    """The interface Horovod's gloo binds (HOROVOD_GLOO_IFACE, one name): an explicit
+    HOROVOD_GLOO_IFACE; else the first of GLOO_SOCKET_IFNAME, which the site's env names or
+    dlscale.rank.network chose on a cluster (Horovod reads only its own variable); else the one
+    that reaches the other nodes (loopback in a local launch)."""
+    if env.get("HOROVOD_GLOO_IFACE"):
+        return env["HOROVOD_GLOO_IFACE"]
+    named = env.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+    return named or _iface_for(peer_address(ctx, nodes))
+
+
+def own_name_check(ctx, iface: str) -> None:
+    """Fail at once where Horovod would bind an address the other nodes cannot reach: its
+    process-set communicator (the global process set, always made) leaves HOROVOD_GLOO_IFACE
+    out (Horovod 0.28.1, GlooContext::InitializeForProcessSet), so gloo binds what this node's
+    own name resolves to here, which must be an address of `iface`, the interface that
+    reaches the other nodes. Nothing to check on one host."""
+    from dlscale.rank import network
+
+    if len({network.resolve(h) or h for h in set(ctx.hosts)}) < 2:
+        return
+    name = socket.gethostname()
+    addr = network.resolve(name)
+    table = network.interfaces()
+    ours = table.get(iface, {}).get("addresses", [])
+    if addr is None or addr in ours:
+        return
+    raise network.NetworkError(
+        f"node {name} resolves its own name to {addr} "
+        f"({network.interface_with(addr, table) or 'no interface here'}), and Horovod's "
+        "process-set communicator binds that address whatever HOROVOD_GLOO_IFACE says "
+        f"(Horovod 0.28.1); the other nodes reach this node through {iface} "
+        f"({', '.join(ours) or 'no address'}): give {name} that address in the node's "
+        "/etc/hosts or DNS, or run Horovod on nodes whose names resolve to the network they "
+        "share"
+    )
+
+
 def host_labels(hosts: tuple[str, ...], nodes: int) -> list[str]:
     """Horovod's per-node host label (HOROVOD_HOSTNAME: the name of the node's local gloo scope).
     The node address when addresses are distinct; simulated nodes on one host share an address,
@@ -265,10 +303,8 @@ class Adapter(TorchModel, BaseAdapter):
             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": timeout,
         }
         os.environ.update(env)
-        # The interface that reaches the other nodes: loopback in a local launch, the cluster
-        # network on a cluster. An explicit HOROVOD_GLOO_IFACE wins.
-        if not os.environ.get("HOROVOD_GLOO_IFACE"):
-            os.environ["HOROVOD_GLOO_IFACE"] = _iface_for(peer_address(ctx, nodes))
+        os.environ["HOROVOD_GLOO_IFACE"] = gloo_iface(ctx, nodes)
+        own_name_check(ctx, os.environ["HOROVOD_GLOO_IFACE"])
         os.environ.setdefault("NCCL_SOCKET_IFNAME", os.environ["HOROVOD_GLOO_IFACE"])
         if ctx.rank == 0:
             # On every interface, like horovodrun: a node's own name may resolve to a

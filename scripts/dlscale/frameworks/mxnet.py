@@ -123,16 +123,17 @@ class Adapter(BaseAdapter):
 
     # ------------------------------------------------------------------ ps-lite roles
     def _node_host(self) -> str | None:
-        """The address this node's server and workers advertise to the others."""
+        """The address this node's server and workers advertise to the others: on nodes that
+        are hosts of their own, this node's address on the route to another node (where the
+        others reach it), not what its own name resolves to here, which may be loopback
+        (Debian's 127.0.1.1) or an interface the others cannot reach (a second network)."""
         if os.environ.get("DLSCALE_MXNET_INTERFACE"):
             return None  # ps-lite uses DMLC_INTERFACE
         ctx = self.ctx
         hosts = [_ipv4(h) for h in ctx.hosts]
         mine = hosts[ctx.node_index] if ctx.node_index < len(hosts) else _ipv4(ctx.node)
-        if all(_loopback(h) for h in hosts) or not _loopback(mine):
-            return mine
-        # This node's name resolves to loopback (Debian's 127.0.1.1): use the address that
-        # routes to a peer node instead.
+        if all(_loopback(h) for h in hosts) or len(set(hosts)) < 2:
+            return mine  # one host (simulated nodes)
         for i, h in enumerate(hosts):
             if i != ctx.node_index and not _loopback(h):
                 addr = _route_to(h)

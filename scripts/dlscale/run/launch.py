@@ -441,16 +441,77 @@ def _stop(procs, grace: float = 10.0) -> None:
 
 
 FIRST_CONTACT_FAILED = (-3, 124)  # wait_all's failure when the first-contact deadline passed
+# wait_all's failure when srun reported a rank's failure but could not end the step: a node of
+# the step is unreachable (its ranks' ends never reach srun), and srun would wait for it until
+# Slurm declares the node down (SlurmdTimeout, minutes) or the job's time limit
+STEP_STUCK = (-4, 124)
+STEP_END_GRACE_S = 10.0  # from srun's report of a failed rank to the step's end, at most
+# what srun prints once a rank failed and it ends the step (srun.log)
+_STEP_FAILING = re.compile(
+    r"tasks? [\d,-]+: (?:Exited with exit code [1-9]|Killed)|Terminating Step"
+)
+
+
+class StepWatch:
+    """srun's own log of the ranks' step (srun.log): once srun reports a failed rank, the step
+    must end within STEP_END_GRACE_S (srun stops the other ranks, Slurm's KillWait); a step
+    still running then waits on a node srun cannot reach (expired)."""
+
+    def __init__(self, log: Path, grace_s: float | None = None):
+        self.log = log
+        self.grace_s = STEP_END_GRACE_S if grace_s is None else grace_s
+        self.failing_since: float | None = None
+        self._checked = 0.0
+
+    def expired(self) -> bool:
+        now = time.monotonic()
+        if self.failing_since is None and now - self._checked >= 0.5:
+            self._checked = now
+            try:
+                text = self.log.read_text(errors="replace")
+            except OSError:
+                text = ""
+            if _STEP_FAILING.search(text):
+                self.failing_since = now
+        return self.failing_since is not None and now - self.failing_since > self.grace_s
+
+
+def _task_ids(spec: str) -> set[int]:
+    """srun's task list (`0`, `0-3`, `0,2-3`)."""
+    ids: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        ids.update(range(int(low), int(high or low) + 1))
+    return ids
+
+
+def unreported_nodes(srun_text: str, hosts: list[str], ranks_per_node: int, world: int) -> dict:
+    """node -> its ranks whose end srun never reported (srun.log: `n1: task 0: Exited with exit
+    code 1`), ranks placed node-major as the launcher places them: the nodes srun could not
+    reach."""
+    reported: set[int] = set()
+    for spec in re.findall(r"tasks? ([\d,-]+):", srun_text):
+        reported |= _task_ids(spec)
+    nodes: dict[str, list[int]] = {}
+    for rank in range(world):
+        if rank not in reported and rank // ranks_per_node < len(hosts):
+            nodes.setdefault(hosts[rank // ranks_per_node], []).append(rank)
+    return nodes
 
 
 def wait_all(
-    procs, timeout: float | None = None, watch: first_contact.Watch | None = None
+    procs,
+    timeout: float | None = None,
+    watch: first_contact.Watch | None = None,
+    step: StepWatch | None = None,
 ) -> tuple[int, int] | None:
     """Wait for every rank; on the first failure stop the rest. Returns (rank, code) of a
     failure. With `timeout` (s; the launcher has none, Slurm's time limit bounds a job) the
     ranks still running then are stopped too, and the first of them is the failure. With
     `watch` (the launcher's), all are stopped when not every rank completed its first step by
-    the first-contact deadline: FIRST_CONTACT_FAILED."""
+    the first-contact deadline: FIRST_CONTACT_FAILED. With `step` (an srun step's), the step is
+    stopped when srun reported a failed rank and could not end the step within its grace:
+    STEP_STUCK."""
     pending = dict((p.pid, (r, p)) for r, p in procs)
     deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
@@ -461,6 +522,9 @@ def wait_all(
         if watch is not None and watch.expired():
             _stop(list(pending.values()))
             return FIRST_CONTACT_FAILED
+        if step is not None and step.expired():
+            _stop(list(pending.values()), grace=2.0)
+            return STEP_STUCK
         for pid, (rank, p) in list(pending.items()):
             code = p.poll()
             if code is None:
@@ -616,9 +680,10 @@ def _run_ranks(
     procs = []
     seconds = first_contact.deadline_s(cell)
     watch = first_contact.Watch(rank_dir, cell.world_size, seconds) if seconds else None
+    step = StepWatch(rank_dir / "srun.log") if start is start_srun else None
     try:
         procs = start(cell, argv, rank_dir, base)
-        failed = wait_all(procs, watch=watch)
+        failed = wait_all(procs, watch=watch, step=step)
     except ContainerError as exc:
         print(f"[dlscale.run.launch] {exc}", file=sys.stderr)
         (rank_dir / "srun.log").write_text(f"{exc}\n")
@@ -629,6 +694,28 @@ def _run_ranks(
     finally:
         signal.signal(signal.SIGTERM, previous)
     return failed
+
+
+def stuck_step_reason(rank_dir: Path, cell: Cell) -> tuple[str, list[int]]:
+    """Why a step that srun could not end failed, naming the nodes srun heard nothing from
+    (unreachable: down, cut off or hung) and their ranks; those ranks are the suspects."""
+    text = (rank_dir / "srun.log").read_text(errors="replace")
+    try:
+        hosts = pack_nodes() or allocation_nodes()
+    except (OSError, KeyError, subprocess.CalledProcessError):
+        hosts = []
+    silent = unreported_nodes(text, hosts, cell.ranks_per_node, cell.world_size)
+    failed = re.search(r"task (\d+): Exited with exit code (\d+)", text)
+    first = (
+        f"rank {failed.group(1)} exited with code {failed.group(2)}" if failed else "a rank failed"
+    )
+    where = "; ".join(f"node {n} (rank(s) {', '.join(map(str, r))})" for n, r in silent.items())
+    reason = (
+        f"{first}, and srun could not end the step within {STEP_END_GRACE_S:.0f} s: no word "
+        f"from {where or 'some of its nodes'}, unreachable from {socket.gethostname()} (its "
+        "network or its slurmd down) or hung"
+    )
+    return reason, [r for ranks in silent.values() for r in ranks]
 
 
 def _cell_failed(
@@ -643,6 +730,8 @@ def _cell_failed(
         reason, suspects = first_contact.failure_reason(
             rank_dir, cell.world_size, first_contact.deadline_s(cell)
         )
+    elif failed == STEP_STUCK:
+        reason, suspects = stuck_step_reason(rank_dir, cell)
     reason = reason or {
         -2: "terminated by SIGTERM (job cancelled, time limit, or node failure)",
         -1: f"srun step exited with code {code}",

@@ -33,6 +33,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -41,6 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from dlscale.rank.devices import binding_check
+from dlscale.rank.network import NetworkError, rendezvous
 from dlscale.rank.node_probes import gpu_facts
 from dlscale.rank.rank_context import discover
 from dlscale.registry.cuda_drivers import driver_runs, fitting_lines
@@ -226,7 +228,7 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
         except (OSError, ValueError):
             missing.append(rank)
     checks = []
-    for name in ("binding", "framework import", "device", "communicator"):
+    for name in ("binding", "framework import", "device", "network", "communicator"):
         bad = [
             (r, c) for r, rec in sorted(records.items()) for c in rec["checks"] if c["name"] == name
         ]
@@ -240,7 +242,22 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
                 checks.append(check(name, True, f"{len(bad)} rank(s): {bad[0][1]['detail']}"))
         if name == "binding":
             checks += shared_boards(cell, records)
-    if missing:
+    unreachable = unreachable_nodes(rank_dir / "srun.log") if missing else {}
+    if unreachable:
+        nodes = ", ".join(unreachable)
+        checks.append(
+            check(
+                "nodes reachable",
+                False,
+                f"srun could not start rank(s) {', '.join(map(str, missing))} of "
+                f"{cell.world_size}: "
+                + "; ".join(f"node {n}: {why}" for n, why in unreachable.items()),
+                f"node(s) {nodes} cannot be reached from the job's first node (the node's "
+                "network or its slurmd is down): ask the site, or keep the study off it (the "
+                f"entry's sbatch_options: --exclude={','.join(unreachable)})",
+            )
+        )
+    elif missing:
         log = rank_dir / f"rank{missing[0]}.log"
         srun_log = rank_dir / "srun.log"
         srun_text = tail_lines(srun_log, 8) if srun_log.exists() else ""
@@ -261,6 +278,19 @@ def rank_checks(cell: Cell, rank_dir: Path, failed) -> list[dict]:
             )
         )
     return checks
+
+
+def unreachable_nodes(srun_log: Path) -> dict[str, str]:
+    """The nodes srun could not start tasks on, with srun's reason (`Task launch for StepId=...
+    failed on node n2: Communication connection failure`), in the order srun named them."""
+    try:
+        text = srun_log.read_text(errors="replace")
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for node, why in re.findall(r"[Tt]ask launch for \S+ failed on node (\S+): (.+)", text):
+        found.setdefault(node, why.strip())
+    return found
 
 
 def rank_builds(cell: Cell, rank_dir: Path) -> list[dict]:
@@ -349,6 +379,23 @@ def run_rank(spec: dict, rank_dir: Path) -> int:
         return _write_rank(rank_dir, ctx.rank, record, 1)
     shown = ", ".join(f"{n} {v}" for n, v in versions.items() if v)
     checks.append(check("framework import", True, f"{shown} in {time.perf_counter() - t0:.1f} s"))
+    # MASTER_ADDR resolved here, the collectives' interface chosen or the site's checked, as a
+    # cell's rank does (dlscale.rank.network), in every framework's environment
+    try:
+        record["network"] = rendezvous(ctx, cell.device)
+    except NetworkError as exc:
+        checks.append(
+            check(
+                "network",
+                False,
+                f"rank {ctx.rank} on {ctx.node}: {exc}",
+                "the nodes must resolve each other's names to addresses they can reach; name "
+                "the interface they share in the entry's env (GLOO_SOCKET_IFNAME, "
+                "NCCL_SOCKET_IFNAME)",
+            )
+        )
+        return _write_rank(rank_dir, ctx.rank, record, 1)
+    checks.append(check("network", True, network_detail(record["network"])))
     try:
         import torch
         import torch.distributed as dist
@@ -414,6 +461,16 @@ def run_rank(spec: dict, rank_dir: Path) -> int:
         check("communicator", True, f"{backend}, {ctx.world_size} ranks, {bw:.2f} GB/s bus")
     )
     return _write_rank(rank_dir, ctx.rank, record, 0)
+
+
+def network_detail(net: dict) -> str:
+    """What the network check saw: MASTER_ADDR's address here, the interface and why."""
+    if net["interface"] is None:
+        return f"MASTER_ADDR {net['master_addr']} is {net['master_resolved']}: {net['chosen_by']}"
+    return (
+        f"MASTER_ADDR {net['master_addr']} is {net['master_resolved']} on {net['node']}; "
+        f"{net['interface']} ({net['address']}), {net['chosen_by']}"
+    )
 
 
 def _imported_version(name: str) -> str | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from dlscale import __version__
 from dlscale.frameworks.base import TrainSpec
 from dlscale.models.zoo import record_of_cell
+from dlscale.rank.network import rendezvous
 from dlscale.rank.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list
 from dlscale.rank.provenance import host_facts, process_age_s, site_environment
 from dlscale.rank.rank_context import discover
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     view = node_view() if ctx.local_rank == 0 else {"host": socket.gethostname()}
     first_contact.mark(args.rank_dir, ctx.rank, first_contact.STARTED, **view)
     preflight(ctx, cell.world_size, cell.ranks_per_node)
+    # MASTER_ADDR resolved here and the collectives' interface chosen or checked, before any
+    # framework waits on a peer (dlscale.rank.network: a network the ranks cannot use fails now)
+    network = rendezvous(ctx, cell.device)
     spec = TrainSpec.from_cell(cell)
     record_of_cell(cell.model, cell.model_source)  # a study's own model, known to this rank
     adapter = get_adapter(spec.framework)(spec, ctx)
@@ -245,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         system = describe_node(adapter, ctx, args.rank_dir) if ctx.local_rank == 0 else None
         stamp("describe_node")
         site = site_environment(args.rank_dir)  # the entry's modules and env, as seen here
-        writer.write(RANK_START, rank_start(cell, adapter, ctx, system, info, staging, site))
+        start = rank_start(cell, adapter, ctx, system, info, staging, site, network)
+        writer.write(RANK_START, start)
         if convergence:
             converge(cell, adapter, info, writer, before_step)
         else:
@@ -271,12 +276,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rank_start(
-    cell: Cell, adapter, ctx, system: dict | None, info, staging, site: dict | None = None
+    cell: Cell,
+    adapter,
+    ctx,
+    system: dict | None,
+    info,
+    staging,
+    site: dict | None = None,
+    network: dict | None = None,
 ) -> dict:
     """The rank_start record: the host's facts (load average just before the timed window),
     the adapter's description and execution, who this rank is and, on its node's first rank,
     the node's description; a convergence cell's dataset; the hardware entry's modules and env
-    as this rank saw them (`site`: dlscale.rank.provenance.site_environment), where it has any."""
+    as this rank saw them (`site`: dlscale.rank.provenance.site_environment), where it has any;
+    what MASTER_ADDR resolved to here and the collectives' interface (`network`:
+    dlscale.rank.network.rendezvous)."""
     spec = adapter.spec
     facts = host_facts()  # load average just before the timed window
     return {
@@ -293,6 +307,7 @@ def rank_start(
         "per_rank_batch": spec.per_rank_batch,
         "timer": adapter.step_timer().method,
         "master": f"{ctx.master_addr}:{ctx.master_port}",
+        **({"network": network} if network is not None else {}),
         "cpu_affinity": cpu_affinity(),
         **({"system": system} if system is not None else {}),
         **({"site_env": site} if site is not None else {}),

@@ -276,6 +276,26 @@ def convergence_outcome(cell: Cell, rank_records: dict[int, list[dict]], started
     }
 
 
+def rendezvous_of(starts: list[dict]) -> dict:
+    """The cell's rendezvous as its ranks saw it (rank_start `network`, dlscale.rank.network):
+    MASTER_ADDR and port, what MASTER_ADDR resolved to on each node and the collectives'
+    interface there with the reason it was taken; nothing where no rank recorded it (files of
+    before, a local launch of simulated nodes records it too)."""
+    nets = [(s["node"], s["network"]) for s in starts if s.get("network")]
+    if not nets:
+        return {}
+    first = nets[0][1]
+    return {
+        "rendezvous": {
+            "master_addr": first["master_addr"],
+            "master_port": first["master_port"],
+            "resolved": {node: net["master_resolved"] for node, net in nets},
+            "interface": {node: net["interface"] for node, net in nets},
+            "chosen_by": {node: net["chosen_by"] for node, net in nets},
+        }
+    }
+
+
 def assemble(
     *,
     cell: Cell,
@@ -312,6 +332,7 @@ def assemble(
                 "backend": first.get("backend"),
                 "launcher": cell.launcher,
                 "slurm_job_id": slurm_job_id,
+                **rendezvous_of(starts),
             },
             "timing": {
                 "warmup_steps": cell.warmup_steps,

@@ -6,7 +6,10 @@ reaches the executor, the driver submits the preflight (`sbatch --parsable`, the
 partition, GPUs and task geometry on min(2, the cells' largest node count) nodes, a short time
 limit) and every cell of that pair goes to Slurm with `--dependency=afterok:<preflight>
 --kill-on-invalid-dep=yes`: the cells queue beside the preflight, so a passing one costs no
-queue wait of its own, and a failing one makes Slurm cancel them before any starts. A cell that
+queue wait of its own, and a failing one makes Slurm cancel them before any starts; the driver
+cancels them itself as soon as it reads the failed result (cancel_held), since Slurm does only
+once the preflight has ended on every node, which a node that cannot be reached delays until
+Slurm declares it down (SlurmdTimeout, minutes). A cell that
 reaches the executor after a failed result is not submitted at all. Either way its error names
 the entry, what failed and the fix; the driver also says it once when the result arrives.
 
@@ -23,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -264,6 +268,7 @@ class Preflight:
             else:
                 self.failed[which] = failure_text(probe, result, job)
                 self._say(which, self.failed[which])
+                cancel_held(job)
 
     def explain(self, job) -> str | None:
         """A held cell's failure: its preflight's, when that failed."""
@@ -282,6 +287,30 @@ class Preflight:
 def _age(result: dict) -> str:
     minutes = (time.time() - result["finished_at"]) / 60
     return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+def cancel_held(job: str) -> list[str]:
+    """Cancel the queued jobs held behind preflight `job` (--dependency=afterok:<job>), which
+    failed, and return their ids: Slurm cancels them itself (--kill-on-invalid-dep) only once
+    the preflight has ended on every node, and a node that cannot be reached keeps it
+    completing until Slurm declares that node down (SlurmdTimeout, minutes)."""
+    try:
+        proc = subprocess.run(
+            ["squeue", "--me", "-h", "-t", "PD", "-o", "%i|%E"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    held = [
+        line.split("|", 1)[0]
+        for line in proc.stdout.splitlines()
+        if re.search(rf"\bafterok:{re.escape(job)}\b", line.partition("|")[2])
+    ]
+    if held:
+        subprocess.run(["scancel", *held], capture_output=True, timeout=60)
+    return held
 
 
 def _job_alive(job: str) -> bool:

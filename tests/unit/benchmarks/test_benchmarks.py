@@ -5,9 +5,11 @@ missing 1 required positional argument: 'mode'`). Each case asserts its exit sta
 line that carries its result; the numbers themselves are the benchmarks' to judge on an idle
 machine (benchmarks/README.md).
 
-Four scripts cannot run their smallest case in seconds here, and run `--help` instead (their
-imports and argument parser): slurm_overhead.py, submission.py and packing.py need a running
-local Slurm cluster (packing.py one with fair share and a second user), noop_rerun.py builds a
+Some scripts cannot run their smallest case in seconds here, and run `--help` instead (their
+imports and argument parser): slurm_overhead.py, submission.py, packing.py and
+network_faults.py need a running local Slurm cluster (packing.py one with fair share and a
+second user, network_faults.py one of separate hosts), cluster_layout.py starts and stops
+local clusters as root, noop_rerun.py builds a
 study's whole downstream (collect, figures, the PDF) once before it measures (5.6 min for 8
 cells on this 2-core VM). rank0_lag.py is a reproduction aid, not a
 benchmark: its process lookup is called once.
@@ -60,6 +62,8 @@ SMALLEST = {
     "noop_rerun.py": (["--help"], "--cells"),
     "packing.py": (["--help"], "--pack"),
     "slurm_overhead.py": (["--help"], "--cells"),
+    "cluster_layout.py": (["--help"], "--rounds"),
+    "network_faults.py": (["--help"], "--scenarios"),
     "submission.py": (["--help"], "--cells"),
     # a local Slurm cluster and minutes: its study and the wall times (benchmarks/README.md)
     "script_cells.py": (["--help"], "--rounds"),

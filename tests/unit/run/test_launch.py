@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -163,3 +164,43 @@ def test_wait_all_stops_the_rest_on_a_failure_and_everything_at_its_timeout():
 
     procs = ranks("pass", "pass")
     assert launch.wait_all(procs, timeout=30) is None
+
+
+# what srun printed when rank 0 failed and node n2 of the step was cut off: the exit of rank 0
+# and the step's end, then nothing (srun waits for n2 until Slurm declares it down)
+STUCK_SRUN = """#!/bin/sh
+echo "srun: error: n1: task 0: Exited with exit code 1" >&2
+echo "srun: launch/slurm: _step_signal: Terminating StepId=7.0" >&2
+exec sleep 600
+"""
+
+
+def test_a_step_srun_cannot_end_fails_the_cell_at_once_naming_the_silent_node(
+    tmp_path, monkeypatch
+):
+    """A node cut off mid-cell: its peer's collective times out and that rank exits, srun
+    reports it and ends the step, but cannot reach the cut-off node's ranks, and waits for
+    them (minutes: until Slurm declares the node down). The launcher stops the step once srun
+    has not ended it within the grace and fails the cell naming the node it heard nothing
+    from and its ranks."""
+    import time
+
+    from dlscale.study.cell import Cell
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text(STUCK_SRUN)
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("DLSCALE_PACK_NODES", "n1,n2")  # the step's nodes, without squeue
+    monkeypatch.setattr(launch, "STEP_END_GRACE_S", 1.0)
+    cell = Cell.from_dict(cell_dict(nodes=2, ranks_per_node=1, launcher="srun"))
+    rank_dir = tmp_path / "cell" / ".ranks"
+    rank_dir.mkdir(parents=True)
+    t0 = time.monotonic()
+    failed = launch._run_ranks(cell, ["true"], rank_dir, dict(os.environ))
+    assert failed == launch.STEP_STUCK and time.monotonic() - t0 < 15
+    reason, suspects = launch.stuck_step_reason(rank_dir, cell)
+    assert suspects == [1], reason
+    assert reason.startswith("rank 0 exited with code 1, and srun could not end the step")
+    assert "no word from node n2 (rank(s) 1)" in reason

@@ -72,7 +72,7 @@ def test_two_real_ranks_form_a_communicator_and_measure_its_bus_bandwidth(tmp_pa
     result = read_result(out)
     assert result["passed"] and result["ranks"] == 2
     names = [c["name"] for c in result["checks"]]
-    assert names == ["framework import", "communicator"]
+    assert names == ["framework import", "network", "communicator"]
     bw = result["allreduce"]
     assert bw["ranks"] == 2 and bw["n"] == preflight_job.ALLREDUCE_REPEATS and bw["busbw_gbps"] > 0
     assert bw["min_s"] <= bw["median_s"] <= bw["max_s"]
@@ -89,3 +89,25 @@ def test_a_rank_that_cannot_import_its_framework_fails_the_preflight_naming_it(t
     assert not result["passed"] and result["failed"]["name"] == "framework import"
     assert "mxnet" in result["failed"]["detail"].lower()
     assert "FAILED at 'framework import'" in summary(result)
+
+
+def test_a_node_srun_cannot_reach_fails_the_preflight_naming_it(tmp_path):
+    """A node whose network is down: srun starts no task there and says so; the verdict names
+    the node and what to do about it, not the environment or the modules (which is what a rank
+    that never starts otherwise points at)."""
+    cell = preflight_job.Cell.from_dict(cell_dict(nodes=2, ranks_per_node=1, launcher="srun"))
+    (tmp_path / "preflight-rank0.json").write_text(
+        json.dumps({"rank": 0, "checks": [{"name": "framework import", "ok": True, "detail": ""}]})
+    )
+    (tmp_path / "srun.log").write_text(
+        "srun: error: Task launch for StepId=5000.0 failed on node n2: Communication connection "
+        "failure\nsrun: error: Application launch failed: Communication connection failure\n"
+        "srun: Job step aborted\n"
+    )
+    checks = by_name(preflight_job.rank_checks(cell, tmp_path, (-1, 233)))
+    bad = checks["nodes reachable"]
+    assert not bad["ok"] and "ranks started" not in checks
+    assert bad["detail"] == (
+        "srun could not start rank(s) 1 of 2: node n2: Communication connection failure"
+    )
+    assert "node(s) n2 cannot be reached" in bad["fix"] and "--exclude=n2" in bad["fix"]
