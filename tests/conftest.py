@@ -4,13 +4,11 @@ groups the test command runs in parallel (pytest-xdist, see pytest_collection_mo
 from __future__ import annotations
 
 import ast
-import copy
 import functools
 import inspect
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +17,11 @@ import pytest
 import yaml
 
 from helpers import run_names
+from helpers.checkout import DOWN, ROOT, UP
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-WORKFLOW_PARTS = ["Snakefile", "rules", "config", "profiles", "scripts", "envs", "report"]
-UP = ROOT / "scripts" / "slurm" / "cluster-up.sh"
-DOWN = ROOT / "scripts" / "slurm" / "cluster-down.sh"
+# Plain functions and constants the tests share live in tests/helpers/ (a test imports them from
+# there, never from this file: tests/unit/test_shared_helpers.py); this file holds the fixtures
+# and the run's hooks.
 
 
 # ---- parallel groups (scripts/test.sh: `pytest -n N` on pytest-xdist workers) ----------------
@@ -214,64 +211,6 @@ def base_config() -> dict:
 def tiny_config() -> dict:
     with open(ROOT / "tests" / "fixtures" / "tiny.yaml") as fh:
         return yaml.safe_load(fh)
-
-
-def copy_workflow(dest: Path, config: dict | None = None) -> Path:
-    """A user's checkout in miniature: the workflow files, a fresh results/ and a config."""
-    for part in WORKFLOW_PARTS:
-        src = ROOT / part
-        if src.is_dir():
-            shutil.copytree(
-                src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "dlscale")
-            )
-        else:
-            shutil.copy2(src, dest / part)
-    if (ROOT / ".venvs").is_dir():
-        (dest / ".venvs").symlink_to(ROOT / ".venvs")  # the framework environments
-    if config is not None:
-        (dest / "config" / "config.yaml").write_text(yaml.safe_dump(copy.deepcopy(config)))
-    return dest
-
-
-def path_without_tex(folder: Path) -> str:
-    """A PATH whose one folder, `folder`, links every tool of /usr/local/bin, /usr/bin and /bin
-    but TeX's (a login node without TeX Live)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for system in ("/usr/local/bin", "/usr/bin", "/bin"):
-        for tool in Path(system).iterdir():
-            name = tool.name
-            if "tex" not in name and "latex" not in name and not (folder / name).exists():
-                (folder / name).symlink_to(tool)
-    return str(folder)
-
-
-def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(
-        [str(BIN / "snakemake"), *args],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def tiny_study(dest: Path, profile: str, hardware: dict | None = None, **changes) -> Path:
-    """The tiny study (tests/fixtures/tiny.yaml: 2 throughput and 2 convergence cells) run to
-    the PDF with a profile; `changes` replace its keys, `hardware` (key -> entries) is merged
-    into the hardware file's entries."""
-    tiny = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    work = copy_workflow(dest, {**tiny, **changes})
-    if hardware:
-        site = work / "config" / "hardware.yaml"
-        entries = yaml.safe_load(site.read_text())
-        for key, extra in hardware.items():
-            entries[key] = {**entries[key], **extra}
-        site.write_text(yaml.safe_dump(entries))
-    proc = snakemake(work, "--profile", profile)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work
 
 
 # ---- the project's local Slurm clusters (scripts/slurm/cluster-up.sh): each started once for

@@ -15,7 +15,7 @@ import yaml
 from dlscale.registry import frameworks
 from dlscale.store.preflight_results import read_result
 
-from conftest import ROOT, copy_workflow, snakemake
+from helpers.checkout import ROOT, copy_workflow, snakemake
 from helpers.cluster_layout import layout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]

@@ -32,8 +32,8 @@ import yaml
 from dlscale.store.preflight_results import read_result
 from dlscale.workflow.preflight import cancel_held
 
-from conftest import BIN, ROOT, copy_workflow
 from helpers.cells import cell_dict
+from helpers.checkout import BIN, ROOT, copy_workflow
 from helpers.cluster_layout import cut_off, layout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]

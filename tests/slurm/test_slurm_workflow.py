@@ -19,7 +19,7 @@ import yaml
 
 from dlscale.data.staging import MANIFEST
 
-from conftest import ROOT, UP, copy_workflow, snakemake, tiny_study
+from helpers.checkout import ROOT, UP, copy_workflow, snakemake, tiny_study
 from helpers.cluster_layout import layout
 from helpers.lmod import lmod_missing, needs_lmod, write_testmod
 
