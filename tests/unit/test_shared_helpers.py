@@ -6,11 +6,12 @@ tests/conftest.py, which imports the helpers too.
 Over every Python file git tracks under tests/ and benchmarks/:
 - no module imports conftest (a test that needs a plain function or a constant imports it from
   its helper module);
-- no `Cell(` is written outside tests/helpers/ (a test or a benchmark names what it changes of
-  helpers.cells.small_cell, or of cell_dict);
+- no Cell is written out by calling the class outside tests/helpers/ (a test or a benchmark
+  names what it changes of helpers.cells.small_cell, or of cell_dict);
 - each shared helper is defined once, in its module (SHARED), and a rank_start record's value
   is spelled out only by helpers.synthetic_metrics.
-The last test feeds the checks a small tree with one break of each kind."""
+The last test feeds the checks a small tree with one break of each kind, its examples built so
+that this file's own text does not match them."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def conftest_imports(root: Path, paths: list[str]) -> list[str]:
 
 
 def cell_literals(root: Path, paths: list[str]) -> list[str]:
-    """`path:line` of every `Cell(` outside tests/helpers/ (code and the programs tests start)."""
+    """`path:line` of every call of Cell by name outside tests/helpers/ (code and the programs
+    tests start)."""
     return [
         f"{rel}:{number}"
         for rel in paths
@@ -112,14 +114,15 @@ def test_the_checks_see_each_break(tmp_path):
     """A small tree: a test importing conftest, a benchmark with a Cell literal, a second
     copy_workflow and WORKFLOW_PARTS, and a rank_start value written out; the helpers' own
     Cell literal and rank_start value, and conftest.py itself, pass."""
+    call, key = "Cell" + "(", "'dlscale" + "_version'"  # kept out of this file's own text
     files = {
         "tests/conftest.py": "import os\n",
-        "tests/helpers/cells.py": "def cell_dict():\n    return Cell(hardware='cpu')\n",
-        "tests/helpers/synthetic_metrics.py": "START = {'dlscale_version': '0.1.0'}\n",
+        "tests/helpers/cells.py": f"def cell_dict():\n    return {call}hardware='cpu')\n",
+        "tests/helpers/synthetic_metrics.py": f"START = {{{key}: '0.1.0'}}\n",
         "tests/unit/test_a.py": "import json\n\nfrom conftest import ROOT\n",
         "tests/unit/test_b.py": "def f():\n    import conftest\n",
-        "benchmarks/bench.py": "cell = Cell(\n    hardware='cpu',\n)\n",
-        "benchmarks/other.py": "def copy_workflow(dest):\n    return {'dlscale_version': 1}\n",
+        "benchmarks/bench.py": f"cell = {call}\n    hardware='cpu',\n)\n",
+        "benchmarks/other.py": f"def copy_workflow(dest):\n    return {{{key}: 1}}\n",
         "benchmarks/third.py": "WORKFLOW_PARTS = ('Snakefile',)\n",
     }
     for rel, text in files.items():
