@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from dlscale.frameworks.base import HostTimer, StepTimer
 from dlscale.models import spec_for
-from dlscale.models.zoo import record_of_cell
 from dlscale.models.torch import build, example_batch
+from dlscale.models.zoo import record_of_cell
 from dlscale.rank.provenance import cpu_model
 
 

@@ -90,7 +90,14 @@ def test_a_package_model_by_entry_point(tmp_path):
     python = own_venv(env)
     install(python, PACKAGE, "0.1.0", tmp_path)
     listed = subprocess.run(
-        [sys.executable, "-m", "dlscale.workflow.models_command", "list", "--environment", str(env)],
+        [
+            sys.executable,
+            "-m",
+            "dlscale.workflow.models_command",
+            "list",
+            "--environment",
+            str(env),
+        ],
         capture_output=True,
         text=True,
         check=True,
