@@ -127,7 +127,8 @@ mapfile -t CUDA_ENVS < <(registry environments cuda)
 mapfile -t LAYERED_ENVS < <(registry layered cpu; registry layered cuda)
 [ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
   log "could not read the environments from dlscale.registry ($INTERPRETER -m dlscale.registry)"; exit 2; }
-[ ${#ENVS[@]} -gt 0 ] || ENVS=("${CPU_ENVS[@]}" $(registry layered cpu))
+DEFAULT_ENVS=0
+[ ${#ENVS[@]} -gt 0 ] || { ENVS=("${CPU_ENVS[@]}" $(registry layered cpu)); DEFAULT_ENVS=1; }
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
   [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} ${LAYERED_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
@@ -364,6 +365,24 @@ for env in "${layered[@]}"; do   # after their bases
     failed+=("$env")
   fi
 done
+# torchao for the float8 tests on a CPU (tests/unit/frameworks/test_llm_step.py): a package
+# folder over the driver's torch, never in .venv (envs/pytorch.txt is in every PyTorch cell's
+# identity); built with the default environments, rebuilt when its pins change
+FLOAT8_DIR=$ENVS_DIR/pytorch-float8
+float8_want=$(cat envs/pytorch-float8.txt "$VENV/.dlscale-setup" 2>/dev/null | sha256sum | cut -d' ' -f1)
+if [ "$DEFAULT_ENVS" = 1 ] && [ "$(cat "$FLOAT8_DIR/.dlscale-setup" 2>/dev/null)" != "$float8_want" ]; then
+  if [ "$CHECK" = 1 ]; then
+    log "would build $FLOAT8_DIR from envs/pytorch-float8.txt"; stale+=(pytorch-float8)
+  elif rm -rf "$FLOAT8_DIR" && "$VENV/bin/python" -m pip install -q --no-deps --target "$FLOAT8_DIR" \
+      -r envs/pytorch-float8.txt >"$ROOT/.cache/setup-pytorch-float8.log" 2>&1; then
+    echo "$float8_want" > "$FLOAT8_DIR/.dlscale-setup"
+    log "$FLOAT8_DIR ready (torchao for the float8 tests)"
+  else
+    tail -n 20 "$ROOT/.cache/setup-pytorch-float8.log" >&2; failed+=(pytorch-float8)
+  fi
+elif [ "$DEFAULT_ENVS" = 1 ]; then
+  log "$FLOAT8_DIR is up to date"
+fi
 wait_for_apt
 [ ${#failed[@]} -eq 0 ] || { log "set-up failed for: ${failed[*]}"; exit 1; }
 if [ "$CHECK" = 1 ]; then
