@@ -91,36 +91,21 @@ if workflow.is_main_process and PARTIAL_BUILD_ENV not in os.environ:
 # too), before anything is planned and before the cells' identities are compared (the launcher
 # is part of a cell's identity: a wrong launcher must not read as a change to re-measure); again
 # in `onstart` against the executor that really runs (a run started through Snakemake's API).
-# A study whose every cell is measured needs no launcher to rebuild its tables, figures and
-# report: for it the check waits for `onstart` (LAUNCHER_PROBLEM), and stops the run only if it
-# would start a cell job (check_study_launcher).
-LAUNCHER_PROBLEM = None
-
-
-def check_launcher_matches_executor(executor, *, unless_all_measured=False):
+def check_launcher_matches_executor(executor):
     from dlscale.study.matrix_checks import launcher_problem
 
-    global LAUNCHER_PROBLEM
     problem = launcher_problem(
         executor,
         STUDY.config["launcher"],
         in_allocation="SLURM_JOB_ID" in os.environ,
         command_with_launcher=lambda launcher: with_config(INVOCATION, launcher=launcher),
     )
-    if not problem:
-        return
-    if (
-        unless_all_measured
-        and not STUDY.config["remeasure"]
-        and all(os.path.exists(cell.path) for cell in STUDY.cells)
-    ):
-        LAUNCHER_PROBLEM = problem
-        return
-    raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
+    if problem:
+        raise WorkflowError(f"dlscale: {problem}\nNo job was started.")
 
 
 if INVOCATION is not None:
-    check_launcher_matches_executor(INVOCATION.executor, unless_all_measured=True)
+    check_launcher_matches_executor(INVOCATION.executor)
 
 CELLS = STUDY.by_key()
 # measured cell path -> the launcher it was measured with, where that is not this run's (the
@@ -384,13 +369,12 @@ def check_launcher_of_the_run():
     check_study_launcher()
 
 
-# A study measured with another launcher than this run's (MEASURED_LAUNCHERS), or one whose
-# launcher does not match the executor (LAUNCHER_PROBLEM), is rebuilt here, never measured: a
-# cell job this run would start (a --forcerun of a cell, a cell not measured yet) stops it
-# before the first job, with the command of the study's profile and launcher. In `onstart`,
-# where the jobs to run are known (a dry run lists them, and the notice above says it).
+# A study measured with another launcher than this run's (MEASURED_LAUNCHERS) is rebuilt here,
+# never measured: a cell job this run would start (a --forcerun of a cell, a cell not measured
+# yet) stops it before the first job, with the command of the study's profile and launcher. In
+# `onstart`, where the jobs to run are known (a dry run lists them, and the notice above says it).
 def check_study_launcher():
-    if not (MEASURED_LAUNCHERS or LAUNCHER_PROBLEM) or not workflow.is_main_process:
+    if not MEASURED_LAUNCHERS or not workflow.is_main_process:
         return
     measuring = [
         str(path)
@@ -398,8 +382,6 @@ def check_study_launcher():
         if job.rule.name.startswith(CELL_RULE_PREFIXES)
         for path in job.output
     ]
-    if measuring and LAUNCHER_PROBLEM:
-        raise WorkflowError(f"dlscale: {LAUNCHER_PROBLEM}\nNo job was started.")
     elsewhere = [p for p in measuring if p in MEASURED_LAUNCHERS or not os.path.exists(p)]
     if elsewhere:
         raise WorkflowError(
