@@ -6,7 +6,11 @@
 #     on a GPU site whose index serves PyTorch's CUDA build, DLSCALE_DRIVER_TORCH_INDEX names a
 #     CPU wheel index for the driver's torch (e.g. https://download.pytorch.org/whl/cpu): the
 #     same pin, a CPU build, without ~3 GB of CUDA libraries (the environment's identity, the
-#     hash of envs/pytorch.txt, does not change);
+#     hash of envs/pytorch.txt, does not change); installed with uv (envs/installer.txt's pin,
+#     fetched once per machine by pip into ~/.cache/dlscale) where pip's indexes serve it and it
+#     can follow every setting of pip's configuration (the same packages: indexes, find-links,
+#     constraints, certificates translated by dlscale.workflow.installer), else with pip;
+#     DLSCALE_INSTALLER=pip: pip always;
 #   - <envs>/<env>: one venv per other framework environment (envs/<env>.txt), in .venvs/ or in
 #     $DLSCALE_ENVS_DIR (project or scratch space; the workflow looks there too): tensorflow
 #     (also serves keras), mxnet, horovod (Horovod is built from its patched sdist by
@@ -120,22 +124,26 @@ interpreter_of() {
 # The frameworks' records (dlscale.registry.frameworks) name them: read with the chosen Python's
 # standard library alone, before any venv exists.
 registry() { PYTHONPATH=scripts "$INTERPRETER" -m dlscale.registry "$@"; }
-mapfile -t CPU_ENVS < <(registry environments cpu)
-mapfile -t CUDA_ENVS < <(registry environments cuda)
+# all of it in one interpreter's start (`registry setup`: a line per list, then the folder)
+mapfile -t facts < <(registry setup)
+read -ra CPU_ENVS <<< "${facts[0]:-}"
+read -ra CUDA_ENVS <<< "${facts[1]:-}"
 # layered environments (a venv over another one's site-packages: pytorch-hf, transformers and
 # accelerate over the driver's torch; dlscale.registry.model_sources), built after the others
-mapfile -t LAYERED_ENVS < <(registry layered cpu; registry layered cuda)
-[ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] || {
+read -ra LAYERED_CPU <<< "${facts[2]:-}"
+read -ra LAYERED_CUDA <<< "${facts[3]:-}"
+LAYERED_ENVS=("${LAYERED_CPU[@]}" "${LAYERED_CUDA[@]}")
+# where the framework environments go: .venvs/ or $DLSCALE_ENVS_DIR (the workflow reads the same)
+ENVS_DIR=${facts[4]:-}
+[ ${#CPU_ENVS[@]} -gt 0 ] && [ ${#CUDA_ENVS[@]} -gt 0 ] && [ -n "$ENVS_DIR" ] || {
   log "could not read the environments from dlscale.registry ($INTERPRETER -m dlscale.registry)"; exit 2; }
 DEFAULT_ENVS=0
-[ ${#ENVS[@]} -gt 0 ] || { ENVS=("${CPU_ENVS[@]}" $(registry layered cpu)); DEFAULT_ENVS=1; }
+[ ${#ENVS[@]} -gt 0 ] || { ENVS=("${CPU_ENVS[@]}" "${LAYERED_CPU[@]}"); DEFAULT_ENVS=1; }
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
   [[ " ${CPU_ENVS[*]} ${CUDA_ENVS[*]} ${LAYERED_ENVS[*]} " == *" $env "* ]] && [ -f "envs/$env.txt" ] || {
     log "unknown environment '$env'; allowed: ${CPU_ENVS[*]} ${CUDA_ENVS[*]} ${LAYERED_ENVS[*]} none"; exit 2; }
 done
-# where the framework environments go: .venvs/ or $DLSCALE_ENVS_DIR (the workflow reads the same)
-ENVS_DIR=$(registry environments-dir)
 
 # System tools: installed with --system-packages (TeX and the rest while the venvs build: apt and
 # pip wait on the network and the disk more than on the CPUs; waited for at the end), else looked
@@ -185,6 +193,33 @@ wait_for_apt() {
 
 # The driver's .venv stays in the checkout (the documented commands run .venv/bin/...).
 VENV=$ROOT/.venv
+# The driver's installer: uv (envs/installer.txt's pin), installed once per machine by the new
+# venv's pip into the user's dlscale cache, where pip's configuration has nothing uv cannot
+# follow (dlscale.workflow.installer check) and pip's indexes serve it; else pip, as always
+# with DLSCALE_INSTALLER=pip. Prints uv's path, or fails (and says why) for pip.
+uv_for_driver() {
+  local pin dir tmp why
+  [ "${DLSCALE_INSTALLER:-uv}" = uv ] || { log "installing with pip (DLSCALE_INSTALLER=$DLSCALE_INSTALLER)"; return 1; }
+  why=$(PYTHONPATH=scripts "$INTERPRETER" -m dlscale.workflow.installer check --venv "$VENV" 2>&1) || {
+    log "installing with pip: $why"; return 1; }
+  pin=$(grep -o '^uv==[^ #]*' envs/installer.txt) || return 1
+  dir=${DLSCALE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dlscale}/${pin/==/-}
+  if ! "$dir/bin/uv" --version >/dev/null 2>&1; then
+    mkdir -p "${dir%/*}"
+    tmp=$(mktemp -d "$dir.XXXXXX")
+    if ! "$VENV/bin/python" -m pip install -q --target "$tmp" "$pin" >"$ROOT/.cache/setup-uv.log" 2>&1; then
+      rm -rf "$tmp"
+      log "installing with pip: pip's indexes gave no $pin (.cache/setup-uv.log)"
+      return 1
+    fi
+    if mv -T "$tmp" "$dir" 2>/dev/null; then :
+    elif "$dir/bin/uv" --version >/dev/null 2>&1; then rm -rf "$tmp"   # another set-up's came first
+    else dir=$tmp   # a copy there that does not run: this set-up uses its own
+    fi
+  fi
+  echo "$dir/bin/uv"
+}
+uv_install() { PYTHONPATH=scripts "$INTERPRETER" -m dlscale.workflow.installer install --venv "$VENV" --uv "$uv" "$@"; }
 STAMP=$VENV/.dlscale-setup
 TORCH_PIN=$(sed -n 's/^\(torch==[^ #]*\).*/\1/p' envs/pytorch.txt)
 # the driver's torch: envs/pytorch.txt's pin from the site's CPU wheel index where one is named
@@ -203,16 +238,33 @@ else
   clear=()
   [ ! -e "$VENV/bin/python" ] || [ "$(interpreter_of "$VENV")" = "$INTERPRETER" ] || clear=(--clear)
   "$PYTHON_PATH" -m venv "${clear[@]}" "$VENV"
-  # The venv's bundled pip (23.2) crashes byte-compiling the torch 2.13 wheel: upgrade it first.
-  "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
-  if [ -n "$driver_torch_index" ]; then
-    log "the driver's torch from $driver_torch_index (DLSCALE_DRIVER_TORCH_INDEX)"
-    "$VENV/bin/python" -m pip install -q --no-deps --index-url "$driver_torch_index" "$TORCH_PIN"
+  if uv=$(uv_for_driver); then
+    # the same packages as pip's lines below (pip's configuration translated, pip upgraded
+    # alike), faster; uv byte-compiles them as pip does
+    log "installing with uv ($uv)"
+    if [ -n "$driver_torch_index" ]; then
+      log "the driver's torch from $driver_torch_index (DLSCALE_DRIVER_TORCH_INDEX)"
+      uv_install --index-url "$driver_torch_index" -- --no-deps "$TORCH_PIN"
+    fi
+    uv_install -- "pip>=24" -r envs/workflow.txt -r envs/pytorch.txt
+    uv_install -- --no-deps -e .
+  else
+    # The venv's bundled pip (23.2) crashes byte-compiling the torch 2.13 wheel: upgrade it first.
+    "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+    if [ -n "$driver_torch_index" ]; then
+      log "the driver's torch from $driver_torch_index (DLSCALE_DRIVER_TORCH_INDEX)"
+      "$VENV/bin/python" -m pip install -q --no-deps --index-url "$driver_torch_index" "$TORCH_PIN"
+    fi
+    "$VENV/bin/python" -m pip install -q -r envs/workflow.txt -r envs/pytorch.txt
+    "$VENV/bin/python" -m pip install -q --no-deps -e .
   fi
-  "$VENV/bin/python" -m pip install -q -r envs/workflow.txt -r envs/pytorch.txt
-  "$VENV/bin/python" -m pip install -q --no-deps -e .
+  # dlscale's own modules byte-compiled once, as the installers compile site-packages: every
+  # process of a study imports them (the driver, each cell's launcher and ranks), and where
+  # PYTHONDONTWRITEBYTECODE is set none of them would keep what it compiled
+  # (a file that does not compile fails where it is imported, not here)
+  "$VENV/bin/python" -m compileall -q -j0 scripts >/dev/null || true
   # the driver runs PyTorch's CPU cells and the workflow: a CUDA build there is GBs for nothing
-  if ! torch_build=$(PYTHONPATH=scripts "$PYTHON_PATH" -m dlscale.workflow.capability \
+  if ! torch_build=$(PYTHONPATH=scripts "$INTERPRETER" -m dlscale.workflow.capability \
                      --env-dir "$VENV" --framework pytorch --expect-cpu); then
     if [ -n "$driver_torch_index" ]; then
       log "$driver_torch_index gave .venv a CUDA build of torch ($torch_build); name a CPU wheel index in DLSCALE_DRIVER_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cpu)"
@@ -222,9 +274,17 @@ else
   fi
   echo "$want" > "$STAMP"
 fi
-# (versions from the installed metadata: importing snakemake or torch here would cost seconds
-# on every run of the demo and the tests)
-[ "$CHECK" = 1 ] || log "driver ready: $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print("snakemake", v("snakemake") + ", torch", v("torch"))')"
+# (versions from the installed metadata, named by their dist-info folders: importing snakemake
+# or torch here would cost seconds, and even importlib.metadata an interpreter's start, on every
+# run of the demo and the tests)
+installed_version() {
+  local info
+  for info in "$VENV"/lib/python*/site-packages/"$1"-*.dist-info; do
+    [ -d "$info" ] && { info=${info##*/}; info=${info%.dist-info}; echo "${info#"$1"-}"; return 0; }
+  done
+  echo "not installed"
+}
+[ "$CHECK" = 1 ] || log "driver ready: snakemake $(installed_version snakemake), torch $(installed_version torch)"
 
 # One venv per framework environment (keras runs in the tensorflow one), built side by side
 # (each pip install waits on downloads and the disk; Horovod's build is the one that computes),

@@ -13,6 +13,9 @@ for (pytorch-cu128: 12.8, from cuda_drivers.json); nothing for the others.
 one's site-packages: pytorch-hf, dlscale.registry.model_sources), one per line;
 `python -m dlscale.registry layered-base ENV`: the environment ENV is layered over (nothing:
 the driver's .venv).
+`python -m dlscale.registry setup`: what scripts/setup.sh asks before it builds anything, in one
+interpreter's start: the cpu environments, the cuda ones, the layered cpu ones and the layered
+cuda ones (a line each, names separated by spaces), then the environments folder.
 Standard library only: setup.sh runs it with the interpreter it was given (--python, DLSCALE_PYTHON,
 python3) before any venv exists."""
 
@@ -51,6 +54,11 @@ def pip_index(env: str, environ=os.environ) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["setup"]:
+        for names in (environments("cpu"), environments("cuda"), layered("cpu"), layered("cuda")):
+            print(" ".join(names))
+        print(environments_dir(os.getcwd()))
+        return 0
     if argv == ["environments-dir"]:
         print(environments_dir(os.getcwd()))
         return 0
