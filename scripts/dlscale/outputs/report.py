@@ -310,6 +310,13 @@ def compile_pdf(tex: str, log: str) -> None:
         )
     tex_path = Path(tex)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
+    # attachfile2's record of the attached table (<name>.atfi), empty where none exists yet: the
+    # first pdflatex run then reads it as every later run does, so latexmk does not take its
+    # appearance in the second run for a change and run a third, identical pass (2 runs, not 3,
+    # for the same PDF)
+    atfi = tex_path.with_suffix(".atfi")
+    if not atfi.exists():
+        atfi.touch()
     with open(log, "w") as fh:
         proc = subprocess.run(
             [
