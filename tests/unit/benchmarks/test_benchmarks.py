@@ -79,6 +79,7 @@ HANG_SECONDS = 300
 OWN_TEST = {
     "gpu_suite.py": "tests/unit/benchmarks/test_gpu_suite.py (its CPU path, every row it can run)",
     "loss_breaks.py": "tests/unit/benchmarks/test_loss_breaks.py (one break on one real check)",
+    "demo_time.py": "tests/unit/benchmarks/test_demo_time.py (the breakdown of a kept run, --help)",
 }
 
 
