@@ -18,13 +18,18 @@ database's cost to a study, two studies writing at once and a driver killed mid-
 - write: each cell of a study folder (`--study`, else 20 synthetic cells) recorded alone into a
   fresh database, as the driver records a landed cell (read, validate, one transaction): the
   median and the largest (target <= 50 ms).
+- driver: the CPU seconds the database costs the driver itself, in this process: a recorder
+  that opens a new database and writes each of the study's cells as it lands, then the
+  history job.
 - --workflow (minutes): the demo study (config/config.yaml, 20 cells) on the local profile
-  with the database and without (`--config database=off`), alternating, `--rounds` each, fresh
-  copies (target: the median within 2 % or 1 s); then the tiny study as two studies at once into
-  one database, and a third study whose driver is killed with SIGKILL as soon as its first row
-  is written, run again: every study's rows counted against its folders (0 lost, 0 duplicated),
-  SQLite's integrity_check. `--postgres` starts a PostgreSQL server of its own
-  (scripts/postgres/up.sh) for that part; `--database URL` uses one.
+  with the database and without (`--config database=off`), both started at once in fresh copies
+  (side by side: both see the machine's other load), `--rounds` times: wall and CPU seconds of
+  each driver with everything it started (target: the medians within 2 % or 1 s); then the
+  tiny study as two studies at once into one database, and a third study whose driver is
+  killed with SIGKILL as soon as its first row is written, run again: every study's rows
+  counted against its folders (0 lost, 0 duplicated), SQLite's integrity_check. `--postgres`
+  starts a PostgreSQL server of its own (scripts/postgres/up.sh) for that part; `--database
+  URL` uses one; `--only-workflow` skips the parts above.
 """
 
 from __future__ import annotations
@@ -155,6 +160,47 @@ def write_timings(study: Path | None, workdir: Path) -> str:
     )
 
 
+def driver_cost(study: Path | None, workdir: Path, land_every: float = 0.25) -> str:
+    """What the database costs the driver, in CPU seconds of this process (its threads): a
+    recorder that opens a new database, sees each of the study's cells land and writes its row,
+    and stops; then the history job (record what is missing, judge, write the tables)."""
+    import shutil as sh
+
+    from dlscale.decisions.history_report import history_job
+    from dlscale.workflow.recorder import Recorder
+
+    source = study or results_db.write_study(workdir / "cost-src", "cost", nodes=(1, 2), reps=10)
+    work = workdir / "cost" / "results" / source.name
+    cells = sorted(p for p in source.rglob("metrics.jsonl") if "measurements" not in p.parts)
+    planned = [work / p.relative_to(source) for p in cells]
+    url = f"sqlite:///{workdir / 'cost' / 'results' / store.DATABASE_FILE}"
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    recorder = Recorder(url, work, [str(p) for p in planned], poll_s=0.2).start()
+    for src, dst in zip(cells, planned):  # each cell lands: its measurement folder, then the link
+        sh.copytree(src.parent / "measurements", dst.parent / "measurements")
+        os.link(next((dst.parent / "measurements").glob("*/metrics.jsonl")), dst)
+        time.sleep(land_every)
+    recorder.stop()
+    recorded = time.process_time() - cpu0
+    outputs = {
+        k: str(work / v)
+        for k, v in {
+            "table": "history/history.csv",
+            "verdicts": "history/verdicts.csv",
+            "tex": "report/history.tex",
+            "figure": "history/history.pdf",
+        }.items()
+    }
+    cpu1 = time.process_time()
+    history_job(url, str(work), outputs, str(work / "logs" / "history.log"))
+    judged = time.process_time() - cpu1
+    return (
+        f"driver's CPU for the database over {len(cells)} landed cells: recorder {recorded:.2f} s "
+        f"(new database, {recorder.inserted} rows, {time.perf_counter() - wall0:.1f} s of "
+        f"watching), history job {judged:.2f} s"
+    )
+
+
 # ---- the workflow -----------------------------------------------------------------------------
 def checkout(dest: Path, config: dict) -> Path:
     """A new folder `dest` holding the workflow with `config` (helpers.checkout.copy_workflow)."""
@@ -191,24 +237,27 @@ def overhead(root: Path, rounds: int) -> list[str]:
     cpus = {"with": [], "without": []}
     for r in range(rounds):
         order = ("without", "with") if r % 2 == 0 else ("with", "without")
-        for variant in order:
+        runs = {}
+        for variant in order:  # started together: both see the machine's other load
             work = checkout(root / f"demo-{variant}-{r}", demo)
             extra = ["--config", "database=off"] if variant == "without" else []
-            log = work / "run.log"
-            t0 = time.perf_counter()
-            cpu = finished(snakemake(work, *extra, log=log), f"demo {variant} {r}", log)
+            runs[variant] = (work / "run.log", time.perf_counter())
+            runs[variant] += (snakemake(work, *extra, log=runs[variant][0]),)
+        for variant, (log, t0, proc) in runs.items():
+            cpu = finished(proc, f"demo {variant} {r}", log)
             walls[variant].append(time.perf_counter() - t0)
             cpus[variant].append(cpu)
+        for variant in order:
             print(
                 f"  round {r + 1} {variant:7} database: wall {walls[variant][-1]:.1f} s, "
-                f"CPU {cpu:.1f} s (load average {os.getloadavg()[0]:.1f})",
+                f"CPU {cpus[variant][-1]:.1f} s (load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
     lines = []
     for what, values in (("wall", walls), ("CPU", cpus)):
         w, wo = statistics.median(values["with"]), statistics.median(values["without"])
         lines.append(
-            f"demo study (20 cells), {what}, median of {rounds} each, alternating: with the "
+            f"demo study (20 cells), {what}, median of {rounds} each, side by side: with the "
             f"database {w:.1f} s, without {wo:.1f} s: {w - wo:+.1f} s "
             f"({(w / wo - 1) * 100:+.1f} %); target within 2 % or 1 s"
         )
@@ -286,7 +335,9 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--study", type=Path, help="a study folder whose cells' writes are timed")
     p.add_argument("--workdir", type=Path)
+    p.add_argument("--land-every", type=float, default=0.25, help="driver: s between cells")
     p.add_argument("--workflow", action="store_true", help="the real studies (minutes)")
+    p.add_argument("--only-workflow", action="store_true", help="skip the synthetic parts")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--database", help="the concurrency part's database URL")
     p.add_argument("--postgres", action="store_true", help="start a server of its own for it")
@@ -298,17 +349,21 @@ def main() -> None:
     load = os.getloadavg()
     print(f"{os.cpu_count()} CPUs, load average {load[0]:.2f}; work in {root}")
 
-    for name, rates in verdict_rates(a.trials).items():
+    if a.only_workflow:
+        a.workflow = True
+    for name, rates in ({} if a.only_workflow else verdict_rates(a.trials)).items():
         shown = ", ".join(f"{v} {r * 100:.1f} %" for v, r in rates.items())
         print(f"verdicts {name} ({a.trials} trials, 2 % noise): {shown}")
-    t0 = time.perf_counter()
-    db, runs = build_database(root / "query.sqlite", a.rows)
-    print(f"query database: {store.counts(db)['measurements']} rows in "
-          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
-    for line in query_timings(db, runs):
-        print(line)
-    db.close()
-    print(write_timings(a.study, root))
+    if not a.only_workflow:
+        t0 = time.perf_counter()
+        db, runs = build_database(root / "query.sqlite", a.rows)
+        print(f"query database: {store.counts(db)['measurements']} rows in "
+              f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+        for line in query_timings(db, runs):
+            print(line)
+        db.close()
+        print(write_timings(a.study, root))
+        print(driver_cost(a.study, root, a.land_every))
     if not a.workflow:
         return
     for line in overhead(root, a.rounds):

@@ -9,7 +9,8 @@ The results database (dlscale.store.database) holds every measurement of every s
   or `configuration` (the same but for the software stack: framework environment, modules,
   variables), as `match` asks (identity or software; MATCHES).
 - **A point** (a run) of a series is what one study measured of it on one software stack
-  (`stack`: the hash of the measurement's software versions, dlscale's commit among them): its
+  (`stack`: the hash of the measurement's software versions but its nodes and dlscale's
+  commit, dlscale.store.database.NOT_STACK): its
   repetitions are the samples; its median and the median's interval
   (dlscale.analysis.stats.median_interval: the order-statistic 95 % CI where n >= 6, the range
   below) and n are what the table and the trend figure show. Points are ordered by their first
@@ -37,6 +38,7 @@ import math
 import operator
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,8 +291,13 @@ def history_table(
     series by series. `software_all` holds each point's every version (labels, not CSV)."""
     rows = []
     points_of = series_points(measured, match)
-    for series, points in sorted(points_of.items(), key=lambda kv: kv[0][:-1]):
+    # axes alike, identities apart (another launcher, batch, step count, ...): each its series,
+    # told apart by its hash's start
+    alike = Counter(series_label(series) for series in points_of)
+    for series, points in sorted(points_of.items(), key=lambda kv: kv[0]):
         label = series_label(series)
+        if alike[label] > 1:
+            label += f" #{series[-1][:8]}"
         for i, row in enumerate(judge(points, threshold)):
             rows.append(
                 {

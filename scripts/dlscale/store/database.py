@@ -581,8 +581,11 @@ def software_stack(records: list[dict]) -> dict[str, str]:
     return {k: str(v) for k, v in out.items() if v not in (None, "")}
 
 
-# What of a software stack names the run, not the software: left out of its hash (`stack`).
-NOT_STACK = ("nodes",)
+# What of a software stack is left out of its hash (`stack`): the nodes name where a run ran,
+# not what it ran; dlscale's own commit moves with every change to the checkout (a study
+# measured while the harness was edited would be split into runs), while what the harness
+# measures is in the cell's identity. Both stay in `software`, so what changed names them.
+NOT_STACK = ("nodes", "dlscale commit")
 
 
 def stack_hash(software: dict[str, str]) -> str:
@@ -662,18 +665,18 @@ def measurements_on_disk_of(cell_dir: str | Path, study_dir: str | Path) -> list
 
 
 def measurements_on_disk(study_dir: str | Path) -> list[OnDisk]:
-    """Every kept measurement of a study folder's cells (each workload's folder)."""
+    """Every kept measurement of a study folder's cells (each workload's folder), also of a
+    cell whose current metrics file is gone (a failed re-measurement removed the link; its
+    earlier measurements stay)."""
     study_dir = Path(study_dir)
-    found = []
+    cells = set()
     for workload_dir in WORKLOAD_DIRS.values():
         top = study_dir / workload_dir
-        if not top.is_dir():
-            continue
-        for current in sorted(top.rglob(METRICS_FILE)):
-            if current.parent.parent.name == MEASUREMENTS_DIR:
-                continue  # a measurement's own file: listed with its cell
-            found += measurements_on_disk_of(current.parent, study_dir)
-    return found
+        if top.is_dir():
+            for found in top.rglob(METRICS_FILE):
+                kept = found.parent.parent.name == MEASUREMENTS_DIR  # a measurement's own
+                cells.add(found.parent.parent.parent if kept else found.parent)
+    return [m for cell in sorted(cells) for m in measurements_on_disk_of(cell, study_dir)]
 
 
 @dataclass

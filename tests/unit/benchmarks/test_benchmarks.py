@@ -48,7 +48,7 @@ SMALLEST = {
         "loader cifar_binary w0",
     ),
     "history_database.py": (
-        ["--trials", "5", "--rows", "600", "--workdir", "{tmp}"],
+        ["--trials", "5", "--rows", "600", "--land-every", "0.02", "--workdir", "{tmp}"],
         "write one cell's row:",
     ),
     "plan_solve.py": (["--repeats", "1", "--frameworks", "1", "--models", "1"], "binding:"),
