@@ -875,15 +875,34 @@ net_ready
 # the login side can look in), /dev/shm (a tmpfs) and node-local scratch: the node's mounts in
 # a table of its own (nodes/nX/fstab), made by one `mount -a` (one process: a bring-up is timed
 # against the single-address one's). The nodes start at once, each in the background.
+# What a parallel file system would share but lies under /tmp (the checkout itself when it was
+# cloned there, $HOME, the folders named in DLSCALE_SLURM_SHARED, colon-separated): each is
+# bind-mounted into the node's own /tmp at the same path, so the nodes see the study's files.
+shared_under_tmp() {
+    local p
+    local -a paths
+    IFS=: read -ra paths <<<"${DLSCALE_SLURM_SHARED:-}"
+    for p in "$(cd "$SCRIPT_DIR/../.." && pwd -P)" "${HOME:-}" "${paths[@]}"; do
+        [ -n "$p" ] && [ -d "$p" ] || continue
+        p=$(cd "$p" && pwd -P)
+        [[ $p == /tmp/* ]] && echo "$p"
+    done | sort -u
+}
 node_fstab() {   # node_fstab NODE: the node's mount table, in order
-    local d=$STATE_DIR/nodes/$1
+    local d=$STATE_DIR/nodes/$1 p
+    local -a shared=()
+    for p in $(shared_under_tmp); do   # under the node's /tmp before it is mounted (rbind)
+        mkdir -p "$d/tmp/${p#/tmp/}"
+        shared+=("$p $d/tmp/${p#/tmp/} none bind 0 0")
+    done
     printf '%s\n' \
         "/sys/fs/cgroup $d/.cgroup none rbind 0 0" \
         "dlscale-sysfs /sys sysfs defaults 0 0" \
         "$d/.cgroup /sys/fs/cgroup none rbind 0 0" \
         "$d/hosts /etc/hosts none bind 0 0" \
         ${NUMA_BIND:+"$NUMA_BIND /sys/devices/system/node none bind 0 0"} \
-        "$d/tmp /tmp none bind 0 0" \
+        "${shared[@]}" \
+        "$d/tmp /tmp none rbind 0 0" \
         "dlscale-shm /dev/shm tmpfs mode=1777,nosuid,nodev 0 0" \
         "$d/scratch $STATE_DIR/scratch none bind 0 0"
 }
