@@ -55,6 +55,7 @@ from dlscale.analysis.regression_stats import (
 )
 from dlscale.analysis.stats import interval_label, median_interval
 from dlscale.outputs.history_figure import day, point_label
+from dlscale.registry import frameworks
 from dlscale.store import database as store
 
 MEASURE = "throughput_samples_per_s"
@@ -77,8 +78,14 @@ DEFAULT_MATCH = "software"
 # What a query may select on (command-line flags), besides the study.
 FILTERS = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism", "nodes")
 FIRST = "first"  # the verdict column of a series' first point: nothing to compare with
-# The software names the table shows for a point (where recorded), besides the commit.
-SHOWN_SOFTWARE = ("torch", "tensorflow", "mxnet", "horovod", "NCCL", "CUDA", "GPU driver")
+# The software names the table shows for a point (where recorded), besides the commit: each
+# framework's packages (its registry record's imports) and the GPU stack.
+SHOWN_SOFTWARE = (
+    *dict.fromkeys(m.split(".")[0] for f in frameworks.names() for m in frameworks.get(f).imports),
+    "NCCL",
+    "CUDA",
+    "GPU driver",
+)
 LOADED = (
     "study",
     "cell",

@@ -267,7 +267,7 @@ def test_sqlite_on_a_network_file_system_takes_the_rollback_journal_and_a_lock(
     info.write_text(MOUNTINFO)
     assert store.filesystem_type("/mnt/shared/results", str(info)) == "nfs4"
     assert store.filesystem_type("/mnt/shared/local/x", str(info)) == "tmpfs"
-    assert store.filesystem_type("/home/u", str(info)) == "ext4"
+    assert store.filesystem_type("/srv/data", str(info)) == "ext4"
 
     monkeypatch.setattr(store, "network_filesystem", lambda path: "nfs4")
     url = f"sqlite:///{tmp_path / 'results' / store.DATABASE_FILE}"
