@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO / "tests"))  # helpers.results_db: synthetic rows an
 
 from dlscale.analysis.regression_stats import FAIL, PASS, UNCERTAIN, slowdown_verdict  # noqa: E402
 from dlscale.decisions import history  # noqa: E402
+from dlscale.registry import frameworks  # noqa: E402
 from dlscale.store import database as store  # noqa: E402
 
 from helpers import results_db  # noqa: E402
@@ -82,7 +83,7 @@ def verdict_rates(trials: int, seed: int = 0) -> dict[str, dict[str, float]]:
 SERIES = [
     {"hardware": hw, "framework": fw, "model": model, "nodes": nodes}
     for hw in ("h100", "a100", "v100", "mi250", "cpu")
-    for fw in ("pytorch", "tensorflow", "jax", "mxnet")
+    for fw in (*frameworks.names()[:3], "jax")  # three registered frameworks and a label
     for model in ("llama3_8b", "resnet50", "gpt2_124m", "vit_b16", "bert_large")
     for nodes in (1, 2, 4, 8, 16)
 ]  # 500 series
