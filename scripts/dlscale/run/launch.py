@@ -774,7 +774,13 @@ def run_cell(
         from dlscale.run.script_cell import run_script
 
         return run_script(
-            cell, output, rank_dir, site.environment, git_commit=git_commit, python=python
+            cell,
+            output,
+            rank_dir,
+            site.environment,
+            git_commit=git_commit,
+            python=python,
+            launch=sys.modules[__name__],  # its ranks start and fail as every cell's
         )
     argv = train_argv(rank_dir, python)
     print(

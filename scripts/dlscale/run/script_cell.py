@@ -455,9 +455,11 @@ def run_script(
     *,
     git_commit: str | None,
     python: str,
+    launch,
 ) -> int:
-    """Run a script cell (module docstring); its exit code."""
-    from dlscale.run import launch
+    """Run a script cell (module docstring); its exit code. `launch`: dlscale.run.launch, the
+    caller, whose rank start-up and failure records the cell uses (passed, not imported: the
+    launcher imports this module)."""
     from dlscale.run.script_rank import COMMAND_FILE
     from dlscale.store import metrics
     from dlscale.store.measurements import keep_measurement

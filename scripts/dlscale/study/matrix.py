@@ -490,7 +490,7 @@ def build_matrix(
         }
         if workload == script_workload.SCRIPT_WORKLOAD:
             cells += script_workload.script_cells(
-                config, hardware, axes, shared, reps[workload], scripts
+                config, hardware, axes, shared, reps[workload], scripts, cell_environment_key
             )
             continue
         for combo_values in itertools.product(*(axes[a] for a in AXES)):

@@ -108,33 +108,11 @@ def used(config: dict) -> bool:
     return SCRIPT_WORKLOAD in config.get("workloads", ())
 
 
-def script_axes(config: dict) -> dict:
-    """The axes the script workload's cells span: script.axes, each null taking the study's
-    axes (framework: every script; model: the models of those scripts; mode: eager)."""
-    from dlscale.study.cell import AXES
-
-    own, study = section(config).get("axes") or {}, config["axes"]
-    scripts = section(config).get("scripts") or {}
-    axes = {a: own[a] if own.get(a) is not None else study.get(a) for a in AXES}
-    axes["framework"] = own.get("framework") or list(scripts)
-    axes["model"] = list(
-        dict.fromkeys(
-            (scripts.get(label) or {}).get("model", "script") for label in axes["framework"]
-        )
-    )
-    axes["mode"] = ["eager"]
-    axes["ranks_per_node"] = (
-        own["ranks_per_node"]
-        if own.get("ranks_per_node") is not None
-        else study.get("ranks_per_node")
-    )
-    return axes
-
-
 def cell_count(config: dict) -> int:
     """How many combinations of script.axes are cells: a script's cells have its own model
     only (the product over the model axis would count the others'), exclusions not applied."""
     from dlscale.study.cell import AXES
+    from dlscale.study.workloads import script_axes
 
     axes = script_axes(config)
     ranks = len(axes.get("ranks_per_node") or [None])
@@ -516,6 +494,8 @@ def read_scripts(config: dict, workflow_dir: str | Path) -> tuple[dict[str, Scri
             seed=int(sec.get("seed", 0)),
             listed=None if spec.get("files") is None else tuple(spec["files"]),
         )
+    from dlscale.study.workloads import script_axes
+
     axes = script_axes(config)
     for i, label in enumerate(axes["framework"]):
         if label not in scripts:
@@ -652,13 +632,14 @@ def script_cells(
     shared: dict,
     reps: int,
     scripts: dict[str, Script],
+    cell_environment_key,
 ) -> list:
     """The script workload's cells: every combination of its axes (a script with its own
     model), minus `exclude`, one per repetition. `shared`: what build_matrix gives every
-    workload's cells (hardware hashes, environments, containers, common fields)."""
+    workload's cells (hardware hashes, environments, containers, common fields);
+    `cell_environment_key`: dlscale.study.matrix's, passed by its caller (build_matrix)."""
     from dlscale.registry.gpu_bindings import canonical as canonical_binding
     from dlscale.study.cell import AXES, Cell
-    from dlscale.study.matrix import cell_environment_key
     from dlscale.study.workloads import (
         excluded,
         ranks_per_node,

@@ -30,10 +30,29 @@ def workload_axes(config: dict) -> dict[str, dict]:
         out["convergence"]["parallelism"] = [DEFAULT_PARALLELISM]
         out["convergence"]["ranks_per_node"] = None
     if "script" in config["workloads"]:  # a user's script (dlscale.study.script_workload)
-        from dlscale.study.script_workload import script_axes
-
         out["script"] = script_axes(config)
     return out
+
+
+def script_axes(config: dict) -> dict:
+    """The axes the script workload's cells span: script.axes, each null taking the study's
+    axes (framework: every script; model: the models of those scripts; mode: eager)."""
+    own, study = (config.get("script") or {}).get("axes") or {}, config["axes"]
+    scripts = (config.get("script") or {}).get("scripts") or {}
+    axes = {a: own[a] if own.get(a) is not None else study.get(a) for a in AXES}
+    axes["framework"] = own.get("framework") or list(scripts)
+    axes["model"] = list(
+        dict.fromkeys(
+            (scripts.get(label) or {}).get("model", "script") for label in axes["framework"]
+        )
+    )
+    axes["mode"] = ["eager"]
+    axes["ranks_per_node"] = (
+        own["ranks_per_node"]
+        if own.get("ranks_per_node") is not None
+        else study.get("ranks_per_node")
+    )
+    return axes
 
 
 def workload_repetitions(config: dict) -> dict[str, int]:
