@@ -193,23 +193,24 @@ wait_for_apt() {
 
 # The driver's .venv stays in the checkout (the documented commands run .venv/bin/...).
 VENV=$ROOT/.venv
-# The driver's installer: uv (envs/installer.txt's pin), installed once per machine by the new
-# venv's pip into the user's dlscale cache, where pip's configuration has nothing uv cannot
-# follow (dlscale.workflow.installer check) and pip's indexes serve it; else pip, as always
-# with DLSCALE_INSTALLER=pip. Prints uv's path, or fails (and says why) for pip.
+# The driver's installer: uv (envs/installer.txt's pin), installed once per machine by the
+# interpreter's pip into the user's dlscale cache, where pip's configuration has nothing uv cannot
+# follow (dlscale.workflow.installer check) and pip's indexes serve it; else pip, as always with
+# DLSCALE_INSTALLER=pip. Asked before the venv exists (uv's venv needs no pip of its own to start
+# with). Prints uv's path, or fails (and says why) for pip.
 uv_for_driver() {
   local pin dir tmp why
   [ "${DLSCALE_INSTALLER:-uv}" = uv ] || { log "installing with pip (DLSCALE_INSTALLER=$DLSCALE_INSTALLER)"; return 1; }
-  why=$(PYTHONPATH=scripts "$INTERPRETER" -m dlscale.workflow.installer check --venv "$VENV" 2>&1) || {
-    log "installing with pip: $why"; return 1; }
+  why=$(PYTHONPATH=scripts "$INTERPRETER" -m dlscale.workflow.installer check 2>&1) || {
+    log "installing with pip: ${why:-no pip beside $INTERPRETER}"; return 1; }
   pin=$(grep -o '^uv==[^ #]*' envs/installer.txt) || return 1
   dir=${DLSCALE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dlscale}/${pin/==/-}
   if ! "$dir/bin/uv" --version >/dev/null 2>&1; then
     mkdir -p "${dir%/*}"
     tmp=$(mktemp -d "$dir.XXXXXX")
-    if ! "$VENV/bin/python" -m pip install -q --target "$tmp" "$pin" >"$ROOT/.cache/setup-uv.log" 2>&1; then
+    if ! "$INTERPRETER" -m pip install -q --target "$tmp" "$pin" >"$ROOT/.cache/setup-uv.log" 2>&1; then
       rm -rf "$tmp"
-      log "installing with pip: pip's indexes gave no $pin (.cache/setup-uv.log)"
+      log "installing with pip: pip gave no $pin (.cache/setup-uv.log)"
       return 1
     fi
     if mv -T "$tmp" "$dir" 2>/dev/null; then :
@@ -237,18 +238,21 @@ else
   log "building .venv with $PYTHON_PATH (Python $PYTHON_VERSION): Snakemake, analysis stack, $TORCH_PIN CPU, dlscale"
   clear=()
   [ ! -e "$VENV/bin/python" ] || [ "$(interpreter_of "$VENV")" = "$INTERPRETER" ] || clear=(--clear)
-  "$PYTHON_PATH" -m venv "${clear[@]}" "$VENV"
   if uv=$(uv_for_driver); then
-    # the same packages as pip's lines below (pip's configuration translated, pip upgraded
-    # alike), faster; uv byte-compiles them as pip does
+    # the same packages as pip's lines below (pip's configuration translated; pip itself
+    # installed as pip upgrades itself there), faster, then byte-compiled as pip compiles
+    # (the packages' test suites aside: dlscale.workflow.installer)
     log "installing with uv ($uv)"
+    "$PYTHON_PATH" -m venv --without-pip "${clear[@]}" "$VENV"
     if [ -n "$driver_torch_index" ]; then
       log "the driver's torch from $driver_torch_index (DLSCALE_DRIVER_TORCH_INDEX)"
       uv_install --index-url "$driver_torch_index" -- --no-deps "$TORCH_PIN"
     fi
     uv_install -- "pip>=24" -r envs/workflow.txt -r envs/pytorch.txt
     uv_install -- --no-deps -e .
+    PYTHONPATH=scripts "$INTERPRETER" -m dlscale.workflow.installer compile --venv "$VENV"
   else
+    "$PYTHON_PATH" -m venv "${clear[@]}" "$VENV"
     # The venv's bundled pip (23.2) crashes byte-compiling the torch 2.13 wheel: upgrade it first.
     "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
     if [ -n "$driver_torch_index" ]; then

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.workflow.installer import Untranslatable, effective, pip_settings, translate
+from dlscale.workflow.installer import (
+    NOT_COMPILED,
+    Untranslatable,
+    compile_command,
+    compiles,
+    effective,
+    pip_settings,
+    translate,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 ENVS = sorted((ROOT / "envs").glob("*.txt"))  # the set-up reads several
@@ -47,10 +56,10 @@ def test_pip_settings_follow_pips_precedence():
 
 def test_this_machines_configuration_translates_to_the_same_indexes():
     args, env = translate(effective(LISTING))
-    pairs = list(zip(args[::2], args[1::2]))
-    # pip's rule over several indexes (the best version anywhere), byte-compiled as pip does
+    pairs = list(zip(args, args[1:]))  # each flag beside the value after it
+    # pip's rule over several indexes (the best version anywhere), uv's own configuration aside
     assert args[:2] == ["--index-strategy", "unsafe-best-match"]
-    assert "--compile-bytecode" in args and "--no-config" in args
+    assert "--no-config" in args
     assert ("--find-links", "/opt/wheels") in pairs  # the CPU torch wheel
     assert ("--constraints", "/etc/xdg/pip/constraints.txt") in pairs
     extras = [v for k, v in pairs if k == "--extra-index-url"]
@@ -80,9 +89,19 @@ def test_settings_that_shape_the_install_reach_uv(setting, expected):
     assert all(a in args for a in expected), args
 
 
-def test_no_compile_drops_byte_compilation():
-    assert "--compile-bytecode" not in translate({"no-compile": "1"})[0]
-    assert "--compile-bytecode" in translate({"compile": "yes"})[0]
+def test_compiled_as_pip_compiles_but_the_packages_test_suites(tmp_path):
+    assert compiles({}) and compiles({"compile": "yes"}) and compiles({"no-compile": "0"})
+    assert not compiles({"no-compile": "1"}) and not compiles({"compile": "false"})
+    venv = tmp_path / "v"
+    (venv / "lib/python3.11/site-packages").mkdir(parents=True)
+    cmd = compile_command(venv)
+    assert cmd[:3] == [str(venv / "bin/python"), "-m", "compileall"]
+    assert cmd[-1] == str(venv / "lib/python3.11/site-packages")
+    left_out = re.compile(NOT_COMPILED)
+    assert left_out.search("/v/site-packages/pandas/tests/frame/test_api.py")
+    assert left_out.search("/v/site-packages/scipy/linalg/test/x.py")
+    for kept in ("/v/site-packages/_pytest/main.py", "/v/site-packages/torch/testing/_c.py"):
+        assert not left_out.search(kept)
 
 
 @pytest.mark.parametrize("key", ["prefer-binary", "keyring-provider", "use-feature", "user"])
@@ -97,9 +116,18 @@ def test_the_real_pip_is_read(tmp_path, monkeypatch):
     conf.write_text("[global]\nextra-index-url = file:///x/simple\n[install]\nno-compile = yes\n")
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
     monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/here")
-    got = pip_settings(Path(sys.prefix))
+    got = pip_settings()
     assert got["extra-index-url"] == "file:///x/simple" and got["find-links"] == "/wheels/here"
     assert got["no-compile"] == "yes"
+
+
+def test_a_pip_conf_of_the_interpreters_own_means_pip(monkeypatch, tmp_path):
+    """pip reads <prefix>/pip.conf of the interpreter it runs in: the set-up's interpreter reads
+    it, the venv's pip would not, so the translation of this interpreter's view is refused."""
+    (tmp_path / "pip.conf").write_text("[global]\nindex-url = https://only.here/simple\n")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    with pytest.raises(Untranslatable, match="pip.conf"):
+        pip_settings()
 
 
 def test_setup_with_nothing_to_do_stays_a_no_op(tmp_path):
