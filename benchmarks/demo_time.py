@@ -73,9 +73,10 @@ SETUP_KINDS = [
     ("pip upgrade", r"pip install .*--upgrade .*pip"),
     ("packages", r"(pip install|installer install|uv pip install)"),
     ("venv", r"-m venv|uv venv"),
+    ("byte-compile site-packages", r"installer compile"),
     ("byte-compile dlscale", r"compileall"),
     ("checks", r"capability|installer check|importlib\.metadata|_base_executable|pip config"),
-    ("interpreter and registry", r"(dlscale\.registry|import os, sys|pyenv|sys\.version_info)"),
+    ("interpreter and registry", r"(dlscale\.registry|import os, sys|pyenv-|sys\.version_info)"),
 ]
 CELL_RULE = re.compile(r"^(train|converge)_")
 LINE = re.compile(r"^(\d+\.\d+) (.*)$")
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parse:
         folders = sorted(p.parent for p in args.parse.glob("**/run.json"))
-        runs = [breakdown(f) for f in folders]
+        runs = sorted((breakdown(f) for f in folders), key=lambda b: b["started"])
         for b in runs:
             print_run(b)
         if len(runs) > 1:
