@@ -57,26 +57,17 @@ from dlscale.analysis.stats import interval_label, median_interval
 from dlscale.outputs.history_figure import day, point_label
 from dlscale.registry import frameworks
 from dlscale.store import database as store
+from dlscale.study.cell import AXES
 
 MEASURE = "throughput_samples_per_s"
 # The columns a series is named by (its key), in the tables' order.
-SERIES = (
-    "hardware",
-    "framework",
-    "model",
-    "policy",
-    "precision",
-    "mode",
-    "parallelism",
-    "nodes",
-    "ranks_per_node",
-)
+SERIES = (*AXES, "ranks_per_node")
 # Which identity hash a series is matched by: the same cell identity, or the same but for the
 # software stack.
 MATCHES = {"identity": "series", "software": "configuration"}
 DEFAULT_MATCH = "software"
 # What a query may select on (command-line flags), besides the study.
-FILTERS = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism", "nodes")
+FILTERS = AXES
 FIRST = "first"  # the verdict column of a series' first point: nothing to compare with
 # The software names the table shows for a point (where recorded), besides the commit: each
 # framework's packages (its registry record's imports) and the GPU stack.

@@ -64,6 +64,7 @@ import sqlalchemy as sa
 
 from dlscale.store.metrics import MetricsError, read_metrics
 from dlscale.study.cell import (
+    AXES,
     DERIVED,
     MEASUREMENTS_DIR,
     METRICS_FILE,
@@ -180,7 +181,7 @@ def network_filesystem(path: str | Path) -> str | None:
 # ---- the schema ---------------------------------------------------------------------------------
 metadata = sa.MetaData()
 
-AXIS_COLUMNS = ("hardware", "framework", "model", "policy", "precision", "mode", "parallelism")
+AXIS_COLUMNS = tuple(a for a in AXES if a != "nodes")
 INT_COLUMNS = ("nodes", "ranks_per_node", "rep", "world_size", "per_rank_batch", "global_batch")
 # The metrics a row carries as columns, from the summary record (and the convergence record).
 METRIC_COLUMNS = (

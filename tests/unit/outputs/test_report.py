@@ -207,7 +207,7 @@ def test_the_axis_list_is_written_once():
     package = Path(__file__).resolve().parents[3] / "scripts" / "dlscale"
     copies = []
     for path in sorted(package.rglob("*.py")):
-        if path.name == "cell.py":
+        if path.name == "cell.py" or "db_migrations" in path.parts:  # a migration is frozen
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.List, ast.Tuple)):
