@@ -396,6 +396,19 @@ build_layered() {
   log "$target ready in $(( $(date +%s) - start )) s, $(du -sh "$target" | cut -f1)"
 }
 
+# An environment's build has ended with RC (3: stale under --check): its log shown, and it
+# counted as stale or failed
+built() {
+  local env=$1 rc=$2
+  if [ "$rc" = 0 ] || { [ "$rc" = 3 ] && [ "$CHECK" = 1 ]; }; then
+    cat "$ROOT/.cache/setup-$env.log" >&2
+    [ "$rc" = 0 ] || stale+=("$env")
+  else
+    tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
+    log "$ENVS_DIR/$env failed (log above, whole: .cache/setup-$env.log)"
+    failed+=("$env")
+  fi
+}
 pids=() names=() layered=()
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
@@ -408,26 +421,12 @@ for i in "${!pids[@]}"; do
   env=${names[$i]}
   rc=0
   wait "${pids[$i]}" || rc=$?
-  if [ "$rc" = 0 ] || { [ "$rc" = 3 ] && [ "$CHECK" = 1 ]; }; then
-    cat "$ROOT/.cache/setup-$env.log" >&2
-    [ "$rc" = 0 ] || stale+=("$env")
-  else
-    tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
-    log "$ENVS_DIR/$env failed (log above, whole: .cache/setup-$env.log)"
-    failed+=("$env")
-  fi
+  built "$env" "$rc"
 done
 for env in "${layered[@]}"; do   # after their bases
   rc=0
   build_layered "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 || rc=$?
-  if [ "$rc" = 0 ] || { [ "$rc" = 3 ] && [ "$CHECK" = 1 ]; }; then
-    cat "$ROOT/.cache/setup-$env.log" >&2
-    [ "$rc" = 0 ] || stale+=("$env")
-  else
-    tail -n 40 "$ROOT/.cache/setup-$env.log" >&2
-    log "$ENVS_DIR/$env failed (log above, whole: .cache/setup-$env.log)"
-    failed+=("$env")
-  fi
+  built "$env" "$rc"
 done
 # torchao for the float8 tests on a CPU (tests/unit/frameworks/test_llm_step.py): a package
 # folder over the driver's torch, never in .venv (envs/pytorch.txt is in every PyTorch cell's
