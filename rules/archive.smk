@@ -18,7 +18,7 @@ rule study_archive:
     params:
         # the run's --configfile files and --config entries: the archive resolves the study's
         # configuration from them as this workflow did (and holds every file they name)
-        configfiles=[str(path) for path in workflow.overwrite_configfiles],
+        configfiles=STUDY_FILES,  # rules/common.smk
         config=dict(workflow.config_settings.config),
     run:
         create_study_archive(

@@ -72,8 +72,13 @@ INVOCATION = (
 )
 if INVOCATION is not None and (_repeated := INVOCATION.repeated_options()):
     raise WorkflowError(f"dlscale: {_repeated}\nNo job was started.")
+# The run's study files (--configfile). The partial build gives the failed run's files, then its
+# resolved settings as one more file, which names no study (dlscale.workflow.finalize).
+STUDY_FILES = [str(path) for path in workflow.overwrite_configfiles]
+if PARTIAL_BUILD_ENV in os.environ:
+    STUDY_FILES = STUDY_FILES[:-1]
 try:
-    STUDY = load_workflow_study(config, workflow.basedir, workflow.overwrite_configfiles)
+    STUDY = load_workflow_study(config, workflow.basedir, STUDY_FILES)
 except ConfigError as exc:
     raise WorkflowError(f"dlscale: {exc}\nNo job was started.") from None
 # A study file takes no `workloads` from config/config.yaml; one that lists convergence and
@@ -495,6 +500,7 @@ def build_partial_report():
         n_planned=len(STUDY.cells),
         snakefile=str(workflow.main_snakefile),
         allowed_rules=partial_rules(),
+        study_files=STUDY_FILES,
         cores=(resources.cores if local else resources.local_cores) or 1,
         deployment=[str(method) for method in settings.deployment_method],
         conda_prefix=settings.conda_prefix and str(settings.conda_prefix),
@@ -657,3 +663,37 @@ def final_targets(out=OUT):
         *report_sources(out).values(),
         *([] if TEX_MISSING else [out["pdf"]]),
     ]
+
+
+# ---- Results database ----------------------------------------------------------------------
+# The database's URL is config `database`; the history rule and the driver's recorder
+# (dlscale.workflow.recorder) read it here (rules/history.smk).
+from dlscale.store.database import pending_path, resolve_url
+from dlscale.workflow import recorder
+
+DATABASE_URL = resolve_url(STUDY.config["database"], "results")
+HISTORY = STUDY.config["history"]
+
+
+def database_pending(wildcards):
+    """The study's pending marker where it exists (rows waiting for the database)."""
+    path = pending_path(RESULTS)
+    return [str(path)] if path.exists() else []
+
+
+def start_recorder():
+    """onstart: the driver writes each cell's row as it lands (not in the partial build, whose
+    driver already records)."""
+    if workflow.is_main_process and PARTIAL_BUILD_ENV not in os.environ:
+        recorder.start(DATABASE_URL, RESULTS, metrics_files())
+
+
+def stop_recorder():
+    """onsuccess / onerror: the recorder's last pass."""
+    if workflow.is_main_process:
+        recorder.stop()
+
+
+def check_history_inputs():
+    """The history verdicts the `check` target judges by (config history.check)."""
+    return [OUT["history_verdicts"]] if HISTORY["check"] != "references" else []

@@ -37,7 +37,7 @@ def partial_command(
     *,
     snakefile: str,
     directory: str,
-    configfile: str,
+    configfiles: list[str],
     allowed_rules: list[str],
     cores: int = 1,
     deployment: list[str] = (),
@@ -58,7 +58,7 @@ def partial_command(
         "--directory",
         directory,
         "--configfile",
-        configfile,
+        *configfiles,
         "--workflow-profile",
         "none",
         "--executor",
@@ -89,6 +89,7 @@ def build_partial(
     n_planned: int,
     snakefile: str,
     allowed_rules: list[str],
+    study_files: list[str] = (),
     cores: int = 1,
     deployment: list[str] = (),
     conda_prefix: str | None = None,
@@ -96,7 +97,9 @@ def build_partial(
 ) -> int:
     """Run the partial build into `partial` (whose outputs are `out`, the keys of
     dlscale.workflow.paths.output_paths) with the failed run's `config` (Snakemake's config, as
-    the run resolved it), then say where the study stands. Returns the build's exit status."""
+    the run resolved it, written to a file given last) and its `study_files` (its --configfile
+    files, given first: a study file's reading depends on which file names the study), then say
+    where the study stands. Returns the build's exit status."""
     shutil.rmtree(partial, ignore_errors=True)
     logs = Path(out["logs"])
     logs.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,9 @@ def build_partial(
     cmd = partial_command(
         snakefile=snakefile,
         directory=os.getcwd(),
-        configfile=str(configfile),
+        # the run's study files first, so the partial build reads the same study from them
+        # (rules/common.smk leaves the last file, these settings, out of that reading)
+        configfiles=[*study_files, str(configfile)],
         allowed_rules=allowed_rules,
         cores=cores,
         deployment=deployment,
