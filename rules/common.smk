@@ -198,6 +198,14 @@ if workflow.is_main_process:
             "their current measurements stay in their measurements/ folders",
             file=sys.stderr,
         )
+    # A dry run of a packed study on the Slurm route prints the packs the driver would submit:
+    # their nodes, time limits and the expected order of their steps (dlscale.workflow.packing).
+    if INVOCATION is not None and INVOCATION.dry_run and INVOCATION.executor == "dlscale":
+        from dlscale.workflow.packing import study_plan
+
+        _to_measure = [c for c in STUDY.cells if not os.path.exists(c.path)]
+        for _line in study_plan(_to_measure, STUDY.hardware, STUDY.config, f"{RESULTS}/runs"):
+            print(f"dlscale: {_line}", file=sys.stderr)
 
 
 # Every planned cell's environment must exist and drive its device (dlscale.workflow.capability: a GPU
@@ -423,7 +431,14 @@ def start_driver():
     from dlscale.workflow import preflight
     from dlscale.workflow.resume import start
 
-    start(workflow, RESULTS, STUDY.config["restart"], metrics_files(), STUDY.config["pack"])
+    start(
+        workflow,
+        RESULTS,
+        STUDY.config["restart"],
+        metrics_files(),
+        STUDY.config["pack"],
+        STUDY.config["pack_steps"],
+    )
     # each (hardware entry, environment) checked by one short job that holds its cells
     # (dlscale.workflow.preflight; `--config preflight=False` skips it)
     preflight.start(

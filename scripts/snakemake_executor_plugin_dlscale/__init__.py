@@ -100,6 +100,7 @@ def misnamed_options(argv: list[str]) -> list[str]:
 class Executor(SlurmExecutor):
     preflight = None  # dlscale.workflow.preflight.Preflight, set at onstart (Slurm route)
     pack = None  # cells per pack (config `pack`; 0: as many as fit; None: off), at onstart
+    pack_concurrent = True  # config pack_steps: a pack's cells side by side (concurrent)
 
     def __post_init__(self, test_mode: bool = False):
         misnamed = misnamed_options(sys.argv[1:])
@@ -133,11 +134,7 @@ class Executor(SlurmExecutor):
             super().run_jobs(jobs)
 
     def submit_pack(self, pack: packing.PackJob) -> None:
-        res = pack.resources
-        self.logger.info(
-            f"dlscale: pack {pack.pack_id}: {len(pack.members)} cells in one allocation of "
-            f"{res['nodes']} node(s) and {res['runtime']} min ({pack.manifest})"
-        )
+        self.logger.info("dlscale: " + "\n".join(pack.plan) + f"\n  (manifest: {pack.manifest})")
         for _, job in pack.members:
             self.run_job_pre(job)
         self._job_submission_executor.submit(self.run_job, pack)  # the plugin's own sbatch
@@ -181,11 +178,14 @@ class Executor(SlurmExecutor):
         self.next_seconds_between_status_checks = after
 
     # -- resume ----------------------------------------------------------------------------
-    def start_study(self, study_dir: str, mode: str, pack: bool | int = False) -> resume.Resume:
+    def start_study(
+        self, study_dir: str, mode: str, pack: bool | int = False, pack_steps: str = "concurrent"
+    ) -> resume.Resume:
         """onstart, in the driver, before the first job: plan the adoption of earlier drivers'
         jobs and handle the signals; from then on the methods below journal and adopt, and
-        pack the cells with the study's `pack` setting."""
+        pack the cells with the study's `pack` and `pack_steps` settings."""
         self.pack = packing.pack_setting({"pack": pack})
+        self.pack_concurrent = packing.pack_steps_setting({"pack_steps": pack_steps})
         self.resume = resume.Resume(
             self.workflow,
             self,
@@ -205,7 +205,7 @@ class Executor(SlurmExecutor):
     def packer_of(self) -> packing.Packer:
         """The packer (an adopted packed cell needs one even where this run packs nothing)."""
         if self.packer is None:
-            self.packer = packing.Packer(self, self.pack or 0)
+            self.packer = packing.Packer(self, self.pack or 0, self.pack_concurrent)
         return self.packer
 
     def run_jobs(self, jobs):

@@ -1,18 +1,22 @@
 """A packed study (config `pack`, dlscale.workflow.packing) on the project's real local Slurm
 cluster, driven as a user drives it (`snakemake --profile profiles/slurm --config pack=10`).
 
-Four cells (1 and 2 nodes, two repetitions) go into one allocation; one of them fails (a rank
-exits 3: DLSCALE_FAULT); the driver is killed with -9 while the pack runs and started again.
-Slurm is the witness (`scontrol show job`: every job whose working directory is this test's):
-one allocation for the whole study, 0 cells measured twice, the failing cell reported failed
-while the cells after it in the pack are measured, each measured cell made by the pack's
-allocation on the nodes its step had, and `dlscale status` naming each cell's pack.
+Four cells (1 and 2 nodes, two repetitions) go into one allocation of the cluster's 2 nodes:
+the 2-node cells first, then the two 1-node cells side by side, one on each node. One of them
+fails (a rank exits 3: DLSCALE_FAULT); the driver is killed with -9 while the pack runs and
+started again. Slurm is the witness (`scontrol show job`: every job whose working directory is
+this test's): one allocation for the whole study, 0 cells measured twice, the failing cell
+reported failed while the cells after it in the pack are measured, each measured cell made by
+the pack's allocation on the nodes its step had, the two 1-node cells at once on different
+nodes, each naming the other as run beside it, the order the dry run printed the one the steps
+started in, and `dlscale status` naming each cell's pack.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -32,7 +36,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 CELLS = [
     f"cpu/pytorch/cnn_small/weak/fp32/eager/n{n}/r{r}/metrics.jsonl" for n in (1, 2) for r in (1, 2)
 ]
-FAILING = "n1/r2"  # slot 1 of 4 (cells in path order); DLSCALE_FAULT: rank 0 exits 3
+FAILING = "n2/r1"  # slot 0 of 4 (wider cells first); DLSCALE_FAULT: rank 0 exits 3
 
 
 def jobs_of(work: Path) -> dict[str, dict]:
@@ -66,6 +70,22 @@ def test_a_packed_study_survives_a_failing_cell_and_a_lost_driver(cluster, tmp_p
     config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     config.update(study=study, repetitions=2, workloads=["throughput"], pack=10, preflight=False)
     work = copy_workflow(tmp_path, config)
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    dry = subprocess.run(
+        [str(BIN / "snakemake"), "--profile", "profiles/slurm", "-n"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    plan = [ln.split() for ln in dry.stderr.splitlines() if re.match(r"dlscale:\s+\d+\. \+", ln)]
+    assert "4 cells side by side in one allocation of 2 node(s)" in dry.stderr, dry.stderr
+    planned = [f"results/{study}/runs/{words[6]}/metrics.jsonl" for words in plan]
+    assert planned == [
+        f"results/{study}/runs/{c}" for c in (CELLS[2], CELLS[3], CELLS[0], CELLS[1])
+    ]
     first = start(work)
     try:
         # the pack runs its cells one after another: lose the driver after the first one ended
@@ -107,6 +127,13 @@ def test_a_packed_study_survives_a_failing_cell_and_a_lost_driver(cluster, tmp_p
     # the failing cell did not end its pack: a cell after it ran
     failing_slot = next(s["slot"] for s in final.values() if FAILING in s["cell"])
     assert any(s["slot"] > failing_slot and s["state"] == "done" for s in final.values())
+    # the steps started in the order the dry run printed
+    assert sorted(final, key=lambda c: final[c]["start"]) == planned
+    # the 1-node cells side by side, on different nodes, each naming the other
+    one, two = (final[f"results/{study}/runs/{c}"] for c in CELLS[:2])
+    assert one["start"] < two["end"] and two["start"] < one["end"], (one, two)
+    assert {*one["nodes"], *two["nodes"]} == {"n1", "n2"}
+    assert one["beside"] == [two["cell"]] and two["beside"] == [one["cell"]]
     status = subprocess.run(
         [str(BIN / "dlscale"), "status", "--all", f"results/{study}"],
         cwd=work,
@@ -122,13 +149,13 @@ def test_a_node_that_fails_mid_pack_is_left_out_for_the_remaining_cells(cluster,
     """Node n2 goes DOWN while a 2-node cell of the pack runs on it (a rank hangs there until
     then): that cell fails, the allocation (sbatch --no-kill) goes on without n2 (the test
     cluster's ReturnToService=2 makes n2 idle again at once, outside the job), the next
-    2-node cell is reported failed for want of a healthy node, and the study's other cells
-    were measured on n1."""
+    2-node cell is reported failed for want of a healthy node, and the 1-node cells, which
+    would have run side by side, run one after the other on n1."""
     study = f"packdown{int(time.time() * 1000) % 10**8}"
     config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
     config.update(study=study, repetitions=2, workloads=["throughput"], pack=10, preflight=False)
     work = copy_workflow(tmp_path, config)
-    proc = start(work, fault="n2/r1:1:1:hang")  # slot 2 of 4: n1/r1, n1/r2, n2/r1, n2/r2
+    proc = start(work, fault="n2/r1:1:1:hang")  # slot 0 of 4: n2/r1, n2/r2, n1/r1, n1/r2
     ranks = work / "results" / study / "runs" / CELLS[2].replace("metrics.jsonl", ".ranks")
     try:
         deadline = time.monotonic() + 180
@@ -149,10 +176,11 @@ def test_a_node_that_fails_mid_pack_is_left_out_for_the_remaining_cells(cluster,
     [(allocation, job)] = jobs_of(work).items()  # one allocation, it ended normally
     assert job["JobState"] == "COMPLETED", job
     final = {s["slot"]: s for s in states(work, study)}
-    assert [final[i]["state"] for i in range(4)] == ["done", "done", "failed", "failed"], final
+    assert [final[i]["state"] for i in range(4)] == ["failed", "failed", "done", "done"], final
     # Slurm took n2 out of the allocation (--no-kill) or reports it down: left out either way
-    assert "n2" in final[2]["left_out"], final[2]
-    assert "1 healthy node(s) left of 2" in final[3]["reason"], final[3]
+    assert "n2" in final[0]["left_out"], final[0]
+    assert "1 healthy node(s) left of 2" in final[1]["reason"], final[1]
+    assert final[2]["nodes"] == final[3]["nodes"] == ["n1"]  # one after the other on n1
     runs = work / "results" / study / "runs"
     for cell in CELLS[:2]:
         assert read_metrics(runs / cell)[0]["value"]["provenance"]["slurm_job_id"] == allocation

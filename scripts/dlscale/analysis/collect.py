@@ -33,7 +33,14 @@ from dlscale.analysis.time_to_accuracy import (
 )
 from dlscale.store.measurements import earlier_measurements
 from dlscale.store.metrics import MetricsError, read_metrics
-from dlscale.study.cell import DEFAULT_PARALLELISM, KEY, cell_label, parse_cell_path
+from dlscale.store.pack_files import ran_beside
+from dlscale.study.cell import (
+    DEFAULT_PARALLELISM,
+    KEY,
+    cell_label,
+    parse_cell_path,
+    study_dir_of,
+)
 from dlscale.study.protocol import IDLE_PROBE, QUANTITIES, RANK_END, RANK_START
 from dlscale.study.script_workload import script_columns
 
@@ -311,6 +318,19 @@ def _measured_columns(records: list[dict], first: dict) -> dict:
     }
 
 
+def beside_cells(path: str, allocation) -> str:
+    """The cells whose job steps ran beside this cell's in its pack's allocation, on other nodes
+    (dlscale.store.pack_files.ran_beside), by their folders under runs/; empty for a cell that
+    had its allocation to itself."""
+    study = study_dir_of(path)
+    if study is None or not allocation:
+        return ""
+    runs = f"{study.as_posix()}/runs/"
+    return " ".join(
+        str(Path(other).parent).removeprefix(runs) for other in ran_beside(study, path, allocation)
+    )
+
+
 def cell_rows(
     records: list[dict], path: str, straggler_threshold: float
 ) -> tuple[dict, list[dict]]:
@@ -339,6 +359,8 @@ def cell_rows(
         "python": prov["python"],
         "launcher": prov["launcher"],
         "slurm_job_id": prov["slurm_job_id"],
+        # a packed cell: the cells that ran beside it in its allocation (config pack_steps)
+        "ran_beside": beside_cells(path, prov["slurm_job_id"]),
         "git_commit": prov["git_commit"],
         "config_hash": start["config_hash"],
         "probe_seconds_max": max(probe_seconds(records), default=None),

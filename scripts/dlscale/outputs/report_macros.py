@@ -257,15 +257,29 @@ def uses_gpu(cells: pd.DataFrame) -> bool:
 
 def competing_summary(cells: pd.DataFrame) -> str:
     """The Summary's word on competition: how many throughput cells ran while other processes
-    kept the host busy (the idle probe), or nothing where none did."""
+    kept the host busy (the idle probe), and how many ran beside other cells of their pack
+    (config pack), or nothing where none did."""
     n = int(cells["competing"].fillna(False).astype(bool).sum())
-    if not n:
-        return ""
-    return (
+    text = (
         f"{n} of {len(cells)} throughput cells were measured while other processes kept their "
         "host's CPUs busy (the idle probe; marked in the cell table): their throughput and "
         "efficiency may understate what the hardware does alone."
+        if n
+        else ""
     )
+    beside = (
+        int((cells["ran_beside"].fillna("").astype(str) != "").sum())
+        if "ran_beside" in cells
+        else 0
+    )
+    if beside:
+        text += (
+            f"{' ' if text else ''}{beside} of {len(cells)} throughput cells ran beside other "
+            "cells of their pack, on other nodes of one allocation (cells.csv ran_beside): a "
+            "shared switch or file system may have perturbed them (config pack_steps: serial "
+            "measures one cell at a time)."
+        )
+    return text
 
 
 STRAGGLERS_NAMED = 3  # straggler cells the report details; cells.csv has every one

@@ -119,6 +119,7 @@ def config_hash(config: dict, hardware: dict) -> str:
             "preflight",  # a check before the cells, not what they measure
             "preflight_max_age_h",
             "pack",  # how cells share allocations, not what they measure
+            "pack_steps",  # whether a pack's cells run side by side, not what they measure
             "database",  # where the results are kept (dlscale.store.database), a scheduling setting
             "history",  # how the results are judged against their history, not measured
         )

@@ -45,6 +45,12 @@ def class_resources(
         "dlscale_cell": 1,
         # the partition's maximum time, read by a packed study (dlscale.workflow.packing)
         **({"dlscale_max_time_min": hw["max_time_min"]} if hw.get("max_time_min") else {}),
+        # the nodes a pack may take at once (else the partition's node count)
+        **(
+            {"dlscale_pack_nodes": hw.get("nodes_available") or hw["max_nodes"]}
+            if hw.get("nodes_available") or hw.get("max_nodes")
+            else {}
+        ),
     }
 
 

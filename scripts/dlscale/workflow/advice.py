@@ -74,6 +74,7 @@ class Invocation:
     tokens: tuple[str, ...]
     config: tuple[str, ...]
     executor: str
+    dry_run: bool = False  # -n, --dry-run
 
     @classmethod
     def current(cls) -> Invocation | None:
@@ -91,7 +92,9 @@ class Invocation:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             _, args = parse_args(list(tokens))
         # no executor named: Snakemake's own default, the local one
-        return cls(tuple(tokens), tuple(args.config or ()), args.executor or "local")
+        return cls(
+            tuple(tokens), tuple(args.config or ()), args.executor or "local", bool(args.dryrun)
+        )
 
     def repeated_options(self) -> str | None:
         """A `--config` or `--configfile` given more than once: Snakemake used only the last,

@@ -1,19 +1,22 @@
-"""Inside a pack's allocation (dlscale.workflow.packing): its cells one after another, each as
-its own job step with exactly its nodes and ranks.
+"""Inside a pack's allocation (dlscale.workflow.packing): its cells side by side on disjoint
+nodes, each as its own job step with exactly its nodes and ranks.
 
     python -m dlscale.workflow.pack_runner <study>/logs/packs/<pack>/manifest.json
 
-For each cell, in the manifest's order: the first `nodes` healthy nodes of the allocation are
-its nodes (a node that left the allocation — sbatch --no-kill keeps the job going without a
-failed node — or one Slurm reports DOWN, DRAINED, FAILING or NOT_RESPONDING is left out for
-the remaining cells); the cell's own
-command (what its own job would run: dlscale.workflow.jobstep's payload, the launcher) runs
-with DLSCALE_PACK_NODES naming them, so the launcher's srun step takes exactly those nodes
-(dlscale.run.launch.start_srun: --nodelist); a cell past its own time limit (the `runtime_min`
-its own job would have) is stopped, SIGTERM then SIGKILL, and the next one runs. Its state
-(`<slot>.json` beside the manifest: running, done, failed or timeout, with nodes, start, end and
-exit status) is what the driver reports. A failing or timed-out cell never ends the pack: the
-runner itself exits 0 once every cell has a final state.
+The cells start in the manifest's order (the plan's: dlscale.workflow.packing.list_schedule),
+each once as many healthy nodes as it needs are free and every cell before it has started, on
+the first free ones; a node runs one cell at a time. With the manifest's `concurrent` false
+(config pack_steps: serial) one cell runs at a time. A node that left the allocation (sbatch
+--no-kill keeps the job going without a failed node) or that Slurm reports DOWN, DRAINED,
+FAILING or NOT_RESPONDING is left out for the cells still to start; a cell that needs more
+nodes than remain healthy fails at once, naming them. Each cell's own command (what its own
+job would run: dlscale.workflow.jobstep's payload, the launcher) runs with DLSCALE_PACK_NODES
+naming its nodes, so the launcher's srun step takes exactly those (dlscale.run.launch.start_srun:
+--nodelist); a cell past its own time limit (the `runtime_min` its own job would have) is
+stopped, SIGTERM then SIGKILL. Its state (`<slot>.json` beside the manifest: running, done,
+failed or timeout, with nodes, start, end, exit status and, once it ended, `beside`: the cells
+whose steps overlapped it in time) is what the driver reports. A failing or timed-out cell
+never ends the pack: the runner itself exits 0 once every cell has a final state.
 
 A cell whose state is already final is not run again (a requeued allocation resumes where it
 stopped).
@@ -27,10 +30,12 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from dlscale.store.pack_files import cell_state, read_manifest, write_json
 from dlscale.workflow import jobstep
-from dlscale.workflow.packing import FINAL_STATES, RUNNER, cell_state, read_manifest, write_json
+from dlscale.workflow.packing import FINAL_STATES, RUNNER
 
 BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "POWERED_DOWN")
 GRACE_S = 30  # after SIGTERM, before SIGKILL
@@ -130,6 +135,31 @@ def run_cell(cell: dict, nodes: list[str], pack: str, log) -> tuple[str, int | N
         return "timeout", proc.returncode
 
 
+def failed_for_want_of_nodes(record: dict, pack: str, nodes: list, left_out: dict, need: int):
+    record.update(
+        state="failed",
+        exit=None,
+        end=time.time(),
+        left_out=dict(left_out),
+        reason=f"pack {pack}: {len(nodes) - len(left_out)} healthy node(s) left of "
+        f"{len(nodes)} ({', '.join(f'{n} {s}' for n, s in left_out.items())} left out), the "
+        f"cell needs {need}",
+    )
+
+
+def beside(record: dict, records: list[dict]) -> list[str]:
+    """The cells among `records` whose steps overlapped `record`'s (started before it ended,
+    and not ended before it started)."""
+    return [
+        r["cell"]
+        for r in records
+        if r is not record
+        and r.get("start") is not None
+        and r["start"] < record["end"]
+        and (r.get("end") is None or r["end"] > record["start"])
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -139,53 +169,80 @@ def main(argv: list[str] | None = None) -> int:
     if manifest is None:
         raise SystemExit(f"pack_runner: no readable manifest at {argv[0]}")
     pack, allocation = manifest["pack"], os.environ.get("SLURM_JOB_ID")
+    concurrent = manifest.get("concurrent", False)  # a manifest from before: one at a time
     nodes = allocation_nodes()
     left_out: dict[str, str] = {}
+    busy: set[str] = set()
     log = sys.stdout
     print(
         f"pack {pack}: Slurm job {allocation}, nodes {','.join(nodes)}, "
-        f"{len(manifest['cells'])} cells",
+        f"{len(manifest['cells'])} cells {'side by side' if concurrent else 'one at a time'}",
         flush=True,
     )
+    pending, records = [], []
     for cell in manifest["cells"]:
-        slot = cell["slot"]
-        earlier = cell_state(folder, slot)
+        earlier = cell_state(folder, cell["slot"])
         if earlier and earlier.get("state") in FINAL_STATES:
-            continue
-        left_out.update(unusable([n for n in nodes if n not in left_out], allocation))
-        healthy = [n for n in nodes if n not in left_out]
-        record = {"cell": cell["cell"], "slot": slot, "pack": pack, "slurm_job_id": allocation}
-        if len(healthy) < cell["nodes"]:
-            record.update(
-                state="failed",
-                exit=None,
-                end=time.time(),
-                left_out=left_out,
-                reason=f"pack {pack}: {len(healthy)} healthy node(s) left of {len(nodes)} "
-                f"({', '.join(f'{n} {s}' for n, s in left_out.items())} left out), the cell "
-                f"needs {cell['nodes']}",
-            )
-            write_json(folder / f"{slot}.json", record)
-            continue
-        use = healthy[: cell["nodes"]]
-        record.update(state="running", nodes=use, start=time.time(), left_out=dict(left_out))
-        write_json(folder / f"{slot}.json", record)
-        print(f"pack {pack}: cell {slot} {cell['cell']} on {','.join(use)}", flush=True)
-        state, code = run_cell(cell, use, pack, log)
-        record.update(state=state, exit=code, end=time.time())
-        if state != "done":
-            record["reason"] = (
-                f"stopped at its time limit ({cell['limit_s']} s) in pack {pack}"
-                if state == "timeout"
-                else f"exit status {code} in pack {pack} (its log names the cause)"
-            )
-            now_bad = unusable(use, allocation)
-            if now_bad:
-                left_out.update(now_bad)
-                record["left_out"] = dict(left_out)
-                print(f"pack {pack}: left out for the remaining cells: {now_bad}", flush=True)
-        write_json(folder / f"{slot}.json", record)
-        print(f"pack {pack}: cell {slot} {state} (exit {code})", flush=True)
+            records.append(earlier)
+        else:
+            pending.append(cell)
+    running: dict = {}  # future -> (cell, record, nodes)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        while pending or running:
+            while pending and (concurrent or not running):
+                cell = pending[0]
+                idle = [n for n in nodes if n not in left_out and n not in busy]
+                left_out.update(unusable(idle, allocation))
+                record = {
+                    "cell": cell["cell"],
+                    "slot": cell["slot"],
+                    "pack": pack,
+                    "slurm_job_id": allocation,
+                }
+                if len(nodes) - len(left_out) < cell["nodes"]:
+                    pending.pop(0)
+                    failed_for_want_of_nodes(record, pack, nodes, left_out, cell["nodes"])
+                    write_json(folder / f"{cell['slot']}.json", record)
+                    print(f"pack {pack}: cell {cell['slot']} failed: {record['reason']}")
+                    continue
+                free = [n for n in nodes if n not in left_out and n not in busy]
+                if len(free) < cell["nodes"]:
+                    break  # it waits for nodes; the cells after it wait for it
+                pending.pop(0)
+                use = free[: cell["nodes"]]
+                busy.update(use)
+                record.update(
+                    state="running", nodes=use, start=time.time(), left_out=dict(left_out)
+                )
+                records.append(record)
+                write_json(folder / f"{cell['slot']}.json", record)
+                print(
+                    f"pack {pack}: cell {cell['slot']} {cell['cell']} on {','.join(use)}",
+                    flush=True,
+                )
+                running[pool.submit(run_cell, cell, use, pack, log)] = (cell, record, use)
+            if not running:
+                continue
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                cell, record, use = running.pop(future)
+                state, code = future.result()
+                busy.difference_update(use)
+                record.update(state=state, exit=code, end=time.time())
+                record["beside"] = beside(record, records)
+                if state != "done":
+                    record["reason"] = (
+                        f"stopped at its time limit ({cell['limit_s']} s) in pack {pack}"
+                        if state == "timeout"
+                        else f"exit status {code} in pack {pack} (its log names the cause)"
+                    )
+                    now_bad = unusable(use, allocation)
+                    if now_bad:
+                        left_out.update(now_bad)
+                        record["left_out"] = dict(left_out)
+                        print(f"pack {pack}: left out for the cells still to start: {now_bad}")
+                write_json(folder / f"{cell['slot']}.json", record)
+                print(f"pack {pack}: cell {cell['slot']} {state} (exit {code})", flush=True)
     return 0
 
 

@@ -1,18 +1,28 @@
 """Cells packed into allocations (config `pack`): a study waits in the queue once per pack, not
-once per cell.
+once per cell, and a pack runs its cells side by side on disjoint nodes of its allocation.
 
 The driver side, called by the project's executor plugin (snakemake_executor_plugin_dlscale):
 the ready cell jobs of one hardware entry and environment (`pack_key`: the same Slurm
-resources but for nodes, tasks and time) are grouped into packs (`plan_packs`), each one Slurm
-allocation of as many nodes as its largest cell and a time limit that holds its cells one after
-another (a cell's measured duration where a repetition of its series was measured before, else
-its `runtime_min`), never above the partition's maximum time (hardware key `max_time_min`, else
-the partition's MaxTime as `scontrol show partition` reports it). A pack's manifest
-(logs/packs/<pack>/manifest.json in the study folder) lists its cells with the command each
-cell's own job would run; inside the allocation dlscale.workflow.pack_runner runs them, each as
-its own job step with exactly its nodes and ranks, and writes one state file per cell
-(`<slot>.json`: running, done, failed, timeout), which the driver reads to report each cell
-(`cell_outcome`).
+resources but for nodes, tasks and time) are grouped into packs (`plan_packs`). Each pack is
+one Slurm allocation whose shape is chosen (`pack_shape`): its cells are ordered longest
+expected first (a cell's measured duration where a repetition of its series was measured
+before, else its `runtime_min`; wider cells first among equals, then path order) and placed by
+list scheduling (`list_schedule`): each cell in that order starts as soon as as many nodes as
+it needs are free and every cell before it has started, on the first free nodes, never two
+cells on one node. The allocation takes the node count whose schedule ends first (the fewest
+such nodes), between its largest cell and the nodes the entry may use at once (hardware
+`nodes_available`, else `max_nodes`, else the partition's node count as `scontrol show
+partition` reports it), and the time that schedule takes, never above the partition's maximum
+time (hardware key `max_time_min`, else the partition's MaxTime). With config `pack_steps:
+serial` a pack runs one cell at a time on as many nodes as its largest cell, in path order.
+
+A pack's manifest (logs/packs/<pack>/manifest.json in the study folder) lists its cells in
+that order with the command each cell's own job would run and the planned start and nodes;
+inside the allocation dlscale.workflow.pack_runner runs them, each as its own job step with
+exactly its nodes and ranks, and writes one state file per cell (`<slot>.json`: running, done,
+failed, timeout, with its nodes, start and end, and the cells whose steps ran beside it), which
+the driver reads to report each cell (`cell_outcome`). A dry run prints the plan
+(`plan_lines`).
 
 What a cell measures, and where, is unchanged: its metrics path, identity, log and provenance
 are those of its own job; its Slurm job id is the pack's allocation, and its nodes the step's.
@@ -24,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shlex
 import subprocess
@@ -32,11 +41,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlscale.store.pack_files import (
+    MANIFEST,
+    cell_state,
+    pack_dir,
+    read_manifest,
+    write_json,
+)
 from dlscale.study.cell import study_dir_of
 from dlscale.workflow.jobstep import payload_of
 
-PACKS_DIR = Path("logs") / "packs"  # under the study folder
-MANIFEST = "manifest.json"
 RUNNER = "dlscale.workflow.pack_runner"
 # Seconds a pack adds per cell beyond the cell itself (the step's start, the launcher's
 # checks) and once (the runner's start): part of its time limit.
@@ -45,6 +59,10 @@ PACK_OVERHEAD_S = 60
 # A measured duration is stretched by this factor before it sizes a pack (noise, a slower node).
 MEASURED_MARGIN = 1.5
 FINAL_STATES = ("done", "failed", "timeout")
+# config `pack_steps`: a pack's cells side by side on disjoint nodes, or one at a time
+PACK_STEPS = ("concurrent", "serial")
+# Node counts a pack's shape is chosen among at most (evenly spread where the range is wider).
+SHAPES_TRIED = 64
 # The resources that may differ between the cells of one pack: the allocation takes the largest.
 SIZED = ("nodes", "tasks", "runtime")
 
@@ -59,6 +77,12 @@ def pack_setting(config: dict) -> int | None:
     if value in (False, None, 0):
         return None
     return int(value)
+
+
+def pack_steps_setting(config: dict) -> bool:
+    """Whether a pack runs its cells side by side (config `pack_steps`: concurrent, the
+    default) or one at a time (serial)."""
+    return config.get("pack_steps", PACK_STEPS[0]) == PACK_STEPS[0]
 
 
 @dataclass
@@ -84,31 +108,138 @@ class PackCell:
         return self.runtime_min * 60
 
 
-@dataclass
-class Pack:
-    cells: list[PackCell]
+@dataclass(frozen=True)
+class Step:
+    """One cell's planned step in its pack: its index in the pack's order, when it is expected
+    to start and end (seconds after the pack's start) and its nodes (indices into the
+    allocation's node list)."""
 
-    @property
-    def nodes(self) -> int:
-        return max(c.nodes for c in self.cells)
-
-    @property
-    def time_min(self) -> int:
-        return pack_minutes(self.cells)
+    slot: int
+    start_s: float
+    end_s: float
+    nodes: tuple[int, ...]
 
 
-def pack_minutes(cells: list[PackCell]) -> int:
-    """A pack's time limit: its cells one after another, each with its step overhead."""
-    seconds = PACK_OVERHEAD_S + sum(c.expected_s + STEP_OVERHEAD_S for c in cells)
+def step_seconds(cell: PackCell) -> float:
+    """What a step is expected to take: the cell and its step overhead."""
+    return cell.expected_s + STEP_OVERHEAD_S
+
+
+def run_order(cells: list[PackCell], concurrent: bool = True) -> list[PackCell]:
+    """The order a pack runs its cells in: longest expected first, wider cells first among
+    equals, then path order (a series' repetitions together); serial: path order."""
+    if not concurrent:
+        return list(cells)
+    return sorted(cells, key=lambda c: (-c.expected_s, -c.nodes, natural(c.path)))
+
+
+def list_schedule(cells: list[PackCell], width: int, concurrent: bool = True) -> list[Step]:
+    """List scheduling of `cells` in their order on `width` nodes, as the pack runner runs
+    them: each cell starts once as many nodes as it needs are free and every cell before it
+    has started, on the first free nodes (lowest index); serial: one cell at a time."""
+    free_at = [0.0] * width
+    last_start, steps = 0.0, []
+    for slot, cell in enumerate(cells):
+        if cell.nodes > width:
+            raise ValueError(f"cell {cell.path} needs {cell.nodes} nodes, the pack has {width}")
+        if concurrent:
+            start = max(last_start, sorted(free_at)[cell.nodes - 1])
+        else:
+            start = max(free_at)
+        nodes = tuple([i for i in range(width) if free_at[i] <= start][: cell.nodes])
+        end = start + step_seconds(cell)
+        for i in nodes:
+            free_at[i] = end
+        last_start = start
+        steps.append(Step(slot, start, end, nodes))
+    return steps
+
+
+def schedule_minutes(steps: list[Step]) -> int:
+    """A pack's time limit: its schedule's end and the runner's start."""
+    seconds = PACK_OVERHEAD_S + max((s.end_s for s in steps), default=0.0)
     return max(1, math.ceil(seconds / 60))
 
 
+def _widths(low: int, high: int) -> list[int]:
+    if high - low + 1 <= SHAPES_TRIED:
+        return list(range(low, high + 1))
+    step = (high - low) / (SHAPES_TRIED - 1)
+    return sorted({low + round(i * step) for i in range(SHAPES_TRIED)})
+
+
+def pack_shape(
+    cells: list[PackCell], max_width: int | None = None, concurrent: bool = True
+) -> tuple[int, list[Step]]:
+    """(nodes, schedule) of a pack of `cells` in run order: the node count whose schedule ends
+    first (the fewest such nodes), from its largest cell's to `max_width` (None: unknown, the
+    largest cell's) or the nodes its cells need all at once, whichever is fewer; serial: the
+    largest cell's."""
+    low = max(c.nodes for c in cells)
+    if not concurrent:
+        return low, list_schedule(cells, low, False)
+    high = max(low, min(max_width or low, sum(c.nodes for c in cells)))
+    best = None
+    for width in _widths(low, high):
+        steps = list_schedule(cells, width)
+        end = max(s.end_s for s in steps)
+        if best is None or end < best[0] - 1e-9:
+            best = (end, width, steps)
+    return best[1], best[2]
+
+
+@dataclass
+class Pack:
+    """A pack's cells in the order it runs them, the allocation's node count and their
+    schedule on it (pack_shape)."""
+
+    cells: list[PackCell]
+    max_width: int | None = None
+    concurrent: bool = True
+
+    def __post_init__(self):
+        self.cells = run_order(self.cells, self.concurrent)
+        self.width, self.steps = pack_shape(self.cells, self.max_width, self.concurrent)
+
+    @property
+    def nodes(self) -> int:
+        return self.width
+
+    @property
+    def time_min(self) -> int:
+        return schedule_minutes(self.steps)
+
+
+def pack_minutes(
+    cells: list[PackCell], max_width: int | None = None, concurrent: bool = True
+) -> int:
+    """A pack's time limit: its cells' schedule on its chosen shape, with each step's overhead
+    and the runner's."""
+    return Pack(list(cells), max_width, concurrent).time_min
+
+
+def widest_minutes(
+    cells: list[PackCell], max_width: int | None = None, concurrent: bool = True
+) -> int:
+    """The time limit of `cells` on the widest shape they may take (the shortest schedule, one
+    schedule computed: plan_packs asks at every cell)."""
+    ordered = run_order(cells, concurrent)
+    low = max(c.nodes for c in cells)
+    width = max(low, min(max_width or low, sum(c.nodes for c in cells))) if concurrent else low
+    return schedule_minutes(list_schedule(ordered, width, concurrent))
+
+
 def plan_packs(
-    cells: list[PackCell], per_pack: int, max_time_min: int | None
+    cells: list[PackCell],
+    per_pack: int,
+    max_time_min: int | None,
+    max_width: int | None = None,
+    concurrent: bool = True,
 ) -> tuple[list[Pack], list[PackCell]]:
     """Packs of `cells` in their order (first fit: a new pack when the next cell would pass
-    `per_pack` cells, 0 = no count limit, or the time limit `max_time_min`, None = none), and
-    the cells no pack can hold (alone above the time limit: they run as their own jobs)."""
+    `per_pack` cells, 0 = no count limit, or the time limit `max_time_min`, None = none, on the
+    widest shape `max_width` allows), each shaped by pack_shape, and the cells no pack can hold
+    (alone above the time limit: they run as their own jobs)."""
     packs: list[Pack] = []
     alone: list[PackCell] = []
     current: list[PackCell] = []
@@ -117,14 +248,87 @@ def plan_packs(
             alone.append(cell)
             continue
         full = per_pack and len(current) >= per_pack
-        too_long = max_time_min is not None and pack_minutes([*current, cell]) > max_time_min
+        too_long = (
+            max_time_min is not None
+            and widest_minutes([*current, cell], max_width, concurrent) > max_time_min
+        )
         if current and (full or too_long):
-            packs.append(Pack(current))
+            packs.append(Pack(current, max_width, concurrent))
             current = []
         current.append(cell)
     if current:
-        packs.append(Pack(current))
+        packs.append(Pack(current, max_width, concurrent))
     return packs, alone
+
+
+def plan_lines(pack_id: str, pack: Pack, runs_dir: str | None = None) -> list[str]:
+    """The plan of one pack as the dry run and the driver print it: its nodes, time limit and
+    the expected order of its steps (start after the pack's start, nodes by index)."""
+    way = "side by side" if pack.concurrent else "one at a time"
+    lines = [
+        f"pack {pack_id}: {len(pack.cells)} cells {way} in one allocation of {pack.width} "
+        f"node(s) and {pack.time_min} min"
+    ]
+    for step in pack.steps:
+        cell = pack.cells[step.slot]
+        name = cell.path
+        if runs_dir and name.startswith(runs_dir):
+            name = name[len(runs_dir) :].lstrip("/")
+        name = name.removesuffix("/metrics.jsonl")
+        nodes = ",".join(str(i + 1) for i in step.nodes)
+        took = "measured" if cell.measured_s is not None else "runtime_min"
+        lines.append(
+            f"  {step.slot + 1:>3}. +{step.start_s / 60:.1f} min  node(s) {nodes}  {name} "
+            f"(~{step_seconds(cell) / 60:.1f} min, {took})"
+        )
+    return lines
+
+
+def study_plan(
+    cells: list, hardware: dict, config: dict, runs_dir: str, partition_of=None
+) -> list[str]:
+    """What a dry run of a packed study prints (config `pack`): the packs the driver would
+    submit for `cells` (the study's cells still to measure, all ready at once, as at a run's
+    start), grouped as the driver groups them (hardware entry and framework environment) and
+    planned by plan_packs with the entry's limits; `partition_of(name)`: the partition's
+    (MaxTime, node count), partition_limits by default."""
+    per_pack = pack_setting(config)
+    if per_pack is None or not cells:
+        return []
+    partition_of = partition_of or partition_limits
+    concurrent = pack_steps_setting(config)
+    groups: dict[tuple, list] = {}
+    for cell in sorted(cells, key=lambda c: natural(c.path)):
+        groups.setdefault((cell.hardware, cell.framework), []).append(cell)
+    lines, count = [], 0
+    for (key, framework), members in groups.items():
+        hw = hardware[key]
+        max_time, total = partition_of(hw.get("partition") or None)
+        stated = [v for v in (hw.get("nodes_available") or hw.get("max_nodes"), total) if v]
+        packs, alone = plan_packs(
+            [
+                PackCell(c.path, c.nodes, int(hw["runtime_min"]), measured_seconds(c.path))
+                for c in members
+            ],
+            per_pack,
+            hw.get("max_time_min") or max_time,
+            min(stated) if stated else None,
+            concurrent,
+        )
+        lines.append(f"hardware {key}, {framework}: {len(members)} cell(s) to measure")
+        single = 0
+        for pack in packs:
+            if len(pack.cells) == 1 and per_pack != 1:
+                single += 1  # one cell: its own job
+                continue
+            count += 1
+            lines += plan_lines(str(count), pack, runs_dir)
+        if alone or single:
+            lines.append(
+                f"  as their own jobs: {len(alone)} cell(s) alone above the partition's "
+                f"maximum time, {single} alone in a pack"
+            )
+    return lines
 
 
 def natural(path: str) -> tuple:
@@ -171,6 +375,7 @@ def measured_seconds(cell_path: str) -> float | None:
 
 # -- the partition's maximum time ----------------------------------------------------------
 _MAXTIME = re.compile(r"MaxTime=(\S+)")
+_TOTAL_NODES = re.compile(r"TotalNodes=(\d+)")
 
 
 def slurm_minutes(text: str) -> int | None:
@@ -192,29 +397,28 @@ def slurm_minutes(text: str) -> int | None:
     return days * 1440 + h * 60 + m + (1 if s else 0)
 
 
-def partition_max_minutes(partition: str | None) -> int | None:
-    """The partition's MaxTime from `scontrol show partition` (the default partition where
-    none is named), or None when unlimited or unknown."""
+def partition_limits(partition: str | None) -> tuple[int | None, int | None]:
+    """The partition's (MaxTime in minutes, node count) from `scontrol show partition` (the
+    default partition where none is named); None for what is unlimited or unknown."""
     cmd = ["scontrol", "show", "partition", "-o"] + ([partition] if partition else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
     lines = [ln for ln in out.splitlines() if ln.strip()]
     if not partition:
         lines = [ln for ln in lines if "Default=YES" in ln] or lines[:1]
     for line in lines:
-        found = _MAXTIME.search(line)
-        if found:
-            return slurm_minutes(found.group(1))
-    return None
+        found, nodes = _MAXTIME.search(line), _TOTAL_NODES.search(line)
+        if found or nodes:
+            return (
+                slurm_minutes(found.group(1)) if found else None,
+                int(nodes.group(1)) if nodes else None,
+            )
+    return None, None
 
 
 # -- the pack's files ----------------------------------------------------------------------
-def pack_dir(study_dir: str | Path, pack_id: str) -> Path:
-    return Path(study_dir) / PACKS_DIR / pack_id
-
-
 def write_manifest(study_dir: str | Path, pack_id: str, pack: Pack, run_id: str | None) -> Path:
     folder = pack_dir(study_dir, pack_id)
     folder.mkdir(parents=True, exist_ok=True)
@@ -224,6 +428,7 @@ def write_manifest(study_dir: str | Path, pack_id: str, pack: Pack, run_id: str 
         "created": time.time(),
         "nodes": pack.nodes,
         "time_min": pack.time_min,
+        "concurrent": pack.concurrent,  # the runner's: side by side, or one at a time
         "cells": [
             {
                 "slot": i,
@@ -232,52 +437,15 @@ def write_manifest(study_dir: str | Path, pack_id: str, pack: Pack, run_id: str 
                 "limit_s": c.limit_s,
                 "expected_s": round(c.expected_s, 1),
                 "measured_s": None if c.measured_s is None else round(c.measured_s, 1),
+                # the plan (list_schedule): start after the pack's, node indices
+                "planned": {"start_s": round(s.start_s, 1), "nodes": list(s.nodes)},
                 "payload": c.payload,
             }
-            for i, c in enumerate(pack.cells)
+            for i, (c, s) in enumerate(zip(pack.cells, pack.steps))
         ],
     }
     write_json(folder / MANIFEST, manifest)
     return folder / MANIFEST
-
-
-def write_json(path: Path, record: dict) -> None:
-    """A JSON file renamed into place whole (the driver reads it while the runner writes)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_manifest(folder: Path) -> dict | None:
-    return read_json(folder / MANIFEST)
-
-
-def cell_state(folder: Path, slot: int) -> dict | None:
-    """The runner's state of a pack's cell (`<slot>.json`), or None before it started."""
-    return read_json(folder / f"{slot}.json")
-
-
-def find_slot(study_dir: str | Path, cell_path: str, allocation: str) -> tuple[str, int] | None:
-    """The pack and slot of a cell in the pack that allocation `allocation` runs (its
-    manifest's `slurm_job_id`, written at submission), or None: that job is not a pack."""
-    root = Path(study_dir) / PACKS_DIR
-    if not root.is_dir():
-        return None
-    for folder in sorted(root.iterdir()):
-        manifest = read_manifest(folder)
-        if not manifest or str(manifest.get("slurm_job_id")) != str(allocation):
-            continue
-        for cell in manifest["cells"]:
-            if cell["cell"] == cell_path:
-                return manifest["pack"], cell["slot"]
-    return None
 
 
 def record_allocation(folder: Path, slurm_job_id: str) -> None:
@@ -324,15 +492,20 @@ class PackJob:
 
     name = "pack"
 
-    def __init__(self, pack_id: str, largest, members: list, manifest: Path, time_min: int):
+    def __init__(
+        self, pack_id: str, largest, members: list, manifest: Path, time_min: int, nodes: int
+    ):
         self._largest = largest
         self.pack_id = pack_id
         self.members = members  # [(slot, job)]
         self.manifest = manifest
         res = dict(largest.resources.items())
         extra = f"{res.get('slurm_extra') or ''} --no-kill".strip()
-        res.update(runtime=time_min, slurm_extra=extra)
+        # the pack's nodes (pack_shape), each with the largest cell's tasks per node
+        per_node = int(res.get("tasks") or 1) // max(1, int(res.get("nodes") or 1))
+        res.update(nodes=nodes, tasks=nodes * per_node, runtime=time_min, slurm_extra=extra)
         self.resources = PackResources(res)
+        self.plan: list[str] = []  # plan_lines, as the driver prints it at submission
         self.wildcards = [pack_id]
         self.wildcards_dict = {"pack": pack_id}
 
@@ -350,20 +523,31 @@ class Packer:
     """Packs a driver's ready cell jobs (`submit`) and reports each packed cell from its
     runner's state file (`check`). Created by the executor plugin when config `pack` is set."""
 
-    def __init__(self, executor, per_pack: int):
+    def __init__(self, executor, per_pack: int, concurrent: bool = True):
         self.executor = executor
         self.per_pack = per_pack
+        self.concurrent = concurrent  # config pack_steps
         self.count = 0
-        self._max_time: dict[str, int | None] = {}
+        self._partitions: dict[str, tuple[int | None, int | None]] = {}
+
+    def partition(self, job) -> tuple[int | None, int | None]:
+        partition = job.resources.get("slurm_partition") or ""
+        if partition not in self._partitions:
+            self._partitions[partition] = partition_limits(partition or None)
+        return self._partitions[partition]
 
     def max_time(self, job) -> int | None:
+        """The partition's maximum time: the hardware entry's max_time_min, else Slurm's."""
         stated = job.resources.get("dlscale_max_time_min")
-        if stated:
-            return int(stated)
-        partition = job.resources.get("slurm_partition") or ""
-        if partition not in self._max_time:
-            self._max_time[partition] = partition_max_minutes(partition or None)
-        return self._max_time[partition]
+        return int(stated) if stated else self.partition(job)[0]
+
+    def max_width(self, job) -> int | None:
+        """The nodes a pack may take: the fewer of the hardware entry's nodes_available (else
+        max_nodes) and the partition's node count, where each is known."""
+        known = [
+            int(v) for v in (job.resources.get("dlscale_pack_nodes"), self.partition(job)[1]) if v
+        ]
+        return min(known) if known else None
 
     def submit(self, jobs: list, is_cell, submit_one) -> list:
         """Submit the packable cell jobs among `jobs` as packs (`submit_one(PackJob)`); returns
@@ -386,7 +570,13 @@ class Packer:
                 )
                 for path, job in sorted(by_path.items(), key=lambda kv: natural(kv[0]))
             ]  # a series' repetitions together, r2 before r10
-            packs, alone = plan_packs(cells, self.per_pack, self.max_time(members[0]))
+            packs, alone = plan_packs(
+                cells,
+                self.per_pack,
+                self.max_time(members[0]),
+                self.max_width(members[0]),
+                self.concurrent,
+            )
             rest += [by_path[c.path] for c in alone]
             for pack in packs:
                 if len(pack.cells) == 1 and self.per_pack != 1:
@@ -405,7 +595,11 @@ class Packer:
         )
         largest = max(pack.cells, key=lambda c: c.nodes)
         members = [(i, by_path[c.path]) for i, c in enumerate(pack.cells)]
-        return PackJob(pack_id, by_path[largest.path], members, manifest.resolve(), pack.time_min)
+        job = PackJob(
+            pack_id, by_path[largest.path], members, manifest.resolve(), pack.time_min, pack.width
+        )
+        job.plan = plan_lines(pack_id, pack, f"{study_dir}/runs")
+        return job
 
     def check(self, packed: list, job_states, live_states) -> tuple[list, list]:
         """The packed cells' outcomes: (still running, [(job_info, None | why failed)] ended).

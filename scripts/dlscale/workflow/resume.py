@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale.store.pack_files import find_slot
 from dlscale.study.cell import (
     CELL_RULE_PREFIXES,
     parse_cell_path,
@@ -56,7 +57,7 @@ from dlscale.study.cell import (
     train_rule,
 )
 from dlscale.workflow.advice import Invocation, with_config
-from dlscale.workflow.packing import find_slot, packed_aux
+from dlscale.workflow.packing import packed_aux
 from dlscale.workflow.resume_journal import journal, say, write_driver_record
 
 RESTART_MODES = ("adopt", "cancel")
@@ -547,10 +548,15 @@ def runs_cells(workflow, cells: list[str]) -> bool:
 
 
 def start(
-    workflow, study_dir: str, mode: str, cells: list[str], pack: bool | int = False
+    workflow,
+    study_dir: str,
+    mode: str,
+    cells: list[str],
+    pack: bool | int = False,
+    pack_steps: str = "concurrent",
 ) -> Resume | None:
     """onstart, in the driver: record it, and start resume in the dlscale executor (with the
-    study's `pack` setting: dlscale.workflow.packing)."""
+    study's `pack` and `pack_steps` settings: dlscale.workflow.packing)."""
     executor = executor_of(workflow)
     write_driver_record(
         study_dir, getattr(executor, "run_uuid", None), cells, runs_cells(workflow, cells)
@@ -567,4 +573,4 @@ def start(
             say(study_dir, "pack: ignored, cells share no allocation outside executor 'dlscale'")
         return None  # the local executor: no Slurm jobs to lose
     say(study_dir, executor.route)
-    return executor.start_study(study_dir, mode, pack)
+    return executor.start_study(study_dir, mode, pack, pack_steps)

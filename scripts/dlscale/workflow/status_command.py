@@ -18,8 +18,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from dlscale.store.pack_files import cell_state, find_slot, pack_dir
 from dlscale.study.cell import FAILURE_FILE
-from dlscale.workflow.packing import cell_state, find_slot, pack_dir
 from dlscale.workflow.resume import LIVE_STATES, job_order, job_states
 from dlscale.workflow.resume_journal import (
     DRIVER_FILE,

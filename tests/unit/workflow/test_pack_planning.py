@@ -8,10 +8,13 @@ allocation surrounds a unit test (tests/slurm/test_packing.py runs packs on the 
 from __future__ import annotations
 
 import json
+import math
+import time
 from types import SimpleNamespace
 
 import pytest
 
+from dlscale.store import pack_files
 from dlscale.study.hashes import config_hash, hashed_hardware
 from dlscale.study.resources import retried_runtime
 from dlscale.workflow import pack_runner, packing
@@ -51,6 +54,81 @@ def test_measured_durations_size_the_pack_below_runtime_min():
 
 def test_a_pack_has_the_nodes_of_its_largest_cell():
     assert Pack([*cells(2), *cells(1, nodes=4)]).nodes == 4
+
+
+# -- the pack's shape: list scheduling on the node count that ends first ------------------------
+def test_one_node_cells_run_side_by_side_on_the_nodes_the_entry_allows():
+    # 20 one-node cells of 10 min on at most 2 nodes: 10 rounds of 2, each (600 + 30) s
+    pack = Pack(cells(20), max_width=2)
+    assert pack.nodes == 2 and pack.time_min == math.ceil((60 + 10 * 630) / 60)
+    assert pack.time_min < Pack(cells(20), max_width=2, concurrent=False).time_min / 1.9
+    # never two cells on one node at once: each node's steps follow one another
+    for node in (0, 1):
+        mine = sorted((s.start_s, s.end_s) for s in pack.steps if node in s.nodes)
+        assert all(a[1] <= b[0] for a, b in zip(mine, mine[1:])) and len(mine) == 10
+    # with room for every cell, every cell at once
+    assert Pack(cells(4), max_width=8).nodes == 4
+    # the entry's width unknown: the largest cell's, as one at a time did
+    assert Pack(cells(4)).nodes == 1
+
+
+def test_the_shape_that_ends_first_with_the_fewest_nodes():
+    # a long cell beside three short ones ends at the long one's end on 2 nodes or on 4: 2
+    mixed = [PackCell("long", 1, 30, 200.0), *cells(3, measured=40.0)]
+    pack = Pack(mixed, max_width=4)
+    assert pack.nodes == 2 and max(s.end_s for s in pack.steps) == 200.0 * 1.5 + 30
+    # a 2-node cell and two 1-node cells of equal length: all at once on 4 nodes
+    equal = [PackCell("wide", 2, 10), *cells(2)]
+    assert Pack(equal, max_width=4).nodes == 4
+    assert Pack(equal, max_width=3).time_min == math.ceil((60 + 2 * 630) / 60)
+
+
+def test_cells_run_longest_first_and_in_order():
+    measured = [PackCell(f"c{i}", 1, 30, took) for i, took in enumerate((10.0, 50.0, 30.0))]
+    pack = Pack([*measured, PackCell("wide", 2, 1)], max_width=2)
+    # measured durations x 1.5 (15, 75, 45 s) and the unmeasured one's runtime_min (60 s)
+    assert [c.path for c in pack.cells] == ["c1", "wide", "c2", "c0"]
+    starts = [s.start_s for s in pack.steps]
+    assert starts == sorted(starts)  # no cell starts before one planned ahead of it
+    serial = Pack([*measured, PackCell("wide", 2, 1)], max_width=2, concurrent=False)
+    assert [c.path for c in serial.cells] == ["c0", "c1", "c2", "wide"]
+    assert all(a.end_s <= b.start_s for a, b in zip(serial.steps, serial.steps[1:]))
+
+
+def test_the_dry_run_prints_the_plan():
+    cell = SimpleNamespace(hardware="cpu", framework="pytorch", nodes=1)
+    todo = [SimpleNamespace(**vars(cell), path=f"results/s/runs/x/n1/r{r}/metrics.jsonl")
+            for r in range(1, 5)]  # fmt: skip
+    hw = {"cpu": {"partition": "p", "runtime_min": 10, "max_nodes": 2}}
+    lines = packing.study_plan(todo, hw, {"pack": 10}, "results/s/runs", lambda p: (None, 8))
+    assert lines[0] == "hardware cpu, pytorch: 4 cell(s) to measure"
+    assert lines[1] == "pack 1: 4 cells side by side in one allocation of 2 node(s) and 22 min"
+    assert lines[2].split() == "1. +0.0 min node(s) 1 x/n1/r1 (~10.5 min, runtime_min)".split()
+    assert [ln.split()[4] for ln in lines[2:]] == ["1", "2", "1", "2"]
+    assert [ln.split()[1] for ln in lines[2:]] == ["+0.0", "+0.0", "+10.5", "+10.5"]
+    assert packing.study_plan(todo, hw, {"pack": False}, "results/s/runs") == []
+    serial = packing.study_plan(
+        todo, hw, {"pack": 10, "pack_steps": "serial"}, "r", lambda p: (None, 8)
+    )
+    assert "4 cells one at a time in one allocation of 1 node(s) and 43 min" in serial[1]
+
+
+def test_pack_steps_takes_two_values():
+    from pathlib import Path
+
+    from dlscale.study.config import ConfigError, load_schema, validate_config
+
+    root = Path(__file__).resolve().parents[3]
+    schema = load_schema(root / "config" / "schemas" / "config.schema.json")
+    base = {"study": "s", "axes": {"hardware": ["cpu"]}}
+    with pytest.raises(
+        ConfigError,
+        match=r"pack_steps: .parallel. is not allowed; allowed values: concurrent, serial",
+    ):
+        validate_config({**base, "pack_steps": "parallel"}, schema)
+    assert validate_config(base, schema)["pack_steps"] == "concurrent"
+    hw = {"cpu": {"partition": "p", "runtime_min": 10}}
+    assert config_hash({**base, "pack_steps": "serial"}, hw) == config_hash(base, hw)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +180,7 @@ def test_a_retried_cell_gets_twice_the_time_up_to_the_partitions_maximum():
 
 
 # -- the pack runner, for real -----------------------------------------------------------------
-def manifest(tmp_path, entries) -> str:
+def manifest(tmp_path, entries, concurrent: bool = True) -> str:
     folder = tmp_path / "results" / "s" / "logs" / "packs" / "p1"
     folder.mkdir(parents=True)
     out = []
@@ -117,8 +195,10 @@ def manifest(tmp_path, entries) -> str:
         }
         out.append({"slot": slot, "cell": f"cell{slot}", "nodes": nodes, "limit_s": limit_s,
                     "payload": payload})  # fmt: skip
-    packing.write_json(folder / packing.MANIFEST, {"pack": "p1", "cells": out})
-    return str(folder / packing.MANIFEST)
+    pack_files.write_json(
+        folder / pack_files.MANIFEST, {"pack": "p1", "cells": out, "concurrent": concurrent}
+    )
+    return str(folder / pack_files.MANIFEST)
 
 
 def states(path: str) -> dict[int, dict]:
@@ -234,3 +314,33 @@ def test_a_node_gone_from_the_allocation_is_left_out(monkeypatch):
     assert pack_runner.unusable(["a", "b"], "7") == {"b": "left the allocation"}
     monkeypatch.setattr(pack_runner, "job_nodes", lambda job: None)  # Slurm does not answer
     assert pack_runner.unusable(["a", "b"], "7") == {}
+
+
+def test_cells_run_side_by_side_on_disjoint_nodes_and_name_each_other(tmp_path, monkeypatch):
+    """Two one-node cells at once on nodes a and b, then a 2-node cell once both are free; each
+    state names the cells its step overlapped; cells start in the manifest's order. Serial:
+    one at a time, none beside another."""
+    monkeypatch.setattr(pack_runner, "allocation_nodes", lambda: ["a", "b"])
+    monkeypatch.setattr(pack_runner, "bad_nodes", lambda nodes: {})
+    monkeypatch.setattr(pack_runner, "job_nodes", lambda job: None)
+    entries = [
+        (1, 60, 'sleep 1; echo "$DLSCALE_PACK_NODES" > {out}'),
+        (1, 60, 'sleep 1; echo "$DLSCALE_PACK_NODES" > {out}'),
+        (2, 60, 'echo "$DLSCALE_PACK_NODES" > {out}'),
+    ]
+    path = manifest(tmp_path, entries)
+    began = time.time()
+    assert pack_runner.main([path]) == 0
+    got = states(path)
+    assert [got[i]["state"] for i in range(3)] == ["done"] * 3
+    assert (got[0]["nodes"], got[1]["nodes"], got[2]["nodes"]) == (["a"], ["b"], ["a", "b"])
+    assert got[1]["start"] < got[0]["end"] and got[0]["start"] < got[1]["end"]  # side by side
+    assert got[2]["start"] >= max(got[0]["end"], got[1]["end"])
+    assert got[0]["beside"] == ["cell1"] and got[1]["beside"] == ["cell0"]
+    assert got[2]["beside"] == []
+    assert time.time() - began < 2 * 1.0 + 1.5  # the two sleeps overlapped
+    assert [i for i, _ in sorted(got.items(), key=lambda kv: kv[1]["start"])] == [0, 1, 2]
+    serial = manifest(tmp_path / "serial", entries, concurrent=False)
+    assert pack_runner.main([serial]) == 0
+    got = states(serial)
+    assert got[1]["start"] >= got[0]["end"] and all(not got[i]["beside"] for i in range(3))
