@@ -75,6 +75,8 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _pack_plans import planned_order, recorded_order, side_by_side  # noqa: E402
+
 from _common import REPO, bench_checkout, child_env, default_venvs, run_child  # noqa: E402
 
 SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
@@ -84,7 +86,8 @@ STUDY_ACCOUNT, BG_ACCOUNT = "dlscale-study", "dlscale-others"
 STUDY = "packbench"
 BG_SECONDS = 15  # each competing job's sleep
 BG_MAX_JOBS, BG_MAX_S = 200, 900  # the competitor's hard caps (it stops by itself)
-TARGET_CONTENDED, TARGET_IDLE = 0.5, 1.1  # packed / unpacked wall
+TARGET_CONTENDED, TARGET_IDLE = 0.5, 1.0  # packed / unpacked wall (fair share; idle)
+TARGET_FIFO = 1.0  # packed / unpacked wall under the competitor on a FIFO cluster
 
 
 # ---------------------------------------------------------------------------- Slurm helpers
@@ -284,18 +287,20 @@ class Competitor:
 
 
 # ----------------------------------------------------------------------------- the study
-def study_config(cells: int) -> dict:
+def study_config(cells: int, mixed: bool = False) -> dict:
+    """`cells` one-node cells (repetitions of one series), or with `mixed` half as many
+    repetitions at 1 and at 2 nodes."""
     config = yaml.safe_load((REPO / "tests" / "fixtures" / "tiny.yaml").read_text())
     config.pop("convergence", None)
     config.update(
         study=STUDY,
-        repetitions=cells,
+        repetitions=cells // 2 if mixed else cells,
         workloads=["throughput"],
         warmup_steps=2,
         steps=20,
         preflight=False,
     )
-    config["axes"]["nodes"] = [1]
+    config["axes"]["nodes"] = [1, 2] if mixed else [1]
     return config
 
 
@@ -359,13 +364,26 @@ def spread(values: list[float]) -> dict:
     }
 
 
-def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, competitor) -> dict:
+def measure(
+    root: Path,
+    name: str,
+    pack: int | None,
+    cells: int,
+    config: dict,
+    competitor,
+    mixed: bool = False,
+    pack_steps: str = "concurrent",
+) -> dict:
     ctld_log = Path(config["SlurmctldLogFile"])
     work = root / name
     shutil.rmtree(work, ignore_errors=True)
     bench_checkout(REPO, work, default_venvs(REPO))
-    study = study_config(cells) | ({} if pack is None else {"pack": pack})
+    study = study_config(cells, mixed) | (
+        {} if pack is None else {"pack": pack, "pack_steps": pack_steps}
+    )
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(study))
+    env = child_env(work, SNAKEMAKE)
+    plan = planned_order(work, env, SNAKEMAKE) if pack is not None else None
     reset_usage()
     bg, usage = None, {}
     if competitor is not None:
@@ -423,7 +441,13 @@ def measure(root: Path, name: str, pack: int | None, cells: int, config: dict, c
         "nodes": sorted({j["NodeList"] for j in ours.values()}),
         "end_s": end - start,
         "usage_at_start": usage,
+        "mixed": mixed,
+        "pack_steps": pack_steps if pack is not None else None,
     }
+    if pack is not None:
+        record["planned_order"], record["recorded_order"] = plan, recorded_order(work, STUDY)
+        record["plan_matches"] = plan == record["recorded_order"]
+        record["side_by_side"] = round(side_by_side(work, STUDY), 3)
     if bg is not None:
         record["competitor_min_pending"] = bg.min_pending(first_submit, last)
     if pack is not None:
@@ -448,6 +472,11 @@ def describe(r: dict) -> str:
         f"[{tp['min']:.1f}..{tp['max']:.1f}] spread {100 * tp['rel_spread']:.1f} %, placements "
         f"{r['placements']}"
     )
+    if "plan_matches" in r:
+        text += (
+            f", steps side by side {100 * r['side_by_side']:.0f} % of their time, start order "
+            f"{'as' if r['plan_matches'] else 'NOT as'} the dry run planned"
+        )
     if r["competitor"]:
         text += (
             f", competitor starts during the study {r['competitor_starts_during_study']} "
@@ -456,7 +485,9 @@ def describe(r: dict) -> str:
     return text
 
 
-def summary(phase: str, runs: dict[str, list[dict]], cells: int, pack: int) -> list[str]:
+def summary(
+    phase: str, runs: dict[str, list[dict]], cells: int, pack: int, fifo: bool = False
+) -> list[str]:
     lines = []
     med = {}
     for name, rs in runs.items():
@@ -480,7 +511,9 @@ def summary(phase: str, runs: dict[str, list[dict]], cells: int, pack: int) -> l
         )
     if "unpacked" in med and "packed" in med:
         ratio = med["packed"]["wall"] / med["unpacked"]["wall"]
-        target = TARGET_CONTENDED if phase == "contended" else TARGET_IDLE
+        target = TARGET_IDLE
+        if phase == "contended":
+            target = TARGET_FIFO if fifo else TARGET_CONTENDED
         bound = math.ceil(cells / pack)
         lines.append(
             f"{phase} packed / unpacked wall {ratio:.2f} (target <= {target}: "
@@ -500,6 +533,15 @@ def main() -> None:
     p.add_argument("--backlog", type=int, default=4, help="competitor jobs kept waiting")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--fifo", action="store_true", help="run on a FIFO (priority/basic) cluster")
+    p.add_argument(
+        "--mixed", action="store_true", help="half the repetitions at 1 node, half at 2 nodes"
+    )
+    p.add_argument(
+        "--pack-steps",
+        choices=("concurrent", "serial"),
+        default="concurrent",
+        help="config pack_steps of the packed runs",
+    )
     p.add_argument("--competitor", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--competitor-log", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -537,13 +579,25 @@ def main() -> None:
                 for name in order:
                     wait_empty()
                     r = measure(
-                        root, f"{phase}-{name}-{k + 1}", variants[name], a.cells, config, comp
+                        root,
+                        f"{phase}-{name}-{k + 1}",
+                        variants[name],
+                        a.cells,
+                        config,
+                        comp,
+                        a.mixed,
+                        a.pack_steps,
                     )
                     runs[name].append(r)
                     with (root / "runs.jsonl").open("a") as fh:
                         fh.write(json.dumps(r) + "\n")
                     print(f"  {phase} round {k + 1} {name:8s} {describe(r)}", flush=True)
-            out += summary(phase, runs, a.cells, a.pack)
+            out += summary(phase, runs, a.cells, a.pack, a.fifo)
+            packed = runs.get("packed") or []
+            if packed:
+                matched = sum(r["plan_matches"] for r in packed)
+                out.append(f"{phase} packed runs whose steps started as the dry run planned: "
+                           f"{matched} of {len(packed)}")  # fmt: skip
     finally:
         subprocess.run(["scancel", "-u", BG_USER], capture_output=True, timeout=60)
     print("\n".join(out))
