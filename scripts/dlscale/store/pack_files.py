@@ -13,6 +13,8 @@ from pathlib import Path
 
 PACKS_DIR = Path("logs") / "packs"  # under the study folder
 MANIFEST = "manifest.json"
+# A cell's states in its pack once it ended (its state file's `state`; before: running).
+FINAL_STATES = ("done", "failed", "timeout")
 
 
 def pack_dir(study_dir: str | Path, pack_id: str) -> Path:

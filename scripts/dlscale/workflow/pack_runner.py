@@ -33,9 +33,9 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from dlscale.store.pack_files import cell_state, read_manifest, write_json
+from dlscale.store.pack_files import FINAL_STATES, cell_state, read_manifest, write_json
 from dlscale.workflow import jobstep
-from dlscale.workflow.packing import FINAL_STATES, RUNNER
+from dlscale.workflow.packing import RUNNER
 
 BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER_DOWN", "POWERED_DOWN")
 GRACE_S = 30  # after SIGTERM, before SIGKILL

@@ -1,5 +1,5 @@
-"""Packing cells into allocations (dlscale.workflow.packing, dlscale.workflow.pack_runner): how
-packs are sized and split, what the driver reports for a packed cell, and the pack runner itself
+"""Packing cells into allocations (dlscale.workflow.pack_plan, packing, pack_runner): how
+packs are shaped and split, what the driver reports for a packed cell, and the pack runner itself
 run for real on a manifest whose cells are small shell commands (a cell that fails, one that
 passes its time limit, a node Slurm reports down): only `scontrol` is replaced, since no
 allocation surrounds a unit test (tests/slurm/test_packing.py runs packs on the real cluster).
@@ -17,8 +17,9 @@ import pytest
 from dlscale.store import pack_files
 from dlscale.study.hashes import config_hash, hashed_hardware
 from dlscale.study.resources import retried_runtime
-from dlscale.workflow import pack_runner, packing
-from dlscale.workflow.packing import Pack, PackCell, cell_outcome, pack_minutes, plan_packs
+from dlscale.workflow import pack_plan, pack_runner, packing
+from dlscale.workflow.pack_plan import Pack, PackCell, pack_minutes, plan_packs
+from dlscale.workflow.packing import cell_outcome
 
 
 def cells(n: int, nodes: int = 1, runtime: int = 10, measured: float | None = None):
@@ -151,8 +152,9 @@ def test_slurm_times_in_minutes(text, minutes):
 
 
 def test_the_setting_off_by_default():
-    assert packing.pack_setting({}) is None and packing.pack_setting({"pack": False}) is None
-    assert packing.pack_setting({"pack": True}) == 0 and packing.pack_setting({"pack": 10}) == 10
+    setting = pack_plan.pack_setting
+    assert setting({}) is None and setting({"pack": False}) is None
+    assert setting({"pack": True}) == 0 and setting({"pack": 10}) == 10
 
 
 def test_what_the_driver_reports_for_a_packed_cell():
