@@ -3,7 +3,7 @@ query over many rows, the time to write a cell's row, and (with --workflow) real
 database's cost to a study, two studies writing at once and a driver killed mid-study.
 
     PYTHONPATH=scripts .venv/bin/python benchmarks/history_database.py \
-        [--trials 200] [--rows 100000] [--study results/demo] [--workdir DIR] \
+        [--trials 200] [--rows 100000] [--study results/demo] [--busy-rounds 4] [--workdir DIR] \
         [--workflow [--rounds 3] [--database URL | --postgres]]
 
 - verdicts: `--trials` seeded trials of synthetic series with 2 % run-to-run noise (coefficient
@@ -18,9 +18,13 @@ database's cost to a study, two studies writing at once and a driver killed mid-
 - write: each cell of a study folder (`--study`, else 20 synthetic cells) recorded alone into a
   fresh database, as the driver records a landed cell (read, validate, one transaction): the
   median and the largest (target <= 50 ms).
-- driver: the CPU seconds the database costs the driver itself, in this process: a recorder
-  that opens a new database and writes each of the study's cells as it lands, then the
-  history job.
+- busy driver: each cell's row written as it lands while the driver's own thread is busy (a
+  pure-Python loop, as Snakemake's bookkeeping when a job ends), by a recorder on a thread of
+  the driver's process (as before) and by the recorder's own process (as the workflow starts
+  it), `--busy-rounds` alternating rounds of each: the write times the recorder reports
+  (target <= 50 ms).
+- driver: the CPU seconds the database costs: the recorder's process (a new database, each of
+  the study's cells written as it lands), the driver's own share of it, then the history job.
 - --workflow (minutes): the demo study (config/config.yaml, 20 cells) on the local profile
   with the database and without (`--config database=off`), both started at once in fresh copies
   (side by side: both see the machine's other load), `--rounds` times: wall and CPU seconds of
@@ -161,28 +165,127 @@ def write_timings(study: Path | None, workdir: Path) -> str:
     )
 
 
-def driver_cost(study: Path | None, workdir: Path, land_every: float = 0.25) -> str:
-    """What the database costs the driver, in CPU seconds of this process (its threads): a
-    recorder that opens a new database, sees each of the study's cells land and writes its row,
-    and stops; then the history job (record what is missing, judge, write the tables)."""
+def land(source: Path, work: Path, between) -> int:
+    """Each cell of the study folder `source` lands in `work` as the launcher lands it (its
+    measurement folder, then the link); `between()` after each. The number of cells."""
     import shutil as sh
 
+    cells = sorted(p for p in source.rglob("metrics.jsonl") if "measurements" not in p.parts)
+    for src in cells:
+        dst = work / src.relative_to(source)
+        sh.copytree(src.parent / "measurements", dst.parent / "measurements")
+        os.link(next((dst.parent / "measurements").glob("*/metrics.jsonl")), dst)
+        between()
+    return len(cells)
+
+
+def planned(source: Path, work: Path) -> list[str]:
+    cells = sorted(p for p in source.rglob("metrics.jsonl") if "measurements" not in p.parts)
+    return [str(work / p.relative_to(source)) for p in cells]
+
+
+def summary_ms(study_dir: Path) -> tuple[float, float]:
+    """(median, largest) ms per landed cell, from the recorder's summary in the driver log."""
+    import re
+
+    found = re.findall(
+        r"per landed cell ([\d.]+) ms median, ([\d.]+) ms at most",
+        (study_dir / "logs" / "driver.log").read_text(),
+    )
+    return float(found[-1][0]), float(found[-1][1])
+
+
+def until(url: str, done, between=lambda: time.sleep(0.05), timeout_s: float = 60) -> None:
+    """Wait until `done(n)`, n the database's measurement rows (None: no schema yet)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        db = store.connect(url, migrate=False)
+        try:
+            n = store.counts(db)["measurements"] if store.current_revision(db) else None
+        except store.DatabaseUnavailable:
+            n = None
+        finally:
+            db.close()
+        if done(n):
+            return
+        between()
+    raise SystemExit(f"{url}: not done in {timeout_s:g} s")
+
+
+def busy(seconds: float) -> None:
+    """The driver's own thread busy for `seconds`: pure Python, as Snakemake's bookkeeping of
+    an ended job (it keeps the GIL but at each switch interval)."""
+    end, x = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
+        x += sum(i * i for i in range(200))
+
+
+def busy_driver(study: Path | None, workdir: Path, rounds: int, land_every: float) -> list[str]:
+    """Each landed cell's row written while the driver's own thread is busy, by a recorder on
+    a thread of the driver's process (as before) and by the recorder's own process
+    (dlscale.workflow.recorder.start, as the workflow starts it), alternating rounds, each into
+    a new database: the write times as the recorder says them (its summary)."""
+    from dlscale.workflow import recorder as rec
+
+    source = study or results_db.write_study(workdir / "busy-src", "busy", nodes=(1, 2), reps=10)
+    found = {"thread": [], "process": []}
+    for r in range(rounds):
+        for variant in ("thread", "process") if r % 2 == 0 else ("process", "thread"):
+            work = workdir / f"busy-{variant}-{r}" / "results" / source.name
+            url = f"sqlite:///{work.parent / store.DATABASE_FILE}"
+            cells = planned(source, work)
+            if variant == "thread":
+                recorder = rec.Recorder(url, work, cells, poll_s=0.2).start()
+            else:
+                rec.start(url, work, cells, poll_s=0.2)
+            until(url, lambda n: n is not None)  # its catch-up of an empty study
+            cells_landed = land(source, work, lambda: busy(land_every))
+            until(url, lambda n: n == cells_landed, between=lambda: busy(0.05))
+            if variant == "thread":
+                recorder.stop()
+            else:
+                rec.stop()
+            found[variant].append(summary_ms(work))
+    lines = []
+    for variant, label in (("thread", "a thread of the driver"), ("process", "its own process")):
+        medians, largest = zip(*found[variant])
+        lines.append(
+            f"busy driver, recorder on {label}: per landed cell median "
+            f"{statistics.median(medians):.1f} ms, largest {max(largest):.1f} ms (per round: "
+            f"{', '.join(f'{m:.1f}/{x:.1f}' for m, x in found[variant])} ms median/largest); "
+            "target <= 50 ms"
+        )
+    return lines
+
+
+def driver_cost(study: Path | None, workdir: Path, land_every: float = 0.25) -> str:
+    """What the database costs the driver, in CPU seconds: the recorder's process (started as
+    the workflow starts it: a new database, each of the study's cells written as it lands, the
+    last pass), with the driver's own share of it (this process), then the history job (record
+    what is missing, judge, write the tables)."""
+    import resource
+
     from dlscale.decisions.history_report import history_job
-    from dlscale.workflow.recorder import Recorder
+    from dlscale.workflow import recorder as rec
 
     source = study or results_db.write_study(workdir / "cost-src", "cost", nodes=(1, 2), reps=10)
     work = workdir / "cost" / "results" / source.name
-    cells = sorted(p for p in source.rglob("metrics.jsonl") if "measurements" not in p.parts)
-    planned = [work / p.relative_to(source) for p in cells]
     url = f"sqlite:///{workdir / 'cost' / 'results' / store.DATABASE_FILE}"
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    recorder = Recorder(url, work, [str(p) for p in planned], poll_s=0.2).start()
-    for src, dst in zip(cells, planned):  # each cell lands: its measurement folder, then the link
-        sh.copytree(src.parent / "measurements", dst.parent / "measurements")
-        os.link(next((dst.parent / "measurements").glob("*/metrics.jsonl")), dst)
-        time.sleep(land_every)
-    recorder.stop()
-    recorded = time.process_time() - cpu0
+
+    def children() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    cpu0, child0, wall0 = time.process_time(), children(), time.perf_counter()
+    rec.start(url, work, planned(source, work), poll_s=0.2)
+    own = time.process_time() - cpu0
+    until(url, lambda n: n is not None)
+    cells = land(source, work, lambda: time.sleep(land_every))
+    until(url, lambda n: n == cells)
+    cpu1 = time.process_time()
+    rec.stop()
+    own += time.process_time() - cpu1
+    recorded, watched = children() - child0, time.perf_counter() - wall0
     outputs = {
         k: str(work / v)
         for k, v in {
@@ -192,13 +295,13 @@ def driver_cost(study: Path | None, workdir: Path, land_every: float = 0.25) -> 
             "figure": "history/history.pdf",
         }.items()
     }
-    cpu1 = time.process_time()
+    cpu2 = time.process_time()
     history_job(url, str(work), outputs, str(work / "logs" / "history.log"))
-    judged = time.process_time() - cpu1
+    judged = time.process_time() - cpu2
     return (
-        f"driver's CPU for the database over {len(cells)} landed cells: recorder {recorded:.2f} s "
-        f"(new database, {recorder.inserted} rows, {time.perf_counter() - wall0:.1f} s of "
-        f"watching), history job {judged:.2f} s"
+        f"CPU for the database over {cells} landed cells: the recorder's process {recorded:.2f} s "
+        f"(its start, a new database, {cells} rows, {watched:.1f} s of watching), the driver's "
+        f"share {own:.3f} s; history job {judged:.2f} s"
     )
 
 
@@ -337,6 +440,7 @@ def main() -> None:
     p.add_argument("--study", type=Path, help="a study folder whose cells' writes are timed")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--land-every", type=float, default=0.25, help="driver: s between cells")
+    p.add_argument("--busy-rounds", type=int, default=4, help="busy driver: rounds of each")
     p.add_argument("--workflow", action="store_true", help="the real studies (minutes)")
     p.add_argument("--only-workflow", action="store_true", help="skip the synthetic parts")
     p.add_argument("--rounds", type=int, default=3)
@@ -364,6 +468,8 @@ def main() -> None:
             print(line)
         db.close()
         print(write_timings(a.study, root))
+        for line in busy_driver(a.study, root, a.busy_rounds, a.land_every):
+            print(line, flush=True)
         print(driver_cost(a.study, root, a.land_every))
     if not a.workflow:
         return

@@ -704,8 +704,8 @@ def rows_of(items: Iterable[OnDisk], study: str) -> tuple[list[dict], list[str]]
     rows, invalid = [], []
     for item in items:
         try:
-            data = item.path.read_bytes()
-            records = read_metrics(item.path, steps=False)
+            data = item.path.read_bytes()  # read once: hashed, then parsed
+            records = read_metrics(item.path, steps=False, text=data.decode())
             sha = hashlib.sha256(data).hexdigest()
             rows.append(
                 measurement_row(

@@ -494,20 +494,23 @@ STEP_LINE = re.compile(_STEP)
 _STEP_LINES = re.compile("^" + _STEP + "\n", re.MULTILINE)  # all of a file's, in one call
 
 
-def read_metrics(path: str | Path, steps: bool = True) -> list[dict]:
+def read_metrics(path: str | Path, steps: bool = True, text: str | None = None) -> list[dict]:
     """Read and validate one metrics file; MetricsError for anything but a complete, valid file.
 
     steps=False (aggregation, which needs only the ranks' own summaries): step lines are still
     checked, but not returned, and canonical ones are matched by STEP_LINE without parsing.
     Everything else is parsed in one call and checked with the schema (fast path: _fast_valid).
+    `text`: the file's content where the caller has read it already (the results database
+    hashes the same bytes), so the file is read once.
     """
-    try:
-        with open(path) as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise MetricsError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise MetricsError(f"{path}: not text ({exc.reason})") from None
+    if text is None:
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise MetricsError(f"{path}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise MetricsError(f"{path}: not text ({exc.reason})") from None
     if not steps:
         try:  # the common case in one pass; any problem is located line by line below
             lines = [line for line in _STEP_LINES.sub("", text).splitlines() if line.strip()]

@@ -5,6 +5,15 @@ The driver (Snakemake's process on the login side, local or Slurm route alike) s
 whose own driver already records) and stops it at onsuccess or onerror (`stop`). Job steps
 never write to the database: nothing inside a cell's job imports this module.
 
+- **A process of its own.** The recorder runs in a child of the driver (`python -m
+  dlscale.workflow.recorder`, on the login side too), not on a thread of the driver's process:
+  the driver's own thread is busiest just as a cell lands (Snakemake's bookkeeping of the
+  ended job), and a write that shared its GIL waited for it at each file read and SQLite call
+  (up to Python's 5 ms switch interval each: 40-125 ms a row under a busy driver on a loaded
+  machine, 1-3 ms alone). The driver hands it the URL, the study folder and the planned cells
+  on its stdin; closing that (`stop`, or the driver's own end, even by SIGKILL) makes it do its
+  last pass and exit: 0 when the database holds the whole study folder.
+
 - **Catch-up first.** Whatever of the study folder the database lacks (measurements of an
   earlier run whose driver was killed, or ran while the database was locked or unreachable; its
   preflight results) is written before anything else, on the recorder's thread, while the
@@ -23,7 +32,12 @@ never write to the database: nothing inside a cell's job imports this module.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -194,8 +208,8 @@ class Recorder:
         timing = ""
         if self.write_ms:
             timing = (
-                f"; per landed cell {statistics.median(self.write_ms):.0f} ms median, "
-                f"{max(self.write_ms):.0f} ms at most"
+                f"; per landed cell {statistics.median(self.write_ms):.1f} ms median, "
+                f"{max(self.write_ms):.1f} ms at most"
             )
         where = store.describe(self.url)
         if ok:
@@ -207,15 +221,67 @@ class Recorder:
         )
 
 
-_RECORDER: Recorder | None = None
+# ---- the recorder's process ----------------------------------------------------------------
+class RecorderProcess:
+    """The driver's handle on the recorder's process (module docstring)."""
+
+    def __init__(self, url: str, study_dir: str | Path, cells: list[str], poll_s: float = POLL_S):
+        self.url = url
+        self.study_dir = Path(study_dir)
+        package_root = str(Path(__file__).resolve().parents[2])  # the driver's own dlscale
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "dlscale.workflow.recorder"],
+            stdin=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        request = json.dumps(
+            {"url": url, "study_dir": str(study_dir), "cells": cells, "poll_s": poll_s}
+        )
+        # on a thread: a long list fills the pipe before the child reads it (its imports first)
+        self._sending = threading.Thread(target=self._send, args=(request,), daemon=True)
+        self._sending.start()
+
+    def _send(self, request: str) -> None:
+        try:
+            self.process.stdin.write(request + "\n")
+            self.process.stdin.flush()
+        except OSError:  # the child is gone: stop says so
+            pass
+
+    def stop(self, timeout_s: float = 2 * STOP_TIMEOUT_S) -> bool:
+        """Close the recorder's stdin (its last pass) and wait for it; True when it wrote the
+        whole study folder. One that does not end in `timeout_s` is killed, and the rows it may
+        have missed are left for the next run (the pending marker)."""
+        self._sending.join(timeout=timeout_s)
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            return self.process.wait(timeout=timeout_s) == 0
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        reason = f"the recorder did not finish its last pass in {timeout_s:g} s"
+        store.mark_pending(self.study_dir, self.url, reason)
+        say(self.study_dir, f"results database {store.describe(self.url)}: {reason}")
+        return False
 
 
-def start(url: str | None, study_dir: str | Path, cells: list[str]) -> Recorder | None:
-    """onstart, in the driver: start recording (nothing where the database is off)."""
+_RECORDER: RecorderProcess | None = None
+
+
+def start(
+    url: str | None, study_dir: str | Path, cells: list[str], poll_s: float = POLL_S
+) -> RecorderProcess | None:
+    """onstart, in the driver: start the recorder's process (none where the database is off)."""
     global _RECORDER
     if url is None:
         return None
-    _RECORDER = Recorder(url, study_dir, cells).start()
+    _RECORDER = RecorderProcess(url, study_dir, [str(c) for c in cells], poll_s)
     return _RECORDER
 
 
@@ -224,3 +290,22 @@ def stop() -> bool | None:
     global _RECORDER
     recorder, _RECORDER = _RECORDER, None
     return None if recorder is None else recorder.stop()
+
+
+def main() -> int:
+    """The recorder's process: the driver's request on stdin, then record until stdin ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it calls stop
+    line = sys.stdin.readline()
+    if not line:  # the driver ended before it asked
+        return 1
+    request = json.loads(line)
+    recorder = Recorder(
+        request["url"], request["study_dir"], request["cells"], request["poll_s"]
+    ).start()
+    while sys.stdin.read(65536):  # until the driver closes it (stop) or ends
+        pass
+    return 0 if recorder.stop() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,8 +48,9 @@ SMALLEST = {
         "loader cifar_binary w0",
     ),
     "history_database.py": (
-        ["--trials", "5", "--rows", "600", "--land-every", "0.02", "--workdir", "{tmp}"],
-        "write one cell's row:",
+        ["--trials", "5", "--rows", "600", "--land-every", "0.02", "--busy-rounds", "1"]
+        + ["--workdir", "{tmp}"],
+        "busy driver, recorder on its own process: per landed cell median",
     ),
     "plan_solve.py": (["--repeats", "1", "--frameworks", "1", "--models", "1"], "binding:"),
     "planning.py": (
