@@ -13,7 +13,7 @@
 #   could not write are named in logs/database-pending.json, an input of this rule where it
 #   exists, so the next run, even one with nothing else to do, writes them first.
 from dlscale.decisions.history_report import history_job
-from dlscale.store.database import describe as describe_database
+from dlscale.store.database import param_form as database_param
 
 
 rule history:
@@ -28,8 +28,9 @@ rule history:
     log:
         f"{RULE_OUT['logs']}/history.log",
     params:
-        # the database as it may be printed (no password): another database redoes the history
-        database=describe_database(DATABASE_URL) if DATABASE_URL else "off",
+        # the database (no password; the default file relative to the working directory, so
+        # a copied checkout is the same database): another database redoes the history
+        database=database_param(DATABASE_URL),
         match=HISTORY["match"],
         threshold=HISTORY["threshold"],
         figure=lambda wildcards: outputs_of(wildcards)["history_figure"],

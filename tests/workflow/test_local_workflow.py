@@ -246,6 +246,23 @@ def test_the_driver_recorded_each_measured_cell_in_the_results_database(finished
     assert not store.pending_path(results / "tiny").exists()
 
 
+def test_a_copied_checkout_of_a_finished_study_redoes_no_history(finished_study, tmp_path):
+    """The same checkout in another folder (files and times copied, Snakemake's records too)
+    is the same study with the same default database (results/dlscale.sqlite, named relative
+    to the working directory in the history rule's params): its dry run plans no history job.
+    Another database still redoes the history."""
+    copied = tmp_path / "copied"
+    shutil.copytree(finished_study, copied, symlinks=True)
+    proc = snakemake(copied, "--profile", "profiles/local", "-n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    planned = job_counts(proc.stdout) if "Job stats:" in proc.stdout else {}
+    assert "history" not in planned, proc.stdout[-3000:]
+    other = f"database=sqlite:///{tmp_path / 'team.sqlite'}"
+    proc = snakemake(copied, "--profile", "profiles/local", "-n", "--config", other)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert job_counts(proc.stdout).get("history") == 1, proc.stdout[-3000:]
+
+
 def test_systems_table_and_the_study_archive(finished_study, tmp_path):
     """Every node's probes reach the Systems table; the archive target round-trips and its
     check finds a changed file."""

@@ -136,6 +136,24 @@ def resolve_url(setting=None, results: str | Path = "results") -> str | None:
     return str(setting)
 
 
+def param_form(url: str | None, workdir: str | Path = ".") -> str:
+    """The database as the workflow's `history` rule records it in its params (another database
+    redoes the history): `off` for none; a SQLite file under `workdir` (the default,
+    results/dlscale.sqlite) by its path relative to it, so a copy of the checkout elsewhere, or
+    the checkout moved, is the same database to it; any other URL as it may be printed (its
+    password hidden)."""
+    if url is None:
+        return OFF
+    path = sqlite_path(url)
+    if path is not None:
+        try:
+            inside = path.resolve().relative_to(Path(workdir).resolve())
+        except ValueError:  # a file elsewhere: its own path names it
+            return describe(url)
+        return f"sqlite:///{inside.as_posix()}"
+    return describe(url)
+
+
 def describe(url: str) -> str:
     """The URL as it may be printed: any password hidden."""
     try:

@@ -364,3 +364,19 @@ def test_the_database_url_enters_no_cells_or_studys_hash(root):
     off = load_workflow_study({"database": "off"}, root)
     assert off.config_hash == plain.config_hash
     assert store.resolve_url(off.config["database"]) is None
+
+
+def test_the_history_rule_names_the_default_database_wherever_the_checkout_lies(tmp_path):
+    """The `history` rule's params name the database: the default file by its path under the
+    working directory (two copies of a checkout: one name), any other as it may be printed."""
+    names = []
+    for checkout in (tmp_path / "a", tmp_path / "elsewhere" / "b"):
+        checkout.mkdir(parents=True)
+        url = store.resolve_url(None, checkout / "results")
+        names.append(store.param_form(url, checkout))
+    assert names == ["sqlite:///results/dlscale.sqlite"] * 2
+    outside = f"sqlite:///{tmp_path / 'team.sqlite'}"
+    assert store.param_form(outside, tmp_path / "a") == outside
+    server = "postgresql+psycopg://team:secret@db.example.org/dlscale"
+    assert store.param_form(server) == "postgresql+psycopg://team:***@db.example.org/dlscale"
+    assert store.param_form(None) == "off"
