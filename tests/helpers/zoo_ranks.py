@@ -3,14 +3,17 @@ tests, in the model's environment (pytorch-hf for a transformers model): the ran
 single-process program of tests/helpers/parallel_ranks.py, with the model registered first
 from its record (a cell's model_source, as a rank registers it).
 
-    python zoo_ranks.py RECORD.json NAME rank RANK WORLD RANKS_PER_NODE PORTS ENTRIES TP OUT.json
+    python zoo_ranks.py RECORD.json NAME rank RANK WORLD RANKS_PER_NODE PORTS ENTRIES TP OUT.json \
+        [REFERENCE.json [FAULT ...]]
     python zoo_ranks.py RECORD.json NAME reference WORLD OUT.json [FAULT ...]
 
 ENTRIES: comma-separated strategies run one after another in the same processes (PORTS, one
 each), each with plain SGD (sgd0: no momentum, no clipping, so a wrong gradient scale moves the
 loss by that factor). `reference` writes the loss of the same 3 steps in one process: rank 0's
 weights, the ranks' batches as one batch; with FAULTs (parallel_ranks.FAULTS, e.g. no_average)
-the loss each break trains to instead, under its name."""
+the loss each break trains to instead, under its name. A rank given REFERENCE.json writes
+the same there after its entries, in its own interpreter: one start of torch and transformers
+fewer than a process of its own (seconds of a test on a 2-core machine)."""
 
 from __future__ import annotations
 
@@ -33,15 +36,7 @@ def main(argv: list[str]) -> None:
     import parallel_ranks
 
     if mode == "reference":
-        world, out = int(argv[3]), argv[4]
-        losses = {
-            "loss": parallel_ranks._reference_loss(world, name, OPTIMIZER, "fp32", None, world)
-        }
-        for fault in argv[5:]:
-            losses[fault] = parallel_ranks._reference_loss(
-                world, name, OPTIMIZER, "fp32", fault, world
-            )
-        Path(out).write_text(json.dumps(losses))
+        reference(parallel_ranks, name, int(argv[3]), argv[4], argv[5:])
         return
     rank, world, rpn = (int(a) for a in argv[3:6])
     ports, entries = argv[6].split(","), argv[7].split(",")
@@ -54,6 +49,16 @@ def main(argv: list[str]) -> None:
         )
         results[entry] = {k: result[k] for k in ("loss", "memory", "wrapper", "execution")}
     Path(out).write_text(json.dumps(results, default=str))
+    if len(argv) > 10:
+        reference(parallel_ranks, name, world, argv[10], argv[11:])
+
+
+def reference(parallel_ranks, name: str, world: int, out: str, faults: list[str]) -> None:
+    """The single-process program's loss, and with `faults` what each break trains to."""
+    losses = {"loss": parallel_ranks._reference_loss(world, name, OPTIMIZER, "fp32", None, world)}
+    for fault in faults:
+        losses[fault] = parallel_ranks._reference_loss(world, name, OPTIMIZER, "fp32", fault, world)
+    Path(out).write_text(json.dumps(losses))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A study's own models at parse time (config `models:`; docs/pages/your-model.md): each one's
 definition checked (dlscale.models.zoo), then measured in its environment by one bounded
-subprocess per (environment, model) (dlscale.models.torch.zoo probe), cached on disk, and
+subprocess per (environment, model) (dlscale.models.zoo_probe probe), cached on disk, and
 registered beside the shipped models; the combinations its cells cannot run refused, naming
 why; and its cells given their environment and their record (Cell.model_source: the source,
 the definition and what was measured, with the library's or the package's name and version).
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.models import zoo
+from dlscale.models.zoo_probe import PROBE_PREFIX
 from dlscale.registry.frameworks import FRAMEWORKS, environments_dir
 from dlscale.registry.model_sources import (
     ENTRY_POINT,
@@ -42,7 +43,7 @@ from dlscale.study.hardware import environment_variant
 # device, about a second on an idle core; a loaded login node gets this much.
 PROBE_TIMEOUT_S = 180
 CACHE_DIR = ".cache/model-probes"  # under the checkout
-PROBE_MODULE = "dlscale.models.torch.zoo"
+PROBE_MODULE = "dlscale.models.zoo_probe"
 # facts that say where the probe ran, not what the model is: kept out of the cells' record
 ENVIRONMENT_FACTS = ("python", "torch")
 # the workloads whose cells train a model of axes.model
@@ -108,7 +109,9 @@ def _site_marker(python: Path) -> list:
 
 
 def _probe_code() -> str:
-    return _short_hash((Path(__file__).parents[1] / "models" / "torch" / "zoo.py").read_text())
+    models = Path(__file__).parents[1] / "models"
+    parts = ("zoo_probe.py", "entry_points.py", "torch/zoo.py")
+    return _short_hash([(models / part).read_text() for part in parts])
 
 
 def probe(
@@ -145,7 +148,7 @@ def probe(
     except subprocess.TimeoutExpired:
         return None, f"its check did not finish in {PROBE_TIMEOUT_S} s", PROBE_TIMEOUT_S, False
     seconds = time.perf_counter() - started
-    lines = [line for line in done.stdout.splitlines() if line.startswith("DLSCALE-MODEL-FACTS ")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
     if not lines:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-4:])
         return (
@@ -154,7 +157,7 @@ def probe(
             seconds,
             False,
         )
-    result = json.loads(lines[-1].removeprefix("DLSCALE-MODEL-FACTS "))
+    result = json.loads(lines[-1].removeprefix(PROBE_PREFIX))
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(result, sort_keys=True))
@@ -438,18 +441,19 @@ def show(study) -> str:
 
 
 def entry_points(python: Path) -> list[dict]:
-    """The entry points of the dlscale.models group installed in an environment."""
+    """The entry points of the dlscale.models group installed in an environment (its
+    interpreter reads their metadata: no torch started, a fraction of a second)."""
     env = dict(os.environ)
     scripts = str(checkout() / "scripts")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (scripts, env.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [str(python), "-m", PROBE_MODULE, "list"],
+        [str(python), "-m", PROBE_MODULE, "entry-points"],
         capture_output=True,
         text=True,
         timeout=PROBE_TIMEOUT_S,
         env=env,
     )
     for line in done.stdout.splitlines():
-        if line.startswith("DLSCALE-MODEL-FACTS "):
-            return json.loads(line.removeprefix("DLSCALE-MODEL-FACTS "))["entry_points"]
+        if line.startswith(PROBE_PREFIX):
+            return json.loads(line.removeprefix(PROBE_PREFIX))["entry_points"]
     raise RuntimeError(f"{python} could not list its entry points: {done.stderr.strip()[-500:]}")

@@ -1,19 +1,18 @@
 """A user's package brings its model by entry point (config `models:`, source `entry_point`):
 the example package (tests/fixtures/models/dlscale-example-models) installed by pip into an
-environment of this test's own (a venv over the driver's site-packages, never .venv itself),
-listed by `python -m dlscale.workflow.models_command list`, used by a study (its cells name the
-package and its version, parameters as the builder's model has them), and re-measured under a
-new version; a missing entry point and a builder that cannot be imported refused when the
-study is parsed, naming the installed entry points and the import error."""
+environment of this test's own (helpers.model_package: a venv over the driver's
+site-packages, never .venv itself), listed by `python -m dlscale.workflow.models_command
+list`, used by a study (its cells name the package and its version, parameters as the
+builder's model has them), and re-measured under a new version; a missing entry point and a
+builder that cannot be imported refused when the study is parsed, naming the installed entry
+points and the import error (both before torch starts in the probe)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 import yaml
@@ -23,59 +22,12 @@ from dlscale.study.config import ConfigError
 from dlscale.study.matrix import load_study
 
 from helpers.checkout import ROOT
+from helpers.model_package import install, own_venv
 
-PACKAGE = ROOT / "tests" / "fixtures" / "models" / "dlscale-example-models"
 TINY = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
 # the example's parameters at width 8, 2 blocks: convs 3*8*9 + 8*16*9, batch norms 2*(8 + 16),
 # head 16*10 + 10
 PARAMS = 3 * 8 * 9 + 8 * 16 * 9 + 2 * (8 + 16) + 16 * 10 + 10
-
-
-def own_venv(folder):
-    """A venv of the test's own that sees the driver's packages (torch) through a .pth file."""
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(folder)],
-        check=True,
-    )
-    purelib = subprocess.run(
-        [
-            str(folder / "bin" / "python"),
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    (folder / "site.pth").unlink(missing_ok=True)
-    from pathlib import Path
-
-    Path(purelib, "_driver.pth").write_text(
-        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-    )
-    return folder / "bin" / "python"
-
-
-def install(python, source, version: str, tmp_path):
-    copy_ = tmp_path / f"src-{version}"
-    shutil.copytree(source, copy_)
-    toml = copy_ / "pyproject.toml"
-    toml.write_text(toml.read_text().replace('version = "0.1.0"', f'version = "{version}"'))
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            str(copy_),
-        ],
-        check=True,
-        capture_output=True,
-    )
 
 
 def study(models: dict) -> dict:
@@ -88,7 +40,7 @@ def study(models: dict) -> dict:
 def test_a_package_model_by_entry_point(tmp_path):
     env = tmp_path / "my-models"
     python = own_venv(env)
-    install(python, PACKAGE, "0.1.0", tmp_path)
+    install(python, "0.1.0", tmp_path)
     listed = subprocess.run(
         [
             sys.executable,
@@ -119,7 +71,7 @@ def test_a_package_model_by_entry_point(tmp_path):
         assert facts["param_count"] == PARAMS and facts["fsdp_units"] == ["net.*"]
         assert first[0].environment.startswith("my-models:")
         # a new version: its cells get a new identity (re-measured; the old ones kept)
-        install(python, PACKAGE, "0.2.0", tmp_path)
+        install(python, "0.2.0", tmp_path)
         second = load_study(study(models), ROOT).cells
         assert json.loads(second[0].model_source)["version"] == "0.2.0"
         assert {c.config_hash for c in first}.isdisjoint({c.config_hash for c in second})

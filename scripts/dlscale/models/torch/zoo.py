@@ -4,11 +4,8 @@ downloaded, no remote code) or by a package's `dlscale.models` entry point, wrap
 `model(inputs)` returns the logits dlscale's loss takes (a decoder's flattened to one row per
 position), and measured (`facts`: family, input shape, parameters, blocks).
 
-`python -m dlscale.models.torch.zoo probe` reads one request (JSON) on standard input and prints
-the facts, or the error, as one line starting with PROBE_PREFIX: the parse-time check of a
-study's model, run by dlscale.study.study_models in a bounded subprocess of the model's
-environment. `python -m dlscale.models.torch.zoo list` prints the entry points installed in
-this environment.
+`facts` is the parse-time check of a study's model, which `python -m dlscale.models.zoo_probe
+probe` runs in a bounded subprocess of the model's environment (dlscale.study.study_models).
 
 An entry point's builder takes the study's `kwargs` and returns a mapping: `model` (a
 torch.nn.Module whose forward takes the input batch and returns logits), `family` ("vision",
@@ -28,18 +25,15 @@ for _variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import collections  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
-from importlib import metadata  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from dlscale.models import DECODER, ModelSpec  # noqa: E402
-from dlscale.registry.model_sources import ENTRY_POINT_GROUP, TRANSFORMERS  # noqa: E402
+from dlscale.models.entry_points import find_entry_point, load_builder  # noqa: E402
+from dlscale.registry.model_sources import TRANSFORMERS  # noqa: E402
 
-PROBE_PREFIX = "DLSCALE-MODEL-FACTS "
 FAMILIES = ("vision", "sequence", DECODER)
 DEFAULT_IMAGE_SIZE = 224
 
@@ -180,25 +174,9 @@ def build_transformers(record: dict) -> tuple[TransformersModel, dict]:
     return TransformersModel(hf, family), {"config": config, "task": task, "library": transformers}
 
 
-def entry_point(name: str) -> metadata.EntryPoint:
-    """The entry point `name` of the dlscale.models group in this environment."""
-    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not found:
-        installed = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
-        raise LookupError(
-            f"no entry point {name!r} in group {ENTRY_POINT_GROUP!r} in the environment "
-            f"{sys.prefix}; installed: {', '.join(installed) or 'none'} (a package registers "
-            f'one in its pyproject.toml: [project.entry-points."{ENTRY_POINT_GROUP}"])'
-        )
-    if len(found) > 1:
-        dists = ", ".join(f"{ep.dist.name} {ep.dist.version}" for ep in found if ep.dist)
-        raise LookupError(f"entry point {name!r} is registered twice ({dists}); uninstall one")
-    return found[0]
-
-
 def build_entry_point(record: dict) -> tuple[EntryPointModel, dict]:
     definition = record["definition"]
-    ep = entry_point(definition["entry_point"])
+    ep = find_entry_point(definition["entry_point"])
     dist = ep.dist
     wanted = record.get("distribution")
     if wanted and dist is not None and (dist.name, dist.version) != (wanted, record["version"]):
@@ -207,15 +185,7 @@ def build_entry_point(record: dict) -> tuple[EntryPointModel, dict]:
             f"and {dist.name} {dist.version} is installed now: run the study again (its cells "
             "are re-measured under the new version)"
         )
-    try:
-        builder = ep.load()
-    except Exception as exc:  # noqa: BLE001 - the user's package: any import failure is its
-        raise RuntimeError(
-            f"entry point {ep.name!r} ({ep.value}) of "
-            f"{dist.name + ' ' + dist.version if dist else 'an unknown package'} cannot be "
-            f"imported: {type(exc).__name__}: {exc}"
-        ) from exc
-    built = builder(**definition.get("kwargs", {}))
+    built = load_builder(ep)(**definition.get("kwargs", {}))
     if isinstance(built, nn.Module):
         raise TypeError(
             f"entry point {ep.name!r} returned a bare module; a builder returns a mapping with "
@@ -438,42 +408,3 @@ def tensor_parallel(model: nn.Module, tp_mesh) -> list[str]:
         raise ValueError(f"{type(hf).__name__} has no tensor-parallel plan (base_model_tp_plan)")
     model.hf = apply_tensor_parallelism(hf, tp_mesh, plan)
     return sorted(plan)
-
-
-# ---- the command line
-
-
-def _list() -> list[dict]:
-    out = []
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        dist = ep.dist
-        out.append(
-            {
-                "entry_point": ep.name,
-                "value": ep.value,
-                "distribution": dist.name if dist else None,
-                "version": dist.version if dist else None,
-            }
-        )
-    return out
-
-
-def main(argv: list[str]) -> int:
-    if argv == ["list"]:
-        print(PROBE_PREFIX + json.dumps({"entry_points": _list(), "python": sys.prefix}))
-        return 0
-    if argv != ["probe"]:
-        print(__doc__, file=sys.stderr)
-        return 2
-    request = json.loads(sys.stdin.read())
-    try:
-        result = {"facts": facts(request)}
-    except Exception as exc:  # noqa: BLE001 - reported to the study's parse, named
-        message = re.sub(r"\s+", " ", f"{type(exc).__name__}: {exc}").strip()
-        result = {"error": message[:2000]}
-    print(PROBE_PREFIX + json.dumps(result, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
