@@ -68,6 +68,8 @@ SMALLEST = {
     "submission.py": (["--help"], "--cells"),
     # a local Slurm cluster and minutes: its study and the wall times (benchmarks/README.md)
     "script_cells.py": (["--help"], "--rounds"),
+    # a local Slurm cluster and minutes: the zoo's models as cells at 1 and 2 nodes
+    "zoo_cells.py": (["--help"], "--reps"),
     # 8 ranks (a minute): its 4-rank combination is tests/unit/frameworks/test_torch_pipeline.py
     "pipeline_combinations.py": (["--help"], "--strategies"),
 }
