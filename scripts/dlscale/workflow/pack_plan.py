@@ -165,6 +165,14 @@ class Pack:
         self.cells = run_order(self.cells, self.concurrent)
         self.width, self.steps = pack_shape(self.cells, self.max_width, self.concurrent)
 
+    def reshape(self, width: int) -> None:
+        """The pack on `width` nodes (share_widths)."""
+        self.width, self.steps = width, list_schedule(self.cells, width, self.concurrent)
+
+    def end_on(self, width: int) -> float:
+        """When the pack's schedule on `width` nodes ends (seconds)."""
+        return max(s.end_s for s in list_schedule(self.cells, width, self.concurrent))
+
     @property
     def nodes(self) -> int:
         return self.width
@@ -202,8 +210,9 @@ def plan_packs(
 ) -> tuple[list[Pack], list[PackCell]]:
     """Packs of `cells` in their order (first fit: a new pack when the next cell would pass
     `per_pack` cells, 0 = no count limit, or the time limit `max_time_min`, None = none, on the
-    widest shape `max_width` allows), each shaped by pack_shape, and the cells no pack can hold
-    (alone above the time limit: they run as their own jobs)."""
+    widest shape `max_width` allows), each shaped by pack_shape, or several sharing
+    `max_width` (share_widths), and the cells no pack can hold (alone above the time limit:
+    they run as their own jobs)."""
     packs: list[Pack] = []
     alone: list[PackCell] = []
     current: list[PackCell] = []
@@ -222,7 +231,39 @@ def plan_packs(
         current.append(cell)
     if current:
         packs.append(Pack(current, max_width, concurrent))
+    if concurrent and max_width and len(packs) > 1:
+        share_widths(packs, max_width, max_time_min)
     return packs, alone
+
+
+def share_widths(packs: list[Pack], max_width: int, max_time_min: int | None) -> None:
+    """The nodes of `max_width` shared among packs that start together, so that together they
+    ask for no more than the entry may use at once: each pack from the fewest nodes it needs
+    (its largest cell's, or more where its time limit needs them), then one node at a time to
+    the pack that ends last while that brings its end forward. Packs whose fewest nodes add up
+    to more than `max_width` keep those (they wait for each other in the queue)."""
+
+    def fits(pack: Pack, width: int) -> bool:
+        return (
+            max_time_min is None
+            or schedule_minutes(list_schedule(pack.cells, width, pack.concurrent)) <= max_time_min
+        )
+
+    widths = []
+    for pack in packs:
+        width = max(c.nodes for c in pack.cells)
+        while width < pack.width and not fits(pack, width):
+            width += 1
+        widths.append(width)
+    ends = [pack.end_on(w) for pack, w in zip(packs, widths)]
+    while sum(widths) < max_width:
+        last = max(range(len(packs)), key=lambda i: ends[i])
+        end = packs[last].end_on(widths[last] + 1)
+        if end >= ends[last] - 1e-9:
+            break  # the last pack ends no sooner with another node
+        widths[last], ends[last] = widths[last] + 1, end
+    for pack, width in zip(packs, widths):
+        pack.reshape(width)
 
 
 def plan_lines(pack_id: str, pack: Pack, runs_dir: str | None = None) -> list[str]:

@@ -73,6 +73,24 @@ def test_one_node_cells_run_side_by_side_on_the_nodes_the_entry_allows():
     assert Pack(cells(4)).nodes == 1
 
 
+def test_packs_that_start_together_share_the_nodes_the_entry_allows():
+    # two packs of ten one-node cells on 2 nodes: one node each, both at once (not 2 + 2)
+    packs, _ = plan_packs(cells(20), per_pack=10, max_time_min=None, max_width=2)
+    assert [p.nodes for p in packs] == [1, 1]
+    packs, _ = plan_packs(cells(20), per_pack=10, max_time_min=None, max_width=4)
+    assert [p.nodes for p in packs] == [2, 2]
+    # the pack that ends last gets the spare nodes: 10 cells and 2 cells on 4 nodes
+    packs, _ = plan_packs(cells(12), per_pack=10, max_time_min=None, max_width=4)
+    assert [p.nodes for p in packs] == [3, 1]
+    assert [p.time_min for p in packs] == [math.ceil((60 + 4 * 630) / 60), 22]
+    # a 1-node and a 2-node series on 2 nodes: each pack keeps its largest cell's nodes
+    mixed = cells(10) + [PackCell(f"w{i}", 2, 10) for i in range(10)]
+    assert [p.nodes for p in plan_packs(mixed, 10, None, 2)[0]] == [1, 2]
+    # a time limit a narrower pack would pass keeps the nodes it needs
+    packs, _ = plan_packs(cells(8), per_pack=4, max_time_min=25, max_width=2)
+    assert all(p.time_min <= 25 for p in packs)
+
+
 def test_the_shape_that_ends_first_with_the_fewest_nodes():
     # a long cell beside three short ones ends at the long one's end on 2 nodes or on 4: 2
     mixed = [PackCell("long", 1, 30, 200.0), *cells(3, measured=40.0)]
