@@ -50,6 +50,7 @@ from dlscale.workflow.resume_journal import say
 POLL_S = 1.0  # how often the watched metrics files are looked at (grows with their number)
 RETRY_S = 15.0  # after the database was unavailable, the next try
 STOP_TIMEOUT_S = 30.0  # the last pass's time at most
+UNFINISHED = 3  # the recorder's exit status when rows wait for the next run (marked pending)
 
 
 class Recorder:
@@ -261,11 +262,14 @@ class RecorderProcess:
         except OSError:
             pass
         try:
-            return self.process.wait(timeout=timeout_s) == 0
+            code = self.process.wait(timeout=timeout_s)
+            if code in (0, UNFINISHED):  # UNFINISHED: its last pass marked what waits
+                return code == 0
+            reason = f"the recorder ended with exit status {code}"
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        reason = f"the recorder did not finish its last pass in {timeout_s:g} s"
+            reason = f"the recorder did not finish its last pass in {timeout_s:g} s"
         store.mark_pending(self.study_dir, self.url, reason)
         say(self.study_dir, f"results database {store.describe(self.url)}: {reason}")
         return False
@@ -294,17 +298,19 @@ def stop() -> bool | None:
 
 def main() -> int:
     """The recorder's process: the driver's request on stdin, then record until stdin ends."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it calls stop
+    # Ctrl-C and a closed terminal are the driver's: it calls stop, or its end closes stdin
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     line = sys.stdin.readline()
     if not line:  # the driver ended before it asked
-        return 1
+        return UNFINISHED
     request = json.loads(line)
     recorder = Recorder(
         request["url"], request["study_dir"], request["cells"], request["poll_s"]
     ).start()
     while sys.stdin.read(65536):  # until the driver closes it (stop) or ends
         pass
-    return 0 if recorder.stop() else 1
+    return 0 if recorder.stop() else UNFINISHED
 
 
 if __name__ == "__main__":

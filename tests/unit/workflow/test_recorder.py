@@ -72,3 +72,16 @@ def test_a_cell_lands_and_its_row_is_written_while_the_driver_keeps_the_gil(tmp_
     assert written is not None, "the second cell's row is missing"
     assert _utc(held_from) <= written <= _utc(held_until - 1.0), (held_from, written, held_until)
     assert recorder.stop() is None  # stopped once
+
+
+def test_a_recorder_that_dies_leaves_its_rows_to_the_next_run(tmp_path):
+    """The recorder's process killed (a signal, not the driver's stop): the driver's stop says
+    so and marks the study's rows as waiting, so the next run records them first."""
+    study_dir = tmp_path / "results" / "killed"
+    url = f"sqlite:///{tmp_path / 'results' / store.DATABASE_FILE}"
+    handle = recorder.start(url, study_dir, [], poll_s=POLL_S)
+    handle.process.kill()
+    handle.process.wait()
+    assert recorder.stop() is False
+    assert store.is_pending(study_dir)
+    assert "the recorder ended with exit status -9" in (study_dir / "logs/driver.log").read_text()
