@@ -125,6 +125,9 @@ SLURM_WALK: dict[str, str] = {
         f"python -m dlscale.store.study_archive verify {MINE_ARCHIVE}"
     ),
     "python -m dlscale.store.migrate": "python -m dlscale.store.migrate --dry-run",
+    # the results database the drivers of both studies wrote (results/dlscale.sqlite)
+    "dlscale history --model <model> --nodes <n>": "dlscale history --model cnn_small --nodes 2",
+    "dlscale history import results/<study>": f"dlscale history import results/{MINE}",
     "mkdocs build --strict -f docs/mkdocs.yml": "mkdocs build --strict -f docs/mkdocs.yml",
 }
 NOT_WALKED = {

@@ -277,6 +277,16 @@ def walk_first_day_and_every_everyday_command(walk: Walk, checkout: Path) -> Non
     kept = sorted((checkout / MINE_CELL).parent.glob("measurements/*-job*/metrics.jsonl"))
     assert len(kept) == 2 and walk.count(MINE) == 5
 
+    # the results database: the Slurm driver wrote both kept measurements of the 2-node cell,
+    # one point of n = 2 in its series' history; importing the study folder again adds nothing
+    out = walk.ok("dlscale history --model <model> --nodes <n>")
+    assert "/cnn_small/weak/fp32/eager/ddp/n2  (software match, 1 point(s))" in out, out
+    assert re.search(rf"^  1  {MINE}  .*  2  .*  first$", out, re.M), out
+    out = walk.ok("dlscale history import results/<study>")
+    assert f"results/{MINE}: " in out and "0 invalid file(s)" in out, out
+    code, out = walk.run(SLURM_WALK["dlscale history import results/<study>"])
+    assert code == 0 and f"results/{MINE}: 0 new row(s), 3 measurement(s)" in out, out
+
     # every command that measures nothing, with study folders named like the project's
     # own beside: figures and the report redrawn with the local profile, no cell run
     for name in BESIDE:
