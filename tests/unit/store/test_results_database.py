@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -364,6 +365,28 @@ def test_the_database_url_enters_no_cells_or_studys_hash(root):
     off = load_workflow_study({"database": "off"}, root)
     assert off.config_hash == plain.config_hash
     assert store.resolve_url(off.config["database"]) is None
+
+
+def test_the_newcomer_pages_say_where_the_database_is_and_how_to_turn_it_off(root):
+    """The quickstart and the outputs page name the database's file, its off switch and the
+    history command as the code has them, and the history files the outputs page lists are
+    the ones the workflow writes (dlscale.workflow.paths)."""
+    from dlscale.workflow.paths import output_paths
+
+    quickstart = (root / "docs/pages/quickstart.md").read_text()
+    outputs = (root / "docs/pages/outputs.md").read_text()
+    for page in (quickstart, outputs):
+        assert f"`results/{store.DATABASE_FILE}`" in page
+        assert "`dlscale history" in page and "(database.md)" in page
+        assert "off" in page and store.URL_VARIABLE in page
+    assert "`--config database=off`" in quickstart and store.resolve_url("off") is None
+    (section,) = re.findall(
+        r"## The results database and a study's history\n(.*?)\n## ", outputs, re.S
+    )
+    listed = set(re.findall(r"`(results/<study>/[\w./]+)`", section))
+    written = {p for k, p in output_paths("results/<study>", "s").items() if "history" in k}
+    assert listed == written, (listed, written)
+    assert "[The results database](database.md)" in section
 
 
 def test_the_history_rule_names_the_default_database_wherever_the_checkout_lies(tmp_path):
