@@ -71,6 +71,29 @@ LATER_DEFAULTS = {
 }
 
 
+# config keys added after studies were measured, with the value every study had before them:
+# at it a study hashes as it did (a cell that differs has it in its own identity, Cell)
+# - workloads: throughput only, as before the convergence workload;
+# - the parallelism's degrees unset (every cell ddp) and the pipeline's schedule at its default;
+# - activation checkpointing, the attention kernel, the compiled loss, what world size 1 runs
+#   and each decoder's sequence length, at their defaults.
+LATER_CONFIG_DEFAULTS = {
+    "workloads": ["throughput"],
+    "tp_degree": None,
+    "pp_degree": None,
+    "microbatches": None,
+    "pp_schedule": DEFAULT_PIPELINE_SCHEDULE,
+    "activation_checkpointing": "none",
+    "attention": None,
+    "compile_loss": False,
+    "single_device": "plain",
+    "seq_len": None,
+}
+# the axes added later, at the value every cell had before them: every cell ddp, and its
+# hardware's ranks per node
+LATER_AXIS_DEFAULTS = {"parallelism": [DEFAULT_PARALLELISM], "ranks_per_node": None}
+
+
 # config `optimizer` keys added after studies were measured, with their defaults: at these the
 # study hashes as before they existed. What a cell trains with is in its own identity
 # (Cell.optimizer and its settings: dlscale.registry.optimizers), where `auto` gives the
@@ -122,42 +145,27 @@ def config_hash(config: dict, hardware: dict) -> str:
             "pack_steps",  # whether a pack's cells run side by side, not what they measure
             "database",  # where the results are kept (dlscale.store.database), a scheduling setting
             "history",  # how the results are judged against their history, not measured
+            "trace",  # a trace re-measures nothing (Cell.trace_steps is in no identity)
         )
     }
-    # keys added later count only where they ask for something (a study without convergence
-    # cells hashes as it did before workloads existed)
-    if measured.get("workloads") == ["throughput"]:
-        del measured["workloads"]
-    # the parallelism axis and its degree at their defaults: every cell ddp, as before them
-    for key in ("tp_degree", "pp_degree", "microbatches"):
-        if key in measured and measured[key] is None:
+    # keys added later count only where they ask for something: at their LATER_CONFIG_DEFAULTS
+    # (LATER_AXIS_DEFAULTS, LATER_OPTIMIZER_DEFAULTS) a study hashes as before the key existed
+    for key, default in LATER_CONFIG_DEFAULTS.items():
+        if key in measured and measured[key] == default:
             del measured[key]
-    # the pipeline's schedule at its default: a study hashes as before the key (a pp cell's
-    # schedule is in its own identity, Cell.pp_schedule)
-    if measured.get("pp_schedule") == DEFAULT_PIPELINE_SCHEDULE:
-        del measured["pp_schedule"]
-    if measured.get("axes", {}).get("parallelism") == [DEFAULT_PARALLELISM]:
-        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "parallelism"}
-    # the ranks-per-node axis unset: every cell its hardware's default, as before the axis
-    if measured.get("axes", {}).get("ranks_per_node", "set") is None:
-        measured["axes"] = {k: v for k, v in measured["axes"].items() if k != "ranks_per_node"}
+    axes = measured.get("axes", {})
+    if any(k in axes and axes[k] == v for k, v in LATER_AXIS_DEFAULTS.items()):
+        measured["axes"] = {
+            k: v
+            for k, v in axes.items()
+            if not (k in LATER_AXIS_DEFAULTS and v == LATER_AXIS_DEFAULTS[k])
+        }
     if "optimizer" in measured:
         measured["optimizer"] = {
             k: v
             for k, v in measured["optimizer"].items()
             if not (k in LATER_OPTIMIZER_DEFAULTS and v == LATER_OPTIMIZER_DEFAULTS[k])
         }
-    if measured.get("activation_checkpointing") == "none":  # every cell before the key
-        del measured["activation_checkpointing"]
-    # the attention kernel, the compiled loss and what world size 1 runs, at their defaults:
-    # every cell before the keys (a cell that sets them has them in its own identity); a trace
-    # re-measures nothing (Cell.trace_steps is in no identity)
-    for key, default in (("attention", None), ("compile_loss", False), ("single_device", "plain")):
-        if key in measured and measured[key] == default:
-            del measured[key]
-    measured.pop("trace", None)
-    if measured.get("seq_len") is None:  # each decoder's default: stated in its cells
-        measured.pop("seq_len", None)
     if not measured.get("models"):  # no models of the study's own: as before the key
         measured.pop("models", None)
     if "convergence" not in config.get("workloads", ["throughput"]):
