@@ -12,8 +12,8 @@ never write to the database: nothing inside a cell's job imports this module.
   (up to Python's 5 ms switch interval each: 40-125 ms a row under a busy driver on a loaded
   machine, 1-3 ms alone). The driver hands it the URL, the study folder and the planned cells
   on its stdin; closing that (`stop`, or the driver's own end, even by SIGKILL) makes it do its
-  last pass and exit: 0 when the database holds the whole study folder.
-
+  last pass and exit: 0 when the database holds the whole study folder, UNFINISHED when rows
+  wait for the next run. One that ends otherwise (a signal) is marked pending by the driver.
 - **Catch-up first.** Whatever of the study folder the database lacks (measurements of an
   earlier run whose driver was killed, or ran while the database was locked or unreachable; its
   preflight results) is written before anything else, on the recorder's thread, while the
