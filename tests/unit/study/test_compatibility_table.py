@@ -39,4 +39,3 @@ def test_every_entry_of_each_table_is_documented(name, keys):
     row = table_row(name)
     missing = [k for k in keys if f"`{k}`" not in row]
     assert not missing, f"{name} entries missing from the documented table: {missing}"
-
