@@ -6,7 +6,8 @@ series was measured before, else its `runtime_min`; wider cells first among equa
 order) and are placed by list scheduling (`list_schedule`): each cell in that order starts as
 soon as as many nodes as it needs are free and every cell before it has started, on the first
 free nodes, never two cells on one node. The allocation takes the node count whose schedule
-ends first, the fewest such nodes (`pack_shape`), and the time that schedule takes. With config
+ends first, the fewest such nodes (`pack_shape`), and the time that schedule takes; packs
+that start together share the nodes the entry may use at once (`share_widths`). With config
 `pack_steps: serial` a pack runs one cell at a time on as many nodes as its largest cell, in
 path order. The pack runner (dlscale.workflow.pack_runner) starts the cells in the same order.
 
