@@ -415,19 +415,26 @@ def reference_loss(
     over `degree` ranks (default: the world) missed or applied twice, a pipeline of
     MICROBATCHES micro-batches over the global batch with its first one unscaled, fully_shard
     over the world's ranks without sync.
-    Runs in the test process: the registry entry use_tiny_model replaces is restored
-    afterwards, so later tests in the same worker see the real transformer_small (a test of
-    the planner read seq_len 16 from it)."""
+    Runs in the test process on one intra-op thread, as each rank does: the registry entry
+    use_tiny_model replaces and the thread count are restored afterwards, so later tests in
+    the same worker see the real transformer_small (a test of the planner read seq_len 16 from
+    it) and the worker's own threads."""
     from dlscale import models
 
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; allowed values: {', '.join(FAULTS)}")
-    saved = models.SPECS["transformer_small"]
+    import torch
+
+    saved, threads = models.SPECS["transformer_small"], torch.get_num_threads()
     use_tiny_model()
+    # with the ranks' one intra-op thread (train_spec's threads=1): a bf16 matmul's sums run in
+    # another order on more threads (8e-6 apart on gpt2_tiny, 8x the tightest tolerance)
+    torch.set_num_threads(1)
     try:
         return _reference_loss(world, name, optimizer, precision, fault, degree or world)
     finally:
         models.SPECS["transformer_small"] = saved
+        torch.set_num_threads(threads)
 
 
 def _reference_loss(
