@@ -226,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 cell, record, use = running.pop(future)
-                state, code = future.result()
+                not_started = None
+                try:
+                    state, code = future.result()
+                except OSError as exc:  # its command could not start: this cell alone fails
+                    state, code, not_started = "failed", None, f"its command could not start: {exc}"
                 busy.difference_update(use)
                 record.update(state=state, exit=code, end=time.time())
                 record["beside"] = beside(record, records)
@@ -234,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                     record["reason"] = (
                         f"stopped at its time limit ({cell['limit_s']} s) in pack {pack}"
                         if state == "timeout"
+                        else f"{not_started} in pack {pack}"
+                        if not_started
                         else f"exit status {code} in pack {pack} (its log names the cause)"
                     )
                     now_bad = unusable(use, allocation)

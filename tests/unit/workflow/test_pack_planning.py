@@ -364,3 +364,23 @@ def test_cells_run_side_by_side_on_disjoint_nodes_and_name_each_other(tmp_path, 
     assert pack_runner.main([serial]) == 0
     got = states(serial)
     assert got[1]["start"] >= got[0]["end"] and all(not got[i]["beside"] for i in range(3))
+
+
+def test_a_cell_whose_command_cannot_start_fails_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(pack_runner, "allocation_nodes", lambda: ["a", "b"])
+    monkeypatch.setattr(pack_runner, "bad_nodes", lambda nodes: {})
+    monkeypatch.setattr(pack_runner, "job_nodes", lambda job: None)
+    real = pack_runner.run_cell
+
+    def run_cell(cell, nodes, pack, log):
+        if cell["slot"] == 0:
+            raise PermissionError(13, "Permission denied", "bash")
+        return real(cell, nodes, pack, log)
+
+    monkeypatch.setattr(pack_runner, "run_cell", run_cell)
+    path = manifest(tmp_path, [(1, 60, "true"), (1, 60, "true"), (2, 60, "true")])
+    assert pack_runner.main([path]) == 0
+    got = states(path)
+    assert got[0]["state"] == "failed" and got[0]["exit"] is None
+    assert "could not start: [Errno 13] Permission denied" in got[0]["reason"]
+    assert got[1]["state"] == got[2]["state"] == "done"
