@@ -38,7 +38,9 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, bench_checkout, default_venvs  # noqa: E402
+from _common import REPO, bench_checkout, child_env, default_venvs, run_child  # noqa: E402
+
+SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
 
 SCRIPTS = {  # label -> (its folder under tests/fixtures/scripts, launch)
     "ddp_script": ("ddp", "ranks"),
@@ -96,35 +98,20 @@ def checkout(dest: Path, steps: int, reps: int) -> Path:
     return dest
 
 
-def env_of(work: Path) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(work / "scripts"), env.get("PYTHONPATH")])
-    )
-    env["PATH"] = os.pathsep.join([str(REPO / ".venv" / "bin"), env.get("PATH", "")])
-    return env
-
-
 # ---- 1. the study -------------------------------------------------------------------------
 def run_study(work: Path) -> float:
     command = [
-        str(REPO / ".venv" / "bin" / "snakemake"),
+        str(SNAKEMAKE),
         "--profile",
         "profiles/slurm",
         "--config",
         "study_file=script-study.yaml",
         "launcher=srun",
     ]
-    log = work / "study.log"
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        code = subprocess.run(command, cwd=work, env=env_of(work), stdout=fh, stderr=fh).returncode
-    wall = time.perf_counter() - t0
-    if code != 0:
-        raise SystemExit(
-            f"the study failed (exit {code}); its log {log}:\n{log.read_text()[-4000:]}"
-        )
-    return wall
+    run = run_child(command, work, child_env(work, SNAKEMAKE), work / "study.log")
+    if run.rc != 0:
+        raise SystemExit(f"the study failed (exit {run.rc}); its log {run.log}:\n{run.tail(4000)}")
+    return run.wall_s
 
 
 def check_cells(work: Path) -> list[dict]:
@@ -212,7 +199,7 @@ def inside(spec_path: Path) -> None:
         check=True,
     ).stdout.split()
     out = {"cell": [], "cell_own": [], "hand": []}
-    env = env_of(work)
+    env = child_env(work, SNAKEMAKE)
     (work / "by-hand").mkdir(exist_ok=True)
     for r in range(spec["rounds"]):
         for variant in ("cell", "hand") if r % 2 == 0 else ("hand", "cell"):
@@ -276,7 +263,8 @@ def wall_times(work: Path, label: str, nodes: int, steps: int, rounds: int) -> d
         "--inside",
         str(spec),
     ]
-    done = subprocess.run(command, cwd=work, env=env_of(work), capture_output=True, text=True)
+    env = child_env(work, SNAKEMAKE)
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"salloc failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])

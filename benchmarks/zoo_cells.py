@@ -25,16 +25,16 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, bench_checkout, default_venvs  # noqa: E402
+from _common import REPO, bench_checkout, child_env, default_venvs, run_child  # noqa: E402
+
+SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
 from helpers.model_package import install, own_venv  # noqa: E402
 
 STUDY = Path(__file__).resolve().parent / "zoo-models.yaml"
@@ -64,32 +64,19 @@ def checkout(dest: Path, steps: int, reps: int) -> Path:
     return dest
 
 
-def env_of(work: Path) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(work / "scripts"), env.get("PYTHONPATH")])
-    )
-    env["PATH"] = os.pathsep.join([str(REPO / ".venv" / "bin"), env.get("PATH", "")])
-    return env
-
-
 def run_study(work: Path) -> float:
     command = [
-        str(REPO / ".venv" / "bin" / "snakemake"),
+        str(SNAKEMAKE),
         "--profile",
         "profiles/slurm",
         "--config",
         "study_file=zoo-study.yaml",
         "launcher=srun",
     ]
-    log = work / "study.log"
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        code = subprocess.run(command, cwd=work, env=env_of(work), stdout=fh, stderr=fh).returncode
-    wall = time.perf_counter() - t0
-    if code != 0:
-        print(f"the study failed (exit {code}); its log {log}:\n{log.read_text()[-4000:]}")
-    return wall
+    run = run_child(command, work, child_env(work, SNAKEMAKE), work / "study.log")
+    if run.rc != 0:
+        print(f"the study failed (exit {run.rc}); its log {run.log}:\n{run.tail(4000)}")
+    return run.wall_s
 
 
 def rank_params(metrics: Path) -> list[int]:

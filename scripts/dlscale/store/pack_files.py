@@ -47,25 +47,13 @@ def cell_state(folder: Path, slot: int) -> dict | None:
 def find_slot(study_dir: str | Path, cell_path: str, allocation: str) -> tuple[str, int] | None:
     """The pack and slot of a cell in the pack that allocation `allocation` runs (its
     manifest's `slurm_job_id`, written at submission), or None: that job is not a pack."""
-    root = Path(study_dir) / PACKS_DIR
-    if not root.is_dir():
-        return None
-    for folder in sorted(root.iterdir()):
-        manifest = read_manifest(folder)
-        if not manifest or str(manifest.get("slurm_job_id")) != str(allocation):
-            continue
-        for cell in manifest["cells"]:
-            if cell["cell"] == cell_path:
-                return manifest["pack"], cell["slot"]
-    return None
+    return _slots(*_manifests(study_dir)).get((str(allocation), cell_path))
 
 
 def ran_beside(study_dir: str | Path, cell_path: str, allocation: str | None) -> list[str]:
     """The cells whose steps ran beside this cell's in its pack's allocation (its state file's
     `beside`, written by the runner when the cell ended), or [] for a cell measured alone."""
-    if not allocation:
-        return []
-    found = _slots(*_manifests(study_dir)).get((str(allocation), cell_path))
+    found = find_slot(study_dir, cell_path, allocation) if allocation else None
     if found is None:
         return []
     state = cell_state(pack_dir(study_dir, found[0]), found[1]) or {}
@@ -88,8 +76,8 @@ def _manifests(study_dir: str | Path) -> tuple[str, tuple]:
 
 @functools.lru_cache(maxsize=8)
 def _slots(root: str, manifests: tuple) -> dict[tuple[str, str], tuple[str, int]]:
-    """(allocation, cell path) -> (pack, slot) over the manifests (read once while none
-    changes: the cell table asks for every cell of a study)."""
+    """(allocation, cell path) -> (pack, slot) over the manifests, read once while none changes
+    (the cell table asks for every cell of a study, the driver at every status check)."""
     slots = {}
     for name, _ in manifests:
         manifest = read_manifest(Path(root) / name)

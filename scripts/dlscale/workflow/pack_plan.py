@@ -133,17 +133,26 @@ def _widths(low: int, high: int) -> list[int]:
     return sorted({low + round(i * step) for i in range(SHAPES_TRIED)})
 
 
+def width_range(
+    cells: list[PackCell], max_width: int | None, concurrent: bool = True
+) -> tuple[int, int]:
+    """The node counts a pack of `cells` may take: from its largest cell's to `max_width`
+    (None: unknown, the largest cell's) or the nodes its cells need all at once, whichever is
+    fewer; serial: the largest cell's only."""
+    low = max(c.nodes for c in cells)
+    if not concurrent:
+        return low, low
+    return low, max(low, min(max_width or low, sum(c.nodes for c in cells)))
+
+
 def pack_shape(
     cells: list[PackCell], max_width: int | None = None, concurrent: bool = True
 ) -> tuple[int, list[Step]]:
-    """(nodes, schedule) of a pack of `cells` in run order: the node count whose schedule ends
-    first (the fewest such nodes), from its largest cell's to `max_width` (None: unknown, the
-    largest cell's) or the nodes its cells need all at once, whichever is fewer; serial: the
-    largest cell's."""
-    low = max(c.nodes for c in cells)
+    """(nodes, schedule) of a pack of `cells` in run order: the node count of width_range whose
+    schedule ends first (the fewest such nodes)."""
+    low, high = width_range(cells, max_width, concurrent)
     if not concurrent:
         return low, list_schedule(cells, low, False)
-    high = max(low, min(max_width or low, sum(c.nodes for c in cells)))
     best = None
     for width in _widths(low, high):
         steps = list_schedule(cells, width)
@@ -196,10 +205,8 @@ def widest_minutes(
 ) -> int:
     """The time limit of `cells` on the widest shape they may take (the shortest schedule, one
     schedule computed: plan_packs asks at every cell)."""
-    ordered = run_order(cells, concurrent)
-    low = max(c.nodes for c in cells)
-    width = max(low, min(max_width or low, sum(c.nodes for c in cells))) if concurrent else low
-    return schedule_minutes(list_schedule(ordered, width, concurrent))
+    widest = width_range(cells, max_width, concurrent)[1]
+    return schedule_minutes(list_schedule(run_order(cells, concurrent), widest, concurrent))
 
 
 def plan_packs(
