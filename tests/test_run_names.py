@@ -100,8 +100,8 @@ def test_the_clusters_of_every_slot_have_networks_of_their_own(monkeypatch):
 
 def test_two_runs_clusters_start_their_job_ids_in_different_rendezvous_port_blocks(monkeypatch):
     """The rendezvous port is seeded by the job id: the clusters of two runs at once seed
-    different port blocks for their first jobs (dlscale.run.launch.port_block)."""
-    from dlscale.run.launch import port_block
+    different port blocks for their first jobs (dlscale.run.launchers.ports.port_block)."""
+    from dlscale.run.launchers.ports import port_block
 
     blocks = {}
     for slot, index in itertools.product(range(2), range(run_names.CLUSTERS_PER_RUN)):

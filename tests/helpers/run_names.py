@@ -81,8 +81,8 @@ def run_path(part: str) -> Path:
     return Path(f"{RUN_PREFIX}{run_name()}-{part}")
 
 
-# A cell's rendezvous port is seeded by its Slurm job id (dlscale.run.launch.port_block: 355
-# blocks at Linux's default ephemeral range): each cluster's job ids start JOB_IDS_APART from
+# A cell's rendezvous port is seeded by its Slurm job id (dlscale.run.launchers.ports.port_block:
+# 355 blocks at Linux's default ephemeral range): each cluster's job ids start JOB_IDS_APART from
 # the next one's, so the clusters of two runs at once (CLUSTERS_PER_RUN each) seed different
 # blocks for their first JOB_IDS_APART jobs, whatever they run at the same moment.
 CLUSTERS_PER_RUN = 4

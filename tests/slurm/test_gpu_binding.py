@@ -1,7 +1,7 @@
 """Which GPU does each rank take? On the local cluster's fake GPUs (GRES gpu:fake:2 per node, no
 hardware: Slurm allocates and binds them as it would real boards), the production launcher
-(dlscale.run.launch.start_srun) starts a 2-node x 2-rank cuda cell whose ranks run the production
-choice (python -m dlscale.rank.devices: dlscale.rank.rank_context.discover,
+(dlscale.run.launchers.srun.start_srun) starts a 2-node x 2-rank cuda cell whose ranks run the
+production choice (python -m dlscale.rank.devices: dlscale.rank.rank_context.discover,
 dlscale.rank.devices.pick_gpu and gpu_identity), under both bindings the hardware file offers; and
 a step that binds one GPU to two ranks is caught (dlscale.store.metrics_summary.shared_gpus), as
 the report's note states it."""
@@ -29,7 +29,8 @@ START = """
 import sys
 from pathlib import Path
 from dlscale.study.cell import Cell
-from dlscale.run.launch import start_srun, wait_all
+from dlscale.run.launch import wait_all
+from dlscale.run.launchers.srun import start_srun
 cell, rank_dir = Cell.read(sys.argv[1]), Path(sys.argv[2])
 failed = wait_all(start_srun(cell, [sys.executable, "-m", "dlscale.rank.devices"], rank_dir))
 sys.exit(0 if failed is None else 1)

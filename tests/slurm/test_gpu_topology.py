@@ -3,8 +3,8 @@
 CPU a NUMA node of its own, seen by Slurm and by the ranks; 4 fake GPUs per node, gres.conf
 `Cores=`: GPUs 0 and 1 next to CPU 0 / NUMA node 0, GPUs 2 and 3 next to CPU 1 / NUMA node 1).
 
-The production launcher (dlscale.run.launch.start_srun: the options of gpu_binding, inherited
-binding variables removed) starts 2 nodes x 2 ranks of the production check (`python -m
+The production launcher (dlscale.run.launchers.srun.start_srun: the options of gpu_binding,
+inherited binding variables removed) starts 2 nodes x 2 ranks of the production check (`python -m
 dlscale.rank.devices --binding`: what each rank got, pick_gpu, binding_check), under `closest`,
 both kinds of map, and `task` with a SLURM_CPU_BIND/SLURM_GPU_BIND inherited from the shell;
 and the preflight job fails its entry, naming gpu_binding, the rank, what it got and what it
@@ -37,7 +37,8 @@ START = """
 import sys
 from pathlib import Path
 from dlscale.study.cell import Cell
-from dlscale.run.launch import start_srun, wait_all
+from dlscale.run.launch import wait_all
+from dlscale.run.launchers.srun import start_srun
 cell, rank_dir = Cell.read(sys.argv[1]), Path(sys.argv[2])
 argv = [sys.executable, "-m", "dlscale.rank.devices", "--binding", cell.gpu_binding]
 failed = wait_all(start_srun(cell, argv, rank_dir))

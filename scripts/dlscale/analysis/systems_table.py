@@ -19,14 +19,16 @@ import json
 
 import pandas as pd
 
+from dlscale.registry import frameworks
 from dlscale.study.protocol import RANK_START
 
 NOT_RECORDED = "not recorded (measured before the system probes)"
 MAX_VALUES = 6  # distinct values of one field listed per hardware entry; the rest are counted
 
-# The environment variables the Systems table shows (every rank records more: provenance).
-PERFORMANCE_ENV = ("NCCL_", "UCX_", "OMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "TF_", "MXNET_")
-PERFORMANCE_ENV += ("HOROVOD_", "FI_", "KMP_")
+# The environment variables the Systems table shows (every rank records more: provenance): the
+# system's and each framework's own (its record's env_prefixes).
+PERFORMANCE_ENV = ("NCCL_", "UCX_", "OMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "FI_", "KMP_")
+PERFORMANCE_ENV += frameworks.env_prefixes()
 
 # MLPerf Training system-description fields (system_desc JSON of a submission), by whether the
 # Systems table fills them.

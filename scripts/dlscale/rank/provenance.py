@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from dlscale.registry import frameworks
 from dlscale.study.cell import SITE_ENV_FILE
 
 
@@ -98,28 +99,23 @@ def git_commit(path: str | Path | None = None) -> str:
         return NOT_A_CHECKOUT
 
 
-# Environment variables that shape a run, recorded with every rank; values of names that look
-# secret are never written.
-ENV_PREFIXES = (
+# Environment variables that shape a run, recorded with every rank: the system's and the
+# launcher's (below) and each framework's own (its record's env_prefixes); values of names that
+# look secret are never written.
+SYSTEM_PREFIXES = (
     "SLURM_",
     "OMP_",
     "MKL_",
     "KMP_",
     "CUDA_",
     "NCCL_",
-    "GLOO_",
-    "TF_",
-    "HOROVOD_",
-    "DMLC_",
-    "MXNET_",
     "DLSCALE_",
     "MASTER_",
-    "TORCH_",
-    "PYTORCH_",
     "OPENBLAS_",
     "UCX_",
     "FI_",
 )
+ENV_PREFIXES = SYSTEM_PREFIXES + frameworks.env_prefixes()
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
 REDACTED = "<redacted>"
 

@@ -14,7 +14,11 @@ none restates them (tests/unit/registry/test_registry.py keeps the "listed once"
   from its files;
 - `cuda_drivers`: which NVIDIA driver runs which CUDA build (the table in cuda_drivers.json,
   with its source);
-- `formats`: the dataset formats dlscale.data reads.
+- `formats`: the dataset formats dlscale.data reads;
+- `launchers`: one `Launcher` record per way of starting a cell's ranks (local processes, srun):
+  which Snakemake executors need it, whether its ranks are a Slurm step, its profile (the code
+  that starts the ranks: one class per launcher in dlscale.run.launchers);
+- `containers`: one record per container engine the ranks can run in, and its command line.
 
 Standard library only, and nothing from dlscale above this floor: the schema enums, the
 workflow's parse-time checks and scripts/setup.sh (through `python -m dlscale.registry`) read

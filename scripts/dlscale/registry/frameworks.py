@@ -29,6 +29,15 @@ from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES, RegistryEr
 VARIANTS = ("cpu", "cuda")
 # The workloads a framework's adapter may run (dlscale.study.cell.WORKLOADS reads this).
 WORKLOADS = ("throughput", "convergence")
+# What only some adapters run (a framework record's `capabilities`), and what each one is.
+CAPABILITIES = {
+    "llm_step": "the LLM step's keys: attention, compile_loss, single_device",
+    "float8": "the precision float8 (torchao's float8 linears, in an environment beside the "
+    "framework's: dlscale.study.matrix.float8_environment)",
+    "activation_checkpointing": "activation_checkpointing other than none (checkpointed blocks)",
+    "block_compile": "mode compiled compiles each block a model names (torchtitan's per-block "
+    "compile) rather than the whole model",
+}
 DEFAULT_WORKLOAD = "throughput"
 # The driver's own environment (.venv), which carries PyTorch's CPU build.
 DRIVER_ENVIRONMENT = "pytorch"
@@ -70,7 +79,17 @@ class Framework:
     - imports: the modules that are the framework itself (torch, tensorflow, ...), which the
       preflight imports on a compute node before any cell runs (dlscale.run.preflight_job);
     - optimizers: the optimizers its adapter builds (dlscale.registry.optimizers); a cell with
-      another is refused before any job, and by the adapter when it is made.
+      another is refused before any job, and by the adapter when it is made;
+    - env_prefixes: the prefixes of the environment variables the framework itself reads
+      (TF_, HOROVOD_, ...): every rank records them (dlscale.rank.provenance) and the report's
+      Systems table shows them, beside the system's own (SLURM_, NCCL_, OMP_, ...);
+    - comm_env: those of them that decide how its ranks find each other and which network they
+      use: a failed cell's diagnosis shows them (dlscale.run.diagnosis);
+    - reserved_env: (variable or prefix, why) its adapter sets for every rank, which a hardware
+      entry's `env:` may therefore not set (dlscale.study.env_names);
+    - capabilities: what only some adapters run (CAPABILITIES: the LLM step's keys, float8,
+      activation checkpointing, the per-block compile); a study asking another framework for
+      one is refused before any job (dlscale.study.matrix_checks).
     """
 
     name: str
@@ -87,6 +106,10 @@ class Framework:
     cuda_lines: tuple[str, ...] = ()
     imports: tuple[str, ...] = ()
     optimizers: tuple[str, ...] = (DEFAULT_OPTIMIZER,)
+    env_prefixes: tuple[str, ...] = ()
+    comm_env: tuple[str, ...] = ()
+    reserved_env: tuple[tuple[str, str], ...] = ()
+    capabilities: tuple[str, ...] = ()
 
     def __post_init__(self):
         where = f"framework record {self.name!r} (dlscale.registry.frameworks)"
@@ -104,6 +127,17 @@ class Framework:
             raise RegistryError(
                 f"{where}: fact 'optimizers' is {', '.join(self.optimizers)}; allowed: "
                 f"{', '.join(OPTIMIZERS)}, {DEFAULT_OPTIMIZER} among them"
+            )
+        bad = [c for c in self.capabilities if c not in CAPABILITIES]
+        if bad:
+            raise RegistryError(
+                f"{where}: fact 'capabilities' names {', '.join(bad)}; allowed: "
+                f"{', '.join(CAPABILITIES)}"
+            )
+        bad = [p for p in self.comm_env if not p.startswith(self.env_prefixes)]
+        if bad:
+            raise RegistryError(
+                f"{where}: fact 'comm_env' names {', '.join(bad)}, under none of its env_prefixes"
             )
         unknown = [line for line in self.cuda_lines if line not in table()["pytorch_lines"]]
         if unknown:
@@ -182,6 +216,9 @@ FRAMEWORKS = {
             cuda_probe=cuda_probes.torch_cuda,
             cuda_lines=("cu130", "cu128", "cu126"),
             optimizers=("sgd", "adamw"),
+            env_prefixes=("TORCH_", "PYTORCH_", "GLOO_"),
+            comm_env=("GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_"),
+            capabilities=tuple(CAPABILITIES),
             host_sync_per_step=(
                 "none inside the timed window: CUDA events around each step, one "
                 "synchronisation after the window; DDP's runtime statistics (which synchronise "
@@ -212,6 +249,8 @@ FRAMEWORKS = {
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
             ptx_only_from=TENSORFLOW_PTX_ONLY,
+            env_prefixes=("TF_",),
+            reserved_env=(("TF_CONFIG", "the TensorFlow adapter sets each rank's cluster"),),
             host_sync_per_step="one per step: the step fetches its loss to the host (.numpy())",
             initialisation_and_data_order=(
                 "weights from Keras 3's initializers after keras.utils.set_random_seed(seed + "
@@ -228,6 +267,8 @@ FRAMEWORKS = {
             model_package="tf",
             cuda_probe=cuda_probes.tensorflow_cuda,
             ptx_only_from=TENSORFLOW_PTX_ONLY,
+            env_prefixes=("TF_",),
+            reserved_env=(("TF_CONFIG", "the Keras adapter sets each rank's cluster"),),
             host_sync_per_step="one per step: the step fetches its loss to the host",
             initialisation_and_data_order=(
                 "weights from tf_keras' initializers after set_random_seed(seed + rank), "
@@ -242,6 +283,8 @@ FRAMEWORKS = {
             environment="horovod",
             model_package="torch",
             cuda_probe=cuda_probes.horovod_cuda,
+            env_prefixes=("HOROVOD_",),
+            comm_env=("HOROVOD_",),
             host_sync_per_step=(
                 "one per step: hvd.DistributedOptimizer's synchronize() waits on the host for "
                 "every gradient allreduce before the update (and under fp16 GradScaler reads its "
@@ -263,6 +306,9 @@ FRAMEWORKS = {
             environment="mxnet",
             model_package="mxnet",
             cuda_probe=cuda_probes.mxnet_cuda,
+            env_prefixes=("MXNET_", "DMLC_"),
+            comm_env=("DMLC_",),
+            reserved_env=(("DMLC_", "the MXNet adapter's parameter-server settings"),),
             host_sync_per_step="one per step: mx.nd.waitall() after the kvstore push and pull",
             initialisation_and_data_order=(
                 "weights from mx.random.seed(seed) on every rank (the same draw), rank 0's "
@@ -308,6 +354,33 @@ def get(name: str) -> Framework:
         raise KeyError(
             f"unknown framework {name!r}; allowed values: {', '.join(FRAMEWORKS)}"
         ) from None
+
+
+def with_capability(capability: str) -> list[str]:
+    """The frameworks whose adapters run `capability` (CAPABILITIES), in record order."""
+    if capability not in CAPABILITIES:
+        raise RegistryError(f"capability {capability!r}; allowed: {', '.join(CAPABILITIES)}")
+    return [n for n, r in FRAMEWORKS.items() if capability in r.capabilities]
+
+
+def env_prefixes() -> tuple[str, ...]:
+    """Every framework's own environment-variable prefixes (Framework.env_prefixes), once each."""
+    return tuple(dict.fromkeys(p for r in FRAMEWORKS.values() for p in r.env_prefixes))
+
+
+def comm_env() -> tuple[str, ...]:
+    """Every framework's communication prefixes (Framework.comm_env), once each."""
+    return tuple(dict.fromkeys(p for r in FRAMEWORKS.values() for p in r.comm_env))
+
+
+def reserved_env() -> dict[str, str]:
+    """The variables (or prefixes) some adapter sets for every rank, with why (the first
+    framework's reason where two set the same)."""
+    out: dict[str, str] = {}
+    for record in FRAMEWORKS.values():
+        for name, why in record.reserved_env:
+            out.setdefault(name, why)
+    return out
 
 
 def names() -> list[str]:

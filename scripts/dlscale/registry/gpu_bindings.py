@@ -1,6 +1,6 @@
 """hardware.yaml `gpu_binding`: how the launcher binds a cuda cell's GPUs and CPUs to its ranks,
-from the entry to the srun options (dlscale.run.launch.gpu_step_options), the device each rank
-then takes (dlscale.rank.devices.pick_gpu) and what the preflight checks each rank got
+from the entry to the srun options (dlscale.run.launchers.srun.gpu_step_options), the device
+each rank then takes (dlscale.rank.devices.pick_gpu) and what the preflight checks each rank got
 (dlscale.rank.binding). The schema's enum and default are filled from here.
 
 Four forms, one key:

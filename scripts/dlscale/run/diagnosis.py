@@ -24,24 +24,15 @@ import subprocess
 from pathlib import Path
 
 from dlscale.rank.provenance import environment
+from dlscale.registry import frameworks
 from dlscale.run.first_contact import phase_of, read_marks
 from dlscale.store.preflight_results import PREFLIGHT_DIR, result_for, summary
 from dlscale.study.cell import STUDY_DIR
 
 NCCL_DEBUG_DEFAULT = "WARN"
-# variables that decide how ranks find each other and which network they use
-COMM_PREFIXES = (
-    "NCCL_",
-    "GLOO_",
-    "MASTER_",
-    "TORCH_NCCL_",
-    "TORCH_DISTRIBUTED_",
-    "HOROVOD_",
-    "DMLC_",
-    "UCX_",
-    "FI_",
-    "OMPI_MCA_",
-)
+# variables that decide how ranks find each other and which network they use: the system's
+# and each framework's (its record's comm_env)
+COMM_PREFIXES = ("NCCL_", "MASTER_", "UCX_", "FI_", "OMPI_MCA_") + frameworks.comm_env()
 MESSAGE = re.compile(
     r"NCCL (WARN|INFO|ERROR)|gloo|\bMPI|horovod|c10d|ProcessGroup|DistBackendError|watchdog"
     r"|timed out|timeout|rendezvous|connection (refused|reset)",

@@ -23,7 +23,6 @@ launcher's environment: dlscale's local launcher, srun, or torchrun).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
@@ -36,13 +35,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import dlscale
 from dlscale.rank.node_probes import job_allocation
 from dlscale.rank.provenance import git_commit
-from dlscale.registry.containers import ENGINES
-from dlscale.registry.gpu_bindings import SRUN_BINDING_INPUTS, binding_of
 from dlscale.run import first_contact
-from dlscale.run.diagnosis import diagnosis, render, with_nccl_debug
+from dlscale.run.diagnosis import diagnosis, render
+from dlscale.run.launchers import ContainerError, launcher_for
+from dlscale.run.launchers.srun import allocation_nodes, pack_nodes
 from dlscale.run.site_env import SiteEnvError, job_environment
 from dlscale.store import metrics
 from dlscale.store.does_not_fit import DOES_NOT_FIT
@@ -60,182 +58,10 @@ from dlscale.study.cell import (
     study_dir_of,
     tail_lines,
 )
-from dlscale.study.container_image import needed_binds
 from dlscale.study.protocol import RANK_END
 
 
-# ----------------------------------------------------------------------------- the cell's launcher
-def allocation_nodes(env=os.environ) -> list[str]:
-    """Host names of the job's allocation. The executor plugin strips SLURM_JOB_NODELIST from
-    the job's environment, so ask Slurm by job id when it is gone."""
-    nodelist = (
-        env.get("SLURM_JOB_NODELIST")
-        or subprocess.run(
-            ["squeue", "--noheader", "--jobs", env["SLURM_JOB_ID"], "--format", "%N"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
-    return subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
-    ).stdout.split()
-
-
-# Rendezvous ports of Slurm cells: a block of PORT_BLOCK ports per job, below the kernel's
-# ephemeral range (where outgoing connections take their local ports, so a fixed port there can
-# be taken by any client), from PORT_FLOOR up.
-PORT_BLOCK = 64  # frameworks that need more ports use the next few above the base (< 64)
-PORT_FLOOR = 10000
-PORT_PROBES = 8  # blocks tried, from the job's own, before the launcher gives up
-EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-
-
-def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
-    """The kernel's ephemeral port range (Linux's default 32768..60999 where unreadable)."""
-    try:
-        low, high = (int(v) for v in Path(path).read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def port_block(seed: int, ephemeral: tuple[int, int]) -> int:
-    """The base port of block number `seed` (modulo the block count): the blocks of PORT_BLOCK
-    ports between PORT_FLOOR and the start of the ephemeral range (352 blocks at Linux's
-    default). A Slurm cell's seed is its job id (then the next ids when that block is taken), so
-    concurrent cells differ unless their job ids differ by a multiple of the block count; a
-    local cell's seed is drawn at random."""
-    low, _ = ephemeral
-    floor = PORT_FLOOR if low - PORT_FLOOR >= PORT_BLOCK else 1024
-    blocks = max(1, (low - floor) // PORT_BLOCK)
-    return floor + (seed % blocks) * PORT_BLOCK
-
-
-def port_free(port: int) -> bool:
-    """Whether this host can listen on `port` now (what rank 0 will do)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def rendezvous_port(seeds, ports: int, where: str, is_free=port_free) -> int:
-    """The base of the first block (port_block of each seed, at most PORT_PROBES tried)
-    whose ports base .. base + ports - 1 are all free on this host, where rank 0 and the ranks
-    beside it listen; a clear error naming the blocks when each has a port in use. The one port
-    chooser of both launchers (choose_slurm_port, local_port)."""
-    tried, ephemeral = [], ephemeral_range()
-    for seed in itertools.islice(seeds, PORT_PROBES):
-        port = port_block(seed, ephemeral)
-        if all(is_free(port + k) for k in range(ports)):
-            return port
-        tried.append(port)
-    raise RuntimeError(
-        f"rendezvous ports: blocks at {tried} all in use on {socket.gethostname()} ({where}): "
-        f"another program holds a port of each (base .. base + {ports - 1}). Free them, or "
-        f"raise the start of the ephemeral range ({EPHEMERAL_RANGE_FILE}) to widen the blocks "
-        f"above {PORT_FLOOR}"
-    )
-
-
-def ports_per_host(ranks: int) -> int:
-    """Ports a cell's ranks listen on on one host: the base (rank 0's rendezvous), one per rank
-    there (TensorFlow's workers listen on base + 1 + rank) and one spare."""
-    return ranks + 2
-
-
-def pack_nodes(env=os.environ) -> list[str]:
-    """The nodes a packed cell's step runs on (DLSCALE_PACK_NODES, set by
-    dlscale.workflow.pack_runner inside the pack's allocation), or [] for a cell's own job."""
-    return [n for n in env.get("DLSCALE_PACK_NODES", "").split(",") if n]
-
-
-def choose_slurm_port(env=os.environ, ranks_here: int = 1, is_free=port_free) -> int:
-    """The job's base port (port_block of its job id; a packed cell's: of its job id and its
-    slot, so consecutive cells of a pack do not meet the last one's ports in TIME_WAIT), with
-    the ports of the `ranks_here` ranks on this host (the allocation's first node, where the
-    launcher runs) free; the next blocks when not."""
-    job = int(env["SLURM_JOB_ID"]) + PORT_PROBES * int(env.get("DLSCALE_PACK_SLOT", 0))
-    seeds = (job + probe for probe in range(PORT_PROBES))
-    return rendezvous_port(seeds, ports_per_host(ranks_here), f"Slurm job {job}", is_free)
-
-
-def gpu_step_options(cell: Cell, job_gpus: int | None = None) -> list[str]:
-    """The binding the launcher states for a cuda cell's ranks: its hardware entry's gpu_binding
-    (a record or a map of dlscale.registry.gpu_bindings, which says what each form states and
-    why node and task leave the CPUs to the partition's configuration) gives the srun options;
-    the rank then takes its device from what it sees (dlscale.rank.devices.pick_gpu). Nothing
-    for a CPU cell. Stated explicitly, with the inherited binding variables removed
-    (binding_free_env), so no site default decides silently. `job_gpus`: the GPUs the job holds
-    on a node (job_gpus_per_node), for a binding whose step takes them all (closest)."""
-    if cell.device != "cuda":
-        return []
-    return binding_of(cell.gpu_binding).srun_options(cell.ranks_per_node, job_gpus)
-
-
-def job_gpus_per_node(env: Mapping[str, str]) -> int | None:
-    """How many GPUs the job holds on its first node, as `scontrol show job -d` allocates them
-    (`GRES=gpu:h100:4(IDX:0-3)`: 4; an exclusive job holds every GPU of its nodes, more than
-    it asked for); None where Slurm does not say."""
-    allocation = job_allocation(env["SLURM_JOB_ID"]) if env.get("SLURM_JOB_ID") else None
-    nodes = (allocation or {}).get("per_node") or [{}]
-    counts = re.findall(r"(?:^|,)gpu(?::[^:(),]+)?:(\d+)", nodes[0].get("gres") or "")
-    return sum(map(int, counts)) or None
-
-
-def binding_free_env(env: Mapping[str, str]) -> tuple[dict, dict]:
-    """`env` without srun's input variables that bind tasks (SRUN_BINDING_INPUTS: a site
-    profile's or the user's SLURM_CPU_BIND, SLURM_GPU_BIND, ...), and those it removed: the
-    ranks' step binds as gpu_binding states (or, for a CPU cell, as the partition is
-    configured), as it does inside the executor plugin's job step, which keeps none of them."""
-    kept = {k: v for k, v in env.items() if k not in SRUN_BINDING_INPUTS}
-    return kept, {k: env[k] for k in SRUN_BINDING_INPUTS if k in env}
-
-
-class ContainerError(RuntimeError):
-    """The container cannot see what its ranks need (a Charliecloud image without the mount
-    point of a path the ranks read): the cell fails before any rank starts."""
-
-
-def package_root() -> Path:
-    """The folder the dlscale package is imported from (scripts/ of the checkout)."""
-    return Path(dlscale.__file__).resolve().parent.parent
-
-
-def in_container(
-    cell: Cell, argv: list[str], rank_dir: Path, env: dict
-) -> tuple[list[str], list[str]]:
-    """(srun options, the rank's command) for a cell whose hardware entry names a container
-    (hardware.yaml `container`; the engines' command lines: dlscale.registry.containers): the
-    rank's interpreter is the image's (`container.python`) and the engine's program goes first;
-    the dlscale package's folder, the working directory (the checkout), the cell's folder (its
-    ranks' files) and a convergence cell's dataset are bound at the same paths, with the site's
-    binds, the rank starts in the same working directory, and PYTHONPATH names the package
-    inside. Without a container: no options and `argv` as it is. `env` (the ranks'
-    environment) gains PYTHONPATH."""
-    if not cell.container:
-        return [], argv
-    c = dict(cell.container)
-    engine = ENGINES[c["engine"]]
-    root, cwd = str(package_root()), os.getcwd()
-    paths = [root, cwd, str(rank_dir.resolve().parent)]
-    if cell.data_path:
-        paths.append(str(Path(cell.data_path).resolve()))
-    binds, problems = needed_binds(paths, c)
-    if problems:
-        raise ContainerError(
-            f"hardware {cell.hardware!r}: the {engine.name} container cannot see what the "
-            f"ranks read: {'; '.join(problems)}"
-        )
-    env["PYTHONPATH"] = root
-    prefix = engine.prefix(c["image"], list(binds), cell.device == "cuda", cwd)
-    python = c.get("python", "python3")
-    return engine.srun_options(c["image"], list(binds), cwd), [*prefix, python, *argv[1:]]
-
-
+# ----------------------------------------------------------------------------- the ranks' command
 def train_argv(rank_dir: Path, python: str) -> list[str]:
     """The one CLI contract every framework's rank obeys (dlscale.run.train): the cell, serialised
     whole in the rank folder (write_cell_spec), and the folder the rank writes its part file to."""
@@ -255,176 +81,6 @@ def write_cell_spec(cell: Cell, rank_dir: Path) -> Path:
     path = rank_dir / CELL_SPEC_FILE
     path.write_text(cell.to_json())
     return path
-
-
-def local_rank_env(
-    rank: int,
-    world_size: int,
-    ranks_per_node: int,
-    port: int,
-    threads: int = 1,
-    base: Mapping[str, str] = os.environ,
-) -> dict:
-    """The environment of one rank on the local launcher: `base` (the cell's, run.site_env),
-    simulated node rank // ranks_per_node, rendezvous on loopback (what
-    dlscale.rank.rank_context.discover reads back)."""
-    nodes = world_size // ranks_per_node
-    env = dict(
-        base,
-        DLSCALE_LAUNCHER="local",
-        DLSCALE_RANK=str(rank),
-        DLSCALE_WORLD_SIZE=str(world_size),
-        DLSCALE_LOCAL_RANK=str(rank % ranks_per_node),
-        DLSCALE_LOCAL_WORLD_SIZE=str(ranks_per_node),
-        DLSCALE_NODE_INDEX=str(rank // ranks_per_node),
-        DLSCALE_HOSTS=",".join(["127.0.0.1"] * nodes),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS=str(threads),
-        PYTHONUNBUFFERED="1",
-    )
-    return with_nccl_debug(env)
-
-
-def local_port(world_size: int, is_free=port_free, draw=None) -> int:
-    """Base port of a local cell: a random one of the blocks below the ephemeral range
-    with the ports of all its ranks free (every rank runs on this machine). Not a kernel-chosen
-    ephemeral port: base + 1 + rank would then lie in the range the kernel hands to other
-    programs' connections (a test run of 4 workers met "Could not start gRPC server ...
-    0.0.0.0:52734")."""
-    import random
-
-    draw = draw or random.randrange
-    seeds = (draw(1 << 30) for _ in range(PORT_PROBES))
-    return rendezvous_port(seeds, ports_per_host(world_size), "local cell", is_free)
-
-
-def start_local(
-    cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
-) -> list[tuple[int, subprocess.Popen]]:
-    """Embedded default: nodes x ranks_per_node processes on this machine, rendezvous on
-    loopback; `base`: the ranks' environment before the launcher's variables. A container
-    cell's ranks start inside its container (in_container)."""
-    port = local_port(cell.world_size)
-    base = dict(base)
-    _, argv = in_container(cell, argv, rank_dir, base)
-    procs = []
-    for rank in range(cell.world_size):
-        env = local_rank_env(
-            rank, cell.world_size, cell.ranks_per_node, port, cell.cpus_per_rank, base
-        )
-        log = (rank_dir / f"rank{rank}.log").open("w")
-        procs.append(
-            (
-                rank,
-                subprocess.Popen(
-                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                ),
-            )
-        )
-    return procs
-
-
-SLURM_IDENTITY = {
-    "SLURM_JOB_ID",
-    "SLURM_JOBID",
-    "SLURM_CONF",
-    "SLURM_ARRAY_JOB_ID",
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_CLUSTER_NAME",
-}
-
-
-def srun_command(
-    cell: Cell,
-    argv: list[str],
-    rank_dir: Path,
-    overlap: bool = False,
-    container_options: list[str] | tuple[str, ...] = (),
-    job_gpus: int | None = None,
-) -> list[str]:
-    """The ranks' srun step: the entry's own `srun_options` first (the site's, checked by
-    dlscale.study.site_options: none that dlscale sets), then the launcher's, so where Slurm
-    takes the last of an option, the launcher's stated one wins. `overlap`: the launcher runs
-    inside the executor plugin's step, whose resources the ranks' step shares.
-    `container_options`: a container engine's srun options (pyxis: in_container); `job_gpus`:
-    the GPUs the job holds per node, where the binding takes them all (closest, maps). A 1-rank cell
-    inside the plugin's step (group jobs, --sdm conda or apptainer: dlscale.workflow.jobstep)
-    starts no srun of its own (_run_ranks): its srun_options reach no step."""
-    return [
-        "srun",
-        *cell.srun_options,
-        *(["--overlap"] if overlap else []),
-        *container_options,
-        f"--nodes={cell.nodes}",
-        f"--ntasks={cell.world_size}",
-        f"--ntasks-per-node={cell.ranks_per_node}",
-        f"--cpus-per-task={cell.cpus_per_rank}",
-        *gpu_step_options(cell, job_gpus),
-        "--kill-on-bad-exit=1",
-        "--output",
-        str(rank_dir / "rank%t.log"),
-        *argv,
-    ]
-
-
-def start_srun(
-    cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str] = os.environ
-) -> list[tuple[int, subprocess.Popen]]:
-    """Inside a Slurm allocation: one srun step with every rank (srun_command, the entry's
-    srun_options included); counts passed explicitly because the executor plugin strips most
-    SLURM_* variables from the job's environment, the binding stated (gpu_step_options) and
-    inherited binding variables removed (binding_free_env, named at the top of srun.log).
-    `base`: the ranks' environment before the launcher's variables (srun passes it on to every
-    rank)."""
-    env, overlap = dict(base), False
-    if "SLURM_STEP_ID" in env:
-        # The executor plugin's job step runs the launcher inside an `srun -n1` step. That step's
-        # SLURM_* (node list included) describe one task on one node, not the allocation: keep
-        # only the job's identity (as the plugin does for its own steps), ask Slurm for the
-        # allocation's nodes, and let the ranks' step share the resources the launcher's step
-        # holds (--overlap, Slurm >= 20.11).
-        env = {
-            k: v
-            for k, v in env.items()
-            if not k.startswith(("SLURM_", "SRUN_", "SBATCH_")) or k in SLURM_IDENTITY
-        }
-        overlap = True
-    env, removed = binding_free_env(env)
-    job_gpus = None
-    if cell.device == "cuda" and binding_of(cell.gpu_binding).needs_job_gpus:
-        job_gpus = job_gpus_per_node(env)
-    hosts = pack_nodes(env) or allocation_nodes(env)
-    addr, port = hosts[0], choose_slurm_port(env, cell.ranks_per_node)
-    env.update(
-        MASTER_ADDR=addr,
-        MASTER_PORT=str(port),
-        DLSCALE_HOSTS=",".join(hosts),
-        OMP_NUM_THREADS=str(cell.cpus_per_rank),
-        PYTHONUNBUFFERED="1",
-    )
-    if cell.device == "cuda":
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML and nvidia-smi do
-    with_nccl_debug(env)
-    container_options, argv = in_container(cell, argv, rank_dir, env)
-    cmd = srun_command(cell, argv, rank_dir, overlap, container_options, job_gpus)
-    if pack_nodes(env):  # a packed cell's step: exactly the nodes its pack runner gave it
-        cmd[1:1] = [f"--nodelist={','.join(hosts)}"]
-    log = (rank_dir / "srun.log").open("w")
-    if removed:
-        shown = " ".join(f"{k}={v}" for k, v in removed.items())
-        log.write(
-            f"dlscale: removed from the ranks' srun environment (it binds as stated): {shown}\n"
-        )
-        log.flush()
-    return [
-        (
-            -1,
-            subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            ),
-        )
-    ]
 
 
 def _stop(procs, grace: float = 10.0) -> None:
@@ -657,32 +313,17 @@ def keep_package_lists(rank_dir: Path, environments: Path) -> None:
 def _run_ranks(
     cell: Cell, argv: list[str], rank_dir: Path, base: Mapping[str, str]
 ) -> tuple[int, int] | None:
-    """Start the cell's ranks (srun or local processes) in environment `base` and wait for all
-    of them; a SIGTERM stops them. Returns (rank, exit code) of the failure (wait_all), or
-    None. A 1-rank srun cell inside the executor plugin's step (not the project's executor's
-    path, dlscale.workflow.jobstep) runs its rank here, with no srun of its own, so the entry's
-    srun_options do not apply to it (a pyxis container, which starts only through srun, gets
-    its own overlapping step all the same: start_srun)."""
-    needs_srun = bool(cell.container) and ENGINES[dict(cell.container)["engine"]].needs_srun
-    if (
-        cell.launcher == "srun"
-        and cell.world_size == 1
-        and "SLURM_STEP_ID" in os.environ
-        and not needs_srun
-    ):
-        # A 1-rank cell already runs inside the job step the executor plugin made for it
-        # (`srun -n1`): a nested srun would wait for CPUs that step holds. Start the rank here;
-        # the entry's srun_options have no srun to go to (the plugin's step is not ours).
-        start = start_local
-    else:
-        start = start_srun if cell.launcher == "srun" else start_local
+    """Start the cell's ranks in environment `base` with the launcher that starts them here
+    (dlscale.run.launchers.launcher_for) and wait for all of them; a SIGTERM stops them.
+    Returns (rank, exit code) of the failure (wait_all), or None."""
+    launcher = launcher_for(cell)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     procs = []
     seconds = first_contact.deadline_s(cell)
     watch = first_contact.Watch(rank_dir, cell.world_size, seconds) if seconds else None
-    step = StepWatch(rank_dir / "srun.log") if start is start_srun else None
+    step = StepWatch(rank_dir / "srun.log") if launcher.watches_step else None
     try:
-        procs = start(cell, argv, rank_dir, base)
+        procs = launcher.start(cell, argv, rank_dir, base)
         failed = wait_all(procs, watch=watch, step=step)
     except ContainerError as exc:
         print(f"[dlscale.run.launch] {exc}", file=sys.stderr)

@@ -48,6 +48,7 @@ from dlscale.rank.rank_context import discover
 from dlscale.registry.cuda_drivers import driver_runs, fitting_lines
 from dlscale.registry.cuda_probes import built_cuda_version, site_packages
 from dlscale.registry.frameworks import FRAMEWORKS
+from dlscale.registry.launchers import on_slurm
 from dlscale.store.metrics_summary import shared_gpus
 from dlscale.store.preflight_results import RESULT_VERSION, summary, write_result
 from dlscale.study.cell import Cell, tail_lines
@@ -141,7 +142,8 @@ def environment_cuda(prefix: str = sys.prefix) -> str | None:
 # ------------------------------------------------------------------------------------ the job
 def run_job(spec: dict, output: Path) -> int:
     """In the preflight's allocation: the node's checks, then the ranks'; the result file."""
-    from dlscale.run.launch import ContainerError, start_local, start_srun, wait_all
+    from dlscale.run.launch import wait_all
+    from dlscale.run.launchers import REGISTERED, ContainerError
     from dlscale.run.site_env import SiteEnvError, job_environment
 
     cell, entry = Cell.from_dict(spec["cell"]), spec["entry"]
@@ -192,7 +194,7 @@ def run_job(spec: dict, output: Path) -> int:
         rank_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", MODULE, "rank", "--spec", spec["path"]]
         argv += ["--rank-dir", str(rank_dir)]
-        start = start_srun if cell.launcher == "srun" else start_local
+        start = REGISTERED[cell.launcher].start
         try:
             failed = wait_all(start(cell, argv, rank_dir), timeout=RANKS_TIMEOUT_S)
         except ContainerError as exc:
@@ -349,7 +351,7 @@ def run_rank(spec: dict, rank_dir: Path) -> int:
         "cuda_build": environment_cuda(),
     }
     checks = record["checks"]
-    if cell.device == "cuda" and cell.launcher == "srun":
+    if cell.device == "cuda" and on_slurm(cell.launcher):
         # first, before any import: what Slurm bound this rank to, against gpu_binding
         got = binding_check(
             cell.gpu_binding,

@@ -14,6 +14,8 @@ import json
 import time
 from pathlib import Path
 
+from dlscale.registry.launchers import launcher, on_slurm
+
 PREFLIGHT_DIR = "preflight"
 RESULT_VERSION = 1
 
@@ -75,8 +77,11 @@ def result_for(folder: Path, hardware: str, environment_id: str) -> dict | None:
 
 def report_lines(folder: Path, config: dict) -> list[str]:
     """What the report's Systems section says of the preflight of a study's run."""
-    if config.get("launcher") != "srun":
-        return ["Preflight: not run (local launcher: the cells start at once, no queue wait)."]
+    if not on_slurm(config.get("launcher")):
+        return [
+            f"Preflight: not run ({launcher(config.get('launcher')).name} launcher: the cells "
+            "start at once, no queue wait)."
+        ]
     if not config.get("preflight", True):
         return ["Preflight: skipped (--config preflight=False); no cell was checked before it ran."]
     results = [r for r in map(read_result, sorted(Path(folder).glob("*.json"))) if r]

@@ -26,6 +26,7 @@ import stat
 from pathlib import Path
 
 from dlscale.registry.containers import ENGINES
+from dlscale.registry.launchers import on_slurm
 
 PINNED = re.compile(r"@(sha256:[0-9a-f]{64})$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -186,7 +187,7 @@ def container_problems(key: str, entry: dict, launcher: str | None = None) -> li
         return []  # absent, or the schema says what it must be
     engine, image = ENGINES[c["engine"]], c.get("image", "")
     problems = []
-    if engine.needs_srun and launcher == "local":
+    if engine.needs_srun and launcher is not None and not on_slurm(launcher):
         problems.append(
             f"{key}.container.engine: {engine.name} starts containers only through srun (a "
             "Slurm plugin), and this study's launcher is local: use apptainer or "

@@ -1,13 +1,15 @@
 """Which variables a hardware entry's `env:` may set: a shell variable's name, and none the
 project sets for every rank or reads to know who a rank is (RESERVED_ENV, with the reason).
 Read by the hardware file's checks (dlscale.study.hardware) and by the launcher again
-(dlscale.run.site_env). Pure Python, standard library only: importable in every framework
-environment the launcher runs in.
+(dlscale.run.site_env). Pure Python, the standard library and dlscale.registry only: importable
+in every framework environment the launcher runs in.
 """
 
 from __future__ import annotations
 
 import re
+
+from dlscale.registry import frameworks
 
 # `env:` names: what a shell variable may be called (the schema checks the values: literal text,
 # no NUL or line break).
@@ -29,7 +31,6 @@ RESERVED_ENV = {
     "PYTHONPATH": "it would change the code the ranks run (the cell's environment)",
     "PYTHONHOME": "it would change the code the ranks run (the cell's environment)",
     "PYTHONUNBUFFERED": "the launcher sets it",
-    "TF_CONFIG": "the TensorFlow adapter sets each rank's cluster",
     "PATH": "a literal value replaces what the modules put there: prepend in a modulefile",
     "LD_LIBRARY_PATH": "a literal value replaces what the modules put there: prepend in a "
     "modulefile",
@@ -40,7 +41,7 @@ RESERVED_ENV = {
     "SRUN_": "srun's options: they would change the step the launcher asks for",
     "SBATCH_": "sbatch's options: they would change the job the plugin asks for",
     "DLSCALE_": "the launcher's rank variables (dlscale.rank.rank_context)",
-    "DMLC_": "the MXNet adapter's parameter-server settings",
+    **frameworks.reserved_env(),  # what an adapter sets for every rank (its record's)
 }
 
 

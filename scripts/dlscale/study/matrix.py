@@ -163,12 +163,9 @@ def _environment_names() -> dict[tuple[str, str], str]:
             out[name, line] = env
     # float8 cells: the environment with torchao beside each PyTorch CUDA environment
     for (name, key), env in list(out.items()):
-        if name in FLOAT8_FRAMEWORKS and key != "cpu":
+        if "float8" in FRAMEWORKS[name].capabilities and key != "cpu":
             out[name, float8_key(key)] = float8_environment(env)
     return out
-
-
-FLOAT8_FRAMEWORKS = ("pytorch",)
 
 
 def float8_key(key: str) -> str:
@@ -187,7 +184,7 @@ def cell_environment_key(combo: dict, hw: dict) -> tuple[str, str]:
     """A cell's environment_ids key: its framework's (environment_key), or the float8
     environment beside it for a float8 cell."""
     framework, key = environment_key(combo["framework"], hw)
-    if combo["precision"] == "float8" and framework in FLOAT8_FRAMEWORKS:
+    if combo["precision"] == "float8" and "float8" in FRAMEWORKS[framework].capabilities:
         return framework, float8_key(key)
     return framework, key
 
@@ -301,7 +298,7 @@ def cell_compile_scope(framework: str, mode: str, model: str) -> str:
     from dlscale.models.parallelize import plan_for
 
     if (
-        framework == "pytorch"
+        "block_compile" in FRAMEWORKS[framework].capabilities
         and mode == "compiled"
         and model in names()
         and plan_for(get_spec(model).arch).fsdp_units
@@ -316,7 +313,7 @@ def llm_step_fields(config: dict, combo: dict, world: int) -> dict:
     (a compiled cell's loss; a cell of world size 1), so a study that sets them keeps every
     other cell's identity; the precision float8 and single_device fully_shard take FSDP2's
     mixed precision at world size 1 (fsdp_mixed_precision)."""
-    if combo["framework"] != "pytorch":
+    if "llm_step" not in FRAMEWORKS[combo["framework"]].capabilities:
         return {}
     out = {}
     if config.get("attention") is not None:
@@ -332,7 +329,7 @@ def one_device_mixed_precision(config: dict, combo: dict, world: int) -> bool:
     """A bf16/fp16 pytorch cell of world size 1 under single_device fully_shard: its precision
     from FSDP2's MixedPrecisionPolicy (Cell.fsdp_mixed_precision), as a sharded cell's."""
     return (
-        combo["framework"] == "pytorch"
+        "llm_step" in FRAMEWORKS[combo["framework"]].capabilities
         and world == 1
         and config.get("single_device", "plain") == "fully_shard"
         and combo["precision"] != "fp32"

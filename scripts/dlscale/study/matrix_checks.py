@@ -10,7 +10,8 @@ import math
 from math import lcm
 
 from dlscale.models import builds, cell_seq_len
-from dlscale.registry.frameworks import FRAMEWORKS, offering
+from dlscale.registry import launchers
+from dlscale.registry.frameworks import FRAMEWORKS, offering, with_capability
 from dlscale.registry.parallel_dims import cell_tp_degree
 from dlscale.registry.strategies import STRATEGIES
 from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
@@ -373,9 +374,6 @@ def _optimizer_problems(config: dict, axes: dict) -> list[str]:
     return problems
 
 
-CHECKPOINTING_FRAMEWORKS = ("pytorch",)  # the adapters that checkpoint blocks
-
-
 def _checkpointing_problems(config: dict, axes: dict) -> list[str]:
     """activation_checkpointing other than none: every framework of the study checkpoints
     (the pytorch adapter), and every model names its blocks (its plan's fsdp_units)."""
@@ -388,11 +386,12 @@ def _checkpointing_problems(config: dict, axes: dict) -> list[str]:
     problems = []
     exclude = config["exclude"]
     able = [m for m in models_names() if plan_for(get_spec(m).arch).fsdp_units]
+    able_frameworks = with_capability("activation_checkpointing")
     for framework in axes["framework"]:
-        if framework not in CHECKPOINTING_FRAMEWORKS:
+        if framework not in able_frameworks:
             problems.append(
                 f"activation_checkpointing: {mode!r} is run by framework(s) "
-                f"{', '.join(CHECKPOINTING_FRAMEWORKS)}, not {framework!r}; allowed values "
+                f"{', '.join(able_frameworks)}, not {framework!r}; allowed values "
                 f"for a study with {framework}: none"
             )
     for strategy in axes.get("parallelism", [DEFAULT_PARALLELISM]):
@@ -494,41 +493,42 @@ def cell_count_problem(config: dict) -> str | None:
     )
 
 
-# The launcher each Snakemake executor needs (profiles/slurm sets launcher=srun, the default is
-# local; `dlscale` is the project's Slurm executor plugin); other executors (e.g. a site's own
-# plugin) are not checked.
-EXECUTOR_LAUNCHERS = {"slurm": "srun", "dlscale": "srun", "local": "local"}
-
-
 def launcher_problem(
     executor: str | None, launcher: str, *, in_allocation: bool, command_with_launcher=None
 ) -> str | None:
     """Why the configured launcher cannot run cells under this Snakemake executor, with the
     fix: `command_with_launcher(L)` is the run's own command with launcher=L in its one
-    --config (dlscale.workflow.advice); None when they agree."""
+    --config (dlscale.workflow.advice); None when they agree. Which launcher an executor needs
+    and whether a launcher's ranks are a Slurm step are the launchers' records
+    (dlscale.registry.launchers); an executor none of them names (a site's own plugin) is not
+    checked."""
 
     def fix(wanted: str) -> str:
         if command_with_launcher is None:
             return f"--config launcher={wanted} (with your other --config entries)"
         return command_with_launcher(wanted)
 
-    if EXECUTOR_LAUNCHERS.get(executor) == "srun" and launcher != "srun":
+    needed = launchers.for_executor(executor)
+    if needed is None or needed.name == launcher:
+        return None
+    if needed.slurm_step:
         return (
             f"Snakemake's executor is {executor!r} but launcher is {launcher!r}: every cell would "
             "start its ranks as local processes on one node. A --config on the command line "
-            "replaces the profile's whole `config:` list (profiles/slurm sets launcher=srun). "
-            f"Add launcher=srun to your --config:\n  {fix('srun')}"
+            f"replaces the profile's whole `config:` list ({needed.profile} sets "
+            f"launcher={needed.name}). Add launcher={needed.name} to your --config:\n"
+            f"  {fix(needed.name)}"
         )
-    if executor == "local" and launcher == "srun" and not in_allocation:
+    if launchers.on_slurm(launcher) and not in_allocation:
         return (
-            "Snakemake's executor is 'local' but launcher is 'srun', outside any Slurm "
-            "allocation: srun has nothing to start the ranks in. Use --profile profiles/slurm, "
-            f"run inside salloc, or run the ranks locally:\n  {fix('local')}"
+            f"Snakemake's executor is {executor!r} but launcher is {launcher!r}, outside any Slurm "
+            f"allocation: {launcher} has nothing to start the ranks in. Use --profile "
+            f"{launchers.launcher(launcher).profile}, run inside salloc, or run the ranks "
+            f"locally:\n  {fix(needed.name)}"
         )
     return None
 
 
-LLM_STEP_FRAMEWORKS = ("pytorch",)  # the adapters that run the keys below
 # FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) and newer
 FLOAT8_MIN_CAPABILITY = 8.9
 
@@ -550,21 +550,25 @@ def llm_step_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
         "single_device": (config.get("single_device", "plain"), "plain", "plain"),
     }
     asked = {k: v for k, (v, default, _) in settings.items() if v != default}
+    llm_step, float8 = with_capability("llm_step"), with_capability("float8")
     for framework in axes["framework"]:
-        if framework in LLM_STEP_FRAMEWORKS or _excluded_pair({"framework": framework}, exclude):
+        if _excluded_pair({"framework": framework}, exclude):
             continue
-        for key, value in asked.items():
-            problems.append(
-                f"{key}: {value!r} is run by framework(s) {', '.join(LLM_STEP_FRAMEWORKS)}, not "
+        if framework not in llm_step:
+            problems += [
+                f"{key}: {value!r} is run by framework(s) {', '.join(llm_step)}, not "
                 f"{framework!r}; allowed values for a study with {framework}: "
                 f"{settings[key][2]} (or exclude {{framework: {framework}}})"
-            )
-        if "float8" in axes["precision"] and not _excluded_pair(
-            {"framework": framework, "precision": "float8"}, exclude
+                for key, value in asked.items()
+            ]
+        if (
+            framework not in float8
+            and "float8" in axes["precision"]
+            and not _excluded_pair({"framework": framework, "precision": "float8"}, exclude)
         ):
             problems.append(
                 f"axes.precision: 'float8' (torchao's float8 linears) is run by framework(s) "
-                f"{', '.join(LLM_STEP_FRAMEWORKS)}, not {framework!r}; allowed values for "
+                f"{', '.join(float8)}, not {framework!r}; allowed values for "
                 f"{framework}: fp32, bf16, fp16 (or exclude {{framework: {framework}, "
                 "precision: float8}})"
             )
@@ -578,6 +582,8 @@ def llm_step_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
                 f"{device}: PyTorch runs the flash and math kernels there); allowed values: "
                 f"null, {', '.join(allowed_on(device))}"
             )
+        if framework in float8:
+            continue
         if "float8" in axes["precision"] and not _excluded_pair(
             {"hardware": hw_key, "precision": "float8"}, exclude
         ):

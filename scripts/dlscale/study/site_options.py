@@ -70,7 +70,7 @@ _MEMORY = "key mem_mb_per_rank (memory per node: ranks per node x mem_mb_per_ran
 _TIME = "key runtime_min (a retried cell gets twice the time)"
 _CONTAINER = "key container (the ranks' container: its engine, image and mounts)"
 # Both commands: the cell's geometry and resources (dlscale.study.resources.class_resources,
-# dlscale.run.launch.start_srun) and the entry's scheduling keys.
+# dlscale.run.launchers.srun.start_srun) and the entry's scheduling keys.
 _BOTH_OWNED = {
     "nodes": "the cell's node count (config axes.nodes)",
     "ntasks": "the cell's ranks (nodes x ranks per node)",

@@ -24,15 +24,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale.registry import launchers
+
 CONFIG_OPTIONS = ("--config", "-C")
 CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
 ONE_RUN_FLAGS = ("-n", "--dry-run", "--dryrun", "-F", "--forceall", "-f", "--force")
 FORCERUN_OPTIONS = ("--forcerun", "-R")
 PROFILE_OPTIONS = ("--profile",)
 EXECUTOR_OPTIONS = ("--executor", "-e")
-# The shipped profile whose executor runs each launcher's cells (a study is measured,
-# re-measured and redrawn with the one it was measured with: with_launcher)
-LAUNCHER_PROFILES = {"srun": "profiles/slurm", "local": "profiles/local"}
 
 
 def _is_snakemake(argv0: str) -> bool:
@@ -136,13 +135,15 @@ class Invocation:
         return _command([*rest, "--config", *entries])
 
     def with_launcher(self, launcher: str, **changes) -> str:
-        """This command run with `launcher`: the shipped profile whose executor runs it
-        (LAUNCHER_PROFILES: profiles/slurm for srun) in place of its own profile and executor,
-        and launcher=<launcher> (and `changes`) in its one `--config` (a `--config` replaces the
-        profile's `config:` list), every other entry kept."""
+        """This command run with `launcher`: the shipped profile whose executor runs it (its
+        record's `profile`, dlscale.registry.launchers: profiles/slurm for srun; a study is
+        measured, re-measured and redrawn with the launcher it was measured with) in place of
+        its own profile and executor, and launcher=<launcher> (and `changes`) in its one
+        `--config` (a `--config` replaces the profile's `config:` list), every other entry
+        kept."""
         drop = _option_groups(list(self.tokens), PROFILE_OPTIONS + EXECUTOR_OPTIONS)
         at = drop[0][0] if drop else 0  # where the command named its profile, else first
-        profile = ["--profile", LAUNCHER_PROFILES[launcher]]
+        profile = ["--profile", launchers.launcher(launcher).profile]
         tokens = self._without(drop + [(at, len(self.tokens))])
         tokens += profile + self._without(drop + [(0, at)])
         return Invocation(tuple(tokens), self.config, self.executor).with_config(
@@ -194,8 +195,8 @@ def with_launcher(invocation: Invocation | None, launcher: str, **changes) -> st
         return invocation.with_launcher(launcher, **changes)
     entries = " ".join(f"{key}={value}" for key, value in {"launcher": launcher, **changes}.items())
     return (
-        f"your command with --profile {LAUNCHER_PROFILES[launcher]} and {entries} in its one "
-        "--config (beside its other --config entries)"
+        f"your command with --profile {launchers.launcher(launcher).profile} and {entries} in "
+        "its one --config (beside its other --config entries)"
     )
 
 

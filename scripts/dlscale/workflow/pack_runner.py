@@ -11,12 +11,13 @@ the first free ones; a node runs one cell at a time. With the manifest's `concur
 FAILING or NOT_RESPONDING is left out for the cells still to start; a cell that needs more
 nodes than remain healthy fails at once, naming them. Each cell's own command (what its own
 job would run: dlscale.workflow.jobstep's payload, the launcher) runs with DLSCALE_PACK_NODES
-naming its nodes, so the launcher's srun step takes exactly those (dlscale.run.launch.start_srun:
---nodelist); a cell past its own time limit (the `runtime_min` its own job would have) is
-stopped, SIGTERM then SIGKILL. Its state (`<slot>.json` beside the manifest: running, done,
-failed or timeout, with nodes, start, end, exit status and, once it ended, `beside`: the cells
-whose steps overlapped it in time) is what the driver reports. A failing or timed-out cell
-never ends the pack: the runner itself exits 0 once every cell has a final state.
+naming its nodes, so the launcher's srun step takes exactly those
+(dlscale.run.launchers.srun.start_srun: --nodelist); a cell past its own time limit (the
+`runtime_min` its own job would have) is stopped, SIGTERM then SIGKILL. Its state
+(`<slot>.json` beside the manifest: running, done, failed or timeout, with nodes, start, end,
+exit status and, once it ended, `beside`: the cells whose steps overlapped it in time) is what
+the driver reports. A failing or timed-out cell never ends the pack: the runner itself exits 0
+once every cell has a final state.
 
 A cell whose state is already final is not run again (a requeued allocation resumes where it
 stopped).

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from dlscale.registry.frameworks import FRAMEWORKS
+from dlscale.registry.launchers import on_slurm
 from dlscale.store.preflight_results import PREFLIGHT_DIR, read_result
 from dlscale.study.cell import Cell
 from dlscale.study.hardware import environment_variant
@@ -90,7 +91,7 @@ def plan(cells: list[Cell], hardware: dict) -> dict[tuple[str, str], Probe]:
     """The probes of a study's srun cells, by (hardware entry, environment)."""
     groups: dict[tuple[str, str], list[Cell]] = {}
     for cell in cells:
-        if cell.launcher != "srun":
+        if not on_slurm(cell.launcher):
             continue
         entry = hardware[cell.hardware]
         groups.setdefault((cell.hardware, environment_name(cell.framework, entry)), []).append(cell)
@@ -332,7 +333,7 @@ def start(workflow, study_dir: str, config: dict, cells: list[Cell], hardware: d
     from dlscale.workflow.resume import executor_of
 
     executor = executor_of(workflow)
-    if executor is None or config["launcher"] != "srun":
+    if executor is None or not on_slurm(config["launcher"]):
         return None
     if not config["preflight"]:
         say(study_dir, "preflight skipped (--config preflight=False): cells are not held")

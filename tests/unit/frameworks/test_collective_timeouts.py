@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from dlscale.rank.timing import COLLECTIVE_TIMEOUT_ENV
-from dlscale.run.launch import local_port
+from dlscale.run.launchers.ports import local_port
 
 HELPERS = Path(__file__).resolve().parents[2] / "helpers"
 TIMEOUT_S = 3  # the project's collective timeout, for these ranks

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.run import launch
+from dlscale.run.launchers import local as local_launcher
+from dlscale.run.launchers import ports
 from dlscale.store.metrics import read_metrics
 
 from helpers import ranks
@@ -100,10 +101,10 @@ RANK_SCRIPT = textwrap.dedent("""
 
 
 def start_ranks(tmp_path: Path, world: int = 2, **extra_env) -> list[subprocess.Popen]:
-    port = launch.local_port(world)
+    port = ports.local_port(world)
     procs = []
     for rank in range(world):
-        env = {**launch.local_rank_env(rank, world, 1, port), **extra_env}
+        env = {**local_launcher.local_rank_env(rank, world, 1, port), **extra_env}
         procs.append(
             subprocess.Popen(
                 [str(PYTHON), "-c", RANK_SCRIPT, str(tmp_path)],

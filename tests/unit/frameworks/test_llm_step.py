@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 def adapter(port: int = 0, **kw):
     """The production PyTorch adapter of a one-rank llama3_debug cell, set up."""
     from dlscale.frameworks.pytorch import Adapter
-    from dlscale.run import launch
+    from dlscale.run.launchers import ports
 
     settings = dict(
         framework="pytorch",
@@ -43,7 +43,7 @@ def adapter(port: int = 0, **kw):
         momentum=0.0,
     )
     settings.update(kw)
-    ctx = RankContext(0, 1, 0, 1, 0, "n", "127.0.0.1", port or launch.local_port(1), "t")
+    ctx = RankContext(0, 1, 0, 1, 0, "n", "127.0.0.1", port or ports.local_port(1), "t")
     a = Adapter(TrainSpec(**settings), ctx)
     a.setup()
     return a

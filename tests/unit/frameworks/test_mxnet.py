@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from dlscale.models import builds, get_spec, names
-from dlscale.run import launch
+from dlscale.run.launchers import local as local_launcher
+from dlscale.run.launchers import ports
 from dlscale.store.metrics import read_metrics
 
 from helpers import ranks
@@ -288,10 +289,13 @@ def test_gradients_are_averaged_across_ranks(tmp_path):
     """2 ranks, different data, 2 steps: the weights are identical on both ranks and equal to
     a single process stepping on the mean gradient of both batches."""
     assert MXNET_PY.exists(), f"CI is set but the MXNet environment is missing: {MXNET_PY}"
-    world, steps, port = 2, 2, launch.local_port(2)
+    world, steps, port = 2, 2, ports.local_port(2)
     procs = []
     for rank in range(world):
-        env = {**launch.local_rank_env(rank, world, 1, port), "DLSCALE_COLLECTIVE_TIMEOUT_S": "120"}
+        env = {
+            **local_launcher.local_rank_env(rank, world, 1, port),
+            "DLSCALE_COLLECTIVE_TIMEOUT_S": "120",
+        }
         procs.append(
             subprocess.Popen(
                 [str(MXNET_PY), "-c", WORKER, str(tmp_path), "cnn_small", str(steps)],

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dlscale.models import builds, get_spec, names
-from dlscale.run import launch
+from dlscale.run.launchers import ports
 from dlscale.store.metrics import read_metrics
 
 from helpers.cells import cell_dict, launch_cell, wait_ranks
@@ -325,7 +325,7 @@ EXPECT = """
 
 
 def start_ranks(python: Path, argv_of, tmp_path: Path, world: int = 2, **extra: str):
-    port = launch.local_port(world)  # production's chooser: below the ephemeral range
+    port = ports.local_port(world)  # production's chooser: below the ephemeral range
     procs = []
     for rank in range(world):
         env = tf_env(

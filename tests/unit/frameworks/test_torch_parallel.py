@@ -30,7 +30,6 @@ import pytest
 from dlscale.registry import frameworks
 from dlscale.registry.parallel_dims import ParallelDims, degree_problems
 from dlscale.registry.strategies import STRATEGIES
-from dlscale.run import launch
 from dlscale.study.cell import (
     CELL_PATTERN,
     Cell,
@@ -300,7 +299,7 @@ def _start_ranks(tmp_path, parallelism, nodes, rpn, tp, model, optimizer, precis
     # second rendezvous can hang on the first's sockets
     ports: list[int] = []
     while len(ports) < len(parallelism.split(",")):
-        port = launch.local_port(world)
+        port = ports.local_port(world)
         ports += [] if port in ports else [port]
     name = parallelism.replace("/", "~")  # an entry's optimizer: not a folder
     outs = [tmp_path / f"{model}-{name}-{world}-{r}.json" for r in range(world)]

@@ -80,11 +80,11 @@ def test_every_strategy_trains_as_one_process(tmp_path):
     facts = record["facts"]
     assert facts["param_count"] == facts["library_param_count"] == 205_120
     (tmp_path / "record.json").write_text(cell.model_source)
-    from dlscale.run import launch
+    from dlscale.run.launchers.ports import local_port
 
     ports: list[int] = []  # production's chooser, one port per entry, each drawn once
     while len(ports) < len(STRATEGIES):
-        port = launch.local_port(2)
+        port = local_port(2)
         ports += [] if port in ports else [port]
     # rank 1 computes the single-process reference (and what a missed average trains to)
     # after its entries, in its own interpreter: no third start of torch and transformers

@@ -265,10 +265,10 @@ def test_init_weights_after_sharding_gives_the_single_processs_values(tmp_path) 
     import sys
     from pathlib import Path
 
-    from dlscale.run import launch
+    from dlscale.run.launchers import ports
 
     helper = Path(__file__).resolve().parents[2] / "helpers" / "sharded_init.py"
-    port = launch.local_port(2)
+    port = ports.local_port(2)
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
     procs = [
         subprocess.Popen(

@@ -21,13 +21,8 @@ from dlscale.rank.devices import (
 )
 from dlscale.rank.energy import EnergyMeter
 from dlscale.rank.provenance import parse_gpu_activity
-from dlscale.run.launch import (
-    PORT_BLOCK,
-    choose_slurm_port,
-    ephemeral_range,
-    gpu_step_options,
-    port_block,
-)
+from dlscale.run.launchers.ports import PORT_BLOCK, ephemeral_range, port_block
+from dlscale.run.launchers.srun import choose_slurm_port, gpu_step_options
 from dlscale.store.metrics_summary import shared_gpus
 from dlscale.study.cell import Cell
 from dlscale.study.config import ConfigError, load_schema

@@ -1,6 +1,6 @@
 """hardware.yaml `gpu_binding` in its four forms: the srun options the launcher states
-for each (dlscale.registry.gpu_bindings, dlscale.run.launch.gpu_step_options), a map's checks
-with hostile and wrong input, the identity of node and task cells, the inherited binding
+for each (dlscale.registry.gpu_bindings, dlscale.run.launchers.srun.gpu_step_options), a map's
+checks with hostile and wrong input, the identity of node and task cells, the inherited binding
 variables the launcher removes, the device a `closest` rank takes, and what the preflight's
 ranks check they got (dlscale.rank.devices.binding_check, dlscale.run.preflight_job). On the
 cluster, with a fake GPU/NUMA topology: tests/slurm/test_gpu_topology.py."""
@@ -22,8 +22,10 @@ from dlscale.registry.gpu_bindings import (
     binding_of,
     canonical,
 )
-from dlscale.run import launch, preflight_job
-from dlscale.run.launch import binding_free_env, gpu_step_options, local_rank_env
+from dlscale.run import preflight_job
+from dlscale.run.launchers import srun as srun_launcher
+from dlscale.run.launchers.local import local_rank_env
+from dlscale.run.launchers.srun import binding_free_env, gpu_step_options
 from dlscale.study.cell import Cell
 from dlscale.study.config import ConfigError, load_schema
 from dlscale.study.hardware import validate_hardware
@@ -106,11 +108,11 @@ def test_the_gpus_a_job_holds_on_a_node_as_scontrol_shows_them(monkeypatch, gres
         asked.append(job)
         return {"per_node": [{"nodes": "n[1-2]", "gres": gres}]}
 
-    monkeypatch.setattr(launch, "job_allocation", allocation)
-    assert launch.job_gpus_per_node({"SLURM_JOB_ID": "42"}) == count and asked == ["42"]
-    monkeypatch.setattr(launch, "job_allocation", lambda job: None)
-    assert launch.job_gpus_per_node({"SLURM_JOB_ID": "42"}) is None
-    assert launch.job_gpus_per_node({}) is None
+    monkeypatch.setattr(srun_launcher, "job_allocation", allocation)
+    assert srun_launcher.job_gpus_per_node({"SLURM_JOB_ID": "42"}) == count and asked == ["42"]
+    monkeypatch.setattr(srun_launcher, "job_allocation", lambda job: None)
+    assert srun_launcher.job_gpus_per_node({"SLURM_JOB_ID": "42"}) is None
+    assert srun_launcher.job_gpus_per_node({}) is None
 
 
 def test_a_map_has_one_canonical_form_in_its_cell():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from dlscale.models import names as model_names
 from dlscale.models.parallelize import NO_PLAN, plan_for
 from dlscale.registry import cuda_probes, frameworks, gpu_bindings
 from dlscale.registry.frameworks import FRAMEWORKS, Framework
+from dlscale.registry.launchers import LAUNCHERS
 from dlscale.registry.parallel_dims import ParallelDims
 from dlscale.registry.strategies import DEFAULT_STRATEGY, STRATEGIES, RegistryError, Strategy
 from dlscale.study.config import load_schema
@@ -222,24 +224,138 @@ def _literal_lists(path: Path, rel: str):
 
 
 @pytest.mark.parametrize(
-    ("what", "names"),
-    [("strategy", list(STRATEGIES)), ("framework", list(FRAMEWORKS))],
+    ("what", "names", "in_tests"),
+    [
+        ("strategy", list(STRATEGIES), True),
+        ("framework", list(FRAMEWORKS), True),
+        # two launchers: a test comparing a cell of each names both, which is all of them
+        ("launcher", list(LAUNCHERS), False),
+    ],
 )
-def test_the_names_are_listed_once(what, names):
-    """No code outside the registry lists two or more strategy names (or framework names) in
-    one literal (comments aside): such a list is a second home that a new record would miss.
-    Tests may name some on purpose (a case, a pair compared), never all of them: a test over
-    every framework or strategy reads the registry."""
+def test_the_names_are_listed_once(what, names, in_tests):
+    """No code outside the registry lists two or more strategy names (or framework or launcher
+    names) in one literal (comments aside): such a list is a second home that a new record
+    would miss. Tests may name some on purpose (a case, a pair compared), never all of them: a
+    test over every framework or strategy reads the registry."""
     found = []
     for rel, path in _code_files():
         if rel in ON_PURPOSE:
             continue
         test = rel.startswith("tests/")
+        if test and not in_tests:
+            continue
         for line, words in _literal_lists(path, rel):
             hits = [w for w in dict.fromkeys(words) if w in names]
             if (not test and len(hits) >= 2) or (test and set(hits) == set(names)):
                 found.append(f"{rel}:{line}: {', '.join(hits)}")
     assert found == [], f"{what} names listed outside dlscale.registry"
+
+
+def _name_comparisons(path: Path, rel: str, subject: str, names):
+    """Each comparison in a Python file of something whose text holds `subject` with one of
+    `names` (`cell.launcher == "srun"`, `combo["framework"] != "pytorch"`, `x in (...)`)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = [
+            c.value
+            for side in sides
+            for c in ast.walk(side)
+            if isinstance(c, ast.Constant) and c.value in names
+        ]
+        if named and subject in " ".join(ast.unparse(side) for side in sides).lower():
+            yield f"{rel}:{node.lineno}: {ast.unparse(node)}"
+
+
+def _package_files(*homes: str):
+    for path in sorted((ROOT / "scripts" / "dlscale").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith(tuple(f"scripts/dlscale/{home}" for home in homes)):
+            yield rel, path
+
+
+def test_no_module_branches_on_a_launchers_or_a_frameworks_name():
+    """What differs between launchers is a fact of their records (dlscale.registry.launchers)
+    or their classes (dlscale.run.launchers), and what only some frameworks run is a
+    capability of their records (Framework.capabilities): no other module of the package
+    compares a launcher or a framework with a name."""
+    found = []
+    for rel, path in _package_files("registry/", "run/launchers/"):
+        found += _name_comparisons(path, rel, "launcher", LAUNCHERS)
+    for rel, path in _package_files("registry/", "frameworks/"):
+        found += _name_comparisons(path, rel, "framework", FRAMEWORKS)
+    assert found == []
+
+
+def test_a_frameworks_variables_are_named_only_in_its_record_and_its_adapter():
+    """The prefixes of a framework's own environment variables, those of its communication,
+    and the variables its adapter sets (Framework.env_prefixes, comm_env, reserved_env) are
+    written only in its record (the provenance, the diagnosis, the Systems table and the
+    hardware file's env: check read them there) and in the adapter that sets them."""
+    written = set(frameworks.env_prefixes()) | set(frameworks.comm_env())
+    written |= set(frameworks.reserved_env())
+    found = []
+    for rel, path in _package_files("registry/frameworks.py", "frameworks/"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in written:
+                found.append(f"{rel}:{node.lineno}: {node.value}")
+    assert found == []
+    from dlscale.analysis.systems_table import PERFORMANCE_ENV
+    from dlscale.rank.provenance import ENV_PREFIXES
+    from dlscale.run.diagnosis import COMM_PREFIXES
+    from dlscale.study.env_names import env_name_problem
+
+    for record in FRAMEWORKS.values():
+        assert set(record.env_prefixes) <= set(ENV_PREFIXES) & set(PERFORMANCE_ENV), record.name
+        assert set(record.comm_env) <= set(COMM_PREFIXES), record.name
+        for name, _ in record.reserved_env:
+            why = frameworks.reserved_env()[name]  # the first record's reason, where two share
+            assert why in env_name_problem(name if not name.endswith("_") else name + "X")
+    with pytest.raises(RegistryError, match=r"fact 'comm_env' names NCCL_, under none of its"):
+        Framework(**{**dataclasses.asdict(FRAMEWORKS["mxnet"]), "comm_env": ("NCCL_",)})
+    with pytest.raises(RegistryError, match=r"fact 'capabilities' names fp4; allowed: llm_step"):
+        Framework(**{**dataclasses.asdict(FRAMEWORKS["mxnet"]), "capabilities": ("fp4",)})
+    assert frameworks.with_capability("float8") == [
+        n for n, r in FRAMEWORKS.items() if "float8" in r.capabilities
+    ]
+
+
+def test_the_branch_check_sees_a_comparison(tmp_path):
+    code = tmp_path / "x.py"
+    code.write_text('if cell.launcher == "srun":\n    pass\nok = executor == "srun"\n')
+    assert list(_name_comparisons(code, "x.py", "launcher", LAUNCHERS)) == [
+        "x.py:1: cell.launcher == 'srun'"
+    ]
+
+
+def test_every_launcher_record_has_its_class_and_the_schemas_enums_are_the_records():
+    """Record and class come in pairs (a class without a record is refused at import), each
+    class in a file of its own under dlscale.run.launchers, and the config's `launcher` and the
+    metrics' provenance `launcher` enums list the records."""
+    from dlscale.registry import launchers
+    from dlscale.run.launchers import REGISTERED
+    from dlscale.run.launchers import launcher_base as base
+
+    assert list(REGISTERED) == list(LAUNCHERS)
+    files = {sys.modules[type(c).__module__].__file__ for c in REGISTERED.values()}
+    assert len(files) == len(LAUNCHERS)
+    with pytest.raises(RegistryError, match=r"launcher 'mpirun'; allowed: local, srun"):
+        base.register(type("Mpirun", (base.Launcher,), {"name": "mpirun"}))
+    config = load_schema(ROOT / "config" / "schemas" / "config.schema.json")
+    assert config["properties"]["launcher"]["enum"] == list(LAUNCHERS)
+    assert config["properties"]["launcher"]["default"] == launchers.DEFAULT_LAUNCHER
+    metrics = json.loads((ROOT / "scripts/dlscale/schemas/metrics.schema.json").read_text())
+    enums = [
+        s["properties"]["launcher"]["enum"]
+        for s in _subschemas(metrics)
+        if "launcher" in (s.get("properties") or {}) and "enum" in s["properties"]["launcher"]
+    ]
+    assert enums == [list(LAUNCHERS)]
+    for executor in ("slurm", "dlscale", "local"):
+        assert launchers.for_executor(executor) is not None, executor
+    assert launchers.for_executor("a-site-plugin") is None
 
 
 def test_the_listing_check_sees_a_list(tmp_path):

@@ -10,10 +10,11 @@ import pytest
 
 from dlscale.rank import rank_context
 from dlscale.run import launch
+from dlscale.run.launchers import ports
 from dlscale.run.train import PreflightError, preflight
 from dlscale.store.metrics import read_metrics
 
-from helpers.cells import cell_dict
+from helpers.cells import cell_dict, small_cell
 
 
 def test_discover_from_srun(monkeypatch):
@@ -124,18 +125,17 @@ def test_a_local_cells_ports_lie_below_the_ephemeral_range_and_are_all_free():
     """Local cells take a block below the ephemeral range (never a kernel-chosen port whose
     +1+rank neighbours other programs' connections may hold), skip a block where any port the
     ranks use is taken, and fail clearly when every block tried is."""
-    from dlscale.run import launch
 
-    ephemeral = launch.ephemeral_range()
+    ephemeral = ports.ephemeral_range()
     low, _ = ephemeral
     draws = iter([5, 9, 13])
-    first = launch.port_block(5, ephemeral)
+    first = ports.port_block(5, ephemeral)
     busy = {first + 3}  # world size 2 uses base .. base + 3: this block is out
-    port = launch.local_port(2, is_free=lambda p: p not in busy, draw=lambda _: next(draws))
-    assert port == launch.port_block(9, ephemeral) and port + 3 < low
-    assert port >= launch.PORT_FLOOR and (port - launch.PORT_FLOOR) % launch.PORT_BLOCK == 0
+    port = ports.local_port(2, is_free=lambda p: p not in busy, draw=lambda _: next(draws))
+    assert port == ports.port_block(9, ephemeral) and port + 3 < low
+    assert port >= ports.PORT_FLOOR and (port - ports.PORT_FLOOR) % ports.PORT_BLOCK == 0
     with pytest.raises(RuntimeError, match="rendezvous ports"):
-        launch.local_port(2, is_free=lambda p: False)
+        ports.local_port(2, is_free=lambda p: False)
 
 
 def test_wait_all_stops_the_rest_on_a_failure_and_everything_at_its_timeout():
@@ -204,3 +204,31 @@ def test_a_step_srun_cannot_end_fails_the_cell_at_once_naming_the_silent_node(
     assert suspects == [1], reason
     assert reason.startswith("rank 0 exited with code 1, and srun could not end the step")
     assert "no word from node n2 (rank(s) 1)" in reason
+
+
+def test_the_launcher_that_starts_a_cell_is_its_own_unless_srun_hands_a_one_rank_cell_over():
+    """Inside the executor plugin's `srun -n1` step a 1-rank srun cell starts its rank there (a
+    nested srun would wait for the CPUs that step holds); a larger cell, or one whose container
+    engine starts only through srun (pyxis), keeps its own step; the local launcher is always
+    itself. The launcher is chosen from the records, with no name compared."""
+    from dlscale.run.launchers import launcher_for
+    from dlscale.run.launchers.local import LocalLauncher
+    from dlscale.run.launchers.srun import SrunLauncher
+    from dlscale.study.cell import Cell
+
+    one = small_cell(launcher="srun", nodes=1, global_batch=4)
+    pyxis = Cell.from_dict(
+        cell_dict(
+            launcher="srun",
+            nodes=1,
+            global_batch=4,
+            container={"engine": "pyxis", "image": "nvcr.io#pt"},
+        )
+    )
+    in_step, outside = {"SLURM_STEP_ID": "0"}, {}
+    assert isinstance(launcher_for(one, in_step), LocalLauncher)
+    assert isinstance(launcher_for(one, outside), SrunLauncher)
+    assert isinstance(launcher_for(small_cell(launcher="srun"), in_step), SrunLauncher)
+    assert isinstance(launcher_for(pyxis, in_step), SrunLauncher)
+    assert isinstance(launcher_for(small_cell(nodes=1, global_batch=4), in_step), LocalLauncher)
+    assert SrunLauncher.watches_step and not LocalLauncher.watches_step

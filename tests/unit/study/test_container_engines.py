@@ -1,8 +1,8 @@
 """hardware.yaml `container`: each engine's command line against its documented flags (apptainer
 exec(1), pyxis's srun options, ch-run(1)), as the production launcher builds it
-(dlscale.run.launch.start_srun with a recording srun); the image digest that becomes the cells'
-environment identity; the checks before any job (hostile and impossible entries); cells without
-a container keep their identity."""
+(dlscale.run.launchers.srun.start_srun with a recording srun); the image digest that becomes
+the cells' environment identity; the checks before any job (hostile and impossible entries);
+cells without a container keep their identity."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlscale.run import launch
+from dlscale.run.launchers import launcher_base
+from dlscale.run.launchers import srun as srun_launcher
 from dlscale.study import container_image as ci
 from dlscale.study.cell import Cell
 from dlscale.study.config import load_schema
@@ -40,7 +41,7 @@ def _srun_of(tmp_path, monkeypatch, container: dict, **cell) -> dict:
     rank_dir = tmp_path / "results" / "s" / "cell" / ".ranks"
     rank_dir.mkdir(parents=True)
     argv = ["/host/venv/bin/python", "-m", "dlscale.run.train", "--cell", "x"]
-    procs = launch.start_srun(c, argv, rank_dir)
+    procs = srun_launcher.start_srun(c, argv, rank_dir)
     assert procs[0][1].wait() == 0
     return recorded(record)
 
@@ -62,12 +63,12 @@ def test_apptainer_binds_what_the_ranks_read_and_passes_the_gpus_with_nv(tmp_pat
     assert argv[start : start + 3] == ["apptainer", "exec", "--nv"]
     binds = _after(argv, "--bind").split(",")
     assert binds[0] == "/scratch"
-    for path in (launch.package_root(), Path.cwd(), tmp_path / "results" / "s" / "cell"):
+    for path in (launcher_base.package_root(), Path.cwd(), tmp_path / "results" / "s" / "cell"):
         assert _covered(path, binds), (path, binds)
     assert _after(argv, "--pwd") == os.getcwd()  # relative paths mean what they mean outside
     image = argv.index("/images/pt.sif")
     assert argv[image + 1 :] == ["/opt/env/bin/python", "-m", "dlscale.run.train", "--cell", "x"]
-    assert got["env"]["PYTHONPATH"] == str(launch.package_root())
+    assert got["env"]["PYTHONPATH"] == str(launcher_base.package_root())
     # the engine's program runs as srun's task, after every srun option
     assert argv.index("--kill-on-bad-exit=1") < start
 
@@ -84,7 +85,7 @@ def test_pyxis_uses_srun_s_own_container_options(tmp_path, monkeypatch):
     # pyxis: --container-image=IMAGE --container-mounts=SRC:DST[,...] as srun options
     assert f"--container-image={image}" in argv
     mounts = next(a for a in argv if a.startswith("--container-mounts="))
-    assert _covered(launch.package_root(), mounts.split("=", 1)[1].split(","))
+    assert _covered(launcher_base.package_root(), mounts.split("=", 1)[1].split(","))
     assert argv.index(f"--container-image={image}") < argv.index("--kill-on-bad-exit=1")
     assert f"--container-workdir={os.getcwd()}" in argv
     tail = argv[argv.index("--kill-on-bad-exit=1") + 3 :]  # after --output FILE
@@ -93,7 +94,7 @@ def test_pyxis_uses_srun_s_own_container_options(tmp_path, monkeypatch):
 
 def test_charliecloud_binds_only_onto_the_images_directories(tmp_path, monkeypatch):
     image = str(tmp_path / "img")
-    checkout = "/" + launch.package_root().parts[1]  # the file system of the dlscale package
+    checkout = "/" + launcher_base.package_root().parts[1]  # the file system of the dlscale package
     binds = [str(tmp_path), "/var/scratch", checkout]
     got = _srun_of(
         tmp_path, monkeypatch, {"engine": "charliecloud", "image": image, "binds": binds}
@@ -112,8 +113,10 @@ def test_charliecloud_refuses_a_path_under_no_bind(tmp_path, monkeypatch):
         cell_dict(launcher="srun", container={"engine": "charliecloud", "image": "/img"})
     )
     rank_dir = Path("/var/lib/nowhere/cell/.ranks")
-    with pytest.raises(launch.ContainerError, match=r"under none of the binds.*container.binds"):
-        launch.in_container(c, ["python", "-m", "x"], rank_dir, {})
+    with pytest.raises(
+        launcher_base.ContainerError, match=r"under none of the binds.*container.binds"
+    ):
+        launcher_base.in_container(c, ["python", "-m", "x"], rank_dir, {})
 
 
 def test_a_cell_without_a_container_starts_as_before(tmp_path, monkeypatch):

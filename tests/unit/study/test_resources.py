@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dlscale.analysis import cell_status as status
-from dlscale.run import launch
+from dlscale.run.launchers import srun as srun_launcher
 from dlscale.study.cell import SLURM_JOB_FILE, TRAIN_RULE, Cell
 from dlscale.study.matrix import build_matrix
 from dlscale.study.resources import class_resources
@@ -123,7 +123,7 @@ CELL = Cell.from_dict(cell_dict(nodes=2, ranks_per_node=1, cpus_per_rank=1))
 
 
 def _run_srun(tmp_path) -> dict:
-    procs = launch.start_srun(CELL, ["python", "-m", "dlscale.run.train"], tmp_path)
+    procs = srun_launcher.start_srun(CELL, ["python", "-m", "dlscale.run.train"], tmp_path)
     assert procs[0][1].wait() == 0
     return json.loads((tmp_path / "srun.json").read_text())
 

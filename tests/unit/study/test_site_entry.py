@@ -10,7 +10,8 @@ import re
 import pytest
 import yaml
 
-from dlscale.run import launch
+from dlscale.run.launchers import launcher_base
+from dlscale.run.launchers import srun as srun_launcher
 from dlscale.study.config import apply_defaults, load_schema
 from dlscale.study.hardware import validate_hardware
 from dlscale.study.matrix import build_matrix
@@ -50,8 +51,10 @@ def test_the_documented_h100_entry_validates_and_plans(entry, tmp_path):
     rank_dir = tmp_path / "cell" / ".ranks"
     rank_dir.mkdir(parents=True)
     env = {}
-    options, argv = launch.in_container(cell, ["python", "-m", "dlscale.run.train"], rank_dir, env)
-    cmd = launch.srun_command(cell, argv, rank_dir, False, options)
+    options, argv = launcher_base.in_container(
+        cell, ["python", "-m", "dlscale.run.train"], rank_dir, env
+    )
+    cmd = srun_launcher.srun_command(cell, argv, rank_dir, False, options)
     assert cmd[1] == "--mpi=pmix"
     assert f"--container-image={entry['h100']['container']['image']}" in cmd
     assert any(a.startswith("--container-mounts=/scratch,") for a in cmd)

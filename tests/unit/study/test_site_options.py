@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlscale.run import launch
+from dlscale.run.launchers import srun as srun_launcher
 from dlscale.study import site_options
 from dlscale.study.cell import Cell
 from dlscale.study.config import ConfigError, load_schema
@@ -323,11 +323,11 @@ def test_sbatch_options_reach_the_preflight_job():
 
 def test_srun_options_lead_the_ranks_srun_command():
     cell = Cell.from_dict(cell_dict(launcher="srun", srun_options=SRUN_TOKENS))
-    cmd = launch.srun_command(cell, ["python", "-m", "dlscale.run.train"], Path("/r"), True)
+    cmd = srun_launcher.srun_command(cell, ["python", "-m", "dlscale.run.train"], Path("/r"), True)
     assert cmd[:4] == ["srun", *SRUN_TOKENS, "--overlap"]
     assert cmd[4:8] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=1"]
     plain = Cell.from_dict(cell_dict(launcher="srun"))
-    assert launch.srun_command(plain, ["x"], Path("/r"))[:2] == ["srun", "--nodes=2"]
+    assert srun_launcher.srun_command(plain, ["x"], Path("/r"))[:2] == ["srun", "--nodes=2"]
 
 
 def test_start_srun_runs_the_srun_that_carries_them(tmp_path, monkeypatch):
@@ -335,7 +335,7 @@ def test_start_srun_runs_the_srun_that_carries_them(tmp_path, monkeypatch):
     command it ran, before the launcher's own."""
     record = recording_srun(tmp_path, monkeypatch)
     cell = Cell.from_dict(cell_dict(launcher="srun", srun_options=SRUN_TOKENS))
-    ((_, proc),) = launch.start_srun(cell, ["true"], tmp_path)
+    ((_, proc),) = srun_launcher.start_srun(cell, ["true"], tmp_path)
     assert proc.wait() == 0
     argv = recorded(record)["argv"]
     assert argv[:3] == [*SRUN_TOKENS, "--nodes=2"] and argv[-1] == "true"
