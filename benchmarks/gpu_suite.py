@@ -136,15 +136,15 @@ PLANS = {
 MODES = ("eager", "compiled")
 CPU_COMPILED = (
     "the CPU path runs eager only: inductor's C++ compile of even a tiny model takes tens of "
-    "seconds on a 2-core host (benchmarks/README.md, measurement fidelity: 38.8 s); compiled "
-    "rows run on CUDA"
+    "seconds on a 2-core host (benchmarks/reports/2026-11-23-measurement-fidelity.md: 38.8 s); "
+    "compiled rows run on CUDA"
 )
 GPU_ONLY_ENERGY = (
     "GPU only: NVML's board energy counter against NVML power sampled over the same window"
 )
 
 # Estimated seconds of each kind of row before it has run (first GPU run: guesses from the
-# figures in benchmarks/README.md and the sizes of the models; a process start with CUDA costs
+# figures in benchmarks/reports/ and the sizes of the models; a process start with CUDA costs
 # ~5-10 s, compiling ResNet-50 or GPT-2 small ~40-90 s on a cold cache). A repeated fidelity
 # row uses its own last repetition instead. The child processes are killed at the budget
 # whatever these say.

@@ -30,7 +30,8 @@ own under /var/tmp (which the nodes share), and undoes its fault after:
                 has no route to: the cell fails at once, saying which interface to name.
 
 Printed: one line per scenario (what happened, the seconds), then `all N scenarios as expected`
-or the ones that were not. benchmarks/README.md holds a run's lines.
+or the ones that were not. benchmarks/reports/2026-11-29-nodes-as-separate-hosts.md holds a
+run's lines.
 """
 
 from __future__ import annotations

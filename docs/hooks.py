@@ -6,6 +6,11 @@
   workflow loads it). The schema is the one source: no page keeps a copy of a key table.
 - `<!-- include: PATH -->` becomes the text of PATH (relative to the repository root), its
   headings moved one level down, so a file kept elsewhere (benchmarks/README.md) is a page too.
+- Every Markdown file in a PUBLISHED folder is a page of the site at its repository path
+  (benchmarks/reports/<date>-<slug>.md: the benchmark reports, listed by the index in
+  benchmarks/README.md, which the Benchmarks page includes); out of the nav, the index lists
+  them. A link to one, written relative to the file that holds it as on any Markdown viewer (a
+  page, an included file, another report), is made relative to the page it ends up on.
 
 A schema key without a description, or a marker naming a missing schema or file, is logged as
 a warning, which `mkdocs build --strict` (the test command: tests/test_docs.py) turns into a
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import re
 from pathlib import Path
 
@@ -29,6 +35,11 @@ log = logging.getLogger("mkdocs.hooks.dlscale")
 
 SCHEMA_MARKER = re.compile(r"<!-- schema: ([a-z_]+) -->")
 INCLUDE_MARKER = re.compile(r"<!-- include: (\S+) -->")
+# Repository folders whose Markdown files are pages of the site at the same path
+PUBLISHED = ("benchmarks/reports",)
+# A Markdown link: its text's end, the target (without #anchor), the anchor, the closing bracket
+LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
 # Keys whose entries are free-form partial cells (axis -> value), documented by their parent
 # (tests/unit/study/test_config.py skips them the same way).
 FREE_FORM = ("exclude",)
@@ -191,11 +202,52 @@ def undocumented(name: str) -> list[str]:
     return render(name)[1]
 
 
-def include(relative: str) -> str:
+def published(path: str) -> bool:
+    """Whether a repository path (relative to the root) is a page of the site at that path."""
+    folder = posixpath.dirname(path)
+    return folder in PUBLISHED and path.endswith(".md") and (ROOT / path).is_file()
+
+
+def published_files(config) -> list:
+    """The PUBLISHED folders' Markdown files as pages of the site, out of the nav."""
+    from mkdocs.structure.files import File, InclusionLevel
+
+    return [
+        File.generated(
+            config,
+            f"{folder}/{path.name}",
+            abs_src_path=str(path),
+            inclusion=InclusionLevel.NOT_IN_NAV,
+        )
+        for folder in PUBLISHED
+        for path in sorted((ROOT / folder).glob("*.md"))
+    ]
+
+
+def relink(text: str, source: str, page: str) -> str:
+    """`text`, read from the repository file `source`, with each relative link that reaches a
+    published file made relative to `page` (the path in the site it is rendered at)."""
+    here = posixpath.dirname(source)
+
+    def moved(match: re.Match) -> str:
+        target = match.group(2)
+        if SCHEME.match(target) or target.startswith("/"):
+            return match.group(0)
+        path = posixpath.normpath(posixpath.join(here, target))
+        if not published(path):
+            return match.group(0)
+        relative = posixpath.relpath(path, posixpath.dirname(page) or ".")
+        return f"{match.group(1)}{relative}{match.group(3) or ''}{match.group(4)}"
+
+    return LINK.sub(moved, text)
+
+
+def include(relative: str, page: str = "index.md") -> str:
     """A repository file's text with its headings one level down (its title becomes a
-    section of the page that includes it)."""
+    section of the page that includes it), its links to published files made relative to
+    `page`, the including page's path in the site."""
     text = (ROOT / relative).read_text()
-    return re.sub(r"(?m)^(#{1,5}) ", r"#\1 ", text)
+    return relink(re.sub(r"(?m)^(#{1,5}) ", r"#\1 ", text), relative, page)
 
 
 def on_config(config):
@@ -215,6 +267,13 @@ def on_config(config):
     return config
 
 
+def on_files(files, config):
+    """Add the PUBLISHED folders' files to the site (the benchmark reports)."""
+    for file in published_files(config):
+        files.append(file)
+    return files
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     def schema(match: re.Match) -> str:
         name = match.group(1)
@@ -231,6 +290,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         if not (ROOT / relative).is_file():
             log.warning("%s: no file %s to include", page.file.src_path, relative)
             return match.group(0)
-        return include(relative)
+        return include(relative, page.file.src_uri)
 
+    # the page's own links, from the repository file it was read from (a page under docs/pages/
+    # or a published report)
+    source = Path(page.file.abs_src_path).resolve() if page.file.abs_src_path else None
+    if source is not None and source.is_relative_to(ROOT.resolve()):
+        here = source.relative_to(ROOT.resolve()).as_posix()
+        markdown = relink(markdown, here, page.file.src_uri)
     return INCLUDE_MARKER.sub(included, SCHEMA_MARKER.sub(schema, markdown))

@@ -40,6 +40,16 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     reference = (tmp_path / "site" / "configuration.html").read_text()
     assert "<code>convergence.lr_rule</code>" in reference  # generated from the schema
     assert "tensorflow" in reference  # the registries filled the allowed frameworks
+    # every benchmark report a page of its own, linked from the Benchmarks page's index and by
+    # the pages that cite it (a link relative to the page's file in the repository)
+    benchmarks = (tmp_path / "site" / "benchmarks.html").read_text()
+    reports = sorted((ROOT / "benchmarks" / "reports").glob("*.md"))
+    assert reports
+    for report in reports:
+        assert f'href="benchmarks/reports/{report.stem}.html"' in benchmarks
+        assert (tmp_path / "site" / "benchmarks" / "reports" / f"{report.stem}.html").is_file()
+    testing = (tmp_path / "site" / "testing.html").read_text()
+    assert 'href="benchmarks/reports/2026-11-26-time-to-results-second-pass.html"' in testing
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -132,8 +132,9 @@ SLURM_WALK: dict[str, str] = {
 }
 NOT_WALKED = {
     "bash scripts/demo.sh": "the demo: this workflow on the 20-cell demo study (about 3 min; run "
-    "by hand, benchmarks/README.md); the same commands run on small studies, and the demo's "
-    "plan is checked by a dry run (tests/workflow/test_documented_commands.py)",
+    "by hand, benchmarks/reports/2026-11-29-demo-in-120-s.md); the same commands run on small "
+    "studies, and the demo's plan is checked by a dry run "
+    "(tests/workflow/test_documented_commands.py)",
     "bash scripts/test.sh": "the test command itself",
     "mkdocs serve -f docs/mkdocs.yml": "a web server that runs until stopped; its build is run",
 }

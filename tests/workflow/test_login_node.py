@@ -16,7 +16,7 @@ measure nothing and build what the pages name, beside study folders named like t
 own. After every command no metrics file is gone and no kept measurement changed. Last, the user
 wrote nothing on the login node outside the checkout, the environments folder and its own cache
 folders (~/.cache: pip's, Snakemake's, matplotlib's). The full set-up of every framework as a
-plain user is a benchmark (benchmarks/README.md, "Set-up as a plain user")."""
+plain user is a benchmark (benchmarks/reports/2026-11-27-setup-as-a-plain-user.md)."""
 
 from __future__ import annotations
 
@@ -404,6 +404,7 @@ def test_a_plain_user_measures_on_slurm_and_walks_every_everyday_command(site_in
         )
         (checkout / "benchmarks").mkdir()
         shutil.copy2(ROOT / "benchmarks/README.md", checkout / "benchmarks/README.md")
+        shutil.copytree(ROOT / "benchmarks/reports", checkout / "benchmarks/reports")
         (checkout / MINE_FILE).write_text(yaml.safe_dump(FIRST_DAY_STUDY))
         envs = run / "envs"
         subprocess.run(["chown", "-R", f"{user.name}:", str(run)], check=True)

@@ -18,7 +18,7 @@ cuDNN, NCCL, torch.__config__.show(), TF build info, MXNet features) comes from 
 
 Pure Python (no third-party imports): importable in every framework environment and runnable
 alone, `python -m dlscale.rank.node_probes [--repeat N]`, which prints the description (or, with
---repeat, the cost of N probes: benchmarks/README.md).
+--repeat, the cost of N probes: benchmarks/reports/2026-11-23-system-probes.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ case here, as a user runs it (a fresh process, PYTHONPATH=scripts), so a changed
 test, not a user (benchmarks/aggregate.py had stopped at its first cell: `Cell.__init__()
 missing 1 required positional argument: 'mode'`). Each case asserts its exit status and the
 line that carries its result; the numbers themselves are the benchmarks' to judge on an idle
-machine (benchmarks/README.md).
+machine (benchmarks/reports/, indexed in benchmarks/README.md: the last test checks the index).
 
 Some scripts cannot run their smallest case in seconds here, and run `--help` instead (their
 imports and argument parser): slurm_overhead.py, submission.py, packing.py and
@@ -18,6 +18,7 @@ benchmark: its process lookup is called once.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "benchmarks"
+REPORTS = BENCH / "reports"
+# a row of benchmarks/README.md's index: | date | [title](reports/<date>-<slug>.md) | scripts |
+# headline |
+INDEX_ROW = re.compile(
+    r"^\| (\d{4}-\d\d-\d\d) \| \[([^\]]+)\]\(reports/((\d{4}-\d\d-\d\d)-([a-z0-9-]+)\.md)\) "
+    r"\| ([^|]+) \| ([^|]+) \|$"
+)
 
 # script -> (smallest-case arguments, a line its output must hold); {tmp}: the test's folder
 SMALLEST = {
@@ -66,7 +74,8 @@ SMALLEST = {
     "cluster_layout.py": (["--help"], "--rounds"),
     "network_faults.py": (["--help"], "--scenarios"),
     "submission.py": (["--help"], "--cells"),
-    # a local Slurm cluster and minutes: its study and the wall times (benchmarks/README.md)
+    # a local Slurm cluster and minutes: its study and the wall times
+    # (benchmarks/reports/2026-11-29-your-script-as-a-cell.md)
     "script_cells.py": (["--help"], "--rounds"),
     # a local Slurm cluster and minutes: the zoo's models as cells at 1 and 2 nodes
     "zoo_cells.py": (["--help"], "--reps"),
@@ -120,3 +129,28 @@ def test_the_rank0_lag_aid_imports_and_lists_rank_processes():
         sys.path.remove(str(BENCH))
     pids = rank0_lag.rank0_pids()
     assert isinstance(pids, list) and os.getpid() not in pids
+
+
+def test_the_index_lists_every_report_newest_first():
+    """benchmarks/README.md is the index of the dated reports: every file of benchmarks/reports/
+    has one row, by its date and its own title, newest first; each report starts with its title
+    and, on the next line, where and when it was measured; a script a row names exists. The
+    README holds no dated section of its own."""
+    readme = (BENCH / "README.md").read_text()
+    rows = [m.groups() for line in readme.splitlines() if (m := INDEX_ROW.match(line))]
+    names = [row[2] for row in rows]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(p.name for p in REPORTS.iterdir())
+    dates = [row[0] for row in rows]
+    assert dates == sorted(dates, reverse=True)
+    for date, title, name, named_date, slug, scripts, headline in rows:
+        assert named_date == date and len(slug.split("-")) <= 6, name
+        first, second = (REPORTS / name).read_text().split("\n")[:2]
+        assert first == f"# {title}", name
+        assert second.startswith("Measured: ") and date in second, name
+        named = re.findall(r"`benchmarks/([\w.]+\.py)`", scripts)
+        assert named or scripts.strip() == "-", name
+        assert all((BENCH / script).is_file() for script in named), name
+        assert headline.strip(), name
+    assert not re.search(r"(?m)^## .*\d{4}-\d\d-\d\d", readme)
+    assert len(readme.splitlines()) < 250
