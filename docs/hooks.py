@@ -294,7 +294,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
     # the page's own links, from the repository file it was read from (a page under docs/pages/
     # or a published report)
-    source = Path(page.file.abs_src_path).resolve() if page.file.abs_src_path else None
+    # (no page: the markdown rendered outside a site build, as the configuration test does)
+    file = getattr(page, "file", None)
+    source = Path(file.abs_src_path).resolve() if file and file.abs_src_path else None
     if source is not None and source.is_relative_to(ROOT.resolve()):
         here = source.relative_to(ROOT.resolve()).as_posix()
         markdown = relink(markdown, here, page.file.src_uri)

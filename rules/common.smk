@@ -360,12 +360,12 @@ def script_conda_env(wildcards):
 @functools.cache
 def _framework_python(hardware, framework, precision=None):
     # once per (hardware, framework), not once per job: a 10,000-cell dry run asks 10,000 times
-    from dlscale.study.matrix import FLOAT8_FRAMEWORKS, float8_environment
+    from dlscale.study.matrix import float8_environment
 
     entry = STUDY.hardware[hardware]
     framework = SCRIPT_ENVIRONMENTS.get(framework, framework)  # a script's: its environment
     env = FRAMEWORKS[framework].environment_for(environment_variant(entry), entry)
-    if precision == "float8" and framework in FLOAT8_FRAMEWORKS:
+    if precision == "float8" and "float8" in FRAMEWORKS[framework].capabilities:
         env = float8_environment(env)
     if env is None:
         return sys.executable

@@ -12,7 +12,6 @@
 #   report's source). A database that is off, locked or unreachable never fails it; rows it
 #   could not write are named in logs/database-pending.json, an input of this rule where it
 #   exists, so the next run, even one with nothing else to do, writes them first.
-from dlscale.decisions.history_report import history_job
 from dlscale.store.database import param_form as database_param
 
 
@@ -35,6 +34,10 @@ rule history:
         threshold=HISTORY["threshold"],
         figure=lambda wildcards: outputs_of(wildcards)["history_figure"],
     run:
+        # imported by the job alone: it brings pandas and scipy.stats (half a second of every
+        # Snakemake start, the job steps' included, when imported at parse)
+        from dlscale.decisions.history_report import history_job
+
         history_job(
             DATABASE_URL,
             RESULTS,

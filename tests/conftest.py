@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import durations as durations_of_tests
 from helpers import run_names
 from helpers.checkout import DOWN, ROOT, UP
 
@@ -184,13 +185,17 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            # the longest groups start first, then every other group of several tests (a
-            # cluster's, a module's shared fixture's: one worker each, minutes), then single
-            # tests, which fill the workers' gaps
-            groups = [g for g in self.workqueue if "::" not in g and g not in LONG_GROUPS]
-            for group in [*reversed(groups), *reversed(LONG_GROUPS)]:
-                if group in self.workqueue:
-                    self.workqueue.move_to_end(group, last=False)
+            # the two long cluster groups start first, then every other work unit (a group of
+            # several tests, one worker each, or a single test) longest expected first, from a
+            # measured run's durations (tests/helpers/durations.py), so the last work handed
+            # out is the shortest and the workers end together
+            if not getattr(self, "_ordered", False):
+                order = durations_of_tests.work_order(
+                    self.workqueue, LONG_GROUPS, durations_of_tests.load()
+                )
+                for unit in order:
+                    self.workqueue.move_to_end(unit)
+                self._ordered = True
             super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
