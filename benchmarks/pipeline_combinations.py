@@ -38,13 +38,13 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=2)
     args = parser.parse_args()
 
-    from dlscale.run.launchers import ports
+    from dlscale.run.launchers.ports import local_port
 
     from helpers.parallel_ranks import reference_loss
 
     world = args.nodes * args.ranks_per_node
     tokens = args.strategies.split(",")
-    ports = [ports.local_port(world) for _ in tokens]
+    ports = [local_port(world) for _ in tokens]
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"rank{r}.json" for r in range(world)]
         start = time.perf_counter()
