@@ -766,7 +766,7 @@ def failed(base: dict, exc: BaseException, seconds: float) -> dict:
 # ---------------------------------------------------------------------------- c-f: the child
 def make_adapter(device: str, model: str, precision: str, batch: int, mode: str, window, **kw):
     """The production PyTorch adapter of a one-rank cell, set up (model, batch, optimizer)."""
-    from dlscale.frameworks.base import TrainSpec
+    from dlscale.frameworks.train_spec import TrainSpec
     from dlscale.rank.rank_context import RankContext
     from dlscale.registry.frameworks import get_adapter
 

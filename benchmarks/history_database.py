@@ -60,6 +60,7 @@ from dlscale.analysis.regression_stats import FAIL, PASS, UNCERTAIN, slowdown_ve
 from dlscale.decisions import history  # noqa: E402
 from dlscale.registry import frameworks  # noqa: E402
 from dlscale.store import database as store  # noqa: E402
+from dlscale.store import results_schema as schema  # noqa: E402
 
 from helpers import results_db  # noqa: E402
 from helpers.checkout import copy_workflow  # noqa: E402
@@ -103,7 +104,7 @@ def build_database(path: Path, rows: int) -> tuple[store.Database, int]:
     )
     with db.transaction() as conn:
         for start in range(0, len(made), 5000):
-            store.insert_new(conn, store.measurements, made[start : start + 5000])
+            schema.insert_new(conn, schema.measurements, made[start : start + 5000])
     return db, runs
 
 
@@ -379,7 +380,7 @@ def overhead(root: Path, rounds: int) -> list[str]:
 def rows_against_folders(db: store.Database, folders: list[Path]) -> list[str]:
     import sqlalchemy as sa
 
-    t = store.measurements
+    t = schema.measurements
     lines = []
     with db.read() as conn:
         duplicated = conn.execute(
@@ -419,7 +420,7 @@ def concurrency(root: Path, url: str) -> list[str]:
     while victim.poll() is None and killed_after is None:
         with db.read() as conn:
             rows = conn.execute(
-                sa.select(sa.func.count()).where(store.measurements.c.study == "tiny-c")
+                sa.select(sa.func.count()).where(schema.measurements.c.study == "tiny-c")
             ).scalar_one()
         if rows:
             os.killpg(victim.pid, signal.SIGKILL)  # the driver and everything it started

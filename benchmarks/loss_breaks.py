@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from helpers.parallel_ranks import BREAK_VARIABLE, FAULTS  # noqa: E402
 
-PARALLEL = "tests/unit/frameworks/test_torch_parallel.py"
+PARALLEL = "tests/unit/frameworks/test_torch_parallel_ranks.py"
 PIPELINE = "tests/unit/frameworks/test_torch_pipeline.py"
 EVERY = f"{PARALLEL}::test_every_strategy_trains_to_the_single_process_loss"
 LLAMA = f"{PARALLEL}::test_llama_trains_to_the_single_process_loss_under_each_strategy"

@@ -19,7 +19,7 @@ COMMANDS = {
     ),
     "compare": ("dlscale.decisions.compare", "two studies' results folders, cell by cell"),
     "history": (
-        "dlscale.decisions.history",
+        "dlscale.decisions.history_command",
         "configurations across studies in the results database; `history import` records folders",
     ),
     "models": (

@@ -52,7 +52,7 @@ def cell_dict(**changes) -> dict:
 def rank_spec(**changes):
     """A rank's TrainSpec (dlscale.frameworks.base) of one CPU rank of cnn_small (fp32, batch 4,
     1 + 2 steps, SGD 0.01 with momentum 0.9, one thread), with `changes`."""
-    from dlscale.frameworks.base import TrainSpec
+    from dlscale.frameworks.train_spec import TrainSpec
 
     fields = {
         "framework": "pytorch",

@@ -153,8 +153,8 @@ def train_spec(
     checkpointing: str = "none",
 ):
     """The rank-side cell of a strategy token (parse_token) and an optimizer of OPTIMIZERS."""
-    from dlscale.frameworks.base import TrainSpec
-    from dlscale.study.matrix import cell_tp_plan, fsdp_mixed_precision
+    from dlscale.frameworks.train_spec import TrainSpec
+    from dlscale.study.cell_fields import cell_tp_plan, fsdp_mixed_precision
 
     parsed = parse_token(parallelism, tp_degree)
     name, momentum = OPTIMIZERS[optimizer]

@@ -16,7 +16,7 @@ import numpy as np
 
 from dlscale.store import measurements as kept
 from dlscale.store import metrics
-from dlscale.store.database import identity_hashes, stack_hash
+from dlscale.store.result_rows import identity_hashes, stack_hash
 from dlscale.study.cell import Cell
 
 from helpers import run_names

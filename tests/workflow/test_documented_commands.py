@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlscale.study.cell import RESERVED_UNDER_RESULTS
+from dlscale.study.results_layout import RESERVED_UNDER_RESULTS
 
 from helpers.checkout import BIN, ROOT, copy_workflow, snakemake
 from helpers.documented import (

@@ -456,7 +456,7 @@ def plot_ratios(table: pd.DataFrame, out: str, *, name_a: str, name_b: str, thre
     """Ratio B/A per matched cell, grouped by framework and model, with its interval; a dashed
     line at 1 and the threshold band used where there is no interval; red beyond noise, blue
     within, orange where the cell's settings differ (whatever its ratio)."""
-    from dlscale.outputs.plotting import paper_style, plt  # drawn under its lock (Agg)
+    from dlscale.outputs.figure_kit import paper_style, plt  # drawn under its lock (Agg)
 
     matched = table[table["side"] == BOTH]
     if len(matched) > MAX_FIGURE_ROWS:  # every flagged cell, then the others in order

@@ -303,7 +303,7 @@ AGAINST = ("references", "history", "both")  # what check judges by (config hist
 def check_history_table(table: pd.DataFrame, out=None) -> int:
     """Print the verdicts against the history (history/verdicts.csv,
     dlscale.decisions.history_report); 1 when any is FAIL, else 0."""
-    from dlscale.decisions.history import format_verdicts as format_history
+    from dlscale.decisions.history_command import format_verdicts as format_history
 
     out = out or sys.stdout
     print(format_history(table), file=out)

@@ -1,7 +1,7 @@
 """The convergence workload's figures (dlscale.analysis.time_to_accuracy tables; layout:
 dlscale.outputs.figure_layout.convergence_layout): time- and epochs-to-accuracy against nodes or
 global batch, with not-reached points open, and the validation accuracy curves per epoch. The
-drawing helpers and style are dlscale.outputs.plotting's."""
+drawing helpers and style are dlscale.outputs.figure_kit's."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from dlscale.outputs.figure_layout import with_variant
-from dlscale.outputs.plotting import (
-    _ci_err,
-    _finish,
-    _grid,
-    _Hue,
-    _label_outer,
-    _no_data,
-    _nodes_axis,
+from dlscale.outputs.figure_kit import (
+    Hue,
+    ci_err,
+    finish,
+    grid,
+    label_outer,
+    no_data,
+    nodes_axis,
     paper_style,
 )
+from dlscale.outputs.figure_layout import with_variant
 
 
 def _conv_select(table: pd.DataFrame, spec: dict, panel: list) -> pd.DataFrame:
@@ -54,13 +54,13 @@ def plot_time_to_accuracy(tta: pd.DataFrame, spec: dict, out: str, epochs_axis: 
     medians over repetitions, error bars their interval (time: stats.median_interval; epochs:
     the min-max over repetitions), dashed ideal (time only), not-reached points open."""
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
-    hue = _Hue(spec)
+    fig, axes = grid(len(panels), spec["ncols"], spec["width_in"])
+    hue = Hue(spec)
     for ax, panel in zip(axes.flat, panels):
         part = _conv_select(tta, spec, panel)
         ax.set_title(f"{panel[0]}, {panel[1]}")
         if part.empty:
-            _no_data(ax)
+            no_data(ax)
             continue
         xcol = "global_batch" if epochs_axis else "nodes"
         for framework, variant_ in spec["series"]:
@@ -82,7 +82,7 @@ def plot_time_to_accuracy(tta: pd.DataFrame, spec: dict, out: str, epochs_axis: 
             ax.errorbar(
                 line.loc[ok, xcol],
                 med[ok],
-                yerr=_ci_err(med[ok], low[ok], high[ok]),
+                yerr=ci_err(med[ok], low[ok], high[ok]),
                 marker=hue.marker(variant_),
                 # against the global batch, node counts with one global batch (strong scaling)
                 # share an x: points, each labelled with its node count, not a line
@@ -116,15 +116,15 @@ def plot_time_to_accuracy(tta: pd.DataFrame, spec: dict, out: str, epochs_axis: 
                     linewidth=0.8,
                     label="ideal",
                 )
-        _nodes_axis(ax, sorted(part[xcol].unique()))
+        nodes_axis(ax, sorted(part[xcol].unique()))
         if epochs_axis:
             ax.set_ylim(bottom=0)
             ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         else:
             _seconds_axis(ax)
     ylabel = "Epochs to target (median)" if epochs_axis else "Time to target (s, median)"
-    _label_outer(axes, len(panels), ylabel, "Global batch" if epochs_axis else "Nodes")
-    return _finish(fig, axes, out)
+    label_outer(axes, len(panels), ylabel, "Global batch" if epochs_axis else "Nodes")
+    return finish(fig, axes, out)
 
 
 def _seconds_axis(ax) -> None:
@@ -140,7 +140,7 @@ def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, 
     """Validation accuracy after each epoch: one line per node count and repetition (colour:
     node count), the target dashed."""
     panels = spec["panels"]
-    fig, axes = _grid(len(panels), spec["ncols"], spec["width_in"])
+    fig, axes = grid(len(panels), spec["ncols"], spec["width_in"])
     nodes = sorted(epochs["nodes"].unique()) if not epochs.empty else []
     colours = dict(zip(nodes, sns.color_palette("viridis", max(1, len(nodes)))))
     for ax, panel in zip(axes.flat, panels):
@@ -150,7 +150,7 @@ def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, 
             + (f" {panel[3]}" if len(spec["precisions"]) > 1 or panel[3] != "fp32" else "")
         )
         if part.empty:
-            _no_data(ax)
+            no_data(ax)
             continue
         for (n, rep), curve in part.groupby(["nodes", "rep"], sort=True):
             curve = curve.sort_values("epoch")
@@ -168,8 +168,8 @@ def plot_accuracy_curves(epochs: pd.DataFrame, cells: pd.DataFrame, spec: dict, 
         last = int(part["epoch"].max())
         ax.set_xlim(0.5, last + 0.5)
         ax.set_xticks(range(1, last + 1, max(1, -(-last // 8))))
-    _label_outer(axes, len(panels), "Validation accuracy", "Epoch")
-    return _finish(fig, axes, out)
+    label_outer(axes, len(panels), "Validation accuracy", "Epoch")
+    return finish(fig, axes, out)
 
 
 def plot_convergence_figure(

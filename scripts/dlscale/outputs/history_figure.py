@@ -112,7 +112,7 @@ def draw_history(table: pd.DataFrame, out: str | Path, by: str = "time") -> str:
     to the table)."""
     import matplotlib.pyplot as plt
 
-    from dlscale.outputs.plotting import paper_style
+    from dlscale.outputs.figure_kit import paper_style
 
     caption = CAPTION
     with paper_style():

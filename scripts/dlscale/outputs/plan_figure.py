@@ -1,20 +1,20 @@
 """The planner's figure (dlscale.decisions.planner): per job, predicted time-to-train against
 nodes for each framework x partition option, the chosen option starred; a failed plan draws its
-message. The drawing helpers and style are dlscale.outputs.plotting's."""
+message. The drawing helpers and style are dlscale.outputs.figure_kit's."""
 
 from __future__ import annotations
 
 import seaborn as sns
 
-from dlscale.outputs.plotting import (
-    _finish,
-    _grid,
-    _label_outer,
-    _log_y,
-    _nodes_axis,
-    _save,
+from dlscale.outputs.figure_kit import (
+    finish,
+    grid,
+    label_outer,
+    log_y,
+    nodes_axis,
     paper_style,
     plt,
+    save,
 )
 
 
@@ -36,12 +36,12 @@ def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
                 wrap=True,
                 fontsize=6,
             )
-            _save(fig, out)
+            save(fig, out)
             plt.close(fig)
             return
         opts, plan = result.options, result.plan
         jobs = list(plan["job"])
-        fig, axes = _grid(len(jobs), grid_columns_for(len(jobs)), width_in)
+        fig, axes = grid(len(jobs), grid_columns_for(len(jobs)), width_in)
         colours = dict(
             zip(
                 sorted(opts["hardware"].unique()),
@@ -71,12 +71,12 @@ def plot_plan_options(result, out: str, width_in: float = 3.5) -> None:
                 linestyle="none",
                 label="chosen",
             )
-            _log_y(ax)  # labelled however short the span of hours
+            log_y(ax)  # labelled however short the span of hours
             nodes = sorted(int(n) for n in mine["nodes"].unique())
-            _nodes_axis(ax, [n for n in nodes if n & (n - 1) == 0])  # powers of two
+            nodes_axis(ax, [n for n in nodes if n & (n - 1) == 0])  # powers of two
             ax.set_title(str(chosen["job"]))
-        _label_outer(axes, len(jobs), "Predicted time (h)", "Nodes")
-        _finish(fig, axes, out)
+        label_outer(axes, len(jobs), "Predicted time (h)", "Nodes")
+        finish(fig, axes, out)
 
 
 def grid_columns_for(n_panels: int) -> int:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from dlscale import __version__
-from dlscale.frameworks.base import TrainSpec
+from dlscale.frameworks.train_spec import TrainSpec
 from dlscale.models.zoo import record_of_cell
 from dlscale.rank.network import rendezvous
 from dlscale.rank.node_probes import PACKAGES_FILE, cpu_affinity, node_description, package_list

@@ -8,9 +8,9 @@ verdicts, kept beyond any one study's folder, so that a configuration's history 
   never wait for a writer and two studies write at once on a local disk (each write is one
   short transaction that takes SQLite's write lock at its start: BEGIN IMMEDIATE, waiting up
   to the busy timeout for another). The file and its sidecars (`-wal`, `-shm`, `-journal`,
-  `.lock`) are names no study may take (dlscale.study.cell.RESERVED_UNDER_RESULTS).
+  `.lock`) are names no study may take (dlscale.study.results_layout.RESERVED_UNDER_RESULTS).
 - WAL needs shared memory between the writers, which a network file system does not give:
-  where the file lies on one (NFS, Lustre, GPFS, CIFS, ...: `network_filesystem`, from
+  where the file lies on one (NFS, Lustre, GPFS, CIFS, ...: dlscale.store.filesystems, from
   /proc/self/mountinfo), SQLite's rollback journal is used instead, and every transaction also
   holds an exclusive POSIX lock on `<file>.lock` (the file system's lock service: NFSv4's
   own, NFSv3's lockd). Where that lock cannot be taken (no lock service), the database is
@@ -20,8 +20,8 @@ verdicts, kept beyond any one study's folder, so that a configuration's history 
   none. `off` (or false) records nothing. The URL is a scheduling setting: it enters no
   cell's or study's hash (dlscale.study.hashes).
 
-**What.** Three tables (`metadata`; the schema is versioned by Alembic migrations in
-`db_migrations/`, applied on first use: `ensure_schema`):
+**What.** Three tables (dlscale.store.results_schema, rows: dlscale.store.result_rows), versioned
+by Alembic migrations in `db_migrations/`, applied on first use (`ensure_schema`):
 
 - `measurements`: one row per measurement of a cell (a cell's `measurements/<id>/` folder, or
   its plain metrics file from before those folders): the study, the cell's folder and the
@@ -57,26 +57,19 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import sqlalchemy as sa
 
+from dlscale.store.filesystems import network_filesystem
 from dlscale.store.metrics import MetricsError, read_metrics
-from dlscale.study.cell import (
-    AXES,
-    DERIVED,
-    MEASUREMENTS_DIR,
-    METRICS_FILE,
-    NOT_IDENTITY,
-    RESULTS_DATABASE,
-    WORKLOAD_DIRS,
-)
-from dlscale.study.protocol import CONVERGENCE, RANK_START, SUMMARY
+from dlscale.store.result_rows import measurement_row, preflight_row, verdict_rows
+from dlscale.store.results_schema import insert_new, measurements, preflights, verdicts
+from dlscale.study.cell import MEASUREMENTS_DIR, METRICS_FILE, WORKLOAD_DIRS
+from dlscale.study.results_layout import RESULTS_DATABASE
 
 # The default database's file under results/; it and its sidecars (SQLite's -wal, -shm,
-# -journal and the lock file, LOCK_SUFFIX) are names no study may take
-# (dlscale.study.cell.RESERVED_UNDER_RESULTS).
+# -journal and the lock file, LOCK_SUFFIX) are names no study may take (results_layout).
 DATABASE_FILE = RESULTS_DATABASE
 LOCK_SUFFIX = ".lock"
 URL_VARIABLE = "DLSCALE_DATABASE_URL"
@@ -85,31 +78,6 @@ OFF = "off"
 # wait) and for a server (PostgreSQL's connect timeout), in seconds: past it the write is left
 # for the next run and the study goes on.
 TIMEOUT_S = 10.0
-# File system types on which SQLite's WAL is unsafe (its shared memory is not shared between
-# hosts) and its own locks are unreliable.
-NETWORK_FILESYSTEMS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "lustre",
-        "gpfs",
-        "beegfs",
-        "ceph",
-        "fuse.ceph",
-        "glusterfs",
-        "fuse.glusterfs",
-        "fuse.sshfs",
-        "9p",
-        "afs",
-        "ocfs2",
-        "gfs2",
-        "panfs",
-        "wekafs",
-    }
-)
 # The schema revision this dlscale writes (db_migrations/versions/): a database at another
 # revision is upgraded by Alembic first (tests check this is the scripts' head).
 HEAD = "0001"
@@ -167,144 +135,6 @@ def sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or not parsed.database:
         return None
     return Path(parsed.database)
-
-
-# ---- the file system under a SQLite file ------------------------------------------------------
-def filesystem_type(path: str | Path, mountinfo: str = "/proc/self/mountinfo") -> str:
-    """The type of the file system `path` lies on (the longest mount point above it)."""
-    target = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        lines = Path(mountinfo).read_text().splitlines()
-    except OSError:
-        return kind
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) < 5 or not right:
-            continue
-        mount = fields[4].replace("\\040", " ")
-        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
-            best, kind = mount, right.split()[0]
-    return kind
-
-
-def network_filesystem(path: str | Path) -> str | None:
-    """The network file system type under `path`, or None on a local one."""
-    kind = filesystem_type(path)
-    return kind if kind in NETWORK_FILESYSTEMS or kind.startswith("nfs") else None
-
-
-# ---- the schema ---------------------------------------------------------------------------------
-metadata = sa.MetaData()
-
-AXIS_COLUMNS = tuple(a for a in AXES if a != "nodes")
-INT_COLUMNS = ("nodes", "ranks_per_node", "rep", "world_size", "per_rank_batch", "global_batch")
-# The metrics a row carries as columns, from the summary record (and the convergence record).
-METRIC_COLUMNS = (
-    "throughput_samples_per_s",
-    "rank_throughput_min",
-    "rank_throughput_max",
-    "step_seconds_median",
-    "comm_fraction",
-    "joules_per_sample",
-    "peak_rss_mb_max",
-    "time_to_accuracy_s",
-)
-
-measurements = sa.Table(
-    "measurements",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("study", sa.String(200), nullable=False),
-    sa.Column("cell", sa.String(400), nullable=False),  # the cell's folder in its study
-    sa.Column("measurement", sa.String(200), nullable=False),  # measurements/<this>/
-    sa.Column("metrics_sha256", sa.String(64), nullable=False),
-    sa.Column("workload", sa.String(20), nullable=False),
-    *(sa.Column(c, sa.String(100), nullable=False) for c in AXIS_COLUMNS),
-    *(sa.Column(c, sa.Integer, nullable=False) for c in INT_COLUMNS),
-    sa.Column("series", sa.String(16), nullable=False),
-    sa.Column("configuration", sa.String(16), nullable=False),
-    sa.Column("cell_hash", sa.String(16), nullable=False),
-    sa.Column("environment", sa.String(200), nullable=False),
-    sa.Column("launcher", sa.String(40), nullable=False),
-    sa.Column("measured_at", sa.DateTime, nullable=False),  # UTC
-    *(sa.Column(c, sa.Float) for c in METRIC_COLUMNS),
-    sa.Column("reached", sa.Boolean),
-    sa.Column("competing", sa.Boolean),
-    sa.Column("git_commit", sa.String(64)),
-    sa.Column("dlscale_version", sa.String(40)),
-    sa.Column("slurm_job_id", sa.String(40)),
-    sa.Column("hosts", sa.Text),
-    sa.Column("device_model", sa.String(200)),
-    sa.Column("software", sa.Text, nullable=False),  # JSON: name -> version (software_stack)
-    sa.Column("stack", sa.String(16), nullable=False),  # hash of `software` but its nodes
-    sa.Column("cell_json", sa.Text, nullable=False),  # run_start's cell
-    sa.Column("summary_json", sa.Text, nullable=False),  # the summary (and convergence) record
-    sa.Column("recorded_at", sa.DateTime, nullable=False),  # UTC
-    sa.UniqueConstraint("study", "cell", "metrics_sha256", name="uq_measurements_content"),
-    sa.Index("ix_measurements_point", *AXIS_COLUMNS, "nodes"),
-    sa.Index("ix_measurements_series", "series"),
-    sa.Index("ix_measurements_configuration", "configuration"),
-    sa.Index("ix_measurements_study", "study", "cell", "measurement"),
-)
-
-preflights = sa.Table(
-    "preflights",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("study", sa.String(200), nullable=False),
-    sa.Column("result_file", sa.String(400), nullable=False),
-    sa.Column("hardware", sa.String(100), nullable=False),
-    sa.Column("environment", sa.String(200)),
-    sa.Column("environment_id", sa.String(200)),
-    sa.Column("passed", sa.Boolean, nullable=False),
-    sa.Column("failed_check", sa.String(200)),
-    sa.Column("finished_at", sa.DateTime, nullable=False),  # UTC
-    sa.Column("slurm_job", sa.String(40)),
-    sa.Column("host", sa.String(200)),
-    sa.Column("nodes", sa.Integer),
-    sa.Column("ranks", sa.Integer),
-    sa.Column("busbw_gbps", sa.Float),
-    sa.Column("result_json", sa.Text, nullable=False),
-    sa.Column("recorded_at", sa.DateTime, nullable=False),
-    sa.UniqueConstraint("study", "result_file", "finished_at", name="uq_preflights_result"),
-)
-
-verdicts = sa.Table(
-    "verdicts",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("study", sa.String(200), nullable=False),
-    sa.Column("source", sa.String(20), nullable=False),  # references | history
-    sa.Column("table_sha256", sa.String(64), nullable=False),  # the verdict table's content
-    sa.Column("hardware", sa.String(100), nullable=False),
-    sa.Column("cell", sa.String(400), nullable=False),
-    sa.Column("metric", sa.String(100), nullable=False),
-    sa.Column("verdict", sa.String(20), nullable=False),
-    sa.Column("measured", sa.Float),
-    sa.Column("reference", sa.Float),
-    sa.Column("low", sa.Float),
-    sa.Column("high", sa.Float),
-    sa.Column("n", sa.Integer),
-    sa.Column("detail", sa.Text),
-    sa.Column("recorded_at", sa.DateTime, nullable=False),
-    sa.UniqueConstraint(
-        "study", "source", "table_sha256", "hardware", "cell", "metric", name="uq_verdicts_row"
-    ),
-)
-UNIQUE = {
-    "measurements": ("study", "cell", "metrics_sha256"),
-    "preflights": ("study", "result_file", "finished_at"),
-    "verdicts": ("study", "source", "table_sha256", "hardware", "cell", "metric"),
-}
-
-
-def utc(seconds: float | None = None) -> datetime:
-    """A naive UTC datetime (the database's times are UTC)."""
-    when = time.time() if seconds is None else seconds
-    return datetime.fromtimestamp(when, tz=timezone.utc).replace(tzinfo=None)
 
 
 # ---- the connection -------------------------------------------------------------------------
@@ -511,20 +341,6 @@ def ensure_schema(db: Database) -> None:
 MIGRATION_LOCK = 0x646C7363616C65  # "dlscale": PostgreSQL's advisory lock during a migration
 
 
-# ---- writing ------------------------------------------------------------------------------
-def insert_new(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> int:
-    """Insert the rows the table does not hold yet (its unique key: UNIQUE), in one
-    statement; returns how many went in."""
-    if not rows:
-        return 0
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    stmt = insert(table).on_conflict_do_nothing(index_elements=list(UNIQUE[table.name]))
-    return len(conn.execute(stmt.returning(table.c.id), rows).all())
-
-
 def known_measurements(db: Database, study: str) -> set[tuple[str, str]]:
     """(cell, measurement) of the study's measurements the database holds."""
     with db.read() as conn:
@@ -534,131 +350,6 @@ def known_measurements(db: Database, study: str) -> set[tuple[str, str]]:
             )
         )
         return {(r.cell, r.measurement) for r in rows}
-
-
-# ---- a measurement as a row -------------------------------------------------------------------
-def _sha16(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# Fields of a cell's identity that are its software stack: `configuration` leaves them out,
-# and the hardware entry's hash with them (it covers the entry's modules and variables).
-SOFTWARE_FIELDS = ("environment", "modules", "env", "hardware_hash")
-# What a cell's JSON holds that is no part of its identity (dlscale.study.cell.NOT_IDENTITY)
-# and the fields derived from the others.
-NOT_SERIES = (*NOT_IDENTITY, *DERIVED, "rep")
-
-
-def identity_hashes(cell: dict) -> tuple[str, str]:
-    """(series, configuration) of a cell's JSON: its identity without the repetition, and
-    that without its software stack (SOFTWARE_FIELDS)."""
-    identity = {k: v for k, v in cell.items() if k not in NOT_SERIES}
-    setup = {k: v for k, v in identity.items() if k not in SOFTWARE_FIELDS}
-    return _sha16(identity), _sha16(setup)
-
-
-def software_stack(records: list[dict]) -> dict[str, str]:
-    """What a measurement ran on, name -> version or value: dlscale's commit and version,
-    Python and the libraries, the framework environment, modules and variables, the container,
-    the hardware entry's hash, the framework build's CUDA, cuDNN and NCCL, the GPU driver,
-    the OS, kernel, C library and Slurm of the first node, the device and the nodes. Only what
-    was recorded (a file from before a probe lacks it)."""
-    start = records[0]["value"]
-    cell, prov = start["cell"], start["provenance"]
-    system = (
-        next((r["value"].get("system") for r in records if r["event"] == RANK_START), None) or {}
-    )
-    out: dict[str, str] = {
-        "dlscale commit": prov.get("git_commit"),
-        "dlscale": prov.get("dlscale_version"),
-        "python": prov.get("python"),
-        **{name: version for name, version in sorted((prov.get("libraries") or {}).items())},
-        "environment": cell.get("environment"),
-        "hardware entry": cell.get("hardware_hash"),
-        "modules": " ".join(cell.get("modules") or []) or None,
-        "env": " ".join(f"{k}={v}" for k, v in sorted((cell.get("env") or {}).items())) or None,
-        "device": prov.get("device_model"),
-        "nodes": " ".join(sorted(prov.get("hosts") or [])) or None,
-    }
-    box = cell.get("container") or {}
-    if box:
-        out["container"] = f"{box.get('image')}@{box.get('digest', 'no digest')}"
-    build = system.get("framework_build") or {}
-    if build.get("available"):
-        out["framework build"] = build.get("version")
-        for key, name in (("cuda_runtime", "CUDA"), ("cudnn", "cuDNN"), ("nccl", "NCCL")):
-            out[name] = build.get(key)
-    gpu = system.get("gpu") or {}
-    if gpu.get("available"):
-        out["GPU driver"] = " ".join(gpu.get("drivers") or []) or None
-    osys = system.get("os") or {}
-    if osys.get("available"):
-        out.update(OS=osys.get("name"), kernel=osys.get("kernel"), libc=osys.get("libc"))
-    slurm = system.get("slurm") or {}
-    if slurm.get("available"):
-        out["Slurm"] = slurm.get("version")
-    return {k: str(v) for k, v in out.items() if v not in (None, "")}
-
-
-# What of a software stack is left out of its hash (`stack`): the nodes name where a run ran,
-# not what it ran; dlscale's own commit moves with every change to the checkout (a study
-# measured while the harness was edited would be split into runs), while what the harness
-# measures is in the cell's identity. Both stay in `software`, so what changed names them.
-NOT_STACK = ("nodes", "dlscale commit")
-
-
-def stack_hash(software: dict[str, str]) -> str:
-    """The software stack's hash (`stack`): one run's measurements of a series share it."""
-    return _sha16({k: v for k, v in software.items() if k not in NOT_STACK})
-
-
-def measurement_row(records: list[dict], study: str, cell: str, measurement: str, sha: str):
-    """The `measurements` row of one valid metrics file's records."""
-    start = records[0]["value"]
-    cellv, prov = start["cell"], start["provenance"]
-    summary = next(r["value"] for r in reversed(records) if r["event"] == SUMMARY)
-    outcome = next((r["value"] for r in records if r["event"] == CONVERGENCE), None)
-    series, configuration = identity_hashes(cellv)
-    software = software_stack(records)
-    row = {
-        "study": study,
-        "cell": cell,
-        "measurement": measurement,
-        "metrics_sha256": sha,
-        "workload": cellv.get("workload", "throughput"),
-        **{c: str(cellv.get(c, "ddp" if c == "parallelism" else "")) for c in AXIS_COLUMNS},
-        **{c: int(cellv.get(c, 1 if c != "rep" else 0)) for c in INT_COLUMNS if c != "world_size"},
-        "world_size": int(cellv.get("world_size") or cellv["nodes"] * cellv["ranks_per_node"]),
-        "series": series,
-        "configuration": configuration,
-        "cell_hash": str(cellv.get("config_hash") or start.get("config_hash") or ""),
-        "environment": str(cellv.get("environment", "")),
-        "launcher": str(cellv.get("launcher", prov.get("launcher", ""))),
-        "measured_at": utc(records[0]["time"]),
-        **{c: _number(summary.get(c)) for c in METRIC_COLUMNS if c != "time_to_accuracy_s"},
-        "time_to_accuracy_s": _number((outcome or {}).get("time_to_accuracy_s")),
-        "reached": None if outcome is None else bool(outcome.get("reached")),
-        "competing": bool(summary.get("competing")),
-        "git_commit": prov.get("git_commit"),
-        "dlscale_version": prov.get("dlscale_version"),
-        "slurm_job_id": None if prov.get("slurm_job_id") is None else str(prov["slurm_job_id"]),
-        "hosts": " ".join(prov.get("hosts") or []),
-        "device_model": prov.get("device_model"),
-        "software": json.dumps(software, sort_keys=True),
-        "stack": stack_hash(software),
-        "cell_json": json.dumps(cellv, sort_keys=True),
-        "summary_json": json.dumps(
-            {"summary": summary, **({"convergence": outcome} if outcome else {})},
-            sort_keys=True,
-            default=str,
-        ),
-        "recorded_at": utc(),
-    }
-    return row
-
-
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 # ---- a study folder ---------------------------------------------------------------------------
@@ -776,46 +467,11 @@ def record_preflights(db: Database, study_dir: str | Path) -> int:
         result = read_result(path)
         if not result or "finished_at" not in result:
             continue
-        failed = result.get("failed") or {}
-        allreduce = result.get("allreduce") or {}
-        rows.append(
-            {
-                "study": study_name(study_dir),
-                "result_file": path.name,
-                "hardware": str(result.get("hardware", "")),
-                "environment": result.get("environment"),
-                "environment_id": result.get("environment_id"),
-                "passed": bool(result.get("passed")),
-                "failed_check": failed.get("name"),
-                "finished_at": utc(float(result["finished_at"])),
-                "slurm_job": None if result.get("slurm_job") is None else str(result["slurm_job"]),
-                "host": result.get("host"),
-                "nodes": result.get("nodes"),
-                "ranks": result.get("ranks"),
-                "busbw_gbps": _number(allreduce.get("busbw_gbps")),
-                "result_json": json.dumps(result, sort_keys=True, default=str),
-                "recorded_at": utc(),
-            }
-        )
+        rows.append(preflight_row(result, study_name(study_dir), path.name))
     if not rows:
         return 0
     with db.transaction() as conn:
         return insert_new(conn, preflights, rows)
-
-
-def _csv_rows(path: Path) -> list[dict]:
-    import csv
-
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def _float(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number else None  # NaN: none
 
 
 def record_verdicts(db: Database, study: str, source: str, table: str | Path) -> int:
@@ -824,27 +480,7 @@ def record_verdicts(db: Database, study: str, source: str, table: str | Path) ->
     path = Path(table)
     if not path.is_file():
         return 0
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    rows = []
-    for r in _csv_rows(path):
-        rows.append(
-            {
-                "study": study,
-                "source": source,
-                "table_sha256": digest,
-                "hardware": r.get("hardware", ""),
-                "cell": r.get("cell") or r.get("series") or "",
-                "metric": r.get("metric") or "throughput_samples_per_s",
-                "verdict": r.get("verdict", ""),
-                "measured": _float(r.get("measured")),
-                "reference": _float(r.get("reference")),
-                "low": _float(r.get("interval_low") or r.get("slowdown_low")),
-                "high": _float(r.get("interval_high") or r.get("slowdown_high")),
-                "n": int(_float(r.get("n")) or 0) or None,
-                "detail": r.get("reason") or r.get("interval_vs_bounds") or r.get("margin"),
-                "recorded_at": utc(),
-            }
-        )
+    rows = verdict_rows(path, study, source)
     if not rows:
         return 0
     with db.transaction() as conn:

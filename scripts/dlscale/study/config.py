@@ -25,10 +25,10 @@ import yaml
 
 from dlscale.study.cell import (
     AXES,  # noqa: F401  (re-exported: the axes of a study's matrix)
-    RESERVED_UNDER_RESULTS,
     STUDY_DIR,
 )
 from dlscale.study.errors import ConfigError  # noqa: F401 (re-exported)
+from dlscale.study.results_layout import RESERVED_UNDER_RESULTS
 
 # Bounds on reading a configuration file: it is refused before parsing when larger than
 # MAX_FILE_BYTES, and while parsing when its aliases would expand it past MAX_NODES values or
@@ -520,7 +520,7 @@ def apply_defaults(schema: dict, instance: Any) -> Any:
 
 def study_name_problem(study: Any) -> str | None:
     """Why `study` cannot name a study's results folder: it is (case-insensitively) a name the
-    project itself writes under results/ (dlscale.study.cell.RESERVED_UNDER_RESULTS)."""
+    project itself writes under results/ (dlscale.study.results_layout.RESERVED_UNDER_RESULTS)."""
     if not isinstance(study, str):
         return None
     reserved = {name.lower(): name for name in RESERVED_UNDER_RESULTS}

@@ -2,8 +2,9 @@
 
 A *cell* (dlscale.study.cell.Cell) is one combination of the axes (hardware x framework x model x
 policy x precision x nodes) and one repetition. Everything a rank needs to know about its cell
-is derived here, once, from the validated config and hardware map; the workflow hands the
-launcher the Cell, and the launcher hands it to the ranks, serialised whole.
+is derived here, once, from the validated config and hardware map (the fields beyond the axes'
+own values: dlscale.study.cell_fields); the workflow hands the launcher the Cell, and the
+launcher hands it to the ranks, serialised whole.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from pathlib import Path
 from dlscale.models import cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
 from dlscale.registry.gpu_bindings import canonical as canonical_binding
-from dlscale.registry.optimizers import optimizer_for
-from dlscale.registry.parallel_dims import (
-    DEFAULT_PIPELINE_SCHEDULE,
-    PIPELINED,
-    cell_microbatches,
-    cell_pp_degree,
-    cell_tp_degree,
-    pipeline_batch,
-)
-from dlscale.registry.strategies import STRATEGIES
+from dlscale.registry.parallel_dims import cell_tp_degree
 from dlscale.study import script_workload
 from dlscale.study.cell import AXES, Cell
+from dlscale.study.cell_fields import (
+    cell_compile_scope,
+    cell_tp_plan,
+    fsdp_mixed_precision,
+    llm_step_fields,
+    one_device_mixed_precision,
+    optimizer_fields,
+    pipeline_fields,
+)
 from dlscale.study.config import (
     ConfigError,
     load_config_file,
@@ -41,9 +42,10 @@ from dlscale.study.container_image import environment_id as container_environmen
 from dlscale.study.container_image import spec as container_spec
 from dlscale.study.hardware import environment_variant, validate_hardware
 from dlscale.study.hashes import config_hash, hashed_hardware
-from dlscale.study.matrix_checks import cell_count_problem, semantic_problems
+from dlscale.study.matrix_checks import semantic_problems
 from dlscale.study.study_models import apply as apply_study_models
 from dlscale.study.study_models import study_models as check_study_models
+from dlscale.study.study_size import cell_count_problem
 from dlscale.study.workloads import (
     data_path,
     excluded,
@@ -225,115 +227,6 @@ def _fixed_fields(config: dict, by_workload: dict) -> dict[str, dict]:
             "loader_workers": conv["loader_workers"],
         }
     return fixed
-
-
-def optimizer_fields(config: dict, model: str) -> dict:
-    """A cell's optimizer fields: config optimizer.name (`auto` resolved by the model's family:
-    dlscale.registry.optimizers.optimizer_for) and, for AdamW, its settings and clipping norm.
-    An SGD cell gets none beyond `momentum` (every cell's), so it keeps its identity."""
-    from dlscale.models import get_spec
-
-    settings = config["optimizer"]
-    name = optimizer_for(settings["name"], get_spec(model).family)
-    if name != "adamw":
-        return {"optimizer": name}
-    beta1, beta2 = settings["betas"]
-    return {
-        "optimizer": name,
-        "adam_beta1": float(beta1),
-        "adam_beta2": float(beta2),
-        "adam_eps": float(settings["eps"]),
-        "weight_decay": float(settings["weight_decay"]),
-        "grad_clip_norm": None
-        if settings["grad_clip_norm"] is None
-        else float(settings["grad_clip_norm"]),
-    }
-
-
-def pipeline_fields(
-    config: dict, parallelism: str, world: int, rpn: int, per_rank_batch: int
-) -> dict:
-    """A cell's pipeline stages, micro-batches and schedule (1, 1 and GPipe, the fields'
-    defaults, unless its strategy pipelines: then the config's pp_degree, microbatches and
-    pp_schedule, the micro-batches by default the fewest of at least twice the stages)."""
-    if parallelism not in PIPELINED:
-        return {}
-    tp = cell_tp_degree(parallelism, rpn, config["tp_degree"])
-    pp = cell_pp_degree(parallelism, world, config["pp_degree"], tp)
-    schedule = config.get("pp_schedule", DEFAULT_PIPELINE_SCHEDULE)
-    batch = pipeline_batch(per_rank_batch, pp, tp)
-    return {
-        "pp_degree": pp,
-        "microbatches": cell_microbatches(parallelism, pp, config["microbatches"], batch, schedule),
-        "pp_schedule": schedule,
-    }
-
-
-def fsdp_mixed_precision(parallelism: str, precision: str) -> bool:
-    """Whether a cell's bf16 or fp16 comes from FSDP2's MixedPrecisionPolicy (a strategy that
-    wraps the model in fully_shard) rather than autocast (Cell.fsdp_mixed_precision)."""
-    return STRATEGIES[parallelism].sharded and precision != "fp32"
-
-
-def cell_tp_plan(parallelism: str, model: str) -> str:
-    """A cell's tensor-parallel plan (Cell.tp_plan): a tp or fsdp+tp cell runs the complete
-    plan where its model offers one (dlscale.models.parallelize), every other cell "blocks"
-    (the value of every cell measured before; no tensor parallel at all but under tp). A
-    pipeline's stages (pp+tp, pp+fsdp+tp) are split by the blocks plan: the complete plan's
-    sequence-sharded activations and vocabulary-sharded loss across stages are not built yet."""
-    from dlscale.models import get_spec, names
-    from dlscale.models.parallelize import plan_for
-
-    record = STRATEGIES[parallelism]
-    if not record.splits_layers or record.pipeline or model not in names():
-        return "blocks"
-    return plan_for(get_spec(model).arch).best_tp_plan
-
-
-def cell_compile_scope(framework: str, mode: str, model: str) -> str:
-    """What a cell's mode "compiled" compiles (Cell.compile_scope): each block in a pytorch
-    cell whose model names its blocks (torchtitan's per-block compile), else the model as
-    every cell measured before."""
-    from dlscale.models import get_spec, names
-    from dlscale.models.parallelize import plan_for
-
-    if (
-        "block_compile" in FRAMEWORKS[framework].capabilities
-        and mode == "compiled"
-        and model in names()
-        and plan_for(get_spec(model).arch).fsdp_units
-    ):
-        return "block"
-    return "model"
-
-
-def llm_step_fields(config: dict, combo: dict, world: int) -> dict:
-    """A pytorch cell's attention kernel, compiled loss and world-size-1 program (config
-    attention, compile_loss, single_device), each set only where it changes what the cell runs
-    (a compiled cell's loss; a cell of world size 1), so a study that sets them keeps every
-    other cell's identity; the precision float8 and single_device fully_shard take FSDP2's
-    mixed precision at world size 1 (fsdp_mixed_precision)."""
-    if "llm_step" not in FRAMEWORKS[combo["framework"]].capabilities:
-        return {}
-    out = {}
-    if config.get("attention") is not None:
-        out["attention"] = config["attention"]
-    if config.get("compile_loss") and combo["mode"] == "compiled":
-        out["compile_loss"] = True
-    if world == 1 and config.get("single_device", "plain") != "plain":
-        out["single_device"] = config["single_device"]
-    return out
-
-
-def one_device_mixed_precision(config: dict, combo: dict, world: int) -> bool:
-    """A bf16/fp16 pytorch cell of world size 1 under single_device fully_shard: its precision
-    from FSDP2's MixedPrecisionPolicy (Cell.fsdp_mixed_precision), as a sharded cell's."""
-    return (
-        "llm_step" in FRAMEWORKS[combo["framework"]].capabilities
-        and world == 1
-        and config.get("single_device", "plain") == "fully_shard"
-        and combo["precision"] != "fp32"
-    )
 
 
 def mark_traced(config: dict, cells: list) -> list:

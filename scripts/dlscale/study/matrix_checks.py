@@ -1,12 +1,10 @@
 """The matrix's refusals before any job: axes a hardware entry cannot run, strategies and degrees
 the frameworks and models do not support, models without a builder, exclusions naming no axis
-value, a study over max_cells, and a launcher its Snakemake executor cannot use. Each message
-names the setting, what is wrong and what is allowed."""
+value, and a launcher its Snakemake executor cannot use. Each message names the setting, what
+is wrong and what is allowed. A study over max_cells: dlscale.study.study_size."""
 
 from __future__ import annotations
 
-import itertools
-import math
 from math import lcm
 
 from dlscale.models import builds, cell_seq_len
@@ -14,16 +12,14 @@ from dlscale.registry import launchers
 from dlscale.registry.frameworks import FRAMEWORKS, offering, with_capability
 from dlscale.registry.parallel_dims import cell_tp_degree
 from dlscale.registry.strategies import STRATEGIES
-from dlscale.study.cell import AXES, DEFAULT_PARALLELISM
+from dlscale.study.cell import DEFAULT_PARALLELISM
 from dlscale.study.workloads import (
     SETTING_PREFIX,
     SHIPPED_DATASETS,
     axis_key,
-    excluded,
     ranks_per_node_values,
     strong_global_batch,
     workload_axes,
-    workload_repetitions,
 )
 
 
@@ -440,59 +436,6 @@ def semantic_problems(config: dict, hardware: dict, hardware_source: str) -> lis
     return problems
 
 
-def planned_cell_count(config: dict) -> tuple[int, bool]:
-    """(cells, exact): the number of cells a validated config plans over its workloads,
-    computed without building them. Exact when nothing is excluded or the axes' product is
-    small enough to count; otherwise the product (an upper bound) and False."""
-    total, exact = 0, True
-    reps = workload_repetitions(config)
-    for workload, axes in workload_axes(config).items():
-        # ranks per node: the axis's values, else one (each hardware's default)
-        ranks = axes.get("ranks_per_node") or [None]
-        product = math.prod(len(axes[a]) for a in AXES) * len(ranks)
-        if workload == "script":  # a script's cells have its own model only
-            from dlscale.study.script_workload import cell_count
-
-            product = cell_count(config)
-            exact = exact and not config["exclude"]
-        elif config["exclude"] and product <= _COUNT_EXACTLY_UP_TO:
-            product = sum(
-                not excluded({**dict(zip(AXES, combo)), "ranks_per_node": rpn}, config["exclude"])
-                for combo in itertools.product(*(axes[a] for a in AXES))
-                for rpn in ranks
-            )
-        elif config["exclude"]:
-            exact = False
-        total += product * reps[workload]
-    return total, exact
-
-
-# Axes products up to this size are counted exactly (exclusions applied) before the cap check.
-_COUNT_EXACTLY_UP_TO = 200_000
-
-
-def cell_count_problem(config: dict) -> str | None:
-    """The refusal of a study larger than `max_cells`, with its count and the limit."""
-    count, exact = planned_cell_count(config)
-    limit = config["max_cells"]
-    if count <= limit:
-        return None
-    reps = workload_repetitions(config)
-    sizes = " + ".join(
-        " x ".join(f"{len(axes[a])} {a}" for a in AXES)
-        + (f" x {len(axes['ranks_per_node'])} ranks_per_node" if axes["ranks_per_node"] else "")
-        + f" x {reps[w]} repetitions"
-        + ("" if w == "throughput" else f" ({w})")
-        for w, axes in workload_axes(config).items()
-    )
-    how = "" if exact else " before `exclude`"
-    return (
-        f"max_cells: the study plans {count:,} cells{how} ({sizes}); the limit is {limit:,}. "
-        f"Shrink the axes or exclude combinations, or raise max_cells to {count} (`max_cells: "
-        f"{count}` in the study file) if the cluster can take it"
-    )
-
-
 def launcher_problem(
     executor: str | None, launcher: str, *, in_allocation: bool, command_with_launcher=None
 ) -> str | None:
@@ -582,8 +525,6 @@ def llm_step_problems(config: dict, axes: dict, hardware: dict) -> list[str]:
                 f"{device}: PyTorch runs the flash and math kernels there); allowed values: "
                 f"null, {', '.join(allowed_on(device))}"
             )
-        if framework in float8:
-            continue
         if "float8" in axes["precision"] and not _excluded_pair(
             {"hardware": hw_key, "precision": "float8"}, exclude
         ):

@@ -16,18 +16,21 @@ the script's folder) is part of each of its cells' identity (Cell.script), with 
 editing the script re-measures its cells, and every earlier measurement is kept
 (dlscale.store.measurements).
 
-Pure Python, no Snakemake: the matrix (dlscale.study.matrix) and its checks call it.
+The pattern's check: dlscale.study.script_patterns; the script's files and their content hash:
+dlscale.study.script_files. Pure Python, no Snakemake: the matrix (dlscale.study.matrix) and its
+checks call it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import os
 import re
 import string
 from pathlib import Path
+
+from dlscale.study.script_files import content_hash, hashed_files, resolve_path
+from dlscale.study.script_patterns import pattern_problem
 
 SCRIPT_WORKLOAD = "script"
 # What a placeholder of `command` becomes, per cell (dlscale.run.script_cell.fill_command).
@@ -52,15 +55,7 @@ PLACEHOLDERS = {
 # The minimal JSON record a script writes, one per line: its step, how many units the step
 # processed (the key is the unit) and its seconds.
 JSON_RECORD = '{"step": 3, "samples": 256, "seconds": 0.125}'
-# A pattern's named groups: `value` (a rate in the unit per second) or `count` and `seconds`
-# (one step's units and its seconds).
-RATE_GROUPS, STEP_GROUPS = ("value",), ("count", "seconds")
-MAX_PATTERN_CHARS = 512
 MAX_ARGS, MAX_ARG_CHARS = 256, 4096
-# The files hashed with a script: at most this many, and this many bytes in all (`files` names
-# fewer where the script's folder holds more).
-MAX_FILES, MAX_FILES_BYTES = 2000, 256 * 1024 * 1024
-SKIPPED_DIRS = ("__pycache__",)  # never hashed, nor hidden folders (.git, ...)
 # Programs that would run a shell line: refused as the command's program.
 SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "csh", "tcsh", "fish", "env", "eval", "xargs")
 # Shell syntax no argv item may hold: the command is never run by a shell, so it would reach
@@ -187,157 +182,6 @@ def command_problems(key: str, command, seq_len: int | None) -> list[str]:
     return problems
 
 
-# ---- patterns -----------------------------------------------------------------------------
-def _parser():
-    try:  # Python 3.11+
-        from re import _constants as constants
-        from re import _parser as parser
-    except ImportError:  # pragma: no cover (3.10)
-        import sre_constants as constants
-        import sre_parse as parser
-    return parser, constants
-
-
-def _nested_quantifier(tree, constants, inside: bool = False) -> bool:
-    """Whether a parsed pattern repeats something that itself repeats (`(a+)+`, `(\\d*\\s?)*`):
-    the shape whose backtracking grows exponentially with the line."""
-    repeats = {constants.MAX_REPEAT, constants.MIN_REPEAT}
-    repeats |= {getattr(constants, "POSSESSIVE_REPEAT", constants.MAX_REPEAT)}
-    for op, av in tree:
-        if op in repeats:
-            _low, high, sub = av
-            many = high is constants.MAXREPEAT or high > 1
-            if many and inside:
-                return True
-            if _nested_quantifier(sub, constants, inside or many):
-                return True
-        elif op is constants.SUBPATTERN:
-            if _nested_quantifier(av[-1], constants, inside):
-                return True
-        elif op is constants.BRANCH:
-            if any(_nested_quantifier(b, constants, inside) for b in av[1]):
-                return True
-        elif op in (constants.ASSERT, constants.ASSERT_NOT):
-            if _nested_quantifier(av[1], constants, inside):
-                return True
-        elif op is getattr(constants, "ATOMIC_GROUP", None):
-            if _nested_quantifier(av, constants, inside):
-                return True
-    return False
-
-
-def _backreference(tree, constants) -> bool:
-    for op, av in tree:
-        if op in (constants.GROUPREF, getattr(constants, "GROUPREF_EXISTS", None)):
-            return True
-        children = []
-        if op in (constants.MAX_REPEAT, constants.MIN_REPEAT):
-            children = [av[2]]
-        elif op is constants.SUBPATTERN:
-            children = [av[-1]]
-        elif op is constants.BRANCH:
-            children = list(av[1])
-        elif op in (constants.ASSERT, constants.ASSERT_NOT):
-            children = [av[1]]
-        if any(_backreference(c, constants) for c in children):
-            return True
-    return False
-
-
-def pattern_problem(key: str, pattern) -> str | None:
-    """Why a throughput pattern cannot be used: not a string, too long, does not compile,
-    lacks its named groups, nests quantifiers or refers back to a group (both can backtrack
-    exponentially). Matching is bounded besides (dlscale.run.script_cell: a cap on a line's
-    length, a timeout per line)."""
-    if not isinstance(pattern, str) or not pattern:
-        return f"{key}: a regular expression (Python `re`), e.g. 'throughput: (?P<value>[0-9.]+)'"
-    if len(pattern) > MAX_PATTERN_CHARS:
-        return f"{key}: {len(pattern)} characters; at most {MAX_PATTERN_CHARS}"
-    try:
-        compiled = re.compile(pattern)
-    except (re.error, OverflowError, RecursionError) as exc:
-        return f"{key}: {pattern[:60]!r} does not compile: {exc}"
-    parser, constants = _parser()
-    try:
-        tree = parser.parse(pattern)
-    except Exception as exc:  # noqa: BLE001 (it compiled: the parser agrees)
-        return f"{key}: {pattern[:60]!r} cannot be read: {exc}"
-    if _nested_quantifier(tree, constants):
-        return (
-            f"{key}: {pattern[:60]!r} repeats a group that itself repeats (a nested "
-            "quantifier such as (a+)+), which backtracks exponentially on a line that almost "
-            "matches; write the repeated part once, e.g. ([0-9.]+) rather than ([0-9]+\\.?)+"
-        )
-    if _backreference(tree, constants):
-        return f"{key}: {pattern[:60]!r} refers back to a group; patterns may not (backtracking)"
-    groups = set(compiled.groupindex)
-    if groups != set(RATE_GROUPS) and groups != set(STEP_GROUPS):
-        return (
-            f"{key}: {pattern[:60]!r} has named groups {sorted(groups) or 'none'}; a pattern has "
-            "either (?P<value>...) (a rate in the unit per second) or (?P<count>...) and "
-            "(?P<seconds>...) (one step's units and seconds), and no other named group"
-        )
-    return None
-
-
-# ---- paths and the content hash -----------------------------------------------------------
-def resolve_path(key: str, path, workflow_dir: Path, *, kind: str) -> tuple[Path | None, str]:
-    """(the resolved path, problem or ''): a relative path must stay inside the checkout (the
-    workflow's folder) once `..` and links are resolved; an absolute one may lie anywhere.
-    `kind`: "file" or "any" (a file or a folder)."""
-    if not isinstance(path, str) or not path.strip() or "\x00" in path:
-        return None, f"{key}: a path (relative to the checkout, or absolute)"
-    given = Path(path)
-    full = given if given.is_absolute() else workflow_dir / given
-    try:
-        real = full.resolve(strict=True)
-    except (OSError, RuntimeError):
-        return None, f"{key}: {path!r} does not exist ({full})"
-    if not given.is_absolute():
-        root = workflow_dir.resolve()
-        if real != root and root not in real.parents:
-            return None, (
-                f"{key}: {path!r} lies outside the checkout ({root}) once resolved ({real}); "
-                "a relative path stays inside it: give a path outside as an absolute one"
-            )
-    if kind == "file" and not real.is_file():
-        return None, f"{key}: {path!r} is not a regular file"
-    if not (real.is_file() or real.is_dir()):
-        return None, f"{key}: {path!r} is neither a file nor a folder"
-    return real, ""
-
-
-def _folder_files(folder: Path) -> list[Path]:
-    out = []
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS)
-        out += [Path(root) / n for n in sorted(names) if not n.startswith(".")]
-        if len(out) > MAX_FILES:
-            break
-    return out
-
-
-def hashed_files(key: str, script: Path, files: list[Path]) -> tuple[list[Path], str]:
-    """(the files hashed with the script, problem or ''): the script, then every regular file
-    of `files` (folders walked, hidden entries and __pycache__ left out), each once, at most
-    MAX_FILES files and MAX_FILES_BYTES bytes."""
-    seen, out, total = set(), [], 0
-    for path in [script, *files]:
-        for f in _folder_files(path) if path.is_dir() else [path]:
-            real = f.resolve()
-            if real in seen or not real.is_file():
-                continue
-            seen.add(real)
-            out.append(f)
-            total += real.stat().st_size
-            if len(out) > MAX_FILES or total > MAX_FILES_BYTES:
-                return [], (
-                    f"{key}: more than {MAX_FILES} files or {MAX_FILES_BYTES >> 20} MiB to hash "
-                    f"(under {path}); list the files and folders the script reads under `files`"
-                )
-    return out, ""
-
-
 def files_of(script: Script, workflow_dir: str | Path) -> list[Path]:
     """The files a script's content hash covers (the script first), as read_scripts found them."""
     workflow_dir = Path(workflow_dir)
@@ -350,24 +194,6 @@ def files_of(script: Script, workflow_dir: str | Path) -> list[Path]:
         found = [resolve_path("files", f, workflow_dir, kind="any")[0] for f in script.listed]
         listed = [p for p in found if p is not None]
     return hashed_files("files", path, listed)[0]
-
-
-def content_hash(script: Path, files: list[Path]) -> str:
-    """sha256 over each file's path (relative to the script's folder where it lies there) and
-    bytes, in order: the script's content identity."""
-    digest = hashlib.sha256()
-    base = script.parent
-    for f in files:
-        try:
-            name = f.relative_to(base).as_posix()
-        except ValueError:
-            name = f.as_posix()
-        digest.update(name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        digest.update(b"\0")
-    return digest.hexdigest()
 
 
 # ---- the section as a whole ---------------------------------------------------------------

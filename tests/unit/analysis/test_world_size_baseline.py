@@ -12,7 +12,7 @@ from matplotlib.container import ErrorbarContainer
 
 from dlscale.analysis import scaling_model
 from dlscale.analysis.stats import GROUP, add_speedup, scaling_summary
-from dlscale.outputs import plotting
+from dlscale.outputs import figure_kit, plotting
 from dlscale.outputs.figure_layout import figure_layout, variant
 
 from helpers.figure_check import figure_problems
@@ -174,7 +174,7 @@ def test_a_line_over_world_size_runs_through_the_packed_cells(monkeypatch, tmp_p
     for drawn in ax.lines:  # no connected line of the panel repeats an x (dotted ones included)
         if drawn.get_linestyle() != "None":
             assert (np.diff(np.asarray(drawn.get_xdata(), dtype=float)) > 0).all(), drawn
-    (apart, *second) = labelled(ax, plotting.APART_LABEL)  # second: a dotted line's quantity
+    (apart, *second) = labelled(ax, figure_kit.APART_LABEL)  # second: a dotted line's quantity
     assert apart.get_linestyle() == "None" and apart.get_markerfacecolor() == "none"
     assert apart.get_color() == line.get_color()
     assert list(apart.get_xdata()) == [2]
@@ -182,7 +182,7 @@ def test_a_line_over_world_size_runs_through_the_packed_cells(monkeypatch, tmp_p
     if family in ("throughput", "speedup", "efficiency"):  # its own error bar
         assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 2
     legend = [t.get_text() for t in ax.figure.legends[0].get_texts()]
-    assert legend.count(plotting.APART_LABEL) == 1
+    assert legend.count(figure_kit.APART_LABEL) == 1
 
 
 def test_the_prediction_continues_from_the_packed_line(monkeypatch, tmp_path):
@@ -190,7 +190,7 @@ def test_the_prediction_continues_from_the_packed_line(monkeypatch, tmp_path):
     _, preds = scaling_model.model_tables(cells)
     ax = _drawn(monkeypatch, tmp_path, cells, "throughput", preds)
     (line,) = labelled(ax, "pytorch")
-    (dashed,) = [ln for ln in ax.lines if ln.get_label() == plotting.UNVALIDATED_LABEL]
+    (dashed,) = [ln for ln in ax.lines if ln.get_label() == figure_kit.UNVALIDATED_LABEL]
     assert list(dashed.get_xdata()) == [4, 8]
     assert dashed.get_ydata()[0] == line.get_ydata()[-1]
 

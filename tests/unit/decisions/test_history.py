@@ -15,10 +15,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from dlscale.decisions import history, history_report, regression_check
+from dlscale.decisions import history, history_command, history_report, regression_check
+from dlscale.outputs.figure_kit import paper_style
 from dlscale.outputs.history_figure import CAPTION, history_axes
-from dlscale.outputs.plotting import paper_style
 from dlscale.store import database as store
+from dlscale.store import results_schema as schema
 
 from helpers import results_db
 from helpers.figure_check import figure_problems
@@ -33,7 +34,7 @@ def weekly(tmp_path):
     db = store.connect(url)
     with db.transaction() as conn:
         rows = results_db.synthetic_rows(SERIES, runs=8, reps=6, slowdown_at=5, seed=1)
-        store.insert_new(conn, store.measurements, rows)
+        schema.insert_new(conn, schema.measurements, rows)
     yield db, url
     db.close()
 
@@ -64,7 +65,10 @@ def test_the_command_prints_exports_and_draws_the_trend(weekly, tmp_path, capsys
     _, url = weekly
     csv, figure = tmp_path / "h.csv", tmp_path / "h.pdf"
     argv = ["--model", "llama3_8b", "--strategy", "ddp", "--precision", "bf16", "--by", "torch"]
-    assert history.main([*argv, "--database", url, "--csv", str(csv), "--figure", str(figure)]) == 0
+    assert (
+        history_command.main([*argv, "--database", url, "--csv", str(csv), "--figure", str(figure)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "h100/pytorch/llama3_8b/weak/bf16/eager/ddp/n8/rpn8  (software match, 8 point(s))" in out
     assert "2.14.0" in out and "changed: " in out and "torch: 2.13.0 -> 2.14.0" in out

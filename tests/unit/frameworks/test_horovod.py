@@ -69,7 +69,7 @@ def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
 # One rank of a 2-rank job outside the launcher: the adapter itself, one step, state saved.
 RANK_SCRIPT = textwrap.dedent("""
     import os, sys, time, torch
-    from dlscale.frameworks.base import TrainSpec
+    from dlscale.frameworks.train_spec import TrainSpec
     from dlscale.frameworks.horovod import Adapter
     from dlscale.rank.rank_context import discover
     ctx = discover()

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlscale.frameworks.base import TrainSpec
+from dlscale.frameworks.train_spec import TrainSpec
 from dlscale.rank.rank_context import RankContext
 from dlscale.registry.attention import AUTO_ORDER, backend_order, kernel_of
 from dlscale.study.matrix import load_study
 from dlscale.study.matrix_checks import llm_step_problems
 
-from .test_torch_parallel import SIGHT, loss_check, reference, run_ranks
+from .test_torch_parallel_ranks import SIGHT, loss_check, reference, run_ranks
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -218,7 +218,7 @@ def test_bf16_runs_on_avx512_cpus_else_is_refused_and_fp16_is_refused_on_cpu(tmp
 WORKER = """
 import json, sys
 import numpy as np
-from dlscale.frameworks.base import TrainSpec
+from dlscale.frameworks.train_spec import TrainSpec
 from dlscale.frameworks.mxnet import Adapter
 from dlscale.rank.rank_context import discover
 out, model, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])

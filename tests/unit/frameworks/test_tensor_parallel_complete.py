@@ -1,8 +1,8 @@
 """The complete tensor-parallel plan as data (embedding, sequence-parallel norms, output head
 under loss_parallel), activation checkpointing (none, selective, full) and per-block
 compilation as cell fields with their identity, refused early where they cannot run. On real
-gloo ranks, in test_torch_parallel (one run of llama3_debug's ranks for every strategy, to save
-interpreter starts): the complete plan's losses and 1/t state (llama3_debug under tp and
+gloo ranks, in test_torch_parallel_ranks (one run of llama3_debug's ranks for every strategy,
+to save interpreter starts): the complete plan's losses and 1/t state (llama3_debug under tp and
 fsdp+tp, gpt2_tiny's tied head), under AdamW and, in the same processes, plain SGD (no
 momentum, no clipping: a check that sees a wrong gradient scale, such as the replicated norm
 weights' partial gradients averaged instead of summed), and activation checkpointing's losses
@@ -171,7 +171,7 @@ def test_compiled_cells_compile_each_block_before_any_wrapper(monkeypatch):
 def test_a_study_with_activation_checkpointing_runs_its_cells_with_it(root, base_config):
     """The cell's field reaches the ranks: TrainSpec.from_cell carries it (and the plan and the
     compile scope)."""
-    from dlscale.frameworks.base import TrainSpec
+    from dlscale.frameworks.train_spec import TrainSpec
 
     config = copy.deepcopy(
         parallel_config(

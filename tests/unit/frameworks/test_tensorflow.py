@@ -273,7 +273,7 @@ RANK = """
     import sys
     import numpy as np
     from dlscale.registry.frameworks import get_adapter
-    from dlscale.frameworks.base import TrainSpec
+    from dlscale.frameworks.train_spec import TrainSpec
     from dlscale.rank.rank_context import discover
     framework, out = sys.argv[1], sys.argv[2]
     ctx = discover()
@@ -413,7 +413,8 @@ def test_keras_adapter_refuses_keras_3(tf_python):
         import tensorflow as tf
         tf.keras.layers.Dense  # resolve tf.keras to Keras 3 first
         from dlscale.registry.frameworks import get_adapter
-        from dlscale.frameworks.base import RankContext, TrainSpec
+        from dlscale.frameworks.base import RankContext
+        from dlscale.frameworks.train_spec import TrainSpec
         spec = TrainSpec(framework="keras", model="cnn_small", per_rank_batch=2, warmup_steps=0,
                          steps=1, precision="fp32", device="cpu", threads=1, learning_rate=0.01,
                          momentum=0.9)

@@ -5,7 +5,7 @@ stages, and pp combined with fsdp and tp in one mesh (dlscale.frameworks.torch_p
 
 On real ranks (gloo, one process each; tests/helpers/parallel_ranks.py): llama3_debug trains
 to the single-process loss within RTOL after 3 AdamW steps under each schedule, pp+fsdp and
-pp+fsdp+tp (replicas of a pipeline: test_torch_parallel's 2 x 2 pp case), and each rank holds
+pp+fsdp+tp (replicas of a pipeline: test_torch_parallel_ranks' 2 x 2 pp case), and each rank holds
 its stage's share of the state. AdamW divides a constant factor on the gradients out, so the
 same processes also train each schedule, pp+fsdp, pp+tp and pp+fsdp+tp with plain SGD
 (`/sgd0`: no momentum, no clipping) within PLAIN_RTOL, a check that sees a micro-batch whose
@@ -29,7 +29,7 @@ from dlscale.registry.parallel_dims import (
 from dlscale.study.config import ConfigError
 from dlscale.study.matrix import load_study
 
-from .test_torch_parallel import (
+from .test_torch_parallel_ranks import (
     PLAIN_RTOL,
     RTOL,
     STATE_RTOL,
@@ -281,7 +281,7 @@ def test_llama_pipelines_combine_with_fsdp_and_tp_on_four_ranks(tmp_path):
     """1 node x 4 ranks: pp 2 x dp_shard 2 (pp+fsdp), pp 2 x tp 2 (pp+fsdp+tp: no rank left to
     shard over at 4; the 8-rank case is benchmarks/pipeline_combinations.py), under AdamW, and
     then with plain SGD in the same processes, pp+tp among them. Replicas of a pipeline
-    (fully_shard over (dp_replicate, 1)) are test_torch_parallel's 2 x 2 pp case."""
+    (fully_shard over (dp_replicate, 1)) are the 2 x 2 pp case of test_torch_parallel_ranks."""
     entries = COMBINED + COMBINED_PLAIN
     ranks = run_ranks(tmp_path, ",".join(entries), 1, 4, 2, "llama3_debug", "adamw")
     rels = check_losses(ranks, entries, "1x4", 4)

@@ -1,7 +1,7 @@
-"""The rank's spec is derived from its cell (dlscale.frameworks.base.TrainSpec.from_cell): every
-field is the cell's field of the same name, but the ones DERIVED_FROM_CELL derives, so a field
-added to both reaches the rank without a third copy, and one added to the spec alone fails
-here, not in a rank."""
+"""The rank's spec is derived from its cell (dlscale.frameworks.train_spec.TrainSpec.from_cell):
+every field is the cell's field of the same name, but the ones DERIVED_FROM_CELL derives, so a
+field added to both reaches the rank without a third copy, and one added to the spec alone
+fails here, not in a rank."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from dlscale.frameworks.base import DERIVED_FROM_CELL, TrainSpec
+from dlscale.frameworks.train_spec import DERIVED_FROM_CELL, TrainSpec
 from dlscale.study.cell import Cell
 
 from helpers.cells import rank_spec, small_cell

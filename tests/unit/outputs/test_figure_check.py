@@ -13,7 +13,7 @@ import pytest
 
 from dlscale.analysis import scaling_model as scalemodel
 from dlscale.analysis.stats import GROUP, scaling_summary
-from dlscale.outputs import plotting
+from dlscale.outputs import figure_kit, plotting
 from dlscale.outputs.figure_layout import FAMILIES, figure_layout, variant
 
 from helpers.figure_check import CAPTION_ELEMENTS, figure_problems, predicted_panels
@@ -179,10 +179,10 @@ def test_the_demo_flags_a_weak_scaling_prediction_above_every_measured_point(ins
         ax.get_title(): list(ln.get_xdata())
         for ax in fig.axes
         for ln in ax.get_lines()
-        if ln.get_label() == plotting.CONTRADICTS_LABEL
+        if ln.get_label() == figure_kit.CONTRADICTS_LABEL
     }
     assert crosses == {"gpt2_tiny, weak": list(flagged["nodes"])}
-    assert plotting.CONTRADICTS_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert figure_kit.CONTRADICTS_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
     assert predicted_panels(fig)
     # and the report's Recommendations say it in words (plan_macros.tex)
     from dlscale.decisions.plan_report import recommendation_macros

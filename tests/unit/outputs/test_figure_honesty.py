@@ -18,7 +18,7 @@ from matplotlib.patches import Rectangle
 
 from dlscale.analysis import scaling_model as scalemodel
 from dlscale.analysis.stats import GROUP, scaling_summary
-from dlscale.outputs import convergence_plots, plotting
+from dlscale.outputs import convergence_plots, figure_kit, plotting
 from dlscale.outputs import figure_layout as layout
 from dlscale.outputs.figure_layout import (
     CONVERGENCE_FAMILIES,
@@ -49,7 +49,7 @@ MIXED = {
 
 
 def bars_on_log(fig) -> list[str]:
-    """This test's own inspection (not plotting.bars_on_log_axes): axes with a log x or y scale
+    """This test's own inspection (not figure_kit.bars_on_log_axes): axes with a log x or y scale
     that hold bar containers or rectangle patches."""
     bad = []
     for ax in fig.axes:
@@ -192,7 +192,7 @@ def test_the_frameworks_figure_draws_points_on_its_log_axis(saved, tmp_path):
     (axes,) = saved.values()
     for ax in axes:
         assert ax["yscale"] == "log" and ax["bars"] == 0
-        marked = [ln for ln in ax["lines"] if ln.get_marker() in plotting.MARKERS]  # not caps
+        marked = [ln for ln in ax["lines"] if ln.get_marker() in figure_kit.MARKERS]  # not caps
         assert len(marked) == 4  # 2 frameworks x 2 precisions, one point per model each
         assert all(ln.get_linestyle() == "None" for ln in marked)
     assert "points on a logarithmic axis" in spec["caption"]
@@ -201,18 +201,18 @@ def test_the_frameworks_figure_draws_points_on_its_log_axis(saved, tmp_path):
 def test_a_bar_on_a_log_axis_is_refused_before_the_file_is_written(tmp_path):
     import matplotlib.pyplot as plt
 
-    fig, axes = plotting._grid(1, 1, COLUMN_IN)
+    fig, axes = figure_kit.grid(1, 1, COLUMN_IN)
     axes[0, 0].bar([0, 1], [10.0, 1000.0])
     axes[0, 0].set_yscale("log")
     axes[0, 0].set_title("bars")
-    assert bars_on_log(fig) and plotting.bars_on_log_axes(fig) == ["bars"]
+    assert bars_on_log(fig) and figure_kit.bars_on_log_axes(fig) == ["bars"]
     with pytest.raises(ValueError, match="bars on a logarithmic axis in panel"):
-        plotting._finish(fig, axes, str(tmp_path / "bad.pdf"))
+        figure_kit.finish(fig, axes, str(tmp_path / "bad.pdf"))
     assert not (tmp_path / "bad.pdf").exists()
     # the same bars on a linear axis are fine
-    fig, axes = plotting._grid(1, 1, COLUMN_IN)
+    fig, axes = figure_kit.grid(1, 1, COLUMN_IN)
     axes[0, 0].bar([0, 1], [10.0, 1000.0])
-    assert plotting.bars_on_log_axes(fig) == []
+    assert figure_kit.bars_on_log_axes(fig) == []
     plt.close(fig)
 
 
@@ -241,7 +241,7 @@ def test_the_demo_predicts_twice_its_largest_node_count_labelled_not_validated(
     open_points = _predicted_lines(axes)
     assert open_points and {x for ln in open_points for x in ln.get_xdata()} == {4}
     labels = {lab for ax in axes for lab in ax["legend"]}
-    assert plotting.UNVALIDATED_LABEL in labels and plotting.PREDICTED_LABEL not in labels
+    assert figure_kit.UNVALIDATED_LABEL in labels and figure_kit.PREDICTED_LABEL not in labels
     assert "2x that of an unvalidated one" in spec["caption"]
 
 
@@ -253,7 +253,7 @@ def test_a_validated_series_is_predicted_further_with_a_wider_band(saved, tmp_pa
     plotting.plot_figure(scaling, spec, str(tmp_path / "f.pdf"), predictions=preds)
     (axes,) = saved.values()
     labels = {lab for ax in axes for lab in ax["legend"]}
-    assert plotting.PREDICTED_LABEL in labels and plotting.UNVALIDATED_LABEL not in labels
+    assert figure_kit.PREDICTED_LABEL in labels and figure_kit.UNVALIDATED_LABEL not in labels
     assert {x for ln in _predicted_lines(axes) for x in ln.get_xdata()} == {8, 16, 32}
 
 

@@ -175,27 +175,27 @@ def test_one_figure_at_a_time_across_threads():
 
     import matplotlib
 
-    from dlscale.outputs import plotting
+    from dlscale.outputs import figure_kit
 
     default_size = matplotlib.rcParams["font.size"]
     entered, release, other = threading.Event(), threading.Event(), []
 
     def draw():
-        with plotting.paper_style():
+        with figure_kit.paper_style():
             entered.set()
             release.wait(10)
 
     drawer = threading.Thread(target=draw)
     drawer.start()
     assert entered.wait(10)
-    blocked = threading.Thread(target=lambda: other.append(plotting._PYPLOT.acquire(timeout=0.2)))
+    blocked = threading.Thread(target=lambda: other.append(figure_kit._PYPLOT.acquire(timeout=0.2)))
     blocked.start()
     blocked.join()
     assert other == [False]  # the second drawer waits while the first draws
     release.set()
     drawer.join()
-    assert plotting._PYPLOT.acquire(timeout=1)
-    plotting._PYPLOT.release()
+    assert figure_kit._PYPLOT.acquire(timeout=1)
+    figure_kit._PYPLOT.release()
     assert matplotlib.rcParams["font.size"] == default_size
 
 

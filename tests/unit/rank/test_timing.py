@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlscale.frameworks.base import RankContext, TrainSpec
+from dlscale.frameworks.base import RankContext
 from dlscale.frameworks.pytorch import DDP_ALWAYS_SAMPLED
 from dlscale.frameworks.pytorch import Adapter as TorchAdapter
+from dlscale.frameworks.train_spec import TrainSpec
 from dlscale.rank.timing import SYNC_AUDIT_ENV, SyncAudit, run_timed
 from dlscale.store.metrics import read_metrics
 from dlscale.study.cell import Cell

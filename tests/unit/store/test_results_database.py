@@ -27,8 +27,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from dlscale.decisions import history
+from dlscale.decisions import history, history_command
 from dlscale.store import database as store
+from dlscale.store import filesystems
+from dlscale.store import results_schema as schema
 from dlscale.store.measurements import adopt_unarchived
 from dlscale.workflow.recorder import Recorder
 
@@ -69,7 +71,7 @@ def url(request, tmp_path, postgres):
 
 
 def rows(db, study=None) -> int:
-    t = store.measurements
+    t = schema.measurements
     query = sa.select(sa.func.count()).select_from(t)
     if study:
         query = query.where(t.c.study == study)
@@ -78,7 +80,7 @@ def rows(db, study=None) -> int:
 
 
 def duplicated(db) -> int:
-    t = store.measurements
+    t = schema.measurements
     grouped = (
         sa.select(t.c.study, t.c.cell, t.c.measurement)
         .group_by(t.c.study, t.c.cell, t.c.measurement)
@@ -112,7 +114,7 @@ def test_a_new_database_is_migrated_to_alembics_head_and_holds_the_schema(url):
         == ScriptDirectory.from_config(config).get_current_head()
     )
     with db.engine.connect() as conn:
-        assert compare_metadata(MigrationContext.configure(conn), store.metadata) == []
+        assert compare_metadata(MigrationContext.configure(conn), schema.metadata) == []
         tables = set(sa.inspect(conn).get_table_names())
     assert tables == {"alembic_version", "measurements", "preflights", "verdicts"}
     db.close()
@@ -132,13 +134,13 @@ def test_importing_study_folders_twice_adds_no_row(url, tmp_path, capsys):
     (a / "tables").mkdir()
     (a / "tables" / "verdicts.csv").write_text("hardware,cell,metric,verdict\ncpu,x,t,PASS\n")
     argv = [str(a), str(b), "--database", url]
-    assert history.main(["import", *argv]) == 0
+    assert history_command.main(["import", *argv]) == 0
     db = store.connect(url)
     first = store.counts(db)
     assert first == {"measurements": 4 + 1 + 1, "preflights": 1, "verdicts": 1}
-    assert history.main(["import", *argv]) == 0
+    assert history_command.main(["import", *argv]) == 0
     adopt_unarchived([plain])  # the plain file gets its folder: the same measurement
-    assert history.main(["import", *argv]) == 0
+    assert history_command.main(["import", *argv]) == 0
     assert store.counts(db) == first and duplicated(db) == 0
     assert "0 new row(s), 2 measurement(s) already recorded" in capsys.readouterr().out
     db.close()
@@ -184,11 +186,11 @@ def test_a_writer_killed_inside_its_transaction_leaves_the_database_whole(url, t
     study = results_db.write_study(tmp_path, "k", nodes=(1, 2), reps=3)
     store.connect(url).close()
     writer = python(
-        "import sys, time; from dlscale.store import database as s\n"
+        "import sys, time; from dlscale.store import database as s, results_schema as t\n"
         f"db = s.connect({url!r}); items = s.measurements_on_disk({str(study)!r})\n"
         "rows, _ = s.rows_of(items, 'k')\n"
         "with db.transaction() as conn:\n"
-        "    s.insert_new(conn, s.measurements, rows[:4])\n"
+        "    t.insert_new(conn, t.measurements, rows[:4])\n"
         "    print('inside', flush=True); time.sleep(120)\n"
     )
     assert writer.stdout.readline().strip() == "inside"
@@ -266,9 +268,9 @@ def test_sqlite_on_a_network_file_system_takes_the_rollback_journal_and_a_lock(
 ):
     info = tmp_path / "mountinfo"
     info.write_text(MOUNTINFO)
-    assert store.filesystem_type("/mnt/shared/results", str(info)) == "nfs4"
-    assert store.filesystem_type("/mnt/shared/local/x", str(info)) == "tmpfs"
-    assert store.filesystem_type("/srv/data", str(info)) == "ext4"
+    assert filesystems.filesystem_type("/mnt/shared/results", str(info)) == "nfs4"
+    assert filesystems.filesystem_type("/mnt/shared/local/x", str(info)) == "tmpfs"
+    assert filesystems.filesystem_type("/srv/data", str(info)) == "ext4"
 
     monkeypatch.setattr(store, "network_filesystem", lambda path: "nfs4")
     url = f"sqlite:///{tmp_path / 'results' / store.DATABASE_FILE}"
@@ -322,7 +324,7 @@ def test_a_history_query_over_5000_rows_answers_within_a_second(url):
     made = results_db.synthetic_rows(series, runs=10, reps=5, slowdown_at=9)
     db = store.connect(url)
     with db.transaction() as conn:
-        store.insert_new(conn, store.measurements, made)
+        schema.insert_new(conn, schema.measurements, made)
     assert rows(db) == 5000
     started = time.perf_counter()
     table = history.history_table(history.load(db, {"hardware": "h0", "model": "a", "nodes": 8}))

@@ -299,8 +299,8 @@ def test_a_gres_gpu_type_the_slurm_plugin_would_refuse_is_an_early_error(root):
     "name", ["data", "DATA", "Site", "logs", "report.zip", "README.md", "runs", "Report"]
 )
 def test_a_name_the_project_writes_under_results_is_refused_as_a_study(root, name):
-    from dlscale.study.cell import RESERVED_UNDER_RESULTS
     from dlscale.study.matrix import load_workflow_study
+    from dlscale.study.results_layout import RESERVED_UNDER_RESULTS
 
     with pytest.raises(ConfigError) as exc:
         load_workflow_study({"study": name}, root)

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import yaml
 
-from dlscale.study import script_workload
+from dlscale.study import script_patterns, script_workload
 from dlscale.study.cell import Cell, parse_cell_path
 from dlscale.study.config import ConfigError, load_schema, load_yaml, validate_config
 from dlscale.study.hardware import validate_hardware
@@ -302,4 +302,4 @@ def test_pattern_check_accepts_the_usual_patterns():
         r"^\s*tokens/s[:=]\s*(?P<value>\d+(?:\.\d+)?)",
         r"(?P<value>[0-9]+(?:\.[0-9]*)?) img/s",
     ):
-        assert script_workload.pattern_problem("p", pattern) is None, pattern
+        assert script_patterns.pattern_problem("p", pattern) is None, pattern

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 import sqlalchemy as sa
 
 from dlscale.store import database as store
+from dlscale.store import results_schema as schema
 from dlscale.workflow import recorder
 
 from helpers import results_db
@@ -37,7 +38,7 @@ def test_a_cell_lands_and_its_row_is_written_while_the_driver_keeps_the_gil(tmp_
     url = f"sqlite:///{tmp_path / 'results' / store.DATABASE_FILE}"
     paths = [str(tmp_path / c.path) for c in cells]
     assert recorder.start(url, study_dir, paths, poll_s=POLL_S) is not None
-    t = store.measurements
+    t = schema.measurements
     try:
         results_db.measure(tmp_path, cells[0])  # the recorder is up once this row is in
         deadline = time.monotonic() + 60

@@ -6,7 +6,7 @@ A model that has ``init_weights()`` (GPT-2's and Llama's decoders) is built on t
 fsdp and hsdp after ``fully_shard``, so no rank ever holds the whole model on its device; under
 every other strategy and on one device before the model is wrapped. Either way every parameter
 gets the values a single process gets from the same seed, so the strategies' losses agree
-step for step (tests/unit/frameworks/test_torch_parallel.py).
+step for step (tests/unit/frameworks/test_torch_parallel_ranks.py).
 
 How a parameter's values are drawn (:func:`full_values`): a second, meta-device copy of the
 model (its *twin*) gets one real, NaN-filled CPU tensor in place of that parameter, torch's

@@ -2,11 +2,11 @@
 dlscale.store.database.ensure_schema opened (inside its transaction and lock), never on a URL
 of their own. A new revision: `alembic -c <an ini naming this folder> revision --autogenerate`
 against a database at the current head compares the schema with
-dlscale.store.database.metadata."""
+dlscale.store.results_schema.metadata."""
 
 from alembic import context
 
-from dlscale.store.database import metadata
+from dlscale.store.results_schema import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:
