@@ -7,6 +7,7 @@ where the study does not change what the cell runs, so the cell keeps its identi
 from __future__ import annotations
 
 from dlscale.registry.frameworks import FRAMEWORKS
+from dlscale.registry.gpu_bindings import canonical as canonical_binding
 from dlscale.registry.optimizers import optimizer_for
 from dlscale.registry.parallel_dims import (
     DEFAULT_PIPELINE_SCHEDULE,
@@ -126,3 +127,29 @@ def one_device_mixed_precision(config: dict, combo: dict, world: int) -> bool:
         and config.get("single_device", "plain") == "fully_shard"
         and combo["precision"] != "fp32"
     )
+
+
+def placement_fields(
+    hw_key: str, hw: dict, shared: dict, env_key, rpn: int, per_rank: int, global_batch: int
+) -> dict:
+    """What a cell of every workload takes from its hardware entry and its place in the matrix:
+    the device, ranks per node, batch sizes and CPUs per rank, the entry's hash, the environment
+    identity (a container's image digest, else the venv's requirements hash under `env_key`,
+    dlscale.study.matrix.cell_environment_key), the container, the GPU binding of a cuda entry,
+    and the entry's modules, env and srun_options. `shared`: the study's planning facts
+    (hardware_hashes, containers, environments)."""
+    container = shared["containers"].get(hw_key)
+    return {
+        "device": hw["device"],
+        "ranks_per_node": rpn,
+        "per_rank_batch": per_rank,
+        "global_batch": global_batch,
+        "cpus_per_rank": hw["cpus_per_rank"],
+        "hardware_hash": shared["hardware_hashes"][hw_key],
+        "environment": container[1] if container else shared["environments"][env_key],
+        "container": container[0] if container else (),
+        "gpu_binding": canonical_binding(hw["gpu_binding"]) if hw["device"] == "cuda" else None,
+        "modules": hw.get("modules", ()),
+        "env": hw.get("env", {}),
+        "srun_options": hw.get("srun_options", ()),
+    }

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from dlscale.models import cell_seq_len
 from dlscale.registry.frameworks import FRAMEWORKS, VARIANTS, environment_name
-from dlscale.registry.gpu_bindings import canonical as canonical_binding
 from dlscale.registry.parallel_dims import cell_tp_degree
 from dlscale.study import script_workload
 from dlscale.study.cell import AXES, Cell
@@ -29,6 +28,7 @@ from dlscale.study.cell_fields import (
     one_device_mixed_precision,
     optimizer_fields,
     pipeline_fields,
+    placement_fields,
 )
 from dlscale.study.config import (
     ConfigError,
@@ -292,21 +292,15 @@ def _combo_cells(
         Cell(
             **combo,
             rep=rep,
-            device=hw["device"],
-            ranks_per_node=rpn,
-            per_rank_batch=per_rank,
-            global_batch=global_batch,
-            cpus_per_rank=hw["cpus_per_rank"],
-            hardware_hash=shared["hardware_hashes"][combo["hardware"]],
-            # a container's image digest, else the venv's requirements hash
-            environment=shared["containers"][combo["hardware"]][1]
-            if combo["hardware"] in shared["containers"]
-            else shared["environments"][cell_environment_key(combo, hw)],
-            container=shared["containers"].get(combo["hardware"], ({}, None))[0],
-            gpu_binding=canonical_binding(hw["gpu_binding"]) if hw["device"] == "cuda" else None,
-            modules=hw.get("modules", ()),
-            env=hw.get("env", {}),
-            srun_options=hw.get("srun_options", ()),
+            **placement_fields(
+                combo["hardware"],
+                hw,
+                shared,
+                cell_environment_key(combo, hw),
+                rpn,
+                per_rank,
+                global_batch,
+            ),
             tp_degree=cell_tp_degree(combo["parallelism"], rpn, config["tp_degree"]),
             **pipeline_fields(config, combo["parallelism"], world, rpn, per_rank),
             seq_len=cell_seq_len(combo["model"], config.get("seq_len")),

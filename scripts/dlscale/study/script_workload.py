@@ -464,8 +464,8 @@ def script_cells(
     model), minus `exclude`, one per repetition. `shared`: what build_matrix gives every
     workload's cells (hardware hashes, environments, containers, common fields);
     `cell_environment_key`: dlscale.study.matrix's, passed by its caller (build_matrix)."""
-    from dlscale.registry.gpu_bindings import canonical as canonical_binding
     from dlscale.study.cell import AXES, Cell
+    from dlscale.study.cell_fields import placement_fields
     from dlscale.study.workloads import (
         excluded,
         ranks_per_node,
@@ -502,29 +502,15 @@ def script_cells(
             else:
                 global_batch = strong_global_batch(config, hw, SCRIPT_WORKLOAD)
                 per_rank = global_batch // world
-            env_combo = {**combo, "framework": script.environment}
-            container = shared["containers"].get(combo["hardware"])
+            env_key = cell_environment_key({**combo, "framework": script.environment}, hw)
             extra = {"ranks_in_path": True} if rpn != ranks_per_node(config, hw) else {}
             cells += [
                 Cell(
                     **combo,
                     rep=rep,
-                    device=hw["device"],
-                    ranks_per_node=rpn,
-                    per_rank_batch=per_rank,
-                    global_batch=global_batch,
-                    cpus_per_rank=hw["cpus_per_rank"],
-                    hardware_hash=shared["hardware_hashes"][combo["hardware"]],
-                    environment=container[1]
-                    if container
-                    else shared["environments"][cell_environment_key(env_combo, hw)],
-                    container=container[0] if container else (),
-                    gpu_binding=canonical_binding(hw["gpu_binding"])
-                    if hw["device"] == "cuda"
-                    else None,
-                    modules=hw.get("modules", ()),
-                    env=hw.get("env", {}),
-                    srun_options=hw.get("srun_options", ()),
+                    **placement_fields(
+                        combo["hardware"], hw, shared, env_key, rpn, per_rank, global_batch
+                    ),
                     seq_len=seq_len,
                     script=script.carried(),
                     **fixed,
