@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bare as bare_files  # noqa: E402
 import _common as common  # noqa: E402
 
 NOTHING = "Nothing to be done"
@@ -101,7 +102,7 @@ def setup(a, src: Path, venvs: Path, root: Path, shim: Path | None) -> dict:
     print(f"   {facts['downstream']}", flush=True)
 
     paths = [c.path for c in study.cells]
-    bare_snakefile, bare_cfg = common.write_bare(root / "bare", paths, cfg)
+    bare_snakefile, bare_cfg = bare_files.write_bare(root / "bare", paths, cfg)
     for path in paths:
         out = bare_snakefile.parent / path
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bare as bare_files  # noqa: E402
 import _common as common  # noqa: E402
 
 
@@ -125,7 +126,7 @@ def main() -> None:
             project, paths, wf, cfg, root / f"bare-{n}", env, logs
         )
         n_jobs = sum(common.job_stats(listing.log.read_text()).values())
-        min_snakefile, min_cfg = common.write_bare(root / f"bare-min-{n}", paths, cfg)
+        min_snakefile, min_cfg = bare_files.write_bare(root / f"bare-min-{n}", paths, cfg)
         print(f"   {n_jobs} jobs planned; bare: the same jobs, bare-min: cells + collect + all")
         cmds = {
             "project": project,
@@ -235,12 +236,12 @@ def snakemake_cmd(snakemake: Path, snakefile: Path, cfg: Path) -> list[str]:
 def same_jobs_bare(
     project: list[str], paths: list[str], wf: Path, cfg: Path, dest: Path, env: dict, logs: Path
 ) -> tuple[Path, Path, common.Run]:
-    """The bare Snakefile with the project's jobs (benchmarks/_common.SAME_JOBS_SNAKEFILE), read
+    """The bare Snakefile with the project's jobs (benchmarks/_bare.SAME_JOBS_SNAKEFILE), read
     from the project's own dry-run listing (untimed; its run is returned too)."""
     run = common.run_child(project + ["-n", "--cores", "1"], wf, env, logs / "project-listing.log")
     common.check(run, "project dry run (per-job listing)")
-    jobs = common.planned_jobs(run.log.read_text())
-    snakefile, bare_cfg = common.write_same_jobs_bare(dest, paths, jobs, wf, cfg)
+    jobs = bare_files.planned_jobs(run.log.read_text())
+    snakefile, bare_cfg = bare_files.write_same_jobs_bare(dest, paths, jobs, wf, cfg)
     return snakefile, bare_cfg, run
 
 

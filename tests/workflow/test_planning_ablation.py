@@ -91,8 +91,8 @@ def test_the_bare_baseline_plans_the_projects_jobs_with_the_same_files(tmp_path)
     bare = snakemake(snakefile.parent, "-n", "--cores", "1", "--configfile", str(bare_cfg))
     assert bare.returncode == 0, bare.stdout[-3000:] + bare.stderr[-3000:]
 
-    project_jobs = common.planned_jobs(listing)
-    bare_jobs = common.planned_jobs(bare.stdout + bare.stderr)
+    project_jobs = planning.bare_files.planned_jobs(listing)
+    bare_jobs = planning.bare_files.planned_jobs(bare.stdout + bare.stderr)
     assert n_jobs == len(project_jobs) == len(bare_jobs) > len(paths) + 2
     made, others = _jobs_by_shape(project_jobs, set(paths))
     bare_made, bare_others = _jobs_by_shape(bare_jobs, set(paths))
