@@ -43,10 +43,27 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _gpu_common import (  # noqa: E402
+    BREAK_ENV,
+    MODES,
+    OK,
+    PRIOR_S,
+    SKIPPED,
+    TARGETS,
+    Stopped,
+    failed,
+    not_here,
+    wanted,
+)
+from _gpu_plan import Budget, Rows  # noqa: E402
 
 PLAIN = r"""
 import json, sys, time, torch
@@ -345,6 +362,111 @@ def main() -> None:
                     f"n={len(h)}/{len(q)}",
                     flush=True,
                 )
+
+
+# ---------------------------------------------------------------------------- b: fidelity
+def fidelity_rows(
+    a, budget: Budget, rows: Rows, python: str, work: Path, first_reserve: float, reserve_after
+) -> None:
+    """Step b: per case, eager rows then compiled rows; in a row, the harness and the plain
+    loop alternate (the harness first in odd repetitions), up to the plan's repetitions. The
+    first repetition of a row runs if it fits the budget less `first_reserve` (the cheapest
+    row of each later step); each further one only if it also leaves the estimates of every
+    later row (`reserve_after(row index)`)."""
+    device, plan = a.device, a.plan
+    side = SimpleNamespace(
+        threads=plan["threads"], warmup=plan["fidelity_warmup"], steps=plan["fidelity_steps"]
+    )
+    cases = plan["fidelity_cases"]
+    specs = [(case, mode) for mode in MODES for case in cases]
+    for index, (case, mode) in enumerate(specs):
+        model, precision, batch = case
+        name = f"fidelity {model} {precision} b{batch} {mode}"
+        if not wanted(a, name):
+            continue
+        target = TARGETS.get(case)
+        base = {
+            "step": "b",
+            "row": name,
+            "target": f"harness/plain >= {target}" if target else None,
+        }
+        why = not_here(device, f"fidelity_{mode}")
+        if why:
+            rows.write({**base, "status": SKIPPED, "reason": why})
+            continue
+        started = time.monotonic()
+        estimate = a.measured.get(name, 2 * PRIOR_S[device][f"fidelity_{mode}"])
+        h, q, reps, stop = [], [], [], None
+        try:
+            if BREAK_ENV in os.environ and os.environ[BREAK_ENV] == "fidelity":
+                raise RuntimeError(f"{BREAK_ENV}=fidelity: a deliberate break (tests)")
+            for r in range(plan["fidelity_repeats"]):
+                reserve = first_reserve if r == 0 else reserve_after(index)
+                if not budget.fits(estimate, reserve):
+                    stop = budget.why_not(estimate, reserve)
+                    break
+                rep_started = time.monotonic()
+                order = ("harness", "plain") if r % 2 == 0 else ("plain", "harness")
+                for which in order:
+                    timeout = max(budget.left(), 1.0)
+                    if which == "harness":
+                        h.append(harness(case, device, mode, side, python, work, timeout))
+                    else:
+                        q.append(plain(case, device, mode, side, python, timeout))
+                reps.append(time.monotonic() - rep_started)
+                estimate = reps[-1]  # a repetition costs what the last one did
+        except SideTimeout as exc:
+            stop = f"budget: stopped at the budget in repetition {len(reps) + 1} ({exc})"
+        except BaseException as exc:  # noqa: BLE001 (SystemExit from a side: its stderr)
+            if isinstance(exc, (KeyboardInterrupt, Stopped)):
+                raise
+            rows.write(failed(base, exc, time.monotonic() - started))
+            continue
+        n = min(len(h), len(q))
+        h, q = h[:n], q[:n]
+        if not n:
+            rows.write(
+                {
+                    **base,
+                    "status": SKIPPED,
+                    "reason": stop,
+                    "seconds": time.monotonic() - started,
+                }
+            )
+            continue
+        hm, qm = statistics.median(h), statistics.median(q)
+        ratio = hm / qm
+        fields = {
+            "model": model,
+            "precision": precision,
+            "per_rank_batch": batch,
+            "mode": mode,
+            "warmup_steps": side.warmup,
+            "steps": side.steps,
+            "harness_samples_per_s": h,
+            "plain_samples_per_s": q,
+            "harness_median": hm,
+            "plain_median": qm,
+            "ratio": ratio,
+            "ratio_range": [min(h) / max(q), max(h) / min(q)],
+            "n": n,
+            "repetition_seconds": reps,
+            "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            "stopped": stop,
+        }
+        rows.write(
+            {
+                **base,
+                "status": OK,
+                "reason": None,
+                "seconds": time.monotonic() - started,
+                "fields": fields,
+                "target_met": None if target is None else ratio >= target,
+                "result": f"harness {hm:,.1f} ({min(h):,.1f}-{max(h):,.1f}), plain {qm:,.1f} "
+                f"({min(q):,.1f}-{max(q):,.1f}) samples/s; harness/plain {ratio:.3f} "
+                f"({fields['ratio_range'][0]:.2f}-{fields['ratio_range'][1]:.2f}), n={n}",
+            }
+        )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def load_suite():
     return module
 
 
-suite = load_suite()
+suite = load_suite()  # puts benchmarks/ on sys.path: the modules beside it import
+import _gpu_common as common  # noqa: E402  (the rows' format, plans, targets)
+import _gpu_plan as bookkeeping  # noqa: E402  (rows on disk, budget, the child's plan)
 
 BLOCKER = """
 import importlib.abc, os, sys
@@ -64,7 +66,7 @@ def cpu_run_started(tmp_path_factory):
         PYTHONPATH=str(blocker),
         DLSCALE_TEST_BLOCKED_IMPORTS="snakemake,yaml",
     )
-    env.pop(suite.BREAK_ENV, None)
+    env.pop(common.BREAK_ENV, None)
     proc = subprocess.Popen(
         [sys.executable, str(SUITE), str(out), "--device", "cpu", "--budget", str(BUDGET_S)],
         stdout=subprocess.PIPE,
@@ -85,9 +87,9 @@ def cpu_run(cpu_run_started):
     proc, out = cpu_run_started
     output, _ = proc.communicate(timeout=BUDGET_S + 60)
     took = re.search(r"rows in ([0-9.]+) s \(budget", output)
-    rows = [json.loads(line) for line in (out / suite.ROWS_FILE).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / common.ROWS_FILE).read_text().splitlines()]
     seconds = float(took.group(1)) if took else None
-    return proc.returncode, seconds, rows, out / suite.TABLE_FILE, output
+    return proc.returncode, seconds, rows, out / common.TABLE_FILE, output
 
 
 def by_row(rows: list[dict]) -> dict[str, dict]:
@@ -103,14 +105,14 @@ def test_a_broken_row_fails_the_run(
 ):
     """A row whose code raises: written as failed with the error, the suite exits 1 (the
     parent's row in process; a child row, in the child of steps c-f, started by the suite)."""
-    monkeypatch.setenv(suite.BREAK_ENV, broken)
+    monkeypatch.setenv(common.BREAK_ENV, broken)
     code = suite.main([str(tmp_path), "--device", "cpu", "--steps", steps, "--budget", "60"])
-    rows = by_row([json.loads(x) for x in (tmp_path / suite.ROWS_FILE).read_text().splitlines()])
+    rows = by_row([json.loads(x) for x in (tmp_path / common.ROWS_FILE).read_text().splitlines()])
     assert code == 1, capsys.readouterr().out[-2000:]
-    assert rows[row]["status"] == suite.FAILED
+    assert rows[row]["status"] == common.FAILED
     assert "deliberate break" in rows[row]["reason"]
     assert "RuntimeError" in rows[row]["fields"]["traceback"]
-    assert [r["status"] for r in rows.values()].count(suite.FAILED) == 1  # the others ran
+    assert [r["status"] for r in rows.values()].count(common.FAILED) == 1  # the others ran
 
 
 def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, monkeypatch):
@@ -118,7 +120,7 @@ def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, mon
     they start; the child of steps c-f, stuck in its first row (a deliberate hang), is killed
     at the budget and that row written as skipped. Every line is a whole row, the run ends
     before its budget."""
-    monkeypatch.setenv(suite.BREAK_ENV, "hang")
+    monkeypatch.setenv(common.BREAK_ENV, "hang")
     budget = 10  # the child's estimate (5 s) fits after step a (3 s to spare); hang stopped at 8 s
     started = time.monotonic()
     code = suite.main(
@@ -127,25 +129,25 @@ def test_the_budget_stops_the_run_with_whole_rows(cpu_run_started, tmp_path, mon
     took = time.monotonic() - started
     assert code == 0
     assert took < budget
-    lines = (tmp_path / suite.ROWS_FILE).read_text().splitlines()
+    lines = (tmp_path / common.ROWS_FILE).read_text().splitlines()
     rows = [json.loads(x) for x in lines]  # every line parses: no half-written row
-    assert len(suite.read_table(tmp_path / suite.TABLE_FILE)) == len(rows)
+    assert len(bookkeeping.read_table(tmp_path / common.TABLE_FILE)) == len(rows)
     got = {r["row"]: (r["status"], r["reason"]) for r in rows}
     with pytest.raises(SystemExit, match="exists"):  # the rows of a run are never overwritten
         suite.main([str(tmp_path), "--device", "cpu", "--steps", "a"])
-    assert (tmp_path / suite.ROWS_FILE).read_text().splitlines() == lines
+    assert (tmp_path / common.ROWS_FILE).read_text().splitlines() == lines
     assert got == {
-        "environment": (suite.OK, None),
+        "environment": (common.OK, None),
         "fidelity cnn_small fp32 b8 eager": (
-            suite.SKIPPED,
+            common.SKIPPED,
             got["fidelity cnn_small fp32 b8 eager"][1],
         ),
-        "fidelity cnn_small fp32 b8 compiled": (suite.SKIPPED, suite.CPU_COMPILED),
+        "fidelity cnn_small fp32 b8 compiled": (common.SKIPPED, common.CPU_COMPILED),
         "sync-free window cnn_small fp32 b8 eager": (
-            suite.SKIPPED,
+            common.SKIPPED,
             "budget: stopped at the budget in this row",
         ),
-        "sync-free window cnn_small fp32 b8 compiled": (suite.SKIPPED, suite.CPU_COMPILED),
+        "sync-free window cnn_small fp32 b8 compiled": (common.SKIPPED, common.CPU_COMPILED),
     }
     assert got["fidelity cnn_small fp32 b8 eager"][1].startswith("budget: estimated 16 s, ")
 
@@ -179,7 +181,7 @@ def test_a_signal_stops_the_suite_and_every_process_it_started(cpu_run_started, 
     runs (made to hang): the suite exits 143 and no process it started is left (each side and
     the child run in a session of their own, so they would outlive it unless killed)."""
     marker = f"gpu-suite-{os.getpid()}-{time.monotonic_ns()}"
-    env = dict(os.environ, DLSCALE_TEST_MARKER=marker, **{suite.BREAK_ENV: "hang"})
+    env = dict(os.environ, DLSCALE_TEST_MARKER=marker, **{common.BREAK_ENV: "hang"})
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, str(SUITE), str(out), "--device", "cpu", "--steps", "c"],
@@ -197,7 +199,7 @@ def test_a_signal_stops_the_suite_and_every_process_it_started(cpu_run_started, 
         assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
         assert "stopped by signal 15" in output
         assert wait_for(lambda: not marked(marker), 30), marked(marker)  # a loaded machine
-        assert not (out / suite.ROWS_FILE).exists()  # the hung row was never half written
+        assert not (out / common.ROWS_FILE).exists()  # the hung row was never half written
     finally:  # whatever failed, nothing this test started keeps running
         if proc.poll() is None:
             proc.kill()
@@ -216,13 +218,13 @@ def test_the_cuda_plan_is_accepted_by_the_production_adapter(cpu_run_started):
 
     from helpers.cells import rank_spec
 
-    plan = suite.PLANS["cuda"]
+    plan = common.PLANS["cuda"]
     assert plan["fidelity_cases"] == [("resnet50", "bf16", 256), ("resnet50", "fp32", 32)]
     expected = "llama3_1b" if "llama3_1b" in SPECS else "gpt2_124m"
-    assert suite.decoder(plan) == expected
-    rows = suite.child_rows("cuda", plan)
+    assert common.decoder(plan) == expected
+    rows = bookkeeping.child_rows("cuda", plan)
     assert [r["step"] for r in rows] == ["c", "c", "c", "d", "d", "e", "e", "f"]
-    assert all(suite.not_here("cuda", r["kind"]) is None for r in rows)  # all run on a GPU
+    assert all(common.not_here("cuda", r["kind"]) is None for r in rows)  # all run on a GPU
     ctx = RankContext(0, 1, 0, 1, 0, "n0", "127.0.0.1", 29500, "test")
     for row in rows:
         model, precision, batch = row["args"][:3]
@@ -253,7 +255,7 @@ def test_an_earlier_runs_seconds_are_the_estimates(cpu_run_started, tmp_path):
          "seconds": None},
     ]  # fmt: skip
     old.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert suite.measured_estimates(old) == {
+    assert bookkeeping.measured_estimates(old) == {
         "fidelity cnn_small fp32 b8 eager": 450,
         "MFU gpt2_tiny fp32 b4 eager": 1000,
     }
@@ -262,7 +264,7 @@ def test_an_earlier_runs_seconds_are_the_estimates(cpu_run_started, tmp_path):
     later = tmp_path / "later.jsonl"
     later.write_text(json.dumps({**rows[1], "seconds": 700}) + "\n"
                      + json.dumps({**rows[2], "status": "ok", "seconds": 5}) + "\n")  # fmt: skip
-    assert suite.measured_estimates([old, later]) == {
+    assert bookkeeping.measured_estimates([old, later]) == {
         "fidelity cnn_small fp32 b8 eager": 450,
         "MFU gpt2_tiny fp32 b4 eager": 700,
         "memory gpt2_tiny fp32 b4 fsdp world size 1": 5,
@@ -270,31 +272,31 @@ def test_an_earlier_runs_seconds_are_the_estimates(cpu_run_started, tmp_path):
     out = tmp_path / "out"
     argv = [str(out), "--device", "cpu", "--steps", "b,e", "--estimates", str(old)]
     assert suite.main([*argv, "--budget", "60"]) == 0
-    got = {r["row"]: r["reason"] for r in map(json.loads, (out / suite.ROWS_FILE).open())}
+    got = {r["row"]: r["reason"] for r in map(json.loads, (out / common.ROWS_FILE).open())}
     assert got["fidelity cnn_small fp32 b8 eager"].startswith("budget: estimated 450 s, ")
     # the child's start (3 s) and the row's measured 1000 s, against the time left
     assert got["MFU gpt2_tiny fp32 b4 eager"].startswith("budget: estimated 1003 s, ")
-    assert got["MFU gpt2_tiny fp32 b4 compiled"] == suite.CPU_COMPILED
+    assert got["MFU gpt2_tiny fp32 b4 compiled"] == common.CPU_COMPILED
 
 
 def test_every_cpu_row_runs_and_the_gpu_rows_say_why_not(cpu_run):
     code, seconds, rows, _, output = cpu_run
     assert code == 0, output[-3000:]
     assert seconds is not None and seconds < BUDGET_S, output[-2000:]
-    plan = suite.PLANS["cpu"]
+    plan = common.PLANS["cpu"]
     expected = ["environment"]
-    expected += [f"fidelity cnn_small fp32 b8 {mode}" for mode in suite.MODES]
-    expected += [s["row"] for s in suite.child_rows("cpu", plan)]
+    expected += [f"fidelity cnn_small fp32 b8 {mode}" for mode in common.MODES]
+    expected += [s["row"] for s in bookkeeping.child_rows("cpu", plan)]
     assert [r["row"] for r in rows] == expected  # every row once, in the suite's order
     assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
     for row in rows:
-        assert row["format"] == suite.FORMAT and row["version"] == suite.VERSION
+        assert row["format"] == common.FORMAT and row["version"] == common.VERSION
         compiled = row["row"].endswith("compiled")
         if compiled or row["row"].startswith("energy"):  # GPU only: skipped, with the reason
-            assert row["status"] == suite.SKIPPED, row
-            assert row["reason"] == (suite.CPU_COMPILED if compiled else suite.GPU_ONLY_ENERGY)
+            assert row["status"] == common.SKIPPED, row
+            assert row["reason"] == (common.CPU_COMPILED if compiled else common.GPU_ONLY_ENERGY)
         else:
-            assert row["status"] == suite.OK, row
+            assert row["status"] == common.OK, row
             assert row["reason"] is None and row["seconds"] >= 0 and row["result"]
 
 
@@ -361,12 +363,12 @@ def test_the_rows_hold_sane_values(cpu_run):
 
 
 def plan_window() -> tuple[int, int]:
-    return suite.PLANS["cpu"]["window"]
+    return common.PLANS["cpu"]["window"]
 
 
 def test_the_table_and_the_json_lines_agree(cpu_run):
-    rows, table = cpu_run[2], suite.read_table(cpu_run[3])
+    rows, table = cpu_run[2], bookkeeping.read_table(cpu_run[3])
     assert len(table) == len(rows)
     for line, row in zip(table, rows):
-        assert line == {c: suite.table_cell(row, c) for c in suite.Rows.COLUMNS}
+        assert line == {c: bookkeeping.table_cell(row, c) for c in bookkeeping.Rows.COLUMNS}
     assert "sync-free window" in cpu_run[3].read_text()
