@@ -50,13 +50,13 @@ def fault_hook(rank: int, rank_dir: str):
     makes that rank of the matching cell, before that step (warm-up counts; `setup`: before the
     framework's set-up, the process group or communicator), exit with the code
     <action>, hang (sleep) when <action> is `hang`, or sleep N seconds and go on when it is
-    `sleepN` (a rank that compiles slowly)."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
+    `sleepN` (a rank that compiles slowly). Several faults, each for its own cell, are separated
+    by `;` (the first that matches this rank applies)."""
+    specs = [s.rsplit(":", 3) for s in os.environ.get(FAULT_ENV, "").split(";") if s]
+    mine = [s for s in specs if s[0] in rank_dir and int(s[1]) == rank]
+    if not mine:
         return None
-    pattern, f_rank, f_step, code = spec.rsplit(":", 3)
-    if pattern not in rank_dir or int(f_rank) != rank:
-        return None
+    _, _, f_step, code = mine[0]
 
     def before_step(step: int | str) -> None:
         if str(step) != f_step:

@@ -232,3 +232,17 @@ def test_the_launcher_that_starts_a_cell_is_its_own_unless_srun_hands_a_one_rank
     assert isinstance(launcher_for(pyxis, in_step), SrunLauncher)
     assert isinstance(launcher_for(small_cell(nodes=1, global_batch=4), in_step), LocalLauncher)
     assert SrunLauncher.watches_step and not LocalLauncher.watches_step
+
+
+def test_fault_injection_takes_one_fault_per_cell_from_a_list(monkeypatch, capsys):
+    """DLSCALE_FAULT may name several faults, `;`-separated, each for its own cell and rank:
+    a rank gets the first that matches its cell folder and rank, and none elsewhere."""
+    from dlscale.run.train import FAULT_ENV, fault_hook
+
+    monkeypatch.setenv(FAULT_ENV, "n2/r1:0:1:3;n1/r2:1:setup:sleep0")
+    assert fault_hook(0, "/s/runs/n1/r1/.ranks") is None  # no fault names this cell
+    assert fault_hook(0, "/s/runs/n1/r2/.ranks") is None  # the fault is rank 1's
+    hook = fault_hook(1, "/s/runs/n1/r2/.ranks")
+    hook(0)  # another step: nothing happens
+    hook("setup")
+    assert "rank 1 sleeps 0 s before step setup" in capsys.readouterr().err
