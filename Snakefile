@@ -49,31 +49,32 @@ localrules:
 
 # A study with failed cells still ends with tables, figures and a report of what exists: the
 # `partial` target, built by the same rules into results/<study>/partial/ (failed and missing
-# cells listed; rules/common.smk build_partial_report); rerunning retries only those cells.
-# A `check` that found FAIL verdicts fails the run on purpose with the study complete: no
+# cells listed; dlscale.workflow.lifecycle.build_partial_report); rerunning retries only those
+# cells. A `check` that found FAIL verdicts fails the run on purpose with the study complete: no
 # partial build then (rules/check.smk).
 onerror:
-    stop_recorder()
+    lifecycle.stop_recorder(workflow)
     if not failed_since(CHECK_LOG, CHECK_PARSED_AT):
-        build_partial_report()
+        lifecycle.build_partial_report(workflow, config, STUDY, RESULTS, STUDY_FILES)
 
 
 # The launcher must match the executor (launcher=srun under the Slurm executor): checked before
-# the first job (rules/common.smk). Measurements from before their folders existed get one. Then
-# the driver records itself and resumes the jobs an earlier driver of the study left behind
-# (dlscale.workflow.resume, README "Resume"). From then on it writes each cell's row into the
-# results database as the cell's metrics land, and the rows it lacks (rules/history.smk).
+# the first job. Measurements from before their folders existed get one. Then the driver records
+# itself and resumes the jobs an earlier driver of the study left behind (dlscale.workflow.resume,
+# README "Resume"). From then on it writes each cell's row into the results database as the
+# cell's metrics land, and the rows it lacks (rules/history.smk). Each step:
+# dlscale.workflow.lifecycle.
 onstart:
-    check_launcher_of_the_run()
-    adopt_measurements()
-    start_driver()
-    start_recorder()
+    lifecycle.check_launcher_of_the_run(workflow, STUDY, INVOCATION, MEASURED)
+    lifecycle.adopt_measurements(workflow, STUDY)
+    lifecycle.start_driver(workflow, STUDY, RESULTS, PYTHONS.framework_python)
+    lifecycle.start_recorder(workflow, DATABASE_URL, RESULTS, STUDY)
 
 
 onsuccess:
-    remove_partial_outputs()
-    stop_recorder()
-    say_where_the_report_is()
+    lifecycle.remove_partial_outputs(RESULTS)
+    lifecycle.stop_recorder(workflow)
+    lifecycle.say_where_the_report_is(workflow, OUT)
 
 
 rule all:

@@ -12,10 +12,11 @@
 # compare: `snakemake --profile profiles/local results/<study>/compare/<other study>/summary.md`
 #   compares this study (B) with another study's results folder (A) cell by cell.
 import time
+from pathlib import Path
 
+from dlscale.study.config import ConfigError
 from dlscale.study.references import failed_since, load_references
 from dlscale.study.references import schema_path as references_schema_path
-from dlscale.outputs.snakemake_report import table_caption, table_category, table_labels
 
 # (as the jobs name them: relative to the working directory, so a checkout moved or copied
 # elsewhere does not count as changed inputs and params, which would redo the verdicts)
@@ -41,12 +42,7 @@ rule verdicts:
         references=REFERENCES_PATH,
         schema=REFERENCES_SCHEMA,
     output:
-        verdicts=report(
-            RULE_OUT["verdicts"],
-            caption=table_caption("verdicts"),
-            category=table_category("verdicts"),
-            labels=table_labels("verdicts"),
-        ),
+        verdicts=table_report("verdicts"),
         table=RULE_OUT["verdicts_table"],
         published=RULE_OUT["published"],
     log:

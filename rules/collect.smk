@@ -5,68 +5,23 @@
 # It therefore runs in the driver environment (.venv, envs/workflow.txt), never in a conda env.
 # dlscale.analysis.collect (pandas, scipy) is imported in the job, not at parse time: every Slurm job's
 # snakemake parses the workflow again (benchmarks/planning.py, parse only).
+# Each table is also an output in Snakemake's report (table_report, rules/common.smk).
 from dlscale.analysis.mfu import hardware_peaks
-from dlscale.outputs.snakemake_report import table_caption, table_category, table_labels
 
 
 rule collect:
     input:
         metrics=collect_metrics,
     output:
-        ranks=report(
-            RULE_OUT["ranks"],
-            caption=table_caption("ranks"),
-            category=table_category("ranks"),
-            labels=table_labels("ranks"),
-        ),
-        cells=report(
-            RULE_OUT["cells"],
-            caption=table_caption("cells"),
-            category=table_category("cells"),
-            labels=table_labels("cells"),
-        ),
-        scaling=report(
-            RULE_OUT["scaling"],
-            caption=table_caption("scaling"),
-            category=table_category("scaling"),
-            labels=table_labels("scaling"),
-        ),
-        quarantine=report(
-            RULE_OUT["quarantine"],
-            caption=table_caption("quarantine"),
-            category=table_category("quarantine"),
-            labels=table_labels("quarantine"),
-        ),
-        status=report(
-            RULE_OUT["status"],
-            caption=table_caption("status"),
-            category=table_category("status"),
-            labels=table_labels("status"),
-        ),
-        systems=report(
-            RULE_OUT["systems"],
-            caption=table_caption("systems"),
-            category=table_category("systems"),
-            labels=table_labels("systems"),
-        ),
-        convergence=report(
-            RULE_OUT["convergence"],
-            caption=table_caption("convergence"),
-            category=table_category("convergence"),
-            labels=table_labels("convergence"),
-        ),
-        epochs=report(
-            RULE_OUT["epochs"],
-            caption=table_caption("epochs"),
-            category=table_category("epochs"),
-            labels=table_labels("epochs"),
-        ),
-        time_to_accuracy=report(
-            RULE_OUT["time_to_accuracy"],
-            caption=table_caption("time_to_accuracy"),
-            category=table_category("time_to_accuracy"),
-            labels=table_labels("time_to_accuracy"),
-        ),
+        ranks=table_report("ranks"),
+        cells=table_report("cells"),
+        scaling=table_report("scaling"),
+        quarantine=table_report("quarantine"),
+        status=table_report("status"),
+        systems=table_report("systems"),
+        convergence=table_report("convergence"),
+        epochs=table_report("epochs"),
+        time_to_accuracy=table_report("time_to_accuracy"),
     log:
         f"{RULE_OUT['logs']}/collect.log",
     params:

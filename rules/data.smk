@@ -5,8 +5,10 @@
 # Deterministic: rewriting gives the same bytes. A job that reads them takes
 # `shipped_data(<format>)` as input: marked ancient, so a rewrite (e.g. after this file
 # changes) never re-runs the cells that read them.
-# (SHIPPED_DIGITS and the input function shipped_data() live in rules/common.smk: snakemake
-# --lint wants no functions beside rules.)
+# (SHIPPED_DIGITS and shipped_data() live in dlscale.workflow.job_params, imported here for every
+# rule file: snakemake --lint wants no functions beside rules.)
+from dlscale.data import FORMATS as DATA_FORMATS
+from dlscale.workflow.job_params import SHIPPED_DIGITS, shipped_data
 
 
 rule shipped_digits:

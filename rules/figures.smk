@@ -1,10 +1,12 @@
 # One rule draws every figure file: results/<study>/figures/{hardware}/{figure}.pdf, where
 # {figure} is a family (dlscale.outputs.figure_layout.FAMILIES) or {family}-{part} when a hardware key needs more than one
-# file (the list is FIGURE_LAYOUT in common.smk; params.spec says what the file holds). It reads
-# only the scaling table, so figures regenerate without touching any cell:
+# file (the list is FIGURE_LAYOUT in common.smk, by dlscale.workflow.figure_files; params.spec
+# says what the file holds). It reads only the scaling table, so figures regenerate without
+# touching any cell:
 # `snakemake --profile profiles/local --forcerun figure`.
 # In Snakemake's report (`--report`) each file is filed under its family and hardware and
 # labelled by the axis values it shows (dlscale.outputs.snakemake_report); its caption is the layout's.
+from dlscale.outputs.figure_layout import CONVERGENCE_FIGURE_NAME_PATTERN, FIGURE_NAME_PATTERN
 from dlscale.outputs.snakemake_report import figure_category, figure_labels, figure_subcategory
 
 

@@ -2,6 +2,7 @@
 # attached).
 # Regenerate only the report with
 # `snakemake --profile profiles/local --forcerun report_inputs report_tex` (no cell reruns).
+from dlscale.store.preflight_results import PREFLIGHT_DIR
 
 
 rule report_inputs:

@@ -13,6 +13,7 @@
 # class; nothing partition- or sbatch-specific is typed here.
 # Every class rule is the same rule; only its wildcard constraints, its output folder (the
 # workload's, dlscale.study.cell.CELL_PATTERNS) and a convergence cell's dataset input differ.
+from dlscale.study.cell import cell_pattern, train_log_pattern, train_rule
 from dlscale.study.resources import class_resources
 
 for _workload, _hardware, _nodes, _parallelism, _ranks in STUDY.train_rules():
@@ -22,7 +23,7 @@ for _workload, _hardware, _nodes, _parallelism, _ranks in STUDY.train_rules():
         name:
             train_rule(_workload, _parallelism, _ranks).format(hardware=_hardware, nodes=_nodes)
         input:
-            **train_inputs(_workload),
+            **train_inputs(STUDY, _workload),
         output:
             metrics=cell_pattern(_workload, _parallelism, _ranks is not None),
         log:

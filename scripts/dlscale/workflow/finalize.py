@@ -1,7 +1,7 @@
 """The end of a run whose cells did not all succeed: the partial report, built by the workflow's
 own rules.
 
-The Snakefile's `onerror:` handler (rules/common.smk `build_partial_report`) calls
+The Snakefile's `onerror:` handler (dlscale.workflow.lifecycle.build_partial_report) calls
 `build_partial` after Snakemake has run every job it could (keep-going). It starts a second
 `snakemake` on the local executor, with the same Snakefile and the same configuration, for the
 `partial` target: the rules downstream of the cells (collect, scaling_model, plan, figure,
@@ -110,7 +110,7 @@ def build_partial(
         snakefile=snakefile,
         directory=os.getcwd(),
         # the run's study files first, so the partial build reads the same study from them
-        # (rules/common.smk leaves the last file, these settings, out of that reading)
+        # (dlscale.workflow.guards.study_files leaves the last file, these settings, out)
         configfiles=[*study_files, str(configfile)],
         allowed_rules=allowed_rules,
         cores=cores,
@@ -143,7 +143,7 @@ def partial_summary(
             "Rerun the same command to retry the failed and missing cells."
         )
     pdf_problem = None
-    if tex_missing():  # no PDF asked for (rules/common.smk); the run's start said so
+    if tex_missing():  # no PDF asked for (dlscale.workflow.guards); the run's start said so
         pdf_problem = f"TeX not found on PATH ({', '.join(tex_missing())} missing)"
     elif not Path(out["pdf"]).is_file():
         pdf_log = Path(out["pdf_log"])

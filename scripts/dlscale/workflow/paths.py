@@ -4,10 +4,12 @@ rules downstream of the cells write, and the study's archive.
 `output_paths(folder, study)` is the one definition; rules/common.smk calls it three times:
   - OUT: the complete study's outputs under results/<study>/ (the final targets);
   - PARTIAL_OUT: the same files under results/<study>/partial/, the report of a study whose
-    cells did not all succeed (the `partial` target, rules/common.smk);
+    cells did not all succeed (the `partial` target, rules/common.smk; its build,
+    dlscale.workflow.lifecycle);
   - RULE_OUT: the same files under `{root}`, the patterns the downstream rules write, so one set
     of rules builds both (the `root` wildcard is constrained to the two folders).
-No rule file adds keys: a path is added here or nowhere.
+No rule file adds keys: a path is added here or nowhere. `report_sources(out)`: the report's
+sources among them (REPORT_SOURCES), final targets and inputs of report.pdf.
 """
 
 from __future__ import annotations
@@ -88,3 +90,28 @@ def output_paths(folder: str, study: str) -> dict[str, str]:
         "archive_checksum": f"{folder}/{ARCHIVE_DIR}/{study}.tar.gz.sha256",
         "archive_log": f"{folder}/{ARCHIVE_LOG}",
     }
+
+
+# What report.pdf is compiled from besides the tables and figures (rules/report.smk): final
+# targets too, so a run without TeX still leaves a report a TeX installation can compile.
+REPORT_SOURCES = (
+    "tex",
+    "macros",
+    "cells_table",
+    "memory_table",
+    "quarantine_table",
+    "status_table",
+    "systems_table",
+    "convergence_table",
+    "script_section",  # the script workload's (dlscale.outputs.script_section)
+    "verdicts_table",  # rules/check.smk
+    "plan_macros",  # the Recommendations section (rules/plan.smk)
+    "plan_tables",
+    "plan_figure",
+    "history_tex",  # the History section (rules/history.smk)
+)
+
+
+def report_sources(out: dict[str, str]) -> dict[str, str]:
+    """The report's sources among `out` (output_paths), by name."""
+    return {name: out[name] for name in REPORT_SOURCES}
