@@ -345,7 +345,7 @@ def test_no_default_resource_of_the_profile_reads_the_inputs_sizes(monkeypatch):
 
 
 def test_snakemake_takes_a_params_functions_signature_from_the_hook(monkeypatch):
-    """rules/common.smk `per_job`: the train rules' params functions hand Snakemake their
+    """dlscale.workflow.job_params.per_job: the train rules' params functions hand Snakemake their
     signature once (snakemake.common.overwrite_function_params) instead of the three
     inspect.signature calls per job that Rule.apply_input_function and
     Rule._is_deriving_function make through get_function_params."""
