@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,7 @@ def pytest_configure(config):
 
 _GROUP_TIME_LOG: dict | None = None  # the controller's: group -> seconds, first start, last end
 _LEFT_BEHIND = pytest.StashKey[list]()
+_TAIL = pytest.StashKey[tuple]()
 
 
 def _group_label(nodeid: str) -> str:
@@ -399,8 +401,12 @@ def pytest_sessionfinish(session):
         return
     if os.environ.get("DLSCALE_TEST_TIMELINE"):  # where each test ran, when, and its CPU
         Path(os.environ["DLSCALE_TEST_TIMELINE"]).write_text(json.dumps(_TIMELINE, indent=0))
+    ended = max((phase["stop"] for phase in _TIMELINE), default=None)
+    checked = time.time()
     left = run_names.leftovers(run_names.run_name())
     config.stash[_LEFT_BEHIND] = left
+    # the run's tail: from its last test's end to the workers' exit, and the check itself
+    config.stash[_TAIL] = (checked - ended if ended else None, time.time() - checked)
     if left and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -424,3 +430,6 @@ def pytest_terminal_summary(terminalreporter, config):
         write(line, red=True)
     if not left:
         write("nothing: no process, folder, network namespace or bridge of the run remains")
+    workers, check = config.stash.get(_TAIL, (None, 0.0))
+    if workers is not None:
+        write(f"(the workers exited {workers:.1f} s after the last test; this check {check:.1f} s)")
