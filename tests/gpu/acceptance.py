@@ -4,7 +4,8 @@ production timing loop with no host synchronisation inside the timed window (c),
 counter against sampled power and the rank's telemetry (d), the decoder's MFU against the
 hardware entry's peak (e), and its memory at world size 1 against the prediction (f). Each
 check writes one row; on a CPU they run the tiny models (the test command's CPU path,
-tests/unit/benchmarks/test_gpu_suite.py) and the GPU-only rows say why not."""
+tests/unit/benchmarks/test_gpu_suite.py) and the GPU-only rows say why not. Imported by the
+runner, which has put scripts/ and benchmarks/ on the path."""
 
 from __future__ import annotations
 
@@ -15,14 +16,10 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-for _path in (REPO / "scripts", REPO / "benchmarks"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 from _gpu_common import (  # noqa: E402
     BREAK_ENV,

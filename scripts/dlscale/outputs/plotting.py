@@ -229,6 +229,13 @@ def _draw_panels(
     return finish(fig, axes, out, None if extra is None else extra())
 
 
+def _draw_lines(scaling: pd.DataFrame, spec: dict, out: str, x: str, draw, **kw) -> dict:
+    """_draw_panels for the line families: each panel's series over `x` (_series), each panel
+    finished on that axis (_over_x) unless `panel_end` says otherwise."""
+    kw.setdefault("panel_end", _over_x(x))
+    return _draw_panels(scaling, spec, out, lambda part: _series(part, spec, x), draw, **kw)
+
+
 def _over_x(x: str, log: bool = False) -> Callable:
     """A line family's panel end: the panel's node counts (or world sizes) on the x axis, the
     y axis from zero, or logarithmic (`log`)."""
@@ -285,15 +292,8 @@ def plot_scaling(
         if family == "efficiency":  # from 0, and ideal (1) always in view
             ax.set_ylim(0, max(1.1, ax.get_ylim()[1]))
 
-    return _draw_panels(
-        scaling,
-        spec,
-        out,
-        lambda part: _series(part, spec, x),
-        draw,
-        ylabel=ylabel,
-        xlabel=xlabel,
-        panel_end=panel_end,
+    return _draw_lines(
+        scaling, spec, out, x, draw, ylabel=ylabel, xlabel=xlabel, panel_end=panel_end
     )
 
 
@@ -472,15 +472,14 @@ def plot_telemetry(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
         lowest = _numeric(apart, f"{quantity}_rank_min_median")
         _apart(ax, apart[x], lowest, look.colour, look.marker, small=True)
 
-    return _draw_panels(
+    return _draw_lines(
         scaling,
         spec,
         out,
-        lambda part: _series(part, spec, x),
+        x,
         draw,
         ylabel=TELEMETRY_AXES[quantity],
         xlabel=xlabel,
-        panel_end=_over_x(x),
         extra=lambda: [Line2D([], [], color="0.3", linestyle=":", label="lowest rank")],
     )
 
@@ -516,16 +515,7 @@ def plot_mfu(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
         values = _numeric(apart, f"{quantity}_median") * scale
         _apart(ax, apart[x], values, look.colour, look.marker)
 
-    return _draw_panels(
-        scaling,
-        spec,
-        out,
-        lambda part: _series(part, spec, x),
-        draw,
-        ylabel=MFU_AXES[quantity],
-        xlabel=xlabel,
-        panel_end=_over_x(x),
-    )
+    return _draw_lines(scaling, spec, out, x, draw, ylabel=MFU_AXES[quantity], xlabel=xlabel)
 
 
 def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
@@ -555,11 +545,11 @@ def plot_memory(scaling: pd.DataFrame, spec: dict, out: str) -> dict:
         _apart(ax, apart[x], _numeric(apart, peak), look.colour, look.marker, small=True)
 
     peak_label = "peak allocated" if on_device else "peak RSS"
-    return _draw_panels(
+    return _draw_lines(
         scaling,
         spec,
         out,
-        lambda part: _series(part, spec, x),
+        x,
         draw,
         ylabel="MiB per rank (log)",
         xlabel=xlabel,

@@ -67,22 +67,20 @@ class StudyFigures:
 
     def spec(self, hardware: str, figure: str) -> dict:
         """The layout entry (panels, series, size) of one throughput figure file."""
-        file = f"{hardware}/{figure}.pdf"
-        try:
-            return self._specs[file]
-        except KeyError:
-            raise WorkflowError(
-                f"dlscale: {self.figures}/{file} is not a figure of this study; "
-                f"its figures: {', '.join(self._specs)}"
-            ) from None
+        return self._entry(self._specs, f"{hardware}/{figure}.pdf", "figure")
 
     def convergence_spec(self, hardware: str, figure: str) -> dict:
         """The layout entry of one convergence figure file."""
         file = f"{hardware}/convergence/{figure}.pdf"
+        return self._entry(self._convergence_specs, file, "convergence figure")
+
+    def _entry(self, specs: dict, file: str, kind: str) -> dict:
+        """The entry of `file` in `specs`, or a clear error naming the study's files of that
+        kind."""
         try:
-            return self._convergence_specs[file]
+            return specs[file]
         except KeyError:
             raise WorkflowError(
-                f"dlscale: {self.figures}/{file} is not a convergence figure of this study; "
-                f"its convergence figures: {', '.join(self._convergence_specs) or 'none'}"
+                f"dlscale: {self.figures}/{file} is not a {kind} of this study; "
+                f"its {kind}s: {', '.join(specs) or 'none'}"
             ) from None
