@@ -169,41 +169,73 @@ def check_sight(model: str, world: int, dp: int, pipelined: bool = False) -> Non
 STATE_RTOL = 0.02
 
 
-@pytest.mark.parametrize(
-    "model, parallelism, nodes, rpn, tp, optimizer, plain",
-    [
-        ("transformer_small", "ddp", 2, 1, 1, "sgd", False),
-        ("transformer_small", "fsdp", 2, 1, 1, "sgd", False),
-        ("transformer_small", "hsdp", 2, 1, 1, "sgd", False),
-        ("transformer_small", "tp", 1, 2, 2, "sgd", False),
-        ("transformer_small", "fsdp+tp", 2, 2, 2, "sgd", False),
-        ("transformer_small", "hsdp", 2, 2, 1, "sgd", False),
-        # replicas of a tensor-parallel model: FSDP2's all-reduce over dp_replicate
-        ("transformer_small", "tp", 2, 2, 2, "sgd", True),
-        # the tiny decoder (GPT-2 class) as the decoders train: AdamW, its gradients clipped to
-        # norm 1 over the shards, built on the meta device and materialised after fully_shard
-        # under fsdp and hsdp; attention split by heads under tensor parallel
-        ("gpt2_tiny", "ddp", 2, 1, 1, "adamw", True),
-        ("gpt2_tiny", "fsdp", 2, 1, 1, "adamw", True),
-        ("gpt2_tiny", "tp", 1, 2, 2, "adamw", True),
-        ("gpt2_tiny", "fsdp+tp", 2, 2, 2, "adamw", True),
-        ("gpt2_tiny", "hsdp", 2, 2, 1, "adamw", True),
-        # pipeline (GPipe, 2 micro-batches): 2 stages over 2 nodes; 2 stages x 2 replicas
-        ("transformer_small", "pp", 2, 1, 2, "sgd", False),
-        ("transformer_small", "pp", 2, 2, 2, "sgd", True),
-    ],
-)
+# (model, parallelism, nodes, ranks per node, tp, optimizer, plain): the strategy trains to
+# the single-process loss; where `plain`, the same processes train it again with plain SGD
+STRATEGY_CASES = [
+    ("transformer_small", "ddp", 2, 1, 1, "sgd", False),
+    ("transformer_small", "fsdp", 2, 1, 1, "sgd", False),
+    ("transformer_small", "hsdp", 2, 1, 1, "sgd", False),
+    ("transformer_small", "tp", 1, 2, 2, "sgd", False),
+    ("transformer_small", "fsdp+tp", 2, 2, 2, "sgd", False),
+    ("transformer_small", "hsdp", 2, 2, 1, "sgd", False),
+    # replicas of a tensor-parallel model: FSDP2's all-reduce over dp_replicate
+    ("transformer_small", "tp", 2, 2, 2, "sgd", True),
+    # the tiny decoder (GPT-2 class) as the decoders train: AdamW, its gradients clipped to
+    # norm 1 over the shards, built on the meta device and materialised after fully_shard
+    # under fsdp and hsdp; attention split by heads under tensor parallel
+    ("gpt2_tiny", "ddp", 2, 1, 1, "adamw", True),
+    ("gpt2_tiny", "fsdp", 2, 1, 1, "adamw", True),
+    ("gpt2_tiny", "tp", 1, 2, 2, "adamw", True),
+    ("gpt2_tiny", "fsdp+tp", 2, 2, 2, "adamw", True),
+    ("gpt2_tiny", "hsdp", 2, 2, 1, "adamw", True),
+    # pipeline (GPipe, 2 micro-batches): 2 stages over 2 nodes; 2 stages x 2 replicas
+    ("transformer_small", "pp", 2, 1, 2, "sgd", False),
+    ("transformer_small", "pp", 2, 2, 2, "sgd", True),
+]
+
+
+def entries_of(parallelism: str, plain: bool) -> list[str]:
+    return [parallelism, f"{parallelism}/sgd0"] if plain else [parallelism]
+
+
+@pytest.fixture(scope="module")
+def shape_ranks(tmp_path_factory):
+    """The ranks of one shape (model, nodes, ranks per node, optimizer): every strategy of
+    STRATEGY_CASES of that shape (and its plain-SGD twin), one after another in one launch of
+    the same processes, each entry on its own port with its own seeds and process groups (one
+    interpreter start and torch import per rank for all of them, not one per strategy: the
+    real-rank checks' CPU time is mostly those starts); started once per module and shape. Each
+    rank's result: one record per entry, by the entry as written."""
+    launched: dict[tuple, list[dict]] = {}
+
+    def ranks(model: str, nodes: int, rpn: int, optimizer: str) -> list[dict]:
+        shape = (model, nodes, rpn, optimizer)
+        if shape not in launched:
+            cases = [c for c in STRATEGY_CASES if (c[0], c[2], c[3], c[5]) == shape]
+            entries = [e for c in cases for e in entries_of(c[1], c[6])]
+            # one TP_DEGREE for all: a strategy that neither splits layers nor pipelines
+            # takes 1 (helpers.parallel_ranks.degree_of)
+            degree = max(c[4] for c in cases)
+            folder = tmp_path_factory.mktemp("ranks")
+            results = run_ranks(folder, ",".join(entries), nodes, rpn, degree, model, optimizer)
+            launched[shape] = results if len(entries) > 1 else [{entries[0]: r} for r in results]
+        return launched[shape]
+
+    return ranks
+
+
+@pytest.mark.parametrize("model, parallelism, nodes, rpn, tp, optimizer, plain", STRATEGY_CASES)
 def test_every_strategy_trains_to_the_single_process_loss(
-    tmp_path, model, parallelism, nodes, rpn, tp, optimizer, plain
+    shape_ranks, model, parallelism, nodes, rpn, tp, optimizer, plain
 ):
     """The strategy trains to the single-process loss within RTOL; where `plain`, the same
     processes train it again with plain SGD (`STRATEGY/sgd0`), within PLAIN_RTOL, a check that
-    sees a wrong gradient average (and, pipelined, an unscaled micro-batch)."""
+    sees a wrong gradient average (and, pipelined, an unscaled micro-batch). The ranks run the
+    other strategies of their shape too (shape_ranks)."""
     world = nodes * rpn
     sighted = f"{parallelism}/sgd0"
-    entries = [parallelism, sighted] if plain else [parallelism]
-    results = run_ranks(tmp_path, ",".join(entries), nodes, rpn, tp, model, optimizer)
-    ranks = [r[parallelism] for r in results] if plain else results
+    results = shape_ranks(model, nodes, rpn, optimizer)
+    ranks = [r[parallelism] for r in results]
     expected = reference(model, world, optimizer)
     losses = {r["loss"] for r in ranks}
     assert len(losses) == 1  # all-reduced: every rank the same
@@ -461,9 +493,9 @@ def test_a_bf16_fsdp_cell_takes_its_precision_from_fsdps_policy(tmp_path):
         assert SIGHT * tol <= seen, (optimizer, tol, seen)
 
 
-def test_fsdp_holds_a_world_size_share_of_ddps_state(tmp_path):
-    ddp = run_ranks(tmp_path, "ddp", 2, 1)
-    fsdp = run_ranks(tmp_path, "fsdp", 2, 1)
+def test_fsdp_holds_a_world_size_share_of_ddps_state(shape_ranks):
+    ranks = shape_ranks("transformer_small", 2, 1, "sgd")  # ddp and fsdp among them
+    ddp, fsdp = [r["ddp"] for r in ranks], [r["fsdp"] for r in ranks]
     full = state_bytes(ddp[0]["memory"])
     for rank in fsdp:
         ratio = state_bytes(rank["memory"]) / full
