@@ -37,7 +37,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 CELLS = [
     f"cpu/pytorch/cnn_small/weak/fp32/eager/n{n}/r{r}/metrics.jsonl" for n in (1, 2) for r in (1, 2)
 ]
-
+# Each cell lasts seconds without computing them, so the driver is lost while cells are queued
+# and running: every rank sleeps before its framework's set-up (DLSCALE_FAULT's sleepN,
+# dlscale.run.train), then takes the tiny study's 3 steps (200 steps instead cost a 2-rank cell
+# about 5 CPU seconds more, which the other tests of the run wait for)
+SLOW_CELLS = ";".join(f"cnn_small:{rank}:setup:sleep6" for rank in (0, 1))
 
 DRIVERS: list[subprocess.Popen] = []
 
@@ -48,7 +52,7 @@ def study(cluster, tmp_path, request):
     for MinJobAge); at the end no driver of it runs and none of its jobs is left in the queue."""
     name = f"{request.node.name.split('_')[1]}{int(time.time() * 1000) % 10**8}"
     config = yaml.safe_load((ROOT / "tests" / "fixtures" / "tiny.yaml").read_text())
-    config.update(study=name, repetitions=2, steps=200, workloads=["throughput"])
+    config.update(study=name, repetitions=2, workloads=["throughput"])
     yield copy_workflow(tmp_path, config), name
     for proc in DRIVERS:
         if proc.poll() is None:
@@ -65,7 +69,9 @@ def start(work: Path, *args: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         [str(BIN / "snakemake"), "--profile", "profiles/slurm", *args],
         cwd=work,
-        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
+        env=dict(
+            os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", DLSCALE_FAULT=SLOW_CELLS
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

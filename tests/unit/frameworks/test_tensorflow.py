@@ -93,8 +93,8 @@ COUNTS = """
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
-def test_parameter_counts_equal_the_torch_models(tf_python, legacy):
-    out = run_tf(tf_python, COUNTS, legacy=legacy)
+def test_parameter_counts_equal_the_torch_models(keras_models, legacy):
+    out = keras_models(legacy)
     counts = json.loads(next(line for line in out.splitlines() if line.startswith("COUNTS "))[7:])
     assert set(counts) == set(BUILT)
     assert counts == TORCH_PARAMS
@@ -208,10 +208,26 @@ def torch_reference(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def keras_models(tf_python, torch_reference):
+    """The output of both checks of the Keras models, COMPARE then COUNTS (its builds after
+    COMPARE's: the layer names COMPARE maps are the first ones), in one TensorFlow process per
+    Keras (`legacy`): one import of TensorFlow, seconds of CPU, for both."""
+    outputs: dict[bool, str] = {}
+
+    def output(legacy: bool) -> str:
+        if legacy not in outputs:
+            code = COMPARE + COUNTS
+            outputs[legacy] = run_tf(tf_python, code, str(torch_reference), legacy=legacy)
+        return outputs[legacy]
+
+    return output
+
+
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
-def test_models_compute_what_the_torch_models_compute(tf_python, torch_reference, legacy):
+def test_models_compute_what_the_torch_models_compute(keras_models, legacy):
     """Every PyTorch tensor loads into exactly one Keras weight and the outputs agree."""
-    out = run_tf(tf_python, COMPARE, str(torch_reference), legacy=legacy)
+    out = keras_models(legacy)
     result = json.loads(next(line for line in out.splitlines() if line.startswith("COMPARE "))[8:])
     for n in BUILT:
         assert result[n]["unused"] == [], (n, result[n])
