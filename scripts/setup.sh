@@ -410,11 +410,20 @@ built() {
   fi
 }
 pids=() names=() layered=()
+start_build() {  # ENV BUILDER: in the background, with its own log
+  "$2" "$1" >"$ROOT/.cache/setup-$1.log" 2>&1 &
+  pids+=($!) names+=("$1")
+}
 for env in "${ENVS[@]}"; do
   [ "$env" = none ] && continue
-  if [[ " ${LAYERED_ENVS[*]} " == *" $env "* ]]; then layered+=("$env"); continue; fi
-  build_env "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 &
-  pids+=($!) names+=("$env")
+  if [[ " ${LAYERED_ENVS[*]} " == *" $env "* ]]; then
+    # layered over the driver's .venv (built above): beside the others; over another
+    # environment: after it
+    if [ -z "$(registry layered-base "$env")" ]; then start_build "$env" build_layered
+    else layered+=("$env"); fi
+    continue
+  fi
+  start_build "$env" build_env
 done
 failed=()
 for i in "${!pids[@]}"; do
@@ -423,7 +432,7 @@ for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || rc=$?
   built "$env" "$rc"
 done
-for env in "${layered[@]}"; do   # after their bases
+for env in "${layered[@]}"; do   # over another environment: after it
   rc=0
   build_layered "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 || rc=$?
   built "$env" "$rc"
