@@ -409,6 +409,22 @@ built() {
     failed+=("$env")
   fi
 }
+# torchao for the float8 tests on a CPU (tests/unit/frameworks/test_llm_step.py): a package
+# folder over the driver's torch, never in .venv (envs/pytorch.txt is in every PyTorch cell's
+# identity); built with the default environments, rebuilt when its pins change
+FLOAT8_DIR=$ENVS_DIR/pytorch-float8
+build_float8() {
+  local want
+  want=$(cat envs/pytorch-float8.txt "$VENV/.dlscale-setup" 2>/dev/null | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$FLOAT8_DIR/.dlscale-setup" 2>/dev/null)" = "$want" ]; then
+    log "$FLOAT8_DIR is up to date"; return 0
+  fi
+  if [ "$CHECK" = 1 ]; then log "would build $FLOAT8_DIR from envs/pytorch-float8.txt"; return 3; fi
+  rm -rf "$FLOAT8_DIR"
+  "$VENV/bin/python" -m pip install -q --no-deps --target "$FLOAT8_DIR" -r envs/pytorch-float8.txt
+  echo "$want" > "$FLOAT8_DIR/.dlscale-setup"
+  log "$FLOAT8_DIR ready (torchao for the float8 tests)"
+}
 pids=() names=() layered=()
 start_build() {  # ENV BUILDER: in the background, with its own log
   "$2" "$1" >"$ROOT/.cache/setup-$1.log" 2>&1 &
@@ -425,6 +441,7 @@ for env in "${ENVS[@]}"; do
   fi
   start_build "$env" build_env
 done
+[ "$DEFAULT_ENVS" = 0 ] || start_build pytorch-float8 build_float8
 failed=()
 for i in "${!pids[@]}"; do
   env=${names[$i]}
@@ -437,24 +454,6 @@ for env in "${layered[@]}"; do   # over another environment: after it
   build_layered "$env" >"$ROOT/.cache/setup-$env.log" 2>&1 || rc=$?
   built "$env" "$rc"
 done
-# torchao for the float8 tests on a CPU (tests/unit/frameworks/test_llm_step.py): a package
-# folder over the driver's torch, never in .venv (envs/pytorch.txt is in every PyTorch cell's
-# identity); built with the default environments, rebuilt when its pins change
-FLOAT8_DIR=$ENVS_DIR/pytorch-float8
-float8_want=$(cat envs/pytorch-float8.txt "$VENV/.dlscale-setup" 2>/dev/null | sha256sum | cut -d' ' -f1)
-if [ "$DEFAULT_ENVS" = 1 ] && [ "$(cat "$FLOAT8_DIR/.dlscale-setup" 2>/dev/null)" != "$float8_want" ]; then
-  if [ "$CHECK" = 1 ]; then
-    log "would build $FLOAT8_DIR from envs/pytorch-float8.txt"; stale+=(pytorch-float8)
-  elif rm -rf "$FLOAT8_DIR" && "$VENV/bin/python" -m pip install -q --no-deps --target "$FLOAT8_DIR" \
-      -r envs/pytorch-float8.txt >"$ROOT/.cache/setup-pytorch-float8.log" 2>&1; then
-    echo "$float8_want" > "$FLOAT8_DIR/.dlscale-setup"
-    log "$FLOAT8_DIR ready (torchao for the float8 tests)"
-  else
-    tail -n 20 "$ROOT/.cache/setup-pytorch-float8.log" >&2; failed+=(pytorch-float8)
-  fi
-elif [ "$DEFAULT_ENVS" = 1 ]; then
-  log "$FLOAT8_DIR is up to date"
-fi
 wait_for_apt
 [ ${#failed[@]} -eq 0 ] || { log "set-up failed for: ${failed[*]}"; exit 1; }
 if [ "$CHECK" = 1 ]; then
