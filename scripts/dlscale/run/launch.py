@@ -337,6 +337,35 @@ def _run_ranks(
     return failed
 
 
+# what a rank says when its rendezvous port was taken: torch's TCPStore (EADDRINUSE), Horovod's
+# rendezvous server and TensorFlow's gRPC server (the OS's "Address already in use")
+PORT_TAKEN = re.compile(r".*(?:address already in use|EADDRINUSE).*", re.IGNORECASE)
+
+
+def port_taken(rank_dir: Path) -> str | None:
+    """The line of a rank's log that says its rendezvous port was in use, or None. The launcher
+    chose the port free (dlscale.run.launchers.ports), and another program listened on it
+    before the rank did: another study's ranks on this machine, which chose it in the same
+    seconds."""
+    for log in sorted(rank_dir.glob("*.log")):
+        found = PORT_TAKEN.search(log.read_text(errors="replace"))
+        if found:
+            return f"{log.name}: {found.group(0).strip()}"
+    return None
+
+
+def _clear_attempt(rank_dir: Path) -> None:
+    """A failed start's files gone from the rank folder (logs, part files, first-contact marks);
+    the cell's spec and its site record stay for the next start."""
+    for path in rank_dir.iterdir():
+        if path.name in (CELL_SPEC_FILE, SITE_ENV_FILE):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def stuck_step_reason(rank_dir: Path, cell: Cell) -> tuple[str, list[int]]:
     """Why a step that srun could not end failed, naming the nodes srun heard nothing from
     (unreachable: down, cut off or hung) and their ranks; those ranks are the suspects."""
@@ -432,6 +461,17 @@ def run_cell(
     )
     started = time.time()
     failed = _run_ranks(cell, argv, rank_dir, site.environment)
+    taken = port_taken(rank_dir) if failed is not None else None
+    if taken:  # the ranks once more, on a port drawn anew; a second failure is the cell's
+        print(
+            f"[dlscale.run.launch] the rendezvous port was taken before rank 0 listened "
+            f"({taken}): the ranks once more, on another port",
+            file=sys.stderr,
+            flush=True,
+        )
+        _clear_attempt(rank_dir)
+        started = time.time()
+        failed = _run_ranks(cell, argv, rank_dir, site.environment)
     wall = time.time() - started
     for log in sorted(rank_dir.glob("*.log")):
         print(f"----- {log.name} -----\n{log.read_text(errors='replace')}", file=sys.stderr)

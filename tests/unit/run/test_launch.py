@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import pytest
 
@@ -110,6 +111,42 @@ def test_two_rank_local_launch_writes_a_valid_metrics_file(tmp_path):
     sha = systems[0]["packages"]["sha256"]  # outside a study: the list is kept beside the cell
     text = (out.parent / "environments" / f"{sha}.txt").read_text()
     assert hashlib.sha256(text.encode()).hexdigest() == sha
+
+
+def test_a_rendezvous_port_taken_before_rank_0_listens_starts_the_ranks_once_more(
+    tmp_path, monkeypatch, capfd
+):
+    """The launcher chose the port free, and another program listened on it before rank 0 did
+    (another study's ranks on this machine, which chose it in the same seconds): the ranks start
+    once more, on a port drawn anew, and the cell is measured as if nothing had happened."""
+    import socket
+
+    from dlscale.run.launchers import local
+
+    other = socket.socket()  # the other program, on the port the first draw returns
+    held = ports.local_port(2)  # CELL's 2 ranks
+    other.bind(("", held))
+    other.listen()
+    draws = []
+
+    def chooser(world_size):
+        draws.append(held if not draws else ports.local_port(world_size))
+        return draws[-1]
+
+    monkeypatch.setattr(local, "local_port", chooser)
+    out = tmp_path / "cell" / "metrics.jsonl"
+    try:
+        code = launch.main(["--cell-json", json.dumps(CELL), "--output", str(out)])
+    finally:
+        other.close()
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    assert len(draws) == 2 and draws[1] != held
+    assert "the rendezvous port was taken before rank 0 listened" in err
+    assert re.search(r"(?i)rank0\.log: .*(address already in use|EADDRINUSE)", err), err[-3000:]
+    records = read_metrics(out)
+    assert {r["rank"] for r in records if r["event"] == "rank_end"} == {0, 1}
+    assert len([r for r in records if r["event"] == "rank_start"]) == 2  # the second start's
 
 
 def test_a_failing_rank_fails_the_cell_without_output(tmp_path, capfd):
