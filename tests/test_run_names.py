@@ -17,6 +17,20 @@ from helpers import run_names
 OTHER_RUN = "r99"  # a run name no claim gives (slots are r0..r7): this test's own
 
 
+# a process that says it runs, then sleeps
+SLEEP = "import time; print('up', flush=True); time.sleep(60)"
+
+
+def started(argv: list[str], env: dict) -> subprocess.Popen:
+    """The process, once it runs its own code: just after its exec its command line and
+    environment can still read empty in /proc (the kernel fills them in after waking the
+    parent), which a loaded machine showed (a listing that missed a process started a moment
+    before)."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    return proc
+
+
 @pytest.fixture
 def other_run():
     yield OTHER_RUN
@@ -27,7 +41,7 @@ def test_a_process_and_a_folder_of_a_run_are_listed_as_left_behind(other_run):
     folder = run_names.RUN_PREFIX + f"{other_run}-work"
     os.makedirs(folder, exist_ok=True)
     env = {**os.environ, run_names.RUN_VARIABLE: other_run}
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    sleeper = started([sys.executable, "-c", SLEEP], env=env)
     try:
         left = run_names.leftovers(other_run, settle_s=0)
         assert any(line.startswith(f"process {sleeper.pid}:") for line in left), left
@@ -37,22 +51,22 @@ def test_a_process_and_a_folder_of_a_run_are_listed_as_left_behind(other_run):
         assert not any(f"process {sleeper.pid}:" in line for line in mine)
     finally:
         sleeper.kill()
-        sleeper.wait()
+        sleeper.communicate()  # its pipe closed too
     run_names.remove_run_folders(other_run)
     assert run_names.leftovers(other_run, settle_s=5) == []
 
 
 def test_a_process_that_names_a_run_folder_is_listed(other_run):
     folder = run_names.RUN_PREFIX + f"{other_run}-slurm"
-    sleeper = subprocess.Popen(
-        [sys.executable, "-c", "import time, sys; time.sleep(60)", folder],
+    sleeper = started(
+        [sys.executable, "-c", SLEEP, folder],
         env={k: v for k, v in os.environ.items() if k != run_names.RUN_VARIABLE},
     )
     try:
         assert any(f"process {sleeper.pid}:" in line for line in run_names.run_processes(other_run))
     finally:
         sleeper.kill()
-        sleeper.wait()
+        sleeper.communicate()  # its pipe closed too
 
 
 def test_two_claims_at_once_get_two_slots():

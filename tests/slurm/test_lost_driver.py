@@ -37,8 +37,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 CELLS = [
     f"cpu/pytorch/cnn_small/weak/fp32/eager/n{n}/r{r}/metrics.jsonl" for n in (1, 2) for r in (1, 2)
 ]
-# Each cell lasts seconds without computing them, so the driver is lost while cells are queued
-# and running: every rank sleeps before its framework's set-up (DLSCALE_FAULT's sleepN,
+# Each cell lasts seconds without computing through them, so the driver is lost while cells are
+# queued and running: every rank sleeps before its framework's set-up (DLSCALE_FAULT's sleepN,
 # dlscale.run.train), then takes the tiny study's 3 steps (200 steps instead cost a 2-rank cell
 # about 5 CPU seconds more, which the other tests of the run wait for)
 SLOW_CELLS = ";".join(f"cnn_small:{rank}:setup:sleep6" for rank in (0, 1))
