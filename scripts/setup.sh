@@ -129,7 +129,8 @@ mapfile -t facts < <(registry setup)
 read -ra CPU_ENVS <<< "${facts[0]:-}"
 read -ra CUDA_ENVS <<< "${facts[1]:-}"
 # layered environments (a venv over another one's site-packages: pytorch-hf, transformers and
-# accelerate over the driver's torch; dlscale.registry.model_sources), built after the others
+# accelerate over the driver's torch; dlscale.registry.model_sources): one over .venv is built
+# beside the framework environments, one over another environment after it
 read -ra LAYERED_CPU <<< "${facts[2]:-}"
 read -ra LAYERED_CUDA <<< "${facts[3]:-}"
 LAYERED_ENVS=("${LAYERED_CPU[@]}" "${LAYERED_CUDA[@]}")
